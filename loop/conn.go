@@ -1,0 +1,590 @@
+package loop
+
+import (
+	"encoding/binary"
+	"errors"
+	"unicode/utf8"
+
+	"github.com/gobwas/ws"
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+)
+
+const (
+	stateUpgrading uint8 = iota
+	stateOpen
+	stateClosing // a close frame is on its way; input is ignored
+)
+
+// conn is one client connection. Loop only. Kept small: an idle joined
+// connection costs this struct, its user id and its room slots (plus gnet's
+// own state), no buffers and no goroutine.
+type conn struct {
+	m        fanout.Member
+	gc       gnet.Conn
+	l        *loopState
+	app      *app
+	user     string
+	rooms    *roomClaims // allowed rooms from the token; nil = every room
+	joins    []*joinState
+	frag     []byte // a fragmented message being assembled; nil otherwise
+	opened   int64  // Unix ms
+	lastRead int64  // Unix ms of the last input (ticker resolution)
+	exp      int64  // token expiry, Unix s; 0 = none
+	pos      int32  // index in l.conns
+	fragOp   ws.OpCode
+	state    uint8
+	pinged   bool
+	closed   bool
+}
+
+// joinState is a join not yet live: waiting for the room to become active
+// on this loop, or catching up from the store.
+type joinState struct {
+	room      *fanout.Room
+	since     uint64
+	hasSince  bool
+	catchingUp bool
+	after     uint64 // catch-up cursor: everything <= after has been sent
+}
+
+// OnOpen registers a new connection with its loop.
+func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+	l := s.loopFor(gc.EventLoop())
+	now := l.now()
+	c := &conn{gc: gc, l: l, opened: now, lastRead: now, pos: int32(len(l.conns))}
+	c.m.Owner = c
+	l.conns = append(l.conns, c)
+	gc.SetContext(c)
+	s.Stats.Accepted.Add(1)
+	s.Stats.Upgrading.Add(1)
+	if l.draining {
+		return nil, gnet.Close
+	}
+	return nil, gnet.None
+}
+
+// OnClose forgets a connection: rooms, pending joins, pending output.
+func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
+	c, _ := gc.Context().(*conn)
+	if c == nil {
+		return gnet.None
+	}
+	l := c.l
+	if c.state == stateUpgrading {
+		s.Stats.Upgrading.Add(-1)
+	} else {
+		s.Stats.Conns.Add(-1)
+	}
+	c.closed = true
+	c.m.Closed = true
+	for _, j := range c.joins {
+		j.room.RemoveJoiner(&c.m)
+		l.removeIfIdle(j.room)
+	}
+	c.joins = nil
+	l.table.LeaveAll(&c.m, l.removeIfIdle)
+	l.table.Drop(&c.m)
+	c.frag = nil
+	last := len(l.conns) - 1
+	moved := l.conns[last]
+	l.conns[c.pos] = moved
+	moved.pos = c.pos
+	l.conns[last] = nil
+	l.conns = l.conns[:last]
+	gc.SetContext(nil)
+	return gnet.None
+}
+
+// OnTraffic reads whatever arrived: the upgrade request first, then
+// frames. Every complete frame in the buffer is handled in this call
+// (gnet fires again only on new bytes, GNET-NOTES 2).
+func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
+	c, _ := gc.Context().(*conn)
+	if c == nil || c.closed {
+		return gnet.None
+	}
+	c.lastRead = c.l.now()
+	c.pinged = false
+	if c.state == stateUpgrading {
+		if !c.upgrade() {
+			return gnet.None
+		}
+	}
+	buf, _ := gc.Peek(-1)
+	used := 0
+	for used < len(buf) && c.state == stateOpen {
+		n := c.frame(buf[used:])
+		if n == 0 {
+			break
+		}
+		used += n
+	}
+	if c.state == stateClosing {
+		// Ignore the rest: the close is under way.
+		used = len(buf)
+	}
+	if used > 0 {
+		_, _ = gc.Discard(used)
+	}
+	c.l.settle()
+	return gnet.None
+}
+
+// upgrade handles the HTTP request head; it reports whether the
+// connection is now a WebSocket and frames may follow in the buffer.
+func (c *conn) upgrade() bool {
+	l := c.l
+	s := l.srv
+	buf, _ := c.gc.Peek(-1)
+	var req proto.Request
+	n, err := proto.ParseRequest(buf, &req)
+	if err != nil {
+		var he *proto.HTTPError
+		if !errors.As(err, &he) {
+			he = &proto.HTTPError{Status: 400, Reason: err.Error()}
+		}
+		c.refuse(he)
+		return false
+	}
+	if n == 0 {
+		return false // wait for the rest of the head
+	}
+	if string(req.Path) != "/ws" {
+		if s.serveHTTP(c, &req) {
+			return false
+		}
+		c.refuse(&proto.HTTPError{Status: 404, Reason: "not found: WebSocket clients connect to /ws"})
+		return false
+	}
+	if !req.Upgrade {
+		c.refuse(&proto.HTTPError{Status: 426, Reason: "upgrade required: /ws speaks WebSocket only"})
+		return false
+	}
+	if he := c.identify(req.Query); he != nil {
+		c.refuse(he)
+		return false
+	}
+	out := proto.AppendUpgradeResponse(l.scratch[:0], req.Key)
+	l.scratch = out[:0]
+	if _, err := c.gc.Write(out); err != nil {
+		return false
+	}
+	_, _ = c.gc.Discard(n)
+	c.state = stateOpen
+	s.Stats.Upgrading.Add(-1)
+	s.Stats.Conns.Add(1)
+	return true
+}
+
+// refuse answers an HTTP error and closes.
+func (c *conn) refuse(he *proto.HTTPError) {
+	c.l.srv.Stats.UpgradeErrors.Add(1)
+	out := proto.AppendHTTPError(c.l.scratch[:0], he)
+	c.l.scratch = out[:0]
+	_, _ = c.gc.Write(out)
+	c.state = stateClosing
+	_ = c.gc.Close()
+}
+
+// upgradeTimeout: a client that sent part of a head gets 400, one that sent
+// nothing is just closed.
+func (c *conn) upgradeTimeout() {
+	if c.gc.InboundBuffered() > 0 {
+		c.refuse(&proto.HTTPError{Status: 400, Reason: "request head not completed in time"})
+		return
+	}
+	c.state = stateClosing
+	_ = c.gc.Close()
+}
+
+// frame handles one frame at the start of b and returns its length, or 0
+// when b does not hold a whole frame yet (or the connection is closing).
+func (c *conn) frame(b []byte) int {
+	s := c.l.srv
+	h, hn, err := proto.ParseFrameHeader(b)
+	if err != nil {
+		c.closeWith(proto.CloseProtocolError, []byte("malformed frame"))
+		return 0
+	}
+	if hn == 0 {
+		return 0
+	}
+	if !h.Masked {
+		c.closeWith(proto.CloseProtocolError, []byte("client frames must be masked"))
+		return 0
+	}
+	if h.Length > int64(s.cfg.MaxFrame) || (h.OpCode == ws.OpContinuation && int64(len(c.frag))+h.Length > int64(s.cfg.MaxFrame)) {
+		c.closeWith(proto.CloseTooBig, []byte("frame too large"))
+		return 0
+	}
+	total := hn + int(h.Length)
+	if len(b) < total {
+		return 0
+	}
+	payload := b[hn:total]
+	proto.Unmask(payload, h.Mask)
+	s.Stats.FramesIn.Add(1)
+	switch h.OpCode {
+	case ws.OpText:
+		if c.frag != nil {
+			c.closeWith(proto.CloseProtocolError, []byte("new message inside a fragmented one"))
+			return 0
+		}
+		if !h.Fin {
+			c.frag = append(make([]byte, 0, min(int(h.Length)*2, s.cfg.MaxFrame)), payload...)
+			c.fragOp = ws.OpText
+			return total
+		}
+		c.message(payload)
+	case ws.OpContinuation:
+		if c.frag == nil {
+			c.closeWith(proto.CloseProtocolError, []byte("continuation without a message"))
+			return 0
+		}
+		c.frag = append(c.frag, payload...)
+		if h.Fin {
+			msg := c.frag
+			c.frag = nil
+			c.message(msg)
+		}
+	case ws.OpBinary:
+		c.closeWith(proto.CloseUnsupported, []byte("binary frames are not supported"))
+		return 0
+	case ws.OpPing:
+		f := c.l.arena.Space(len(payload) + 2)
+		c.send(c.l.arena.Keep(proto.AppendControlFrame(f, ws.OpPong, payload)))
+	case ws.OpPong:
+	case ws.OpClose:
+		c.peerClose(payload)
+		return 0
+	default:
+		c.closeWith(proto.CloseProtocolError, []byte("unknown opcode"))
+		return 0
+	}
+	if c.state != stateOpen {
+		return 0
+	}
+	return total
+}
+
+// peerClose answers a client's close frame with the same code (RFC 6455 5.5.1).
+func (c *conn) peerClose(p []byte) {
+	switch {
+	case len(p) == 0:
+		c.closeWith(proto.CloseNormal, nil)
+	case len(p) == 1:
+		c.closeWith(proto.CloseProtocolError, []byte("bad close frame"))
+	case !utf8.Valid(p[2:]):
+		c.closeWith(proto.CloseInvalidData, []byte("close reason not UTF-8"))
+	default:
+		code := int(binary.BigEndian.Uint16(p))
+		if !validCloseCode(code) {
+			c.closeWith(proto.CloseProtocolError, []byte("bad close code"))
+			return
+		}
+		c.closeWith(code, nil)
+	}
+}
+
+func validCloseCode(code int) bool {
+	switch {
+	case code >= 3000 && code <= 4999:
+		return true
+	case code >= 1000 && code <= 1014:
+		return code != 1004 && code != 1005 && code != 1006
+	}
+	return false
+}
+
+// message handles one complete text message.
+func (c *conn) message(p []byte) {
+	if !utf8.Valid(p) {
+		c.closeWith(proto.CloseInvalidData, []byte("text frame is not valid UTF-8"))
+		return
+	}
+	l := c.l
+	cmd := &l.cmd
+	err := proto.Decode(p, cmd)
+	if err != nil {
+		if err == proto.ErrMalformed {
+			c.closeWith(proto.CloseInvalidData, []byte("frame is not a JSON object"))
+			return
+		}
+		var pe *proto.Error
+		if errors.As(err, &pe) {
+			c.sendErr(proto.Ref(cmd), pe.Code, pe.Message)
+		} else {
+			c.sendErr(proto.Ref(cmd), proto.CodeBadRequest, err.Error())
+		}
+		return
+	}
+	switch cmd.Op {
+	case proto.OpPing:
+		c.send(pongFrame)
+	case proto.OpJoin:
+		c.join(cmd)
+	case proto.OpLeave:
+		c.leave(cmd)
+	case proto.OpPub:
+		c.pub(cmd)
+	case proto.OpHistory:
+		c.history(cmd)
+	}
+}
+
+// send queues a frame for this connection (flushed at the next tick).
+func (c *conn) send(frame []byte) {
+	c.l.table.Enqueue(&c.m, frame)
+}
+
+// sendErr queues an err frame.
+func (c *conn) sendErr(ref []byte, code proto.Code, msg string) {
+	a := c.l.arena
+	c.send(a.Keep(proto.AppendErrFrame(a.Space(64+6*len(ref)+2*len(msg)), ref, code, msg)))
+}
+
+// closeWith flushes what is pending, sends a close frame and closes. The
+// close frame goes behind the pending frames so nothing acknowledged to the
+// client is cut off mid-stream.
+func (c *conn) closeWith(code int, reason []byte) {
+	if c.closed || c.state == stateClosing {
+		return
+	}
+	l := c.l
+	if c.m.PendingBytes() > 0 && !c.m.Slow {
+		l.write(c)
+		if c.closed {
+			return
+		}
+	}
+	l.table.Drop(&c.m)
+	f := proto.AppendCloseFrame(l.arena.Space(2+125+14), uint16(code), string(reason))
+	_, _ = c.gc.Write(f)
+	c.state = stateClosing
+	_ = c.gc.Close()
+}
+
+// fail closes after a write error: the peer is gone, nothing to say.
+func (c *conn) fail() {
+	if c.closed || c.state == stateClosing {
+		return
+	}
+	c.state = stateClosing
+	_ = c.gc.Close()
+}
+
+func (c *conn) findJoin(r *fanout.Room) *joinState {
+	for _, j := range c.joins {
+		if j.room == r {
+			return j
+		}
+	}
+	return nil
+}
+
+func (c *conn) dropJoin(r *fanout.Room) {
+	for i, j := range c.joins {
+		if j.room == r {
+			last := len(c.joins) - 1
+			c.joins[i] = c.joins[last]
+			c.joins[last] = nil
+			c.joins = c.joins[:last]
+			if len(c.joins) == 0 {
+				c.joins = nil
+			}
+			return
+		}
+	}
+}
+
+func (c *conn) join(cmd *proto.Command) {
+	l := c.l
+	if !c.rooms.allows(cmd.Room) {
+		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
+		return
+	}
+	key := l.roomKey(c, cmd.Room)
+	r := l.table.Lookup(key)
+	if r != nil && (c.m.In(r) || c.findJoin(r) != nil) {
+		c.sendErr(cmd.Room, proto.CodeBadRequest, "already joined: leave first")
+		return
+	}
+	if c.m.Rooms()+len(c.joins) >= l.srv.cfg.MaxRooms {
+		c.sendErr(cmd.Room, proto.CodeForbidden, "room limit of this connection reached")
+		return
+	}
+	j := &joinState{since: cmd.Since, hasSince: cmd.HasSince}
+	if r == nil {
+		r = l.table.Add(key)
+		j.room = r
+		c.joins = append(c.joins, j)
+		r.Joiners = append(r.Joiners, &c.m)
+		l.srv.hub.Join(r.Key, l.idx)
+		return
+	}
+	j.room = r
+	if !r.Active {
+		c.joins = append(c.joins, j)
+		r.Joiners = append(r.Joiners, &c.m)
+		return
+	}
+	if !j.hasSince || j.since >= r.Last {
+		// Fast path: the room is live here and there is nothing to replay.
+		l.table.Join(r, &c.m)
+		c.sendJoined(r)
+		return
+	}
+	c.joins = append(c.joins, j)
+	r.Joiners = append(r.Joiners, &c.m)
+	c.startJoin(j)
+}
+
+func (c *conn) sendJoined(r *fanout.Room) {
+	a := c.l.arena
+	room := roomName(r.Key)
+	c.send(a.Keep(proto.AppendJoinedFrame(a.Space(64+len(room)), room, r.Last)))
+}
+
+// startJoin runs once the room is active on this loop: joined goes out with
+// the room's newest seq, then (with since) the stored messages after since
+// are replayed a page at a time; the member goes live when the replay has
+// reached the room's newest seq, so it sees no gap and no duplicate.
+func (c *conn) startJoin(j *joinState) {
+	r := j.room
+	c.sendJoined(r)
+	if !j.hasSince || j.since >= r.Last {
+		c.goLive(j)
+		return
+	}
+	j.catchingUp = true
+	j.after = j.since
+	c.l.srv.read(readJob{kind: rReplay, loop: c.l, conn: c, room: r, key: r.Key, after: j.after, upto: r.Last})
+}
+
+func (c *conn) goLive(j *joinState) {
+	r := j.room
+	r.RemoveJoiner(&c.m)
+	c.dropJoin(r)
+	c.l.table.Join(r, &c.m)
+}
+
+// replayed takes one page of catch-up.
+func (l *loopState) replayed(t *task) {
+	c := t.conn
+	if c.closed || c.state != stateOpen {
+		return
+	}
+	j := c.findJoin(t.room)
+	if j == nil || !j.catchingUp {
+		return // left meanwhile
+	}
+	r := j.room
+	if t.err != nil {
+		r.RemoveJoiner(&c.m)
+		c.dropJoin(r)
+		c.closeWith(proto.CloseTryAgain, l.retryReason())
+		return
+	}
+	if len(t.frame) > 0 {
+		c.send(t.frame)
+	}
+	if t.seq > j.after {
+		j.after = t.seq
+	}
+	if j.after >= r.Last {
+		c.goLive(j)
+		return
+	}
+	l.srv.read(readJob{kind: rReplay, loop: l, conn: c, room: r, key: r.Key, after: j.after, upto: r.Last})
+}
+
+func (c *conn) leave(cmd *proto.Command) {
+	l := c.l
+	key := l.roomKey(c, cmd.Room)
+	if r := l.table.Lookup(key); r != nil {
+		if c.findJoin(r) != nil {
+			r.RemoveJoiner(&c.m)
+			c.dropJoin(r)
+		} else if c.m.In(r) {
+			l.table.Leave(r, &c.m)
+		}
+		l.removeIfIdle(r)
+	}
+	a := l.arena
+	c.send(a.Keep(proto.AppendLeftFrame(a.Space(32+len(cmd.Room)), cmd.Room)))
+}
+
+func (c *conn) pub(cmd *proto.Command) {
+	l := c.l
+	if !c.rooms.allows(cmd.Room) {
+		c.sendErr(cmd.ID, proto.CodeForbidden, "token does not allow this room")
+		return
+	}
+	if l.draining {
+		c.sendErr(cmd.ID, proto.CodeOverloaded, "node is draining: publish elsewhere")
+		return
+	}
+	req := persist.GetRequest()
+	req.Key = l.intern(l.roomKey(c, cmd.Room))
+	req.From = c.user
+	req.ID = append(req.ID[:0], cmd.ID...)
+	req.Body = append(req.Body[:0], cmd.Body...)
+	req.Origin = c
+	l.srv.Stats.Publishes.Add(1)
+	if err := l.srv.pool.Submit(req); err != nil {
+		persist.PutRequest(req)
+		l.srv.Stats.Overloaded.Add(1)
+		c.sendErr(cmd.ID, proto.CodeOverloaded, "publish queue full: retry later")
+	}
+}
+
+// ack answers a publish once the pool has committed it (or failed to).
+func (l *loopState) ack(t *task) {
+	c, req := t.conn, t.req
+	defer persist.PutRequest(req)
+	if c.closed || c.state != stateOpen {
+		return
+	}
+	room := roomName(req.Key)
+	a := l.arena
+	if t.err != nil {
+		code, msg := proto.CodeOverloaded, "not stored: retry with the same id"
+		if !errors.Is(t.err, persist.ErrOverloaded) && !errors.Is(t.err, persist.ErrClosed) {
+			code, msg = proto.CodeInternal, "not stored: internal error"
+		}
+		c.sendErr(req.ID, code, msg)
+		return
+	}
+	l.srv.Stats.Acks.Add(1)
+	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, t.seq)))
+}
+
+func (c *conn) history(cmd *proto.Command) {
+	l := c.l
+	if !c.rooms.allows(cmd.Room) {
+		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
+		return
+	}
+	key := l.intern(l.roomKey(c, cmd.Room))
+	before := uint64(0)
+	if cmd.HasBefore {
+		before = cmd.Before
+	}
+	l.srv.read(readJob{kind: rHistory, loop: l, conn: c, key: key, before: before, limit: cmd.Limit})
+}
+
+func (l *loopState) historyDone(t *task) {
+	c := t.conn
+	if c.closed || c.state != stateOpen {
+		return
+	}
+	if t.err != nil {
+		c.sendErr(roomName(t.key), proto.CodeOverloaded, "cannot read history now: retry")
+		return
+	}
+	c.send(t.frame)
+}

@@ -1,0 +1,551 @@
+package loop
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+)
+
+// iovMax is the kernel's IOV_MAX: gnet does not split writev (GNET-NOTES 7).
+const iovMax = 1024
+
+type taskKind uint8
+
+const (
+	tDeliver    taskKind = iota + 1 // key, seq, frame: a message of a room
+	tSubscribed                     // key, err: the node's subscription is up
+	tRoomSeq                        // room, seq, err: the room's newest seq, read after subscribing
+	tAck                            // conn, req, seq, err: a publish was committed (or not)
+	tReplay                         // conn, room, frame (many msg frames), seq = new cursor
+	tHistory                        // conn, frame or err
+	tRepair                         // room, held: messages read from the store to fill a gap
+	tReset                          // the broker may have lost messages
+	tFlush                          // write pending output
+	tSweep                          // idle pings, timeouts, token expiry
+	tDrain                          // close every connection (n = code, seq = window)
+)
+
+// task is one unit of work handed to a loop. Passed by value: pushing one
+// allocates nothing once the inbox slice has grown.
+type task struct {
+	kind  taskKind
+	conn  *conn
+	room  *fanout.Room
+	key   string
+	seq   uint64
+	n     uint64
+	frame []byte
+	held  []fanout.Held
+	req   *persist.PubRequest
+	err   error
+	done  func()
+}
+
+// loopState is everything one gnet loop owns. Only that loop's goroutine
+// touches it, except the inbox and needFlush.
+type loopState struct {
+	srv   *Server
+	el    gnet.EventLoop
+	idx   int
+	table *fanout.Table
+	arena *fanout.Arena
+
+	// inbox is the loop's one entry point for other goroutines (nats
+	// ipQueue shape): producers append under mu and wake the loop only on
+	// empty -> non-empty; the loop takes the whole batch at once.
+	mu     sync.Mutex
+	queue  []task
+	woken  bool
+	spare  []task
+	drainF gnet.RunnableFunc
+
+	needFlush atomic.Bool
+
+	conns   []*conn // every connection of the loop, for the sweep
+	cmd     proto.Command
+	keyBuf  []byte
+	scratch []byte
+	iov     [iovMax]unix.Iovec
+	interns map[string]string
+	gaps    []*fanout.Room
+	draining bool
+}
+
+func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
+	l := &loopState{
+		srv:     s,
+		el:      el,
+		idx:     idx,
+		table:   fanout.NewTable(s.cfg.OutboundLimit, 64<<10),
+		arena:   fanout.NewArena(64 << 10),
+		interns: make(map[string]string),
+	}
+	l.drainF = l.drain
+	return l
+}
+
+// push hands t to the loop. Any goroutine.
+func (l *loopState) push(t task) {
+	l.mu.Lock()
+	l.queue = append(l.queue, t)
+	wake := !l.woken
+	l.woken = true
+	l.mu.Unlock()
+	if wake {
+		// One Execute (an eventfd write and one closure inside gnet) per
+		// batch, never per frame.
+		if err := l.el.Execute(context.Background(), l.drainF); err != nil {
+			l.mu.Lock()
+			l.woken = false
+			l.mu.Unlock()
+		}
+	}
+}
+
+// drain runs on the loop: it takes every queued task and runs them.
+func (l *loopState) drain(context.Context) error {
+	l.mu.Lock()
+	q := l.queue
+	l.queue = l.spare
+	l.woken = false
+	l.mu.Unlock()
+	for i := range q {
+		l.run(&q[i])
+		l.settle()
+	}
+	clear(q)
+	l.spare = q[:0]
+	return nil
+}
+
+// settle runs after each unit of loop work: slow consumers are closed, a
+// member past flushAt is written now (bounding what one wake-up can queue,
+// GNET-NOTES 5), and the ticker is told there is something to flush.
+func (l *loopState) settle() {
+	if l.table.HasSlow() {
+		l.closeSlow()
+	}
+	if u := l.table.TakeUrgent(); len(u) > 0 {
+		l.flushMembers(u)
+	}
+	if l.table.HasDirty() && !l.needFlush.Load() {
+		l.needFlush.Store(true)
+	}
+}
+
+func (l *loopState) run(t *task) {
+	switch t.kind {
+	case tDeliver:
+		if r := l.table.Get(t.key); r != nil {
+			l.deliver(r, t.seq, t.frame)
+		}
+	case tSubscribed:
+		l.subscribed(t.key, t.err)
+	case tRoomSeq:
+		l.activate(t.room, t.seq, t.err)
+	case tAck:
+		l.ack(t)
+	case tReplay:
+		l.replayed(t)
+	case tHistory:
+		l.historyDone(t)
+	case tRepair:
+		l.repaired(t.room, t.held, t.err)
+	case tReset:
+		l.reset()
+	case tFlush:
+		l.flush()
+	case tSweep:
+		l.flush()
+		l.sweep()
+	case tDrain:
+		l.drainConns(int(t.n), time.Duration(t.seq))
+		t.done()
+	}
+}
+
+// now is the loop's clock in Unix ms (ticker resolution).
+func (l *loopState) now() int64 { return l.srv.clock.Load() }
+
+// flush writes every dirty connection's pending frames: one writev each.
+func (l *loopState) flush() {
+	l.needFlush.Store(false)
+	l.flushMembers(l.table.TakeDirty())
+	l.checkGaps()
+}
+
+func (l *loopState) flushMembers(ms []*fanout.Member) {
+	for _, m := range ms {
+		if m.PendingBytes() == 0 || m.Closed {
+			continue
+		}
+		l.write(m.Owner.(*conn))
+	}
+}
+
+// write hands c's pending frames to the kernel. Fast path: the transport
+// holds nothing from before, so one writev syscall on the socket with the
+// loop's iovec array (gnet's Writev goes through x/sys, which allocates
+// past 8 slices). Whatever the kernel does not take goes into gnet's
+// outbound buffer, which gnet drains when the socket turns writable.
+func (l *loopState) write(c *conn) {
+	m := &c.m
+	frames := m.Pending()
+	st := &l.srv.Stats
+	st.FramesOut.Add(uint64(len(frames)))
+	st.BytesOut.Add(uint64(m.PendingBytes()))
+	st.Writes.Add(1)
+	gc := c.gc
+	if gc.OutboundBuffered() == 0 {
+		fd := gc.Fd()
+		for len(frames) > 0 {
+			n := min(len(frames), iovMax)
+			total := 0
+			for i := 0; i < n; i++ {
+				l.iov[i].Base = &frames[i][0]
+				l.iov[i].SetLen(len(frames[i]))
+				total += len(frames[i])
+			}
+			w, _, errno := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&l.iov[0])), uintptr(n))
+			for i := 0; i < n; i++ {
+				l.iov[i].Base = nil // do not pin frame chunks
+			}
+			if errno != 0 {
+				if errno != unix.EAGAIN && errno != unix.EINTR {
+					l.table.Flushed(m)
+					c.fail()
+					return
+				}
+				w = 0
+			}
+			if int(w) == total {
+				frames = frames[n:]
+				continue
+			}
+			rest := int(w)
+			for rest >= len(frames[0]) {
+				rest -= len(frames[0])
+				frames = frames[1:]
+			}
+			frames[0] = frames[0][rest:]
+			break
+		}
+	}
+	// Slow path: the socket is full (or was): queue the rest in gnet, in
+	// order. The first Write may try the socket once more; the rest append.
+	for _, f := range frames {
+		if c.closed {
+			break
+		}
+		_, _ = gc.Write(f)
+	}
+	l.table.Flushed(m)
+	if !c.closed {
+		m.Backlog = gc.OutboundBuffered()
+	}
+}
+
+// closeSlow closes consumers that passed the outbound limit: 1013 with a
+// jittered retry hint, after dropping what they could not take.
+func (l *loopState) closeSlow() {
+	for _, m := range l.table.TakeSlow() {
+		c := m.Owner.(*conn)
+		if c.closed {
+			continue
+		}
+		l.srv.Stats.SlowCloses.Add(1)
+		l.table.Drop(m)
+		c.closeWith(proto.CloseTryAgain, l.retryReason())
+	}
+}
+
+func (l *loopState) retryReason() []byte {
+	l.scratch = proto.AppendRetryReason(l.scratch[:0], l.srv.retryMS())
+	return l.scratch
+}
+
+// sweep runs once a second: server pings after IdleInterval of silence,
+// closes after twice that, finishes upgrades that take too long, and closes
+// connections whose token expired.
+func (l *loopState) sweep() {
+	now := l.now()
+	idle := l.srv.cfg.IdleInterval.Milliseconds()
+	upTimeout := l.srv.cfg.UpgradeTimeout.Milliseconds()
+	for i := 0; i < len(l.conns); i++ {
+		c := l.conns[i]
+		if c.closed {
+			continue
+		}
+		silent := now - c.lastRead
+		switch {
+		case c.state == stateUpgrading:
+			if silent >= upTimeout || now-c.opened >= upTimeout {
+				c.upgradeTimeout()
+			}
+		case c.state != stateOpen:
+		case c.exp != 0 && now/1000 >= c.exp:
+			c.closeWith(proto.ClosePolicy, []byte("token expired"))
+		case silent >= 2*idle:
+			c.closeWith(proto.CloseNormal, []byte("idle timeout"))
+		case silent >= idle && !c.pinged:
+			c.pinged = true
+			c.send(pingFrame)
+		}
+	}
+	if l.table.HasDirty() {
+		l.flush()
+	}
+}
+
+// drainConns closes every connection, spreading the closes over window.
+// Connections closed later get a longer retry hint, so reconnects spread
+// over the same window again.
+func (l *loopState) drainConns(code int, window time.Duration) {
+	l.draining = true
+	l.flush()
+	n := len(l.conns)
+	for i := n - 1; i >= 0; i-- {
+		if i >= len(l.conns) {
+			continue
+		}
+		c := l.conns[i]
+		if c.closed {
+			continue
+		}
+		if c.state != stateOpen {
+			c.gc.Close()
+			continue
+		}
+		ms := l.srv.retryMS() + int(window.Milliseconds())*i/max(n, 1)
+		l.scratch = proto.AppendRetryReason(l.scratch[:0], ms)
+		c.closeWith(code, l.scratch)
+	}
+}
+
+// intern returns key as a string, allocating it only the first time this
+// loop sees it (publishes name their room on every frame).
+func (l *loopState) intern(key []byte) string {
+	if s, ok := l.interns[string(key)]; ok {
+		return s
+	}
+	if len(l.interns) >= 1<<16 {
+		clear(l.interns)
+	}
+	s := string(key)
+	l.interns[s] = s
+	return s
+}
+
+// roomKey builds app/room into the loop's scratch key buffer.
+func (l *loopState) roomKey(c *conn, room []byte) []byte {
+	l.keyBuf = append(append(append(l.keyBuf[:0], c.app.id...), '/'), room...)
+	return l.keyBuf
+}
+
+// removeIfIdle drops a room nobody on this loop needs any more.
+func (l *loopState) removeIfIdle(r *fanout.Room) {
+	if !r.Idle() || l.table.Get(r.Key) != r {
+		return
+	}
+	l.table.Remove(r)
+	l.srv.hub.Leave(r.Key, l.idx)
+}
+
+// subscribed: the node is subscribed to key; read the room's newest seq
+// (after subscribing, so nothing committed later can be missed).
+func (l *loopState) subscribed(key string, err error) {
+	r := l.table.Get(key)
+	if r == nil || r.Active {
+		return
+	}
+	if err != nil {
+		l.activate(r, 0, err)
+		return
+	}
+	l.srv.read(readJob{kind: rLastSeq, loop: l, room: r, key: r.Key})
+}
+
+// activate makes a room live on this loop at seq, releases what was held,
+// and starts the parked joins.
+func (l *loopState) activate(r *fanout.Room, seq uint64, err error) {
+	if l.table.Get(r.Key) != r || r.Active {
+		return
+	}
+	if err != nil {
+		joiners := r.Joiners
+		r.Joiners = nil
+		for _, m := range joiners {
+			c := m.Owner.(*conn)
+			c.dropJoin(r)
+			if !c.closed {
+				c.sendErr(roomName(r.Key), proto.CodeOverloaded, "cannot join now: try again")
+			}
+		}
+		r.Held = nil
+		l.removeIfIdle(r)
+		return
+	}
+	r.Active = true
+	r.Last = seq
+	held := r.Held
+	r.Held = nil
+	for _, h := range held {
+		l.deliver(r, h.Seq, h.Frame)
+	}
+	joiners := r.Joiners
+	r.Joiners = nil
+	for _, m := range joiners {
+		c := m.Owner.(*conn)
+		if j := c.findJoin(r); j != nil && !c.closed {
+			r.Joiners = append(r.Joiners, m) // startJoin removes it again when live
+			c.startJoin(j)
+		}
+	}
+	l.removeIfIdle(r)
+}
+
+// deliver fans one message out to a room's members, in seq order: a
+// duplicate is dropped, a message ahead of a missing seq is held until the
+// gap is filled (by the broker or, after GapWindow, from the store).
+func (l *loopState) deliver(r *fanout.Room, seq uint64, frame []byte) {
+	if !r.Active {
+		r.Held = insertHeld(r.Held, seq, frame)
+		return
+	}
+	if seq <= r.Last {
+		return
+	}
+	if seq == r.Last+1 && len(r.Held) == 0 {
+		// Fast path: in order, nothing held.
+		l.table.Deliver(r, frame)
+		r.Last = seq
+		return
+	}
+	r.Held = insertHeld(r.Held, seq, frame)
+	l.releaseHeld(r)
+}
+
+func (l *loopState) releaseHeld(r *fanout.Room) {
+	i := 0
+	for ; i < len(r.Held); i++ {
+		h := r.Held[i]
+		if h.Seq <= r.Last {
+			continue
+		}
+		if h.Seq != r.Last+1 {
+			break
+		}
+		l.table.Deliver(r, h.Frame)
+		r.Last = h.Seq
+	}
+	if i > 0 {
+		n := copy(r.Held, r.Held[i:])
+		clear(r.Held[n:])
+		r.Held = r.Held[:n]
+	}
+	if len(r.Held) == 0 {
+		r.GapSince = 0
+		return
+	}
+	if r.GapSince == 0 {
+		r.GapSince = l.now()
+		l.gaps = append(l.gaps, r)
+	}
+}
+
+func insertHeld(h []fanout.Held, seq uint64, frame []byte) []fanout.Held {
+	i := len(h)
+	for i > 0 && h[i-1].Seq > seq {
+		i--
+	}
+	if i > 0 && h[i-1].Seq == seq {
+		return h // duplicate
+	}
+	h = append(h, fanout.Held{})
+	copy(h[i+1:], h[i:])
+	h[i] = fanout.Held{Seq: seq, Frame: frame}
+	return h
+}
+
+// checkGaps asks the store for messages missing longer than GapWindow.
+func (l *loopState) checkGaps() {
+	if len(l.gaps) == 0 {
+		return
+	}
+	now := l.now()
+	window := l.srv.cfg.GapWindow.Milliseconds()
+	keep := l.gaps[:0]
+	for _, r := range l.gaps {
+		if l.table.Get(r.Key) != r || len(r.Held) == 0 {
+			r.GapSince = 0
+			continue
+		}
+		keep = append(keep, r)
+		if r.Repairing || now-r.GapSince < window {
+			continue
+		}
+		r.Repairing = true
+		l.srv.Stats.Repairs.Add(1)
+		l.srv.read(readJob{kind: rRepair, loop: l, room: r, key: r.Key, after: r.Last, upto: r.Held[0].Seq - 1})
+	}
+	clear(l.gaps[len(keep):])
+	l.gaps = keep
+}
+
+// repaired delivers messages read from the store to fill a gap. If the
+// store does not have them either, members cannot be given a gapless
+// stream: they are closed with 1013 and rejoin with since.
+func (l *loopState) repaired(r *fanout.Room, held []fanout.Held, err error) {
+	if l.table.Get(r.Key) != r {
+		return
+	}
+	r.Repairing = false
+	for _, h := range held {
+		l.deliver(r, h.Seq, h.Frame)
+	}
+	if err == nil && (len(r.Held) == 0 || r.Held[0].Seq == r.Last+1) {
+		l.releaseHeld(r)
+		return
+	}
+	if err != nil || len(r.Held) == 0 {
+		return // try again after the next window
+	}
+	// The store answered but the gap stays: give up on this stream.
+	l.srv.Stats.GapCloses.Add(1)
+	l.table.EachMember(r, func(m *fanout.Member) {
+		c := m.Owner.(*conn)
+		l.table.Drop(m)
+		c.closeWith(proto.CloseTryAgain, l.retryReason())
+	})
+	r.Last = r.Held[0].Seq - 1
+	l.releaseHeld(r)
+}
+
+// reset: the broker may have lost messages of any room; read each active
+// room's tail from the store and deliver what is missing.
+func (l *loopState) reset() {
+	l.table.Each(func(r *fanout.Room) {
+		if r.Active && !r.Repairing {
+			r.Repairing = true
+			l.srv.read(readJob{kind: rRepair, loop: l, room: r, key: r.Key, after: r.Last, upto: 0})
+		}
+	})
+}
+
+// roomName is the room part of a key.
+func roomName(key string) []byte {
+	_, room := persist.SplitKey(key)
+	return unsafe.Slice(unsafe.StringData(room), len(room))
+}
+
+var pingFrame = proto.AppendControlFrame(nil, 0x9, nil)
+var pongFrame = proto.AppendPongFrame(nil)

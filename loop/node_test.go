@@ -1,0 +1,249 @@
+package loop
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+	"github.com/bytedance/sonic"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/pubsub"
+)
+
+// node is a server wired as main wires it, on embedded defaults.
+type node struct {
+	srv   *Server
+	pool  *persist.Pool
+	store persist.Store
+	addr  string
+}
+
+func startNode(t testing.TB, mutate func(*Config)) *node {
+	t.Helper()
+	cfg := Defaults()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Insecure = true
+	cfg.Loops = 2
+	cfg.FlushInterval = time.Millisecond
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	store := persist.NewMemory(1000)
+	return startNodeWith(t, cfg, store, log)
+}
+
+func startNodeWith(t testing.TB, cfg Config, store persist.Store, log *slog.Logger) *node {
+	t.Helper()
+	srv, err := New(cfg, store, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := fanout.NewHub(srv, cfg.Loops)
+	broker := pubsub.NewMemory(hub)
+	hub.SetSubscriber(broker)
+	pool := persist.NewPool(store, srv, persist.PoolConfig{})
+	srv.Attach(hub, broker, pool)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n := &node{srv: srv, pool: pool, store: store, addr: srv.Addr()}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		pool.Close()
+		_ = srv.Stop(ctx)
+	})
+	return n
+}
+
+// client is a real WebSocket client (gobwas/ws), speaking the protocol.
+type client struct {
+	t    testing.TB
+	conn net.Conn
+	rd   *bufio.Reader
+}
+
+func (n *node) dial(t testing.TB, user string) *client {
+	t.Helper()
+	return n.dialQuery(t, "user="+user+"&app=test")
+}
+
+func (n *node) dialQuery(t testing.TB, query string) *client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, br, _, err := ws.Dial(ctx, "ws://"+n.addr+"/ws?"+query)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	if br == nil {
+		br = bufio.NewReader(conn)
+	}
+	c := &client{t: t, conn: conn, rd: br}
+	t.Cleanup(func() { conn.Close() })
+	return c
+}
+
+func (c *client) send(s string) {
+	c.t.Helper()
+	if err := wsutil.WriteClientText(c.conn, []byte(s)); err != nil {
+		c.t.Fatalf("send %s: %v", s, err)
+	}
+}
+
+// next reads the next frame (control frames included).
+func (c *client) next() (ws.Header, []byte) {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	h, err := ws.ReadHeader(c.rd)
+	if err != nil {
+		c.t.Fatalf("read header: %v", err)
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(c.rd, p); err != nil {
+		c.t.Fatalf("read payload: %v", err)
+	}
+	if h.Masked {
+		c.t.Fatalf("server frame is masked")
+	}
+	return h, p
+}
+
+// recv reads the next text frame as a generic JSON object.
+func (c *client) recv() map[string]any {
+	c.t.Helper()
+	h, p := c.next()
+	if h.OpCode != ws.OpText {
+		c.t.Fatalf("want text frame, got opcode %v payload %q", h.OpCode, p)
+	}
+	var m map[string]any
+	if err := sonic.Unmarshal(p, &m); err != nil {
+		c.t.Fatalf("server frame is not JSON: %q", p)
+	}
+	return m
+}
+
+func (c *client) recvRaw() []byte {
+	c.t.Helper()
+	h, p := c.next()
+	if h.OpCode != ws.OpText {
+		c.t.Fatalf("want text frame, got opcode %v payload %q", h.OpCode, p)
+	}
+	return p
+}
+
+func (c *client) expect(want map[string]any) map[string]any {
+	c.t.Helper()
+	got := c.recv()
+	for k, v := range want {
+		if num, ok := v.(int); ok {
+			v = float64(num)
+		}
+		if got[k] != v {
+			c.t.Fatalf("field %s: got %v, want %v (frame %v)", k, got[k], v, got)
+		}
+	}
+	return got
+}
+
+// expectClose reads until a close frame and checks its code.
+func (c *client) expectClose(code int) string {
+	c.t.Helper()
+	for {
+		h, p := c.next()
+		if h.OpCode != ws.OpClose {
+			continue
+		}
+		if len(p) < 2 {
+			c.t.Fatalf("close frame without code")
+		}
+		got := int(binary.BigEndian.Uint16(p))
+		if got != code {
+			c.t.Fatalf("close code %d (%q), want %d", got, p[2:], code)
+		}
+		return string(p[2:])
+	}
+}
+
+// expectEOF checks the server closed the TCP connection.
+func (c *client) expectEOF() {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, c.rd); err != nil && !strings.Contains(err.Error(), "reset") {
+		c.t.Fatalf("want EOF, got %v", err)
+	}
+}
+
+func num(v any) uint64 { f, _ := v.(float64); return uint64(f) }
+
+// checkFor polls cond until it holds or the deadline passes (no sleeps
+// standing in for synchronisation).
+func checkFor(t testing.TB, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// rawUpgrade opens a TCP connection and completes the upgrade by hand, for
+// tests that must send what a well-behaved client library would not.
+func (n *node) raw(t testing.TB, user string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", n.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	req := "GET /ws?user=" + user + "&app=test HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+	if _, err := conn.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(conn)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	status, err := rd.ReadString('\n')
+	if err != nil || !strings.Contains(status, "101") {
+		t.Fatalf("upgrade: %q %v", status, err)
+	}
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	return conn, rd
+}
+
+func clientFrame(op ws.OpCode, fin bool, payload []byte) []byte {
+	f := ws.NewFrame(op, fin, payload)
+	f = ws.MaskFrameInPlace(f)
+	b, err := ws.CompileFrame(f)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+var _ = proto.OpJoin

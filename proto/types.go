@@ -1,0 +1,79 @@
+// Package proto owns the wire: protocol v1 as in docs/protocol.md. It decodes
+// client frames without allocating, encodes server frames once (WebSocket
+// header and JSON in one buffer, so the same bytes go to every receiver),
+// parses the HTTP upgrade and RFC 6455 frame headers from any split of the
+// input, and maps client errors to err codes and close codes.
+//
+// proto imports no other roost package.
+package proto
+
+// Op is a client command.
+type Op uint8
+
+const (
+	OpInvalid Op = iota
+	OpJoin
+	OpLeave
+	OpPub
+	OpHistory
+	OpPing
+)
+
+// Command is one decoded client frame. Its byte slices alias the decoded
+// payload: they are valid only as long as that buffer is (for the loop,
+// until the frame is discarded from gnet's inbound buffer).
+type Command struct {
+	Op   Op
+	Room []byte // "room", validated against [A-Za-z0-9_.:-]{1,128}
+	ID   []byte // "id" (pub), 1..64 bytes, raw JSON string content unescaped
+	Body []byte // "body" (pub): the raw JSON value bytes exactly as sent
+
+	Since     uint64 // "since" (join), valid if HasSince
+	Before    uint64 // "before" (history), valid if HasBefore
+	Limit     int    // "limit" (history), valid if HasLimit
+	HasSince  bool
+	HasBefore bool
+	HasLimit  bool
+
+	// Scratch for a room or id that arrived with JSON escapes: Room and ID
+	// then point here instead of into the payload, so Decode stays
+	// allocation-free. A copied Command still points into the original.
+	roomBuf [maxRoom]byte
+	idBuf   [maxID]byte
+}
+
+// Message is a stored message as the wire shows it (the room name without
+// its app).
+type Message struct {
+	Room string
+	Seq  uint64
+	ID   string
+	From string
+	TS   int64 // commit time, Unix ms
+	Body []byte
+}
+
+// Code is an `err` frame code.
+type Code uint8
+
+const (
+	CodeBadRequest Code = iota + 1
+	CodeForbidden
+	CodeNotFound
+	CodeTooLarge
+	CodeRateLimited
+	CodeOverloaded
+	CodeInternal
+)
+
+// WebSocket close codes of the protocol.
+const (
+	CloseNormal        = 1000
+	CloseGoingAway     = 1001 // drain
+	CloseProtocolError = 1002 // unmasked frame, bad opcode, bad continuation
+	CloseUnsupported   = 1003 // binary data frame
+	CloseInvalidData   = 1007 // not UTF-8, not a JSON object
+	ClosePolicy        = 1008 // token expired, app disabled, app limit
+	CloseTooBig        = 1009 // frame over the limit
+	CloseTryAgain      = 1013 // slow consumer, overload, drain: "retry=MS"
+)
