@@ -1,0 +1,693 @@
+package pubsub
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const testRedisAddr = "127.0.0.1:6379"
+
+// skipOrFail skips a test whose service is missing, unless CI demands it.
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// requireRedis skips (or fails under CI) when the shared Redis is down.
+func requireRedis(t testing.TB) {
+	t.Helper()
+	if err := pingAddr(testRedisAddr); err != nil {
+		skipOrFail(t, "redis at %s is not available (%v): start Redis 7 there to run this test", testRedisAddr, err)
+	}
+}
+
+func requireRedisServerBinary(t testing.TB) {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			skipOrFail(t, "%s not in PATH: install redis-server to run this test", bin)
+		}
+	}
+}
+
+// pingAddr speaks raw RESP so that test setup does not depend on the code
+// under test.
+func pingAddr(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+// testPrefix isolates a test's channels from every other test and node.
+func testPrefix(t testing.TB) string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "roosttest-" + hex.EncodeToString(b[:])
+}
+
+func newTestRedis(t testing.TB, cfg RedisConfig, h Handler) *Redis {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := NewRedis(ctx, cfg, h, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func TestRedisContract(t *testing.T) {
+	requireRedis(t)
+	testBrokerContract(t, func(t *testing.T, h Handler) Broker {
+		return newTestRedis(t, RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}, h)
+	})
+}
+
+// Two nodes on one Redis: each receives exactly the rooms it subscribed,
+// in publish order, byte-identical, whichever node published.
+func TestRedisTwoNodes(t *testing.T) {
+	requireRedis(t)
+	cfg := RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}
+	testTwoNodes(t, cfg)
+}
+
+func testTwoNodes(t *testing.T, cfg RedisConfig) {
+	ra, rb := newRecorder(), newRecorder()
+	a, b := newTestRedis(t, cfg, ra), newTestRedis(t, cfg, rb)
+	for _, k := range []string{"r1", "r2"} {
+		subscribeWait(t, a, k)
+	}
+	for _, k := range []string{"r2", "r3"} {
+		subscribeWait(t, b, k)
+	}
+	const n = 300
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	// One publisher per room, as the Broker contract requires; rooms are
+	// published from both nodes at once.
+	for _, p := range []struct {
+		b   Broker
+		key string
+	}{{a, "r1"}, {b, "r2"}, {a, "r3"}, {b, "r4"}} {
+		wg.Go(func() {
+			for seq := uint64(1); seq <= n; seq++ {
+				if err := p.b.Publish(ctx, p.key, seq, testFrame(p.key, seq)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, func() error {
+		if ra.count("r1") < n || ra.count("r2") < n || rb.count("r2") < n || rb.count("r3") < n {
+			return fmt.Errorf("a got %d/%d, b got %d/%d of %d",
+				ra.count("r1"), ra.count("r2"), rb.count("r2"), rb.count("r3"), n)
+		}
+		return nil
+	})
+	expectSeqs(t, ra, "r1", 1, n)
+	expectSeqs(t, ra, "r2", 1, n)
+	expectSeqs(t, rb, "r2", 1, n)
+	expectSeqs(t, rb, "r3", 1, n)
+	for _, c := range []struct {
+		r   *recorder
+		key string
+	}{{ra, "r3"}, {ra, "r4"}, {rb, "r1"}, {rb, "r4"}} {
+		if got := c.r.count(c.key); got != 0 {
+			t.Fatalf("room %q delivered %d messages to a node not subscribed", c.key, got)
+		}
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if sa.Published != 2*n || sb.Published != 2*n {
+		t.Fatalf("published %d and %d, want %d each", sa.Published, sb.Published, 2*n)
+	}
+	if sa.Received != 2*n || sb.Received != 2*n || sa.Subscribed != 2 || sb.Subscribed != 2 {
+		t.Fatalf("stats a=%+v b=%+v", sa, sb)
+	}
+	if err := a.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRedisSubscribeMany(t *testing.T) {
+	requireRedis(t)
+	r := newRecorder()
+	b := newTestRedis(t, RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}, r)
+	// More than one SUBSCRIBE command's worth, queued before the worker
+	// runs, so they go out as one pipelined batch.
+	const rooms = 3*channelsPerCommand + 7
+	var wg sync.WaitGroup
+	wg.Add(rooms)
+	for i := range rooms {
+		b.Subscribe(fmt.Sprint("room", i), func(err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	if s := b.Stats(); s.Subscribed != rooms || s.Pending != 0 {
+		t.Fatalf("stats %+v, want %d subscribed", s, rooms)
+	}
+	ctx := context.Background()
+	for i := range rooms {
+		key := fmt.Sprint("room", i)
+		if err := b.Publish(ctx, key, 1, testFrame(key, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkFor(t, 5*time.Second, func() error {
+		if got := b.Stats().Received; got != rooms {
+			return fmt.Errorf("received %d of %d", got, rooms)
+		}
+		return nil
+	})
+	for i := range rooms / 2 {
+		b.Unsubscribe(fmt.Sprint("room", i))
+	}
+	subscribeWait(t, b, "marker")
+	if s := b.Stats(); s.Subscribed != rooms-rooms/2+1 {
+		t.Fatalf("stats %+v after unsubscribing %d", s, rooms/2)
+	}
+}
+
+func TestRedisPublishErrors(t *testing.T) {
+	requireRedis(t)
+	b := newTestRedis(t, RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}, newRecorder())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := b.Publish(ctx, "a", 1, []byte("x"))
+	if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), "cannot publish") {
+		t.Fatalf("publish with canceled context: %v", err)
+	}
+	b.Close()
+	err = b.Publish(context.Background(), "a", 2, []byte("x"))
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("publish after Close: %v, want ErrClosed", err)
+	}
+	done := make(chan error, 1)
+	b.Subscribe("a", func(err error) { done <- err })
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("subscribe after Close: %v, want ErrClosed", err)
+	}
+	if s := b.Stats(); s.PublishErrors != 2 {
+		t.Fatalf("PublishErrors = %d, want 2", s.PublishErrors)
+	}
+}
+
+func TestNewRedisErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := NewRedis(ctx, RedisConfig{}, newRecorder(), nil); err == nil {
+		t.Fatal("NewRedis without address succeeded")
+	}
+	if _, err := NewRedis(ctx, RedisConfig{Addrs: []string{"127.0.0.1:1"}}, newRecorder(), nil); err == nil {
+		t.Fatal("NewRedis to a closed port succeeded")
+	}
+	if err := pingAddr(testRedisAddr); err == nil {
+		_, err := NewRedis(ctx, RedisConfig{Addrs: []string{testRedisAddr}, Cluster: true}, newRecorder(), nil)
+		if err == nil || !strings.Contains(err.Error(), "not a Redis Cluster") {
+			t.Fatalf("Cluster: true on a single Redis: %v", err)
+		}
+	}
+}
+
+func TestParseRedisURL(t *testing.T) {
+	f := func(in string, want RedisConfig) {
+		t.Helper()
+		got, err := ParseRedisURL(in)
+		if err != nil {
+			t.Fatalf("ParseRedisURL(%q): %v", in, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("ParseRedisURL(%q) = %+v, want %+v", in, got, want)
+		}
+	}
+	f("redis://127.0.0.1:6379", RedisConfig{Addrs: []string{"127.0.0.1:6379"}})
+	f("redis://localhost", RedisConfig{Addrs: []string{"localhost:6379"}})
+	f("redis://:secret@h:1/0", RedisConfig{Addrs: []string{"h:1"}, Password: "secret"})
+	f("redis://u:p%40ss@h:1?prefix=prod", RedisConfig{Addrs: []string{"h:1"}, Username: "u", Password: "p@ss", Prefix: "prod"})
+	f("redis://a:1,b:2,[::1]:3", RedisConfig{Addrs: []string{"a:1", "b:2", "[::1]:3"}, Cluster: true})
+
+	bad := func(in, wantSub string) {
+		t.Helper()
+		_, err := ParseRedisURL(in)
+		if err == nil || !strings.Contains(err.Error(), wantSub) {
+			t.Fatalf("ParseRedisURL(%q) error %v, want it to mention %q", in, err, wantSub)
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Fatalf("error leaks the password: %v", err)
+		}
+	}
+	bad("http://h:1", "scheme")
+	bad("rediss://:hunter2@h:1", "scheme")
+	bad("redis://", "no host")
+	bad("redis://:hunter2@h:1/x", "database")
+	bad("redis://h:1?db=2", "unknown parameter")
+	bad("redis://h:1?prefix=a{b}", "prefix")
+	bad("redis://h:1,:2", "bad address")
+}
+
+// redisProc is a redis-server child process owned by a test.
+type redisProc struct {
+	port int
+	args []string
+	cmd  *exec.Cmd
+}
+
+// freePort returns a loopback port that is free, and whose cluster bus
+// port (+10000) is free too when bus is set.
+func freePort(t testing.TB, bus bool) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if !bus {
+			l.Close()
+			return port
+		}
+		if port+10000 < 65536 {
+			if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000)); err == nil {
+				l2.Close()
+				l.Close()
+				return port
+			}
+		}
+		l.Close()
+	}
+	t.Fatal("no free port pair found")
+	return 0
+}
+
+func startRedis(t testing.TB, port int, extra ...string) *redisProc {
+	t.Helper()
+	p := &redisProc{port: port, args: append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
+	}, extra...)}
+	p.start(t)
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *redisProc) addr() string { return fmt.Sprintf("127.0.0.1:%d", p.port) }
+
+func (p *redisProc) start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command("redis-server", p.args...)
+	// The server dies with the test binary even if cleanup never runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("cannot start redis-server: %v", err)
+	}
+	p.cmd = cmd
+	checkFor(t, 5*time.Second, func() error { return pingAddr(p.addr()) })
+}
+
+func (p *redisProc) stop() {
+	if p.cmd != nil {
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+// A Redis restart: the broker resubscribes by itself, calls OnReset, and
+// messages published after the restart are delivered.
+func TestRedisReconnect(t *testing.T) {
+	requireRedisServerBinary(t)
+	p := startRedis(t, freePort(t, false))
+	r := newRecorder()
+	b := newTestRedis(t, RedisConfig{Addrs: []string{p.addr()}, Prefix: testPrefix(t)}, r)
+	subscribeWait(t, b, "a")
+	subscribeWait(t, b, "b")
+	ctx := context.Background()
+	if err := b.Publish(ctx, "a", 1, testFrame("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, func() error {
+		if r.count("a") != 1 {
+			return errors.New("first message not delivered")
+		}
+		return nil
+	})
+
+	p.stop()
+	if err := b.Publish(ctx, "a", 2, testFrame("a", 2)); err == nil {
+		t.Fatal("publish with Redis down succeeded")
+	}
+	// Subscribing while Redis is down fails fast, and the room is
+	// subscribed anyway once Redis is back.
+	done := make(chan error, 1)
+	b.Subscribe("c", func(err error) { done <- err })
+	if err := <-done; err == nil {
+		t.Fatal("subscribe with Redis down succeeded")
+	}
+	if err := b.Ping(ctx); err == nil {
+		t.Fatal("Ping with Redis down succeeded")
+	}
+	p.start(t)
+
+	checkFor(t, 5*time.Second, func() error {
+		if r.resetCount() < 1 {
+			return errors.New("OnReset not called after Redis restart")
+		}
+		return nil
+	})
+	if s := b.Stats(); s.Resubscribes != 1 || s.Subscribed != 3 || s.Pending != 0 {
+		t.Fatalf("stats after recovery: %+v", s)
+	}
+	// rueidis redials the publishing connection on demand.
+	checkFor(t, 5*time.Second, func() error {
+		return b.Publish(ctx, "a", 3, testFrame("a", 3))
+	})
+	for _, k := range []string{"b", "c"} {
+		if err := b.Publish(ctx, k, 1, testFrame(k, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkFor(t, 5*time.Second, func() error {
+		if r.count("a") != 2 || r.count("b") != 1 || r.count("c") != 1 {
+			return fmt.Errorf("after restart got a=%d b=%d c=%d", r.count("a"), r.count("b"), r.count("c"))
+		}
+		return nil
+	})
+	if got := r.deliveries("a")[1].seq; got != 3 {
+		t.Fatalf("second delivery of a has seq %d, want 3", got)
+	}
+	if err := b.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testCluster is a three-shard Redis Cluster of child processes.
+type testCluster struct {
+	nodes []*redisProc
+}
+
+func (c *testCluster) addrs() []string {
+	var a []string
+	for _, n := range c.nodes {
+		a = append(a, n.addr())
+	}
+	return a
+}
+
+func startCluster(t *testing.T) *testCluster {
+	t.Helper()
+	requireRedisServerBinary(t)
+	dir := t.TempDir()
+	c := &testCluster{}
+	for range 3 {
+		port := freePort(t, true)
+		c.nodes = append(c.nodes, startRedis(t, port,
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
+			"--dir", dir))
+	}
+	args := append(append([]string{"--cluster", "create"}, c.addrs()...), "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c.waitOK(t)
+	return c
+}
+
+// waitOK waits until every node reports cluster_state:ok.
+func (c *testCluster) waitOK(t testing.TB) {
+	t.Helper()
+	checkFor(t, 10*time.Second, func() error {
+		for _, n := range c.nodes {
+			out, err := exec.Command("redis-cli", "-p", strconv.Itoa(n.port), "cluster", "info").Output()
+			if err != nil {
+				return fmt.Errorf("cluster info on %s: %v", n.addr(), err)
+			}
+			if !strings.Contains(string(out), "cluster_state:ok") {
+				return fmt.Errorf("cluster state on %s is not ok", n.addr())
+			}
+		}
+		return nil
+	})
+}
+
+// keysPerShard returns, for every shard, some keys whose slot it owns.
+func keysPerShard(t *testing.T, b *Redis, perShard int) map[string][]string {
+	t.Helper()
+	done := make(chan struct{})
+	got := make(map[string][]string)
+	// owner reads worker-owned slots: ask from a ready callback, which
+	// runs on the worker.
+	b.Subscribe("probe", func(err error) {
+		defer close(done)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for i := 0; i < 10000; i++ {
+			key := fmt.Sprint("app\x00room-", i)
+			addr, ok := b.owner(key)
+			if ok && len(got[addr]) < perShard {
+				got[addr] = append(got[addr], key)
+			}
+		}
+	})
+	<-done
+	b.Unsubscribe("probe")
+	return got
+}
+
+func TestRedisCluster(t *testing.T) {
+	c := startCluster(t)
+	cfg, err := ParseRedisURL("redis://" + strings.Join(c.addrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("Contract", func(t *testing.T) {
+		testBrokerContract(t, func(t *testing.T, h Handler) Broker {
+			cfg := cfg
+			cfg.Prefix = testPrefix(t)
+			return newTestRedis(t, cfg, h)
+		})
+	})
+
+	t.Run("TwoNodes", func(t *testing.T) {
+		cfg := cfg
+		cfg.Prefix = testPrefix(t)
+		testTwoNodes(t, cfg)
+	})
+
+	t.Run("SingleSeed", func(t *testing.T) {
+		// One seed address of a cluster is detected as a cluster.
+		b := newTestRedis(t, RedisConfig{Addrs: c.addrs()[:1], Prefix: testPrefix(t)}, newRecorder())
+		if !b.Cluster() {
+			t.Fatal("one cluster seed not detected as a cluster")
+		}
+	})
+
+	t.Run("Shards", func(t *testing.T) {
+		cfg := cfg
+		cfg.Prefix = testPrefix(t)
+		ra, rb := newRecorder(), newRecorder()
+		a, b := newTestRedis(t, cfg, ra), newTestRedis(t, cfg, rb)
+		if !a.Cluster() {
+			t.Fatal("broker did not detect the cluster")
+		}
+		shards := keysPerShard(t, a, 4)
+		if len(shards) != 3 {
+			t.Fatalf("rooms hashed to %d shards, want 3", len(shards))
+		}
+		var keys []string
+		for _, ks := range shards {
+			keys = append(keys, ks...)
+		}
+		for _, k := range keys {
+			subscribeWait(t, b, k)
+		}
+		if s := b.Stats(); s.Subscribed != int64(len(keys)) {
+			t.Fatalf("stats %+v, want %d subscribed", s, len(keys))
+		}
+		const n = 50
+		ctx := context.Background()
+		for seq := uint64(1); seq <= n; seq++ {
+			for _, k := range keys {
+				if err := a.Publish(ctx, k, seq, testFrame(k, seq)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		checkFor(t, 5*time.Second, func() error {
+			for _, k := range keys {
+				if rb.count(k) < n {
+					return fmt.Errorf("room %q got %d of %d", k, rb.count(k), n)
+				}
+			}
+			return nil
+		})
+		for _, k := range keys {
+			expectSeqs(t, rb, k, 1, n)
+			if ra.count(k) != 0 {
+				t.Fatalf("unsubscribed node got room %q", k)
+			}
+		}
+		if err := b.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("ShardRestart", func(t *testing.T) {
+		cfg := cfg
+		cfg.Prefix = testPrefix(t)
+		r := newRecorder()
+		b := newTestRedis(t, cfg, r)
+		shards := keysPerShard(t, b, 1)
+		var keys []string
+		for _, ks := range shards {
+			keys = append(keys, ks...)
+		}
+		for _, k := range keys {
+			subscribeWait(t, b, k)
+		}
+		// Restart one shard's primary; it keeps its slots through its
+		// nodes.conf, well within the cluster node timeout.
+		victim := c.nodes[1]
+		victim.stop()
+		victim.start(t)
+		c.waitOK(t)
+		checkFor(t, 8*time.Second, func() error {
+			if r.resetCount() < 1 {
+				return errors.New("OnReset not called after a shard restart")
+			}
+			return nil
+		})
+		ctx := context.Background()
+		for _, k := range keys {
+			checkFor(t, 5*time.Second, func() error { return b.Publish(ctx, k, 1, testFrame(k, 1)) })
+		}
+		checkFor(t, 5*time.Second, func() error {
+			for _, k := range keys {
+				if r.count(k) != 1 {
+					return fmt.Errorf("room %q got %d messages after the restart, want 1", k, r.count(k))
+				}
+			}
+			return nil
+		})
+	})
+
+	t.Run("SlotMigration", func(t *testing.T) {
+		cfg := cfg
+		cfg.Prefix = testPrefix(t)
+		r := newRecorder()
+		b := newTestRedis(t, cfg, r)
+		key := "app\x00moving"
+		subscribeWait(t, b, key)
+		from := ownerOf(t, b, key)
+		slot := strconv.Itoa(int(b.slotOf(key)))
+		var to string
+		for _, a := range c.addrs() {
+			if a != from {
+				to = a
+				break
+			}
+		}
+		toID := strings.TrimSpace(c.cli(t, to, "cluster", "myid"))
+		fromID := strings.TrimSpace(c.cli(t, from, "cluster", "myid"))
+		// The manual resharding procedure for a slot without keys: Redis
+		// drops the sharded subscriptions of the slot on its old owner.
+		c.cli(t, to, "cluster", "setslot", slot, "importing", fromID)
+		c.cli(t, from, "cluster", "setslot", slot, "migrating", toID)
+		for _, a := range append([]string{to, from}, c.addrs()...) {
+			c.cli(t, a, "cluster", "setslot", slot, "node", toID)
+		}
+		c.waitOK(t)
+		checkFor(t, 5*time.Second, func() error {
+			if r.resetCount() < 1 {
+				return errors.New("OnReset not called after the slot moved")
+			}
+			return nil
+		})
+		if got := ownerOf(t, b, key); got != to {
+			t.Fatalf("room subscribed on %s after moving to %s", got, to)
+		}
+		ctx := context.Background()
+		checkFor(t, 5*time.Second, func() error { return b.Publish(ctx, key, 1, testFrame(key, 1)) })
+		checkFor(t, 5*time.Second, func() error {
+			if r.count(key) != 1 {
+				return errors.New("message not delivered after the slot moved")
+			}
+			return nil
+		})
+	})
+}
+
+// cli runs redis-cli against one node and returns its output.
+func (c *testCluster) cli(t testing.TB, addr string, args ...string) string {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
+	if err != nil || strings.HasPrefix(string(out), "ERR") {
+		t.Fatalf("redis-cli %v on %s: %v %s", args, addr, err, out)
+	}
+	return string(out)
+}
+
+// ownerOf returns the shard address the broker subscribes key on, read on
+// the worker goroutine (from a ready callback) since the worker owns it.
+func ownerOf(t testing.TB, b *Redis, key string) string {
+	t.Helper()
+	ch := make(chan string, 1)
+	b.Subscribe("probe", func(error) {
+		addr := ""
+		if c := b.activeOn[key]; c != nil {
+			addr = c.addr
+		}
+		ch <- addr
+	})
+	addr := <-ch
+	b.Unsubscribe("probe")
+	if addr == "" {
+		t.Fatalf("room %q is not subscribed", key)
+	}
+	return addr
+}
