@@ -1,0 +1,216 @@
+package fanout
+
+import (
+	"fmt"
+	"testing"
+)
+
+func members(n int) []*Member {
+	ms := make([]*Member, n)
+	for i := range ms {
+		ms[i] = &Member{}
+		ms[i].Owner = i
+	}
+	return ms
+}
+
+func TestJoinLeaveKeepsPositions(t *testing.T) {
+	tb := NewTable(1<<20, 64<<10)
+	a, b := tb.Add([]byte("app/a")), tb.Add([]byte("app/b"))
+	ms := members(50)
+	for _, m := range ms {
+		tb.Join(a, m)
+		tb.Join(b, m)
+	}
+	// Leave in an order that moves members around, then check every
+	// remaining member still gets exactly one copy of each frame.
+	for i := 0; i < 50; i += 3 {
+		tb.Leave(a, ms[i])
+	}
+	for i := 1; i < 50; i += 4 {
+		tb.Leave(b, ms[i])
+	}
+	tb.Deliver(a, []byte("A"))
+	tb.Deliver(b, []byte("B"))
+	for i, m := range ms {
+		want := ""
+		if i%3 != 0 {
+			want += "A"
+		}
+		if i%4 != 1 {
+			want += "B"
+		}
+		got := ""
+		for _, f := range m.Pending() {
+			got += string(f)
+		}
+		if got != want {
+			t.Fatalf("member %d: got %q want %q", i, got, want)
+		}
+		if m.In(a) != (i%3 != 0) || m.In(b) != (i%4 != 1) {
+			t.Fatalf("member %d: In disagrees", i)
+		}
+	}
+	for _, m := range ms {
+		tb.LeaveAll(m, nil)
+	}
+	if a.Members() != 0 || b.Members() != 0 {
+		t.Fatalf("rooms not empty: %d %d", a.Members(), b.Members())
+	}
+}
+
+func TestOutboundLimitMarksSlowOnce(t *testing.T) {
+	tb := NewTable(1000, 1<<20)
+	r := tb.Add([]byte("app/r"))
+	fast, slow := &Member{}, &Member{}
+	tb.Join(r, fast)
+	tb.Join(r, slow)
+	frame := make([]byte, 100)
+	for i := 0; i < 9; i++ {
+		tb.Deliver(r, frame)
+		tb.Flushed(fast) // fast drains, slow does not
+	}
+	if tb.HasSlow() {
+		t.Fatal("slow before the limit")
+	}
+	slow.Backlog = 200 // the transport still holds some: counts too
+	tb.Deliver(r, frame)
+	got := tb.TakeSlow()
+	if len(got) != 1 || got[0] != slow || !slow.Slow {
+		t.Fatalf("want slow member reported once, got %d", len(got))
+	}
+	tb.Deliver(r, frame)
+	if tb.HasSlow() || slow.PendingBytes() != 900 {
+		t.Fatalf("a slow member gets nothing more: slow=%v pending=%d", tb.HasSlow(), slow.PendingBytes())
+	}
+	if fast.PendingBytes() != 200 {
+		t.Fatalf("fast member: %d", fast.PendingBytes())
+	}
+}
+
+func TestPendingGrowsThroughClasses(t *testing.T) {
+	tb := NewTable(1<<30, 1<<30)
+	r := tb.Add([]byte("app/r"))
+	m := &Member{}
+	tb.Join(r, m)
+	for i := 0; i < 5000; i++ {
+		tb.Deliver(r, []byte{byte(i)})
+	}
+	p := m.Pending()
+	if len(p) != 5000 {
+		t.Fatalf("pending %d", len(p))
+	}
+	for i, f := range p {
+		if f[0] != byte(i) {
+			t.Fatalf("order broken at %d", i)
+		}
+	}
+	tb.Flushed(m)
+	if m.Pending() != nil || m.PendingBytes() != 0 {
+		t.Fatal("flushed member still holds a list")
+	}
+}
+
+func TestUrgentPastFlushAt(t *testing.T) {
+	tb := NewTable(1<<20, 300)
+	r := tb.Add([]byte("app/r"))
+	m := &Member{}
+	tb.Join(r, m)
+	tb.Deliver(r, make([]byte, 200))
+	if len(tb.TakeUrgent()) != 0 {
+		t.Fatal("urgent too early")
+	}
+	tb.Deliver(r, make([]byte, 200))
+	if u := tb.TakeUrgent(); len(u) != 1 || u[0] != m {
+		t.Fatal("want member urgent past flushAt")
+	}
+}
+
+func TestArenaFramesDoNotOverlap(t *testing.T) {
+	a := NewArena(64)
+	var frames [][]byte
+	for i := 0; i < 100; i++ {
+		f := a.Keep(append(a.Space(10), fmt.Sprintf("f%03d", i)...))
+		frames = append(frames, f)
+		if cap(f) != len(f) {
+			t.Fatal("frame capacity not capped")
+		}
+	}
+	for i, f := range frames {
+		if string(f) != fmt.Sprintf("f%03d", i) {
+			t.Fatalf("frame %d clobbered: %q", i, f)
+		}
+	}
+}
+
+// The delivery path allocates nothing once warm: one frame to 300 members,
+// then the flush bookkeeping, at steady state.
+func TestDeliverAllocationFree(t *testing.T) {
+	tb := NewTable(1<<30, 1<<30)
+	r := tb.Add([]byte("app/room"))
+	ms := members(300)
+	for _, m := range ms {
+		tb.Join(r, m)
+	}
+	frame := make([]byte, 180)
+	round := func() {
+		for i := 0; i < 5; i++ {
+			tb.Deliver(r, frame)
+		}
+		for _, m := range tb.TakeDirty() {
+			tb.Flushed(m)
+		}
+	}
+	round()
+	if n := testing.AllocsPerRun(100, round); n != 0 {
+		t.Fatalf("delivery allocates %.1f per round", n)
+	}
+}
+
+// BenchmarkDeliver300: one pre-encoded frame to 300 members of a room
+// (the fan-out step; the write is in loop's BenchmarkFanout300).
+func BenchmarkDeliver300(b *testing.B) {
+	tb := NewTable(1<<30, 1<<30)
+	r := tb.Add([]byte("app/room"))
+	for _, m := range members(300) {
+		tb.Join(r, m)
+	}
+	frame := make([]byte, 180)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(frame)) * 300)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tb.Deliver(r, frame)
+		if i%32 == 31 { // a flush tick every 32 messages
+			for _, m := range tb.TakeDirty() {
+				tb.Flushed(m)
+			}
+		}
+	}
+}
+
+func BenchmarkHubOnMessage(b *testing.B) {
+	h := NewHub(nopLoops{}, 4)
+	h.SetSubscriber(nopSub{})
+	for l := 0; l < 4; l++ {
+		h.Join("app/room", l)
+	}
+	frame := make([]byte, 180)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			h.OnMessage("app/room", 1, frame)
+		}
+	})
+}
+
+type nopLoops struct{}
+
+func (nopLoops) Deliver(int, string, uint64, []byte) {}
+func (nopLoops) Subscribed(int, string, error)       {}
+func (nopLoops) Reset(int)                           {}
+
+type nopSub struct{}
+
+func (nopSub) Subscribe(_ string, ready func(error)) { ready(nil) }
+func (nopSub) Unsubscribe(string)                    {}
