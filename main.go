@@ -397,22 +397,22 @@ func writeMetrics(w io.Writer, srv *loop.Server, pool *persist.Pool) {
 	st := &srv.Stats
 	sn := srv.Snapshot()
 	m := map[string]float64{
-		"roost_connections":                 float64(st.Conns.Load()),
-		"roost_upgrading_connections":       float64(st.Upgrading.Load()),
-		"roost_rooms":                       float64(sn.Rooms),
-		"roost_accepted_total":              float64(st.Accepted.Load()),
-		"roost_frames_out_total":            float64(st.FramesOut.Load()),
-		"roost_bytes_out_total":             float64(st.BytesOut.Load()),
-		"roost_writes_total":                float64(st.Writes.Load()),
-		"roost_frames_in_total":             float64(st.FramesIn.Load()),
-		"roost_publishes_total":             float64(st.Publishes.Load()),
-		"roost_acks_total":                  float64(st.Acks.Load()),
-		"roost_slow_consumer_closes_total":  float64(st.SlowCloses.Load()),
-		"roost_gap_repairs_total":           float64(st.Repairs.Load()),
-		"roost_gap_closes_total":            float64(st.GapCloses.Load()),
-		"roost_broker_errors_total":         float64(st.BrokerErrors.Load()),
-		"roost_overloaded_total":            float64(st.Overloaded.Load()),
-		"roost_upgrade_errors_total":        float64(st.UpgradeErrors.Load()),
+		"roost_connections":                float64(st.Conns.Load()),
+		"roost_upgrading_connections":      float64(st.Upgrading.Load()),
+		"roost_rooms":                      float64(sn.Rooms),
+		"roost_accepted_total":             float64(st.Accepted.Load()),
+		"roost_frames_out_total":           float64(st.FramesOut.Load()),
+		"roost_bytes_out_total":            float64(st.BytesOut.Load()),
+		"roost_writes_total":               float64(st.Writes.Load()),
+		"roost_frames_in_total":            float64(st.FramesIn.Load()),
+		"roost_publishes_total":            float64(st.Publishes.Load()),
+		"roost_acks_total":                 float64(st.Acks.Load()),
+		"roost_slow_consumer_closes_total": float64(st.SlowCloses.Load()),
+		"roost_gap_repairs_total":          float64(st.Repairs.Load()),
+		"roost_gap_closes_total":           float64(st.GapCloses.Load()),
+		"roost_broker_errors_total":        float64(st.BrokerErrors.Load()),
+		"roost_overloaded_total":           float64(st.Overloaded.Load()),
+		"roost_upgrade_errors_total":       float64(st.UpgradeErrors.Load()),
 	}
 	names := make([]string, 0, len(m))
 	for k := range m {

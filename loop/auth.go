@@ -86,15 +86,15 @@ func (rc *roomClaims) allows(room []byte) bool {
 }
 
 var (
-	errNoToken   = &proto.HTTPError{Status: 401, Reason: "missing token: connect with /ws?token=JWT"}
-	errBadToken  = &proto.HTTPError{Status: 401, Reason: "malformed token"}
-	errBadSig    = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's secret"}
-	errExpired   = &proto.HTTPError{Status: 401, Reason: "token expired"}
-	errUnknown   = &proto.HTTPError{Status: 401, Reason: "unknown app"}
-	errClaims    = &proto.HTTPError{Status: 401, Reason: "token lacks app, sub or exp"}
-	errAlg       = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256"}
-	errNoUser    = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME (1 to 128 bytes)"}
-	errBadAppID  = &proto.HTTPError{Status: 400, Reason: "app must match [A-Za-z0-9_.-]{1,64}"}
+	errNoToken  = &proto.HTTPError{Status: 401, Reason: "missing token: connect with /ws?token=JWT"}
+	errBadToken = &proto.HTTPError{Status: 401, Reason: "malformed token"}
+	errBadSig   = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's secret"}
+	errExpired  = &proto.HTTPError{Status: 401, Reason: "token expired"}
+	errUnknown  = &proto.HTTPError{Status: 401, Reason: "unknown app"}
+	errClaims   = &proto.HTTPError{Status: 401, Reason: "token lacks app, sub or exp"}
+	errAlg      = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256"}
+	errNoUser   = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME (1 to 128 bytes)"}
+	errBadAppID = &proto.HTTPError{Status: 400, Reason: "app must match [A-Za-z0-9_.-]{1,64}"}
 )
 
 // identify sets the connection's app and user from the query: a JWT in

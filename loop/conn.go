@@ -44,11 +44,11 @@ type conn struct {
 // joinState is a join not yet live: waiting for the room to become active
 // on this loop, or catching up from the store.
 type joinState struct {
-	room      *fanout.Room
-	since     uint64
-	hasSince  bool
+	room       *fanout.Room
+	since      uint64
+	hasSince   bool
 	catchingUp bool
-	after     uint64 // catch-up cursor: everything <= after has been sent
+	after      uint64 // catch-up cursor: everything <= after has been sent
 }
 
 // OnOpen registers a new connection with its loop.

@@ -70,13 +70,13 @@ type loopState struct {
 
 	needFlush atomic.Bool
 
-	conns   []*conn // every connection of the loop, for the sweep
-	cmd     proto.Command
-	keyBuf  []byte
-	scratch []byte
-	iov     [iovMax]unix.Iovec
-	interns map[string]string
-	gaps    []*fanout.Room
+	conns    []*conn // every connection of the loop, for the sweep
+	cmd      proto.Command
+	keyBuf   []byte
+	scratch  []byte
+	iov      [iovMax]unix.Iovec
+	interns  map[string]string
+	gaps     []*fanout.Room
 	draining bool
 }
 

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bytedance/sonic"
 	"github.com/gobwas/ws"
 	"github.com/gobwas/ws/wsutil"
-	"github.com/bytedance/sonic"
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
