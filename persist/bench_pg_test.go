@@ -1,0 +1,226 @@
+package persist
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// pgCPU returns the CPU time (user+system) spent so far by the given
+// processes, or by every process named postgres when pids is nil.
+func pgCPU(pids []int) time.Duration {
+	if pids == nil {
+		matches, _ := filepath.Glob("/proc/[0-9]*/stat")
+		for _, m := range matches {
+			pid, _ := strconv.Atoi(strings.Split(m, "/")[2])
+			pids = append(pids, pid)
+		}
+	}
+	var ticks int64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || close < 0 || s[open+1:close] != "postgres" {
+			continue
+		}
+		f := strings.Fields(s[close+2:])
+		// Fields after the command: state is f[0]; utime and stime are
+		// fields 14 and 15 of the whole line, f[11] and f[12] here.
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += ut + st
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// BenchmarkPoolPostgres measures publishes through the pool into
+// PostgreSQL (synchronous_commit and fsync as configured on the server):
+// throughput, PostgreSQL CPU per publish (this database's backends, and all
+// postgres processes of the machine, which includes the WAL writer and
+// whatever else runs), and the mean batch size reached.
+func BenchmarkPoolPostgres(b *testing.B) {
+	for _, rooms := range []int{1000, 1} {
+		b.Run(fmt.Sprintf("rooms=%d", rooms), func(b *testing.B) {
+			benchPG(b, rooms, PoolConfig{})
+		})
+	}
+}
+
+func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
+	ctx := context.Background()
+	url := newTestDB(b)
+	cfg.setDefaults()
+	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers + 1)})
+	defer st.Close()
+	sink := &countSink{}
+	p := NewPool(st, sink, cfg)
+	keys := make([]string, rooms)
+	for i := range keys {
+		keys[i] = RoomKey("bench", fmt.Sprint("room", i))
+	}
+	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
+	froms := []string{"u0", "u1", "u2", "u3", "u4", "u5", "u6"}
+	submit := func(i int) {
+		r := GetRequest()
+		r.Key, r.From = keys[i%rooms], froms[i%len(froms)]
+		r.ID = strconvAppend(r.ID, i)
+		r.Body = append(r.Body, body...)
+		for p.Submit(r) != nil {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	// Warm up: create the rooms and every worker's connection.
+	for i := 0; i < rooms; i++ {
+		submit(1<<40 + i)
+	}
+	for sink.n.Load() != int64(rooms) {
+		time.Sleep(time.Millisecond)
+	}
+	var pids []int
+	rows, err := st.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for rows.Next() {
+		var pid int
+		_ = rows.Scan(&pid)
+		pids = append(pids, pid)
+	}
+	rows.Close()
+	base := sink.n.Load()
+	s0 := p.Stats()
+	cpuOurs0, cpuAll0 := pgCPU(pids), pgCPU(nil)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		submit(i)
+	}
+	for sink.n.Load() != base+int64(b.N) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cpuOurs, cpuAll := pgCPU(pids)-cpuOurs0, pgCPU(nil)-cpuAll0
+	s1 := p.Stats()
+	p.Close()
+	if sink.errs.Load() != 0 {
+		b.Fatalf("%d publishes failed", sink.errs.Load())
+	}
+	n := float64(b.N)
+	b.ReportMetric(n/elapsed.Seconds(), "pub/s")
+	b.ReportMetric(float64(cpuOurs.Microseconds())/n, "pg-backend-µs/pub")
+	b.ReportMetric(float64(cpuAll.Microseconds())/n, "pg-all-µs/pub")
+	b.ReportMetric(float64(s1.Requests-s0.Requests)/float64(max(1, s1.Batches-s0.Batches)), "pub/batch")
+}
+
+// BenchmarkPoolPostgresLatency publishes at a fixed rate (env
+// ROOST_BENCH_RATE publishes/s, default 5000) over 1,000 rooms and reports
+// the ack latency (Submit to Committed) p50 and p99 and the batch size.
+func BenchmarkPoolPostgresLatency(b *testing.B) {
+	rate := 5000
+	if v, err := strconv.Atoi(os.Getenv("ROOST_BENCH_RATE")); err == nil && v > 0 {
+		rate = v
+	}
+	const rooms = 1000
+	url := newTestDB(b)
+	st := openTestPG(b, url, PGConfig{MaxConns: 5})
+	defer st.Close()
+	lat := &latencySink{start: make([]int64, b.N+rooms)}
+	ts := &timedStore{Store: st}
+	p := NewPool(ts, lat, PoolConfig{})
+	keys := make([]string, rooms)
+	for i := range keys {
+		keys[i] = RoomKey("bench", fmt.Sprint("room", i))
+	}
+	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
+	submit := func(i int) {
+		r := GetRequest()
+		r.Key, r.From = keys[i%rooms], "user"
+		r.ID = strconvAppend(r.ID, i)
+		r.Body = append(r.Body, body...)
+		r.Origin = i
+		lat.start[i] = time.Now().UnixNano()
+		for p.Submit(r) != nil {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	for i := 0; i < rooms; i++ {
+		submit(b.N + i)
+	}
+	for lat.n.Load() != rooms {
+		time.Sleep(time.Millisecond)
+	}
+	lat.lat = lat.lat[:0]
+	s0 := p.Stats()
+	b.ResetTimer()
+	interval := time.Second / time.Duration(rate)
+	begin := time.Now()
+	for i := 0; i < b.N; i++ {
+		if d := time.Until(begin.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		submit(i)
+	}
+	for lat.n.Load() != int64(rooms+b.N) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	b.StopTimer()
+	s1 := p.Stats()
+	p.Close()
+	l := lat.lat
+	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+	b.ReportMetric(float64(b.N)/time.Since(begin).Seconds(), "pub/s")
+	b.ReportMetric(float64(l[len(l)/2])/1e3, "p50-µs")
+	b.ReportMetric(float64(l[len(l)*99/100])/1e3, "p99-µs")
+	b.ReportMetric(float64(s1.Requests-s0.Requests)/float64(max(1, s1.Batches-s0.Batches)), "pub/batch")
+	c := ts.durs
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	b.ReportMetric(float64(c[len(c)/2])/1e3, "commit-p50-µs")
+	b.ReportMetric(float64(c[len(c)*99/100])/1e3, "commit-p99-µs")
+}
+
+// timedStore records how long each CommitBatch takes.
+type timedStore struct {
+	Store
+	mu   sync.Mutex
+	durs []int64
+}
+
+func (t *timedStore) CommitBatch(ctx context.Context, reqs []*PubRequest, res []PubResult) error {
+	start := time.Now()
+	err := t.Store.CommitBatch(ctx, reqs, res)
+	d := time.Since(start)
+	t.mu.Lock()
+	t.durs = append(t.durs, int64(d))
+	t.mu.Unlock()
+	return err
+}
+
+type latencySink struct {
+	start []int64
+	mu    sync.Mutex
+	lat   []int64 // ack latencies, ns
+	n     atomic.Int64
+}
+
+func (s *latencySink) Committed(req *PubRequest, res *PubResult) {
+	d := time.Now().UnixNano() - s.start[req.Origin.(int)]
+	s.mu.Lock()
+	s.lat = append(s.lat, d)
+	s.mu.Unlock()
+	s.n.Add(1)
+	PutRequest(req)
+}

@@ -1,0 +1,350 @@
+package persist
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// ackSink records what the pool hands over, checks per-room seq order of
+// new messages, and recycles requests the way the loop does.
+type ackSink struct {
+	mu      sync.Mutex
+	acks    map[string]PubResult // key + "|" + from + "|" + id → first result
+	lastNew map[string]uint64    // room → newest seq delivered
+	errs    int
+	bad     []string
+	n       atomic.Int64
+	keep    bool // keep requests (do not PutRequest)
+	frames  map[string][]byte
+}
+
+func newAckSink() *ackSink {
+	return &ackSink{acks: map[string]PubResult{}, lastNew: map[string]uint64{}, frames: map[string][]byte{}}
+}
+
+func (s *ackSink) Committed(req *PubRequest, res *PubResult) {
+	s.mu.Lock()
+	id := req.Key + "|" + req.From + "|" + string(req.ID)
+	switch {
+	case res.Err != nil:
+		s.errs++
+		if res.Frame != nil || res.Seq != 0 && !errors.Is(res.Err, ErrOverloaded) {
+			s.bad = append(s.bad, fmt.Sprintf("%s: error result %+v", id, res))
+		}
+	case res.Duplicate:
+		if res.Frame != nil {
+			s.bad = append(s.bad, id+": duplicate with a frame")
+		}
+		if prev, ok := s.acks[id]; ok && prev.Seq != res.Seq {
+			s.bad = append(s.bad, fmt.Sprintf("%s: duplicate seq %d, first ack %d", id, res.Seq, prev.Seq))
+		}
+		if _, ok := s.acks[id]; !ok {
+			s.acks[id] = *res
+		}
+	default:
+		if res.Seq != s.lastNew[req.Key]+1 && s.lastNew[req.Key] != 0 {
+			s.bad = append(s.bad, fmt.Sprintf("%s: seq %d after %d", id, res.Seq, s.lastNew[req.Key]))
+		}
+		s.lastNew[req.Key] = res.Seq
+		if prev, ok := s.acks[id]; ok {
+			s.bad = append(s.bad, fmt.Sprintf("%s: stored twice (%d, %d)", id, prev.Seq, res.Seq))
+		}
+		s.acks[id] = *res
+		if len(res.Frame) == 0 || !bytes.Contains(res.Frame, req.Body) {
+			s.bad = append(s.bad, fmt.Sprintf("%s: frame %q", id, res.Frame))
+		}
+		s.frames[id] = res.Frame
+	}
+	s.mu.Unlock()
+	s.n.Add(1)
+	if !s.keep {
+		PutRequest(req)
+	}
+}
+
+func (s *ackSink) check(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.bad) > 0 {
+		t.Fatalf("%d bad results, first: %s", len(s.bad), s.bad[0])
+	}
+}
+
+func newReq(key, from, id, body string) *PubRequest {
+	r := GetRequest()
+	r.Key, r.From = key, from
+	r.ID = append(r.ID, id...)
+	r.Body = append(r.Body, body...)
+	return r
+}
+
+func TestPoolOrderAndFrames(t *testing.T) {
+	st := NewMemory(0)
+	sink := newAckSink()
+	p := NewPool(st, sink, PoolConfig{Workers: 3, MaxBatch: 16})
+	const rooms, per = 10, 200
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				for r := 0; r < rooms; r++ {
+					// Each goroutine publishes every key; 3 of 4 are retries.
+					k := RoomKey("app", fmt.Sprint("room", r))
+					for p.Submit(newReq(k, "u", fmt.Sprint(i), fmt.Sprintf(`{"i":%d}`, i))) != nil {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	p.Close()
+	sink.check(t)
+	if got := sink.n.Load(); got != 4*rooms*per {
+		t.Fatalf("%d results, want %d", got, 4*rooms*per)
+	}
+	for r := 0; r < rooms; r++ {
+		if got := sink.lastNew[RoomKey("app", fmt.Sprint("room", r))]; got != per {
+			t.Fatalf("room%d: last seq %d, want %d", r, got, per)
+		}
+	}
+	f := sink.frames["app/room3|u|7"]
+	if !bytes.Contains(f, []byte(`"room":"room3"`)) || !bytes.Contains(f, []byte(`"id":"7"`)) ||
+		!bytes.Contains(f, []byte(`"from":"u"`)) || !bytes.HasSuffix(f, []byte(`"body":{"i":7}}`)) {
+		t.Fatalf("frame %q", f)
+	}
+	hdr := 2
+	if f[1] == 126 {
+		hdr = 4
+	}
+	if f[0] != 0x81 || !json.Valid(f[hdr:]) || !bytes.HasPrefix(f[hdr:], []byte(`{"op":"msg"`)) {
+		t.Fatalf("not a text frame of a msg: %q", f)
+	}
+	s := p.Stats()
+	if s.Requests != 4*rooms*per || s.Duplicates != 3*rooms*per || s.Batches == 0 || s.CommitErrors != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	var sum uint64
+	for _, n := range s.BatchSizes {
+		sum += n
+	}
+	if sum != s.Batches {
+		t.Fatalf("histogram sums to %d, batches %d", sum, s.Batches)
+	}
+	if err := p.Submit(newReq("a/b", "u", "x", "1")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Submit after Close: %v", err)
+	}
+}
+
+// gateStore holds every CommitBatch until released and can fail them: it
+// lets the tests fill a queue and exercise the error path on top of the
+// real memory store.
+type gateStore struct {
+	*Memory
+	gate chan struct{}
+	fail atomic.Pointer[error]
+}
+
+func (g *gateStore) CommitBatch(ctx context.Context, reqs []*PubRequest, res []PubResult) error {
+	<-g.gate
+	if e := g.fail.Load(); e != nil {
+		err := *e
+		for i := range res {
+			res[i].Err = err
+		}
+		return err
+	}
+	return g.Memory.CommitBatch(ctx, reqs, res)
+}
+
+func TestPoolOverloadAndErrors(t *testing.T) {
+	g := &gateStore{Memory: NewMemory(0), gate: make(chan struct{})}
+	failErr := fmt.Errorf("cannot commit: %w", ErrOverloaded)
+	g.fail.Store(&failErr)
+	sink := newAckSink()
+	p := NewPool(g, sink, PoolConfig{Workers: 1, MaxBatch: 4, QueueLen: 8, Window: -1})
+	k := RoomKey("a", "r")
+	accepted := 0
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		if err = p.Submit(newReq(k, "u", fmt.Sprint(i), "1")); err == nil {
+			accepted++
+		}
+	}
+	if !errors.Is(err, ErrOverloaded) || accepted < 8 || accepted > 13 {
+		t.Fatalf("after %d accepted: %v", accepted, err)
+	}
+	close(g.gate) // every batch fails now
+	for sink.n.Load() != int64(accepted) {
+		time.Sleep(time.Millisecond)
+	}
+	sink.check(t)
+	if sink.errs != accepted || len(sink.acks) != 0 {
+		t.Fatalf("%d errors, %d acks; want %d errors", sink.errs, len(sink.acks), accepted)
+	}
+	if last, _ := g.LastSeq(context.Background(), k); last != 0 {
+		t.Fatalf("failed batches stored up to seq %d", last)
+	}
+	// The database is back: the pool recovers by itself.
+	g.fail.Store(nil)
+	for err := p.Submit(newReq(k, "u", "x", "1")); err != nil; err = p.Submit(newReq(k, "u", "x", "1")) {
+		time.Sleep(time.Millisecond)
+	}
+	p.Close()
+	sink.check(t)
+	if r, ok := sink.acks[k+"|u|x"]; !ok || r.Seq != 1 {
+		t.Fatalf("after recovery: %+v %v", r, ok)
+	}
+	if s := p.Stats(); s.CommitErrors == 0 || s.Rejected == 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestPoolCloseDrains(t *testing.T) {
+	st := NewMemory(0)
+	sink := newAckSink()
+	p := NewPool(st, sink, PoolConfig{Workers: 2, Window: 50 * time.Millisecond})
+	for i := 0; i < 1000; i++ {
+		if err := p.Submit(newReq(RoomKey("a", fmt.Sprint(i%7)), "u", fmt.Sprint(i), "1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close()
+	if sink.n.Load() != 1000 {
+		t.Fatalf("Close returned after %d of 1000", sink.n.Load())
+	}
+	sink.check(t)
+}
+
+func TestPoolArenaFrames(t *testing.T) {
+	st := NewMemory(0)
+	sink := newAckSink()
+	p := NewPool(st, sink, PoolConfig{Workers: 1, Window: -1})
+	big := `"` + string(bytes.Repeat([]byte("x"), 40<<10)) + `"`
+	bodies := map[string]string{}
+	for i := 0; i < 3000; i++ {
+		body := fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, bytes.Repeat([]byte("p"), i%300))
+		if i%500 == 0 {
+			body = big
+		}
+		bodies[fmt.Sprint(i)] = body
+		for p.Submit(newReq("a/r", "u", fmt.Sprint(i), body)) != nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	p.Close()
+	sink.check(t)
+	for id, body := range bodies {
+		f := sink.frames["a/r|u|"+id]
+		if !bytes.HasSuffix(f, []byte(`"body":`+body+`}`)) || cap(f) != len(f) {
+			t.Fatalf("frame of %s: len %d cap %d, suffix %q", id, len(f), cap(f), f[max(0, len(f)-40):])
+		}
+	}
+}
+
+func BenchmarkPoolMemory(b *testing.B) {
+	for _, rooms := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("rooms=%d", rooms), func(b *testing.B) {
+			st := NewMemory(0)
+			sink := &countSink{}
+			p := NewPool(st, sink, PoolConfig{})
+			keys := make([]string, rooms)
+			for i := range keys {
+				keys[i] = RoomKey("bench", fmt.Sprint("room", i))
+			}
+			body := []byte(`{"text":"hello, this is a chat message"}`)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				r := GetRequest()
+				r.Key, r.From = keys[i%rooms], "user"
+				r.ID = strconvAppend(r.ID, i)
+				r.Body = append(r.Body, body...)
+				for p.Submit(r) != nil {
+					time.Sleep(10 * time.Microsecond)
+				}
+			}
+			p.Close()
+			b.StopTimer()
+			if sink.n.Load() != int64(b.N) {
+				b.Fatalf("%d of %d", sink.n.Load(), b.N)
+			}
+		})
+	}
+}
+
+// strconvAppend writes a decimal id without fmt's allocation.
+func strconvAppend(dst []byte, i int) []byte {
+	var buf [20]byte
+	n := len(buf)
+	for {
+		n--
+		buf[n] = byte('0' + i%10)
+		i /= 10
+		if i == 0 {
+			break
+		}
+	}
+	return append(dst, buf[n:]...)
+}
+
+type countSink struct {
+	n    atomic.Int64
+	errs atomic.Int64
+}
+
+func (s *countSink) Committed(req *PubRequest, res *PubResult) {
+	if res.Err != nil {
+		s.errs.Add(1)
+	}
+	s.n.Add(1)
+	PutRequest(req)
+}
+
+// seqStore numbers publishes without storing them: it isolates the pool's
+// own cost (queueing, batching, encoding, hand-off) in BenchmarkPoolOnly.
+type seqStore struct {
+	Memory
+	seq uint64
+}
+
+func (s *seqStore) CommitBatch(_ context.Context, reqs []*PubRequest, res []PubResult) error {
+	for i := range reqs {
+		s.seq++
+		res[i] = PubResult{Seq: s.seq, TS: 1764484800123}
+	}
+	return nil
+}
+
+func BenchmarkPoolOnly(b *testing.B) {
+	sink := &countSink{}
+	p := NewPool(&seqStore{}, sink, PoolConfig{Workers: 1})
+	body := []byte(`{"text":"hello, this is a chat message"}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r := GetRequest()
+		r.Key, r.From = "bench/room", "user"
+		r.ID = strconvAppend(r.ID, i)
+		r.Body = append(r.Body, body...)
+		for p.Submit(r) != nil {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	p.Close()
+	b.StopTimer()
+	if sink.n.Load() != int64(b.N) {
+		b.Fatalf("%d of %d", sink.n.Load(), b.N)
+	}
+}

@@ -1,0 +1,518 @@
+package persist
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func adminURL() string {
+	if u := os.Getenv("ROOST_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// newTestDB creates an empty database roost_test_<random> for t, drops it
+// when t ends, and returns its URL.
+func newTestDB(tb testing.TB) string {
+	tb.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, adminURL())
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("PostgreSQL at %s: %v", adminURL(), err)
+		}
+		tb.Skipf("PostgreSQL not reachable at %s (set ROOST_TEST_DATABASE_URL): %v", adminURL(), err)
+	}
+	var b [6]byte
+	_, _ = crand.Read(b[:])
+	name := "roost_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		admin.Close(ctx)
+		tb.Fatalf("cannot create database: %v", err)
+	}
+	admin.Close(ctx)
+	tb.Cleanup(func() {
+		admin, err := pgx.Connect(ctx, adminURL())
+		if err != nil {
+			tb.Errorf("cannot drop database %s: %v", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			tb.Errorf("cannot drop database %s: %v", name, err)
+		}
+	})
+	cfg, err := pgx.ParseConfig(adminURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return strings.Replace(adminURL(), "/"+cfg.Database+"?", "/"+name+"?", 1)
+}
+
+func openTestPG(tb testing.TB, url string, cfg PGConfig) *Postgres {
+	tb.Helper()
+	ctx := context.Background()
+	if err := Migrate(ctx, url); err != nil {
+		tb.Fatal(err)
+	}
+	p, err := OpenPostgres(ctx, url, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+func newPG(t *testing.T) *Postgres {
+	p := openTestPG(t, newTestDB(t), PGConfig{})
+	t.Cleanup(p.Close)
+	return p
+}
+
+func TestPostgresContract(t *testing.T) {
+	testStoreContract(t, func(t *testing.T) Store { return newPG(t) })
+}
+
+func TestMigrate(t *testing.T) {
+	ctx := context.Background()
+	url := newTestDB(t)
+	p, err := OpenPostgres(ctx, url, PGConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if ok, err := p.SchemaCurrent(ctx); err != nil || ok {
+		t.Fatalf("empty database: current %v, %v", ok, err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- Migrate(ctx, url) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := p.SchemaCurrent(ctx); err != nil || !ok {
+		t.Fatalf("after Migrate: current %v, %v", ok, err)
+	}
+	var n int
+	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil || n != LatestSchema() {
+		t.Fatalf("schema_migrations rows %d, %v", n, err)
+	}
+}
+
+// publisher drives a Pool the way the loop does: it retries a publish
+// until it is acknowledged (overloaded answers and full queues are
+// retried with the same key) and records every outcome.
+type publisher struct {
+	p     *Pool
+	mu    sync.Mutex
+	acks  map[string]PubResult // key|from|id → acknowledged result
+	fails map[string]int       // key|from|id → error answers
+	bad   []string
+	wait  map[*PubRequest]chan PubResult
+	errs  atomic.Int64
+}
+
+func newPublisher() *publisher {
+	return &publisher{acks: map[string]PubResult{}, fails: map[string]int{}, wait: map[*PubRequest]chan PubResult{}}
+}
+
+func (pb *publisher) Committed(req *PubRequest, res *PubResult) {
+	pb.mu.Lock()
+	id := req.Key + "|" + req.From + "|" + string(req.ID)
+	if res.Err != nil {
+		pb.fails[id]++
+		pb.errs.Add(1)
+	} else if prev, ok := pb.acks[id]; ok {
+		if prev.Seq != res.Seq || !res.Duplicate {
+			pb.bad = append(pb.bad, fmt.Sprintf("%s: acked seq %d then %+v", id, prev.Seq, *res))
+		}
+	} else {
+		pb.acks[id] = PubResult{Seq: res.Seq, TS: res.TS, Duplicate: res.Duplicate}
+	}
+	ch := pb.wait[req]
+	delete(pb.wait, req)
+	pb.mu.Unlock()
+	ch <- *res
+}
+
+// publish submits until acknowledged and returns the result.
+func (pb *publisher) publish(key, from, id, body string) PubResult {
+	for {
+		r := newReq(key, from, id, body)
+		ch := make(chan PubResult, 1)
+		pb.mu.Lock()
+		pb.wait[r] = ch
+		pb.mu.Unlock()
+		if err := pb.p.Submit(r); err != nil {
+			pb.mu.Lock()
+			delete(pb.wait, r)
+			pb.mu.Unlock()
+			if errors.Is(err, ErrClosed) {
+				return PubResult{Err: err}
+			}
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		res := <-ch
+		if res.Err == nil {
+			return res
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// checkRows compares the messages table with the acknowledgements: per
+// room seqs 1..N without gap or duplicate, every ack's row present with its
+// seq, no row without an ack.
+func checkRows(t *testing.T, st *Postgres, pb *publisher) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := st.pool.Query(ctx, `
+SELECT r.app || '/' || r.name, m.sender, m.idem_key, m.seq, r.last_seq
+FROM messages m JOIN rooms r ON r.id = m.room_id ORDER BY r.id, m.seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	next := map[string]uint64{}
+	last := map[string]uint64{}
+	seen := 0
+	pb.mu.Lock()
+	defer pb.mu.Unlock()
+	if len(pb.bad) > 0 {
+		t.Fatalf("%d bad acks, first: %s", len(pb.bad), pb.bad[0])
+	}
+	for rows.Next() {
+		var key, from string
+		var idem []byte
+		var seq, lastSeq int64
+		if err := rows.Scan(&key, &from, &idem, &seq, &lastSeq); err != nil {
+			t.Fatal(err)
+		}
+		next[key]++
+		last[key] = uint64(lastSeq)
+		if uint64(seq) != next[key] {
+			t.Fatalf("%s: seq %d where %d was expected (gap or duplicate)", key, seq, next[key])
+		}
+		id := key + "|" + from + "|" + string(idem)
+		ack, ok := pb.acks[id]
+		if !ok {
+			t.Fatalf("row %s seq %d was never acknowledged", id, seq)
+		}
+		if ack.Seq != uint64(seq) {
+			t.Fatalf("row %s seq %d, acknowledged %d", id, seq, ack.Seq)
+		}
+		seen++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for key, n := range next {
+		if last[key] != n {
+			t.Fatalf("%s: last_seq %d, %d rows", key, last[key], n)
+		}
+	}
+	if seen != len(pb.acks) {
+		have := map[string]bool{}
+		rows2, _ := st.pool.Query(ctx, `SELECT r.app || '/' || r.name || '|' || m.sender || '|' || convert_from(m.idem_key, 'UTF8') || ' ' || m.seq FROM messages m JOIN rooms r ON r.id = m.room_id`)
+		for rows2.Next() {
+			var s string
+			rows2.Scan(&s)
+			have[s] = true
+		}
+		rows2.Close()
+		for id, a := range pb.acks {
+			if !have[fmt.Sprintf("%s %d", id, a.Seq)] {
+				t.Logf("missing %s %+v", id, a)
+			}
+		}
+		t.Fatalf("%d rows, %d acknowledged keys", seen, len(pb.acks))
+	}
+}
+
+func TestPostgresExactlyOnceConcurrent(t *testing.T) {
+	st := newPG(t)
+	pb := newPublisher()
+	pb.p = NewPool(st, pb, PoolConfig{Workers: 3, MaxBatch: 64})
+	const rooms, per, goroutines = 5, 60, 6
+	var wg sync.WaitGroup
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				// Goroutines share keys pairwise: every key is published
+				// twice, concurrently, like a client retrying on a new
+				// connection.
+				for r := 0; r < rooms; r++ {
+					key := RoomKey("app", fmt.Sprint("room", r))
+					pb.publish(key, fmt.Sprint("user", g/2), fmt.Sprint("m", i), fmt.Sprintf(`{"g":%d,"i":%d}`, g, i))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	pb.p.Close()
+	checkRows(t, st, pb)
+	if len(pb.acks) != rooms*per*goroutines/2 {
+		t.Fatalf("%d acknowledged keys, want %d", len(pb.acks), rooms*per*goroutines/2)
+	}
+}
+
+func TestPostgresRestart(t *testing.T) {
+	ctx := context.Background()
+	url := newTestDB(t)
+	st := openTestPG(t, url, PGConfig{})
+	pb := newPublisher()
+	pb.p = NewPool(st, pb, PoolConfig{Workers: 2})
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				res := pb.publish(RoomKey("app", fmt.Sprint("r", g%2)), fmt.Sprint("u", g), fmt.Sprint(i), `"x"`)
+				if res.Err != nil {
+					return // the pool closed under us
+				}
+			}
+		}()
+	}
+	for pb.errs.Load() == 0 && func() bool { pb.mu.Lock(); defer pb.mu.Unlock(); return len(pb.acks) < 300 }() {
+		time.Sleep(time.Millisecond)
+	}
+	// Stop the node mid-stream: publishes in flight are committed and
+	// answered by Close, later ones are refused.
+	pb.p.Close()
+	st.Close()
+	stop.Store(true)
+	wg.Wait()
+
+	st2 := openTestPG(t, url, PGConfig{})
+	defer st2.Close()
+	checkRows(t, st2, pb)
+	pb.mu.Lock()
+	acks := make(map[string]PubResult, len(pb.acks))
+	for k, v := range pb.acks {
+		acks[k] = v
+	}
+	pb.mu.Unlock()
+	var reqs []*PubRequest
+	var want []PubResult
+	for id, ack := range acks {
+		parts := strings.SplitN(id, "|", 3)
+		reqs = append(reqs, req(parts[0], parts[1], parts[2], `"again"`))
+		want = append(want, ack)
+	}
+	res := make([]PubResult, len(reqs))
+	if err := st2.CommitBatch(ctx, reqs, res); err != nil {
+		t.Fatal(err)
+	}
+	for i := range res {
+		if !res[i].Duplicate || res[i].Seq != want[i].Seq || res[i].TS != want[i].TS {
+			t.Fatalf("re-publish after restart: %+v, want duplicate of %+v", res[i], want[i])
+		}
+	}
+}
+
+// TestPostgresTerminateBackends kills the store's connections during a
+// publish burst: the pool recovers by itself, no acknowledged message is
+// lost, no failed publish left a row (checkRows: every row was
+// acknowledged by a later retry of its key, with the stored seq).
+func TestPostgresTerminateBackends(t *testing.T) {
+	ctx := context.Background()
+	url := newTestDB(t)
+	st := openTestPG(t, url, PGConfig{MaxConns: 6})
+	defer st.Close()
+	pb := newPublisher()
+	pb.p = NewPool(st, pb, PoolConfig{Workers: 3, MaxBatch: 32})
+	admin, err := pgx.Connect(ctx, adminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var dbname string
+	if err := st.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbname); err != nil {
+		t.Fatal(err)
+	}
+	const rooms, per = 6, 150
+	var wg sync.WaitGroup
+	for g := 0; g < 6; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				pb.publish(RoomKey("app", fmt.Sprint("r", g%rooms)), fmt.Sprint("u", g), fmt.Sprint(i), fmt.Sprint(i))
+			}
+		}()
+	}
+	killed := 0
+	for round := 0; round < 8; round++ {
+		time.Sleep(15 * time.Millisecond)
+		var n int
+		if err := admin.QueryRow(ctx, `
+SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = $1 AND pid <> pg_backend_pid()) t`, dbname).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		killed += n
+	}
+	wg.Wait()
+	pb.p.Close()
+	if killed == 0 {
+		t.Fatal("no backend was terminated")
+	}
+	t.Logf("terminated %d backends; %d error answers retried; in-doubt commits: %d committed, %d rolled back, %d unresolved",
+		killed, pb.errs.Load(), st.resolvedCommitted.Load(), st.resolvedRolledBack.Load(), st.unresolved.Load())
+	checkRows(t, st, pb)
+	if len(pb.acks) != 6*per {
+		t.Fatalf("%d acknowledged, want %d", len(pb.acks), 6*per)
+	}
+}
+
+func TestPostgresRetention(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	k1, k2 := RoomKey("counted", "r"), RoomKey("aged", "r")
+	fill(t, st, k1, 2500)
+	fill(t, st, k2, 10)
+	if err := st.SetRetention(ctx, "counted", 0, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetRetention(ctx, "aged", time.Hour, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Age the first 4 messages of k2.
+	if _, err := st.pool.Exec(ctx, `UPDATE messages SET ts = ts - interval '2 hours'
+WHERE room_id = (SELECT id FROM rooms WHERE app = 'aged') AND seq <= 4`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.EnforceRetention(ctx)
+	if err != nil || n != 2400+4 {
+		t.Fatalf("EnforceRetention = %d, %v; want 2404", n, err)
+	}
+	msgs, _ := st.History(ctx, k1, 0, 1000)
+	wantSeqs(t, "counted", msgs, 2401, 2500)
+	msgs, _ = st.Range(ctx, k2, 0, 100, 100)
+	wantSeqs(t, "aged", msgs, 5, 10)
+	// Retention keeps publishing going: seqs continue.
+	if res := commit(t, st, req(k1, "u", "new", `1`)); res[0].Seq != 2501 {
+		t.Fatalf("after retention: %+v", res[0])
+	}
+	st.StartRetention(ctx, 10*time.Millisecond)
+	st.Close() // stops the job
+}
+
+// TestPostgresResolveInDoubt drives the resolution of a commit whose
+// connection died during COMMIT, for each possible outcome.
+func TestPostgresResolveInDoubt(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	k := RoomKey("app", "r")
+	commit(t, st, req(k, "u", "old", `0`))
+	cause := errors.New("connection reset during COMMIT")
+
+	run := func(reqs []*PubRequest, token int64, execute bool) ([]PubResult, error) {
+		s := st.scratchPool.Get().(*pgScratch)
+		s.reset(len(reqs))
+		if err := st.prepare(ctx, s, reqs); err != nil {
+			t.Fatal(err)
+		}
+		res := make([]PubResult, len(reqs))
+		if execute {
+			conn, err := st.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.runCommit(ctx, conn, s, res, token); err != nil {
+				t.Fatal(err)
+			}
+			conn.Release()
+		}
+		clear(res) // the answer was lost with the connection
+		return res, st.resolve(s, reqs, res, token, cause)
+	}
+
+	// Committed: new messages are answered as new (they get delivered),
+	// the old key and the in-batch repeat as duplicates.
+	res, err := run([]*PubRequest{req(k, "u", "a", `1`), req(k, "u", "old", `x`), req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 42, true)
+	if err != nil {
+		t.Fatalf("committed batch: %v", err)
+	}
+	want := []PubResult{{Seq: 2}, {Seq: 1, Duplicate: true}, {Seq: 2, Duplicate: true}, {Seq: 3}}
+	for i := range want {
+		if res[i].Seq != want[i].Seq || res[i].Duplicate != want[i].Duplicate || res[i].TS == 0 {
+			t.Fatalf("committed: res[%d] = %+v, want %+v", i, res[i], want[i])
+		}
+	}
+	// Rolled back: nothing stored, overloaded.
+	_, err = run([]*PubRequest{req(k, "u", "c", `3`), req(k, "u", "a", `1`)}, 43, false)
+	if !errors.Is(err, ErrOverloaded) && !strings.Contains(err.Error(), "rolled back") {
+		t.Fatalf("rolled back batch: %v", err)
+	}
+	// Every key stored before: duplicates, whatever the outcome.
+	res, err = run([]*PubRequest{req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 44, false)
+	if err != nil || !res[0].Duplicate || res[0].Seq != 2 || !res[1].Duplicate || res[1].Seq != 3 {
+		t.Fatalf("all-duplicate batch: %+v, %v", res, err)
+	}
+	if last, _ := st.LastSeq(ctx, k); last != 3 {
+		t.Fatalf("LastSeq = %d, want 3", last)
+	}
+}
+
+// TestPostgresCommitPlan guards the generic plan of the commit statement:
+// planned on an empty table, it must still probe messages by index, or the
+// cost per publish grows with the room's size.
+func TestPostgresCommitPlan(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	c, err := st.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Exec(ctx, `RESET plan_cache_mode`) //nolint:errcheck
+	if _, err := c.Exec(ctx, `PREPARE commit_plan(int8[], text[], bytea[], bytea[], int4[], int8) AS `+commitSQL); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Exec(ctx, `DEALLOCATE commit_plan`) //nolint:errcheck
+	rows, err := c.Query(ctx, `EXPLAIN EXECUTE commit_plan('{1}', '{u}', '{"\\x41"}', '{"\\x42"}', '{0}', 1)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	for rows.Next() {
+		var l string
+		if err := rows.Scan(&l); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, l)
+	}
+	rows.Close()
+	text := strings.Join(plan, "\n")
+	if strings.Contains(text, "Seq Scan on messages") || !strings.Contains(text, "Index Scan using messages_room_id_sender_idem_key_key") {
+		t.Fatalf("generic commit plan does not probe messages by index:\n%s", text)
+	}
+}

@@ -1,0 +1,230 @@
+package persist
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// storeFactory returns a fresh, empty store; the factory registers its
+// cleanup with t.
+type storeFactory func(t *testing.T) Store
+
+// testStoreContract runs the Store contract over one implementation.
+func testStoreContract(t *testing.T, newStore storeFactory) {
+	t.Run("SeqFromOne", func(t *testing.T) { testSeqFromOne(t, newStore(t)) })
+	t.Run("Duplicates", func(t *testing.T) { testDuplicates(t, newStore(t)) })
+	t.Run("InBatchDuplicates", func(t *testing.T) { testInBatchDuplicates(t, newStore(t)) })
+	t.Run("RangeBounds", func(t *testing.T) { testRangeBounds(t, newStore(t)) })
+	t.Run("HistoryBounds", func(t *testing.T) { testHistoryBounds(t, newStore(t)) })
+	t.Run("UnknownRoom", func(t *testing.T) { testUnknownRoom(t, newStore(t)) })
+}
+
+func req(key, from, id, body string) *PubRequest {
+	return &PubRequest{Key: key, From: from, ID: []byte(id), Body: []byte(body)}
+}
+
+func commit(t *testing.T, st Store, reqs ...*PubRequest) []PubResult {
+	t.Helper()
+	res := make([]PubResult, len(reqs))
+	if err := st.CommitBatch(context.Background(), reqs, res); err != nil {
+		t.Fatalf("CommitBatch: %v", err)
+	}
+	for i := range res {
+		if res[i].Err != nil {
+			t.Fatalf("res[%d].Err = %v after a successful CommitBatch", i, res[i].Err)
+		}
+		if res[i].Seq == 0 || res[i].TS == 0 {
+			t.Fatalf("res[%d] = %+v: zero seq or ts", i, res[i])
+		}
+	}
+	return res
+}
+
+// fill stores n messages m1..mn in key, in batches of 7.
+func fill(t *testing.T, st Store, key string, n int) {
+	t.Helper()
+	var batch []*PubRequest
+	for i := 1; i <= n; i++ {
+		batch = append(batch, req(key, "u", fmt.Sprintf("m%d", i), fmt.Sprintf(`{"n":%d}`, i)))
+		if len(batch) == 7 || i == n {
+			commit(t, st, batch...)
+			batch = nil
+		}
+	}
+}
+
+func wantSeqs(t *testing.T, what string, msgs []proto.Message, lo, hi uint64) {
+	t.Helper()
+	var got []uint64
+	for _, m := range msgs {
+		got = append(got, m.Seq)
+	}
+	var want []uint64
+	for s := lo; s <= hi && lo != 0; s++ {
+		want = append(want, s)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%s: seqs %v, want %v", what, got, want)
+	}
+}
+
+func testSeqFromOne(t *testing.T, st Store) {
+	ctx := context.Background()
+	a, b := RoomKey("app1", "a"), RoomKey("app1", "b")
+	var reqs []*PubRequest
+	for i := 0; i < 10; i++ {
+		reqs = append(reqs, req(a, "alice", fmt.Sprintf("a%d", i), fmt.Sprintf(`{"i":%d}`, i)))
+		reqs = append(reqs, req(b, "bob", fmt.Sprintf("b%d", i), fmt.Sprintf(`"\u00e9 %d"`, i)))
+	}
+	res := commit(t, st, reqs[:5]...)
+	res = append(res, commit(t, st, reqs[5:]...)...)
+	na, nb := uint64(0), uint64(0)
+	for i, r := range res {
+		if r.Duplicate {
+			t.Fatalf("res[%d] duplicate", i)
+		}
+		want := &na
+		if reqs[i].Key == b {
+			want = &nb
+		}
+		*want++
+		if r.Seq != *want {
+			t.Fatalf("res[%d].Seq = %d, want %d", i, r.Seq, *want)
+		}
+	}
+	for key, n := range map[string]uint64{a: 10, b: 10} {
+		last, err := st.LastSeq(ctx, key)
+		if err != nil || last != n {
+			t.Fatalf("LastSeq(%s) = %d, %v; want %d", key, last, err, n)
+		}
+	}
+	msgs, err := st.Range(ctx, b, 0, 100, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSeqs(t, "Range b", msgs, 1, 10)
+	for i, m := range msgs {
+		if m.Room != "b" || m.From != "bob" || m.ID != fmt.Sprintf("b%d", i) ||
+			!bytes.Equal(m.Body, []byte(fmt.Sprintf(`"\u00e9 %d"`, i))) || m.TS == 0 {
+			t.Fatalf("Range b [%d] = %+v", i, m)
+		}
+	}
+}
+
+func testDuplicates(t *testing.T, st Store) {
+	k := RoomKey("app1", "r")
+	first := commit(t, st, req(k, "alice", "x", `1`), req(k, "alice", "y", `2`))
+	again := commit(t, st, req(k, "alice", "y", `changed`), req(k, "bob", "y", `3`),
+		req(RoomKey("app1", "other"), "alice", "y", `4`), req(RoomKey("app2", "r"), "alice", "y", `5`))
+	if !again[0].Duplicate || again[0].Seq != first[1].Seq || again[0].TS != first[1].TS {
+		t.Fatalf("re-publish: %+v, want duplicate of %+v", again[0], first[1])
+	}
+	for i, want := range []uint64{3, 1, 1} {
+		if r := again[i+1]; r.Duplicate || r.Seq != want {
+			t.Fatalf("again[%d] = %+v, want new seq %d", i+1, r, want)
+		}
+	}
+	msgs, err := st.Range(context.Background(), k, 0, 10, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSeqs(t, "Range", msgs, 1, 3)
+	if string(msgs[1].Body) != `2` {
+		t.Fatalf("duplicate overwrote the body: %q", msgs[1].Body)
+	}
+}
+
+func testInBatchDuplicates(t *testing.T, st Store) {
+	k, k2 := RoomKey("app1", "r"), RoomKey("app1", "s")
+	commit(t, st, req(k, "u", "old", `0`))
+	res := commit(t, st,
+		req(k, "u", "a", `1`), req(k2, "u", "a", `x`), req(k, "u", "b", `2`), req(k, "u", "a", `1b`),
+		req(k, "u", "old", `0b`), req(k, "u", "c", `3`), req(k2, "u", "a", `y`))
+	want := []struct {
+		seq uint64
+		dup bool
+	}{{2, false}, {1, false}, {3, false}, {2, true}, {1, true}, {4, false}, {1, true}}
+	for i, w := range want {
+		if res[i].Seq != w.seq || res[i].Duplicate != w.dup {
+			t.Fatalf("res[%d] = %+v, want seq %d dup %v", i, res[i], w.seq, w.dup)
+		}
+	}
+	if res[3].TS != res[0].TS {
+		t.Fatalf("in-batch duplicate ts %d, want %d", res[3].TS, res[0].TS)
+	}
+	if last, _ := st.LastSeq(context.Background(), k); last != 4 {
+		t.Fatalf("LastSeq = %d, want 4", last)
+	}
+}
+
+func testRangeBounds(t *testing.T, st Store) {
+	ctx := context.Background()
+	k := RoomKey("app1", "r")
+	fill(t, st, k, 20)
+	for _, c := range []struct {
+		after, upto uint64
+		limit       int
+		lo, hi      uint64
+	}{
+		{0, 20, 100, 1, 20},
+		{5, 20, 100, 6, 20},
+		{5, 10, 100, 6, 10},
+		{5, 10, 3, 6, 8},
+		{0, 100, 5, 1, 5},
+		{19, 20, 5, 20, 20},
+		{20, 30, 5, 0, 0},
+		{10, 10, 5, 0, 0},
+		{10, 5, 5, 0, 0},
+		{0, 20, 0, 0, 0},
+	} {
+		msgs, err := st.Range(ctx, k, c.after, c.upto, c.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSeqs(t, fmt.Sprintf("Range(%d,%d,%d)", c.after, c.upto, c.limit), msgs, c.lo, c.hi)
+	}
+}
+
+func testHistoryBounds(t *testing.T, st Store) {
+	ctx := context.Background()
+	k := RoomKey("app1", "r")
+	fill(t, st, k, 20)
+	for _, c := range []struct {
+		before uint64
+		limit  int
+		lo, hi uint64
+	}{
+		{0, 100, 1, 20},
+		{0, 5, 16, 20},
+		{10, 5, 5, 9},
+		{10, 100, 1, 9},
+		{2, 5, 1, 1},
+		{1, 5, 0, 0},
+		{100, 3, 18, 20},
+		{0, 0, 0, 0},
+	} {
+		msgs, err := st.History(ctx, k, c.before, c.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSeqs(t, fmt.Sprintf("History(%d,%d)", c.before, c.limit), msgs, c.lo, c.hi)
+	}
+}
+
+func testUnknownRoom(t *testing.T, st Store) {
+	ctx := context.Background()
+	k := RoomKey("app1", "nobody")
+	if last, err := st.LastSeq(ctx, k); err != nil || last != 0 {
+		t.Fatalf("LastSeq = %d, %v", last, err)
+	}
+	if msgs, err := st.Range(ctx, k, 0, 10, 10); err != nil || len(msgs) != 0 {
+		t.Fatalf("Range = %v, %v", msgs, err)
+	}
+	if msgs, err := st.History(ctx, k, 0, 10); err != nil || len(msgs) != 0 {
+		t.Fatalf("History = %v, %v", msgs, err)
+	}
+}
