@@ -1,0 +1,140 @@
+package proto
+
+import (
+	"errors"
+	"slices"
+)
+
+// ErrServerFrame means a server frame is valid JSON but a known field has
+// the wrong type (seq or ts not an integer, a string field not a string).
+var ErrServerFrame = errors.New("proto: server frame field has the wrong type")
+
+// ServerFrame is one decoded server frame, for clients: tests and the load
+// generator. The string fields (Op, Room, ID, From, Code, Ref, Message) are
+// the raw content between the quotes, NOT unescaped: the server only
+// escapes '"', '\\', control characters and invalid UTF-8, so they equal
+// the value unless it held one of those; use AppendUnescaped when it may.
+// Body and Messages are the raw JSON values. All alias the payload.
+type ServerFrame struct {
+	Op, Room, ID, From, Code, Ref, Message, Body, Messages []byte
+	Seq                                                    uint64
+	TS                                                     int64
+}
+
+// DecodeServer parses a server frame payload into f (reset first). It
+// validates the whole payload like Decode and returns ErrMalformed or
+// ErrServerFrame. Unknown fields are ignored; duplicate keys, last wins.
+func DecodeServer(payload []byte, f *ServerFrame) error {
+	*f = ServerFrame{}
+	b := payload
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return ErrMalformed
+	}
+	i = skipWS(b, i+1)
+	if i >= len(b) {
+		return ErrMalformed
+	}
+	var bad bool
+	if b[i] == '}' {
+		i++
+	} else {
+		for {
+			if b[i] != '"' {
+				return ErrMalformed
+			}
+			ks := i + 1
+			ke, kesc, ok := scanString(b, ks)
+			if !ok {
+				return ErrMalformed
+			}
+			i = skipWS(b, ke+1)
+			if i >= len(b) || b[i] != ':' {
+				return ErrMalformed
+			}
+			i = skipWS(b, i+1)
+			if i >= len(b) {
+				return ErrMalformed
+			}
+			vs := i
+			if i, ok = skipValue(b, i, 1); !ok {
+				return ErrMalformed
+			}
+			v := b[vs:i]
+			switch fl := keyField(b[ks:ke], kesc); fl {
+			case fieldOp, fieldRoom, fieldID, fieldFrom, fieldCode, fieldRef, fieldMessage:
+				var s []byte
+				if v[0] == '"' {
+					s = v[1 : len(v)-1]
+				} else {
+					bad = true
+				}
+				switch fl {
+				case fieldOp:
+					f.Op = s
+				case fieldRoom:
+					f.Room = s
+				case fieldID:
+					f.ID = s
+				case fieldFrom:
+					f.From = s
+				case fieldCode:
+					f.Code = s
+				case fieldRef:
+					f.Ref = s
+				default:
+					f.Message = s
+				}
+			case fieldBody:
+				f.Body = v
+			case fieldMessages:
+				f.Messages = v
+			case fieldSeq:
+				f.Seq, ok = parseUint(v)
+				bad = bad || !ok
+			case fieldTS:
+				f.TS, ok = parseInt(v)
+				bad = bad || !ok
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return ErrMalformed
+			}
+			if b[i] == ',' {
+				i = skipWS(b, i+1)
+				if i >= len(b) {
+					return ErrMalformed
+				}
+				continue
+			}
+			if b[i] != '}' {
+				return ErrMalformed
+			}
+			i++
+			break
+		}
+	}
+	if skipWS(b, i) != len(b) {
+		return ErrMalformed
+	}
+	if bad {
+		return ErrServerFrame
+	}
+	return nil
+}
+
+// AppendUnescaped appends the decoded content of a raw JSON string (as
+// ServerFrame holds it) to dst; lone surrogates become U+FFFD. ok is false,
+// and dst is returned unchanged, when raw is not valid string content.
+func AppendUnescaped(dst, raw []byte) (out []byte, ok bool) {
+	// scanString stops with ok=false at the end of input when it has not met
+	// a closing quote: that is exactly "valid content, no quote".
+	if end, _, quoted := scanString(raw, 0); quoted || end != len(raw) {
+		return dst, false
+	}
+	// Decoding never lengthens: an escape of k bytes yields at most k bytes.
+	start := len(dst)
+	dst = slices.Grow(dst, len(raw))
+	n, _ := unescape(dst[start:start+len(raw)], raw)
+	return dst[:start+n], true
+}

@@ -1,0 +1,383 @@
+package proto
+
+import "errors"
+
+// ErrMalformed means a client payload is not valid JSON (RFC 8259, nesting
+// up to 4096) or not a JSON object. The connection is closed with 1007.
+var ErrMalformed = errors.New("proto: payload is not a JSON object")
+
+// Error is a client error: the command is answered with an `err` frame
+// carrying Code and Message, and the connection stays open. The package
+// holds every value Decode returns, so reporting one allocates nothing;
+// compare them by pointer.
+type Error struct {
+	Code    Code
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Client errors returned by Decode.
+var (
+	ErrMissingOp   = &Error{CodeBadRequest, "missing op"}
+	ErrUnknownOp   = &Error{CodeBadRequest, "unknown op"}
+	ErrMissingRoom = &Error{CodeBadRequest, "missing room"}
+	ErrBadRoom     = &Error{CodeBadRequest, "room must match [A-Za-z0-9_.:-]{1,128}"}
+	ErrMissingID   = &Error{CodeBadRequest, "missing id"}
+	ErrBadID       = &Error{CodeBadRequest, "id must be a string of 1 to 64 bytes"}
+	ErrMissingBody = &Error{CodeBadRequest, "missing body"}
+	ErrBadNumber   = &Error{CodeBadRequest, "since, before and limit must be non-negative integers"}
+	ErrBadLimit    = &Error{CodeBadRequest, "limit must be at least 1"}
+)
+
+const (
+	maxRoom = 128
+	maxID   = 64
+
+	// DefaultLimit and MaxLimit bound a history request.
+	DefaultLimit = 50
+	MaxLimit     = 1000
+)
+
+var roomChar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+		t[c-'a'+'A'] = true
+	}
+	for _, c := range "_.:-" {
+		t[c] = true
+	}
+	return t
+}()
+
+// ValidRoom reports whether room matches [A-Za-z0-9_.:-]{1,128}.
+func ValidRoom(room []byte) bool {
+	if len(room) == 0 || len(room) > maxRoom {
+		return false
+	}
+	for _, c := range room {
+		if !roomChar[c] {
+			return false
+		}
+	}
+	return true
+}
+
+type field uint8
+
+const (
+	fieldUnknown field = iota
+	fieldOp
+	fieldRoom
+	fieldID
+	fieldBody
+	fieldSince
+	fieldBefore
+	fieldLimit
+	// DecodeServer only.
+	fieldFrom
+	fieldCode
+	fieldRef
+	fieldMessage
+	fieldMessages
+	fieldSeq
+	fieldTS
+)
+
+// keyField names a top-level key. Keys spelled with escapes ("\u006fp") are
+// the same key once decoded, so they are decoded first (rare, slow path).
+func keyField(raw []byte, esc bool) field {
+	if esc {
+		var buf [8]byte
+		n, ok := unescape(buf[:], raw)
+		if !ok {
+			return fieldUnknown
+		}
+		raw = buf[:n]
+	}
+	switch string(raw) {
+	case "op":
+		return fieldOp
+	case "room":
+		return fieldRoom
+	case "id":
+		return fieldID
+	case "body":
+		return fieldBody
+	case "since":
+		return fieldSince
+	case "before":
+		return fieldBefore
+	case "limit":
+		return fieldLimit
+	case "from":
+		return fieldFrom
+	case "code":
+		return fieldCode
+	case "ref":
+		return fieldRef
+	case "message":
+		return fieldMessage
+	case "messages":
+		return fieldMessages
+	case "seq":
+		return fieldSeq
+	case "ts":
+		return fieldTS
+	}
+	return fieldUnknown
+}
+
+func opOf(raw []byte, esc bool) Op {
+	if esc {
+		var buf [8]byte
+		n, ok := unescape(buf[:], raw)
+		if !ok {
+			return OpInvalid
+		}
+		raw = buf[:n]
+	}
+	switch string(raw) {
+	case "join":
+		return OpJoin
+	case "leave":
+		return OpLeave
+	case "pub":
+		return OpPub
+	case "history":
+		return OpHistory
+	case "ping":
+		return OpPing
+	}
+	return OpInvalid
+}
+
+// Presence of a known field in a client frame; last occurrence wins.
+type presence uint8
+
+const (
+	absent presence = iota
+	valid
+	invalid
+)
+
+// Decode parses one client frame: payload is the unmasked text payload,
+// already checked to be UTF-8. The whole payload is validated, including
+// unknown fields and the body. It returns ErrMalformed for anything that is
+// not one JSON object, else an *Error for a well-formed but wrong command,
+// else nil. Precedence: op, then room, id, since, before, limit, then what
+// the op requires.
+//
+// cmd is reset first. Room, ID and Body alias payload (or cmd's scratch when
+// the string held escapes). On an *Error, Room and ID hold the valid values
+// seen (an invalid room or id is left empty) so the caller can build Ref.
+// Known fields are checked whatever the op; since and before are set for any
+// op, limit's default and minimum apply to history only.
+func Decode(payload []byte, cmd *Command) error {
+	cmd.reset()
+	b := payload
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return ErrMalformed
+	}
+	i = skipWS(b, i+1)
+	if i >= len(b) {
+		return ErrMalformed
+	}
+	var op, room, id, body, since, before, limit presence
+	var limitVal uint64
+	if b[i] == '}' {
+		i++
+	} else {
+		for {
+			if b[i] != '"' {
+				return ErrMalformed
+			}
+			ks := i + 1
+			ke, kesc, ok := scanString(b, ks)
+			if !ok {
+				return ErrMalformed
+			}
+			i = skipWS(b, ke+1)
+			if i >= len(b) || b[i] != ':' {
+				return ErrMalformed
+			}
+			i = skipWS(b, i+1)
+			if i >= len(b) {
+				return ErrMalformed
+			}
+			vs := i
+			switch f := keyField(b[ks:ke], kesc); f {
+			case fieldOp, fieldRoom, fieldID:
+				if b[i] != '"' {
+					if i, ok = skipValue(b, i, 1); !ok {
+						return ErrMalformed
+					}
+					switch f {
+					case fieldOp:
+						op, cmd.Op = invalid, OpInvalid
+					case fieldRoom:
+						room, cmd.Room = invalid, nil
+					default:
+						id, cmd.ID = invalid, nil
+					}
+					break
+				}
+				ve, esc, ok := scanString(b, i+1)
+				if !ok {
+					return ErrMalformed
+				}
+				i = ve + 1
+				raw := b[vs+1 : ve]
+				switch f {
+				case fieldOp:
+					cmd.Op = opOf(raw, esc)
+					op = valid
+					if cmd.Op == OpInvalid {
+						op = invalid
+					}
+				case fieldRoom:
+					room, cmd.Room = invalid, nil
+					if esc {
+						n, ok := unescape(cmd.roomBuf[:], raw)
+						if !ok {
+							break
+						}
+						raw = cmd.roomBuf[:n]
+					}
+					if ValidRoom(raw) {
+						room, cmd.Room = valid, raw
+					}
+				default:
+					id, cmd.ID = invalid, nil
+					if esc {
+						n, ok := unescape(cmd.idBuf[:], raw)
+						if !ok {
+							break
+						}
+						raw = cmd.idBuf[:n]
+					}
+					if len(raw) >= 1 && len(raw) <= maxID {
+						id, cmd.ID = valid, raw
+					}
+				}
+			case fieldSince, fieldBefore, fieldLimit:
+				var v uint64
+				ok := false
+				if c := b[i]; c == '-' || '0' <= c && c <= '9' {
+					if i, ok = scanNumber(b, i); !ok {
+						return ErrMalformed
+					}
+					v, ok = parseUint(b[vs:i])
+				} else if i, ok = skipValue(b, i, 1); !ok {
+					return ErrMalformed
+				} else {
+					ok = false
+				}
+				p := invalid
+				if ok {
+					p = valid
+				}
+				switch f {
+				case fieldSince:
+					since, cmd.Since = p, v
+				case fieldBefore:
+					before, cmd.Before = p, v
+				default:
+					limit, limitVal = p, v
+				}
+			case fieldBody:
+				if i, ok = skipValue(b, i, 1); !ok {
+					return ErrMalformed
+				}
+				body, cmd.Body = valid, b[vs:i]
+			default:
+				if i, ok = skipValue(b, i, 1); !ok {
+					return ErrMalformed
+				}
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return ErrMalformed
+			}
+			if b[i] == ',' {
+				i = skipWS(b, i+1)
+				if i >= len(b) {
+					return ErrMalformed
+				}
+				continue
+			}
+			if b[i] != '}' {
+				return ErrMalformed
+			}
+			i++
+			break
+		}
+	}
+	if skipWS(b, i) != len(b) {
+		return ErrMalformed
+	}
+
+	cmd.HasSince = since == valid
+	cmd.HasBefore = before == valid
+	if limit == valid {
+		cmd.HasLimit = true
+		cmd.Limit = int(min(limitVal, MaxLimit))
+	} else if cmd.Op == OpHistory {
+		cmd.Limit = DefaultLimit
+	}
+	switch {
+	case op == absent:
+		return ErrMissingOp
+	case op == invalid:
+		return ErrUnknownOp
+	case room == invalid:
+		return ErrBadRoom
+	case id == invalid:
+		return ErrBadID
+	case since == invalid, before == invalid, limit == invalid:
+		return ErrBadNumber
+	}
+	switch cmd.Op {
+	case OpJoin, OpLeave:
+		if room == absent {
+			return ErrMissingRoom
+		}
+	case OpHistory:
+		if room == absent {
+			return ErrMissingRoom
+		}
+		if limit == valid && limitVal == 0 {
+			return ErrBadLimit
+		}
+	case OpPub:
+		switch {
+		case room == absent:
+			return ErrMissingRoom
+		case id == absent:
+			return ErrMissingID
+		case body == absent:
+			return ErrMissingBody
+		}
+	}
+	return nil
+}
+
+// reset clears the decoded fields but not the scratch arrays: clearing
+// those too would cost a 192-byte memclr per frame for bytes nobody reads.
+func (cmd *Command) reset() {
+	cmd.Op, cmd.Room, cmd.ID, cmd.Body = OpInvalid, nil, nil, nil
+	cmd.Since, cmd.Before, cmd.Limit = 0, 0, 0
+	cmd.HasSince, cmd.HasBefore, cmd.HasLimit = false, false, false
+}
+
+// Ref is what an `err` frame echoes for cmd: its id, else its room.
+func Ref(cmd *Command) []byte {
+	if len(cmd.ID) > 0 {
+		return cmd.ID
+	}
+	return cmd.Room
+}
