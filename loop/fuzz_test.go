@@ -33,7 +33,7 @@ func (c *memConn) Peek(n int) ([]byte, error) {
 	}
 	return c.in[:n], nil
 }
-func (c *memConn) Discard(n int) (int, error) { c.in = c.in[n:]; return n, nil }
+func (c *memConn) Discard(n int) (int, error)  { c.in = c.in[n:]; return n, nil }
 func (c *memConn) InboundBuffered() int        { return len(c.in) }
 func (c *memConn) OutboundBuffered() int       { return 0 }
 func (c *memConn) Write(p []byte) (int, error) { c.out = append(c.out, p...); return len(p), nil }

@@ -2,11 +2,8 @@ package persist
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,52 +11,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/roost-chat/roost/persist/pgtest"
 )
 
-func adminURL() string {
-	if u := os.Getenv("ROOST_TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
+func adminURL() string { return pgtest.AdminURL() }
 
-// newTestDB creates an empty database roost_test_<random> for t, drops it
-// when t ends, and returns its URL.
-func newTestDB(tb testing.TB) string {
-	tb.Helper()
-	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, adminURL())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("PostgreSQL at %s: %v", adminURL(), err)
-		}
-		tb.Skipf("PostgreSQL not reachable at %s (set ROOST_TEST_DATABASE_URL): %v", adminURL(), err)
-	}
-	var b [6]byte
-	_, _ = crand.Read(b[:])
-	name := "roost_test_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		admin.Close(ctx)
-		tb.Fatalf("cannot create database: %v", err)
-	}
-	admin.Close(ctx)
-	tb.Cleanup(func() {
-		admin, err := pgx.Connect(ctx, adminURL())
-		if err != nil {
-			tb.Errorf("cannot drop database %s: %v", name, err)
-			return
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
-			tb.Errorf("cannot drop database %s: %v", name, err)
-		}
-	})
-	cfg, err := pgx.ParseConfig(adminURL())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return strings.Replace(adminURL(), "/"+cfg.Database+"?", "/"+name+"?", 1)
-}
+func newTestDB(tb testing.TB) string { return pgtest.NewDB(tb) }
 
 func openTestPG(tb testing.TB, url string, cfg PGConfig) *Postgres {
 	tb.Helper()

@@ -1,0 +1,86 @@
+// Package pgtest gives tests a database of their own on the machine's real
+// PostgreSQL: created empty, dropped when the test ends. Tests never mock
+// PostgreSQL.
+package pgtest
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// AdminURL is where test databases are created: ROOST_TEST_DATABASE_URL,
+// or the machine's PostgreSQL with trust auth.
+func AdminURL() string {
+	if u := os.Getenv("ROOST_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// NewDB creates an empty database roost_test_<random> for tb, drops it when
+// tb ends, and returns its URL. Without a reachable PostgreSQL the test is
+// skipped, or fails when CI=true.
+func NewDB(tb testing.TB) string {
+	tb.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("PostgreSQL at %s: %v", AdminURL(), err)
+		}
+		tb.Skipf("PostgreSQL not reachable at %s (set ROOST_TEST_DATABASE_URL): %v", AdminURL(), err)
+	}
+	var b [6]byte
+	_, _ = crand.Read(b[:])
+	name := "roost_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		admin.Close(ctx)
+		tb.Fatalf("cannot create database: %v", err)
+	}
+	admin.Close(ctx)
+	tb.Cleanup(func() {
+		admin, err := pgx.Connect(ctx, AdminURL())
+		if err != nil {
+			tb.Errorf("cannot drop database %s: %v", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			tb.Errorf("cannot drop database %s: %v", name, err)
+		}
+	})
+	cfg, err := pgx.ParseConfig(AdminURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return strings.Replace(AdminURL(), "/"+cfg.Database+"?", "/"+name+"?", 1)
+}
+
+// Terminate ends every backend connected to the database of url, as a
+// PostgreSQL restart or an operator's pg_terminate_backend would, and
+// returns how many it ended.
+func Terminate(tb testing.TB, url string) int {
+	tb.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var n int
+	err = admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, cfg.Database).Scan(&n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
