@@ -30,13 +30,20 @@ type node struct {
 	addr  string
 }
 
-func startNode(t testing.TB, mutate func(*Config)) *node {
-	t.Helper()
+// testConfig is an insecure two-loop node on a free loopback port with a
+// short flush tick, so tests wait little for batched output.
+func testConfig() Config {
 	cfg := Defaults()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Insecure = true
 	cfg.Loops = 2
 	cfg.FlushInterval = time.Millisecond
+	return cfg
+}
+
+func startNode(t testing.TB, mutate func(*Config)) *node {
+	t.Helper()
+	cfg := testConfig()
 	if mutate != nil {
 		mutate(&cfg)
 	}

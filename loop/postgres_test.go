@@ -27,13 +27,8 @@ func openPG(t *testing.T, url string) *persist.Postgres {
 
 func pgNode(t *testing.T, url string) (*node, func()) {
 	t.Helper()
-	cfg := Defaults()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Insecure = true
-	cfg.Loops = 2
-	cfg.FlushInterval = time.Millisecond
 	pg := openPG(t, url)
-	n := startNodeWith(t, cfg, pg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	n := startNodeWith(t, testConfig(), pg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
