@@ -1,0 +1,288 @@
+// Package bench owns `roost bench`, the load generator: it drives tens of
+// thousands of WebSocket connections from one process on a few epoll loops
+// (no goroutine per connection), speaks protocol v1 to one or more nodes,
+// and measures what operators compare nodes by: offered against achieved
+// publish rate, delivery, latency from the publisher's send timestamp to each
+// receiver's receipt (log-linear histograms, never samples), ack latency,
+// per-room sequence integrity, closes by code, and the CPU the node, the
+// database and the bench itself spend per frame. --procs coordinates several
+// worker processes of itself (open files are capped per process) and merges
+// their histograms and counts; --step searches for the highest sustained
+// rate.
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// workerArg is the hidden subcommand a worker process runs.
+const workerArg = "__worker"
+
+// WorkerEnv is set in a worker's environment. A binary that embeds bench
+// under another command line (a test binary) checks it and calls Main with
+// the arguments after os.Args[1] ("bench").
+const WorkerEnv = "ROOST_BENCH_WORKER"
+
+// Main runs `roost bench`; args are the arguments after "bench". It returns
+// the exit code: 0 done, 1 the run failed (or a soak found errors), 2 bad
+// usage.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		listScenarios(stdout)
+		return 0
+	}
+	worker := false
+	if args[0] == workerArg {
+		worker = true
+		args = args[1:]
+		if len(args) == 0 {
+			fmt.Fprintln(stderr, "roost bench: worker needs a scenario")
+			return 2
+		}
+	}
+	sc := findScenario(args[0])
+	if sc == nil {
+		fmt.Fprintf(stderr, "roost bench: unknown scenario %q\n", args[0])
+		listScenarios(stderr)
+		return 2
+	}
+	p := &params{}
+	fs := newFlagSet(sc, p)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "roost bench %s: unexpected argument %q\n", sc.name, fs.Arg(0))
+		return 2
+	}
+	if p.runID == "" {
+		p.runID = "b" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
+	if err := p.validate(); err != nil {
+		fmt.Fprintf(stderr, "roost bench %s: %v\n", sc.name, err)
+		return 2
+	}
+	var targets []target
+	for _, u := range splitList(p.urls) {
+		t, err := parseTarget(u)
+		if err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: %v\n", sc.name, err)
+			return 2
+		}
+		targets = append(targets, t)
+	}
+	if len(targets) == 0 {
+		fmt.Fprintf(stderr, "roost bench %s: --url is empty\n", sc.name)
+		return 2
+	}
+	var sources []unix.SockaddrInet4
+	for _, s := range splitList(p.srcs) {
+		a, err := parseSource(s)
+		if err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: %v\n", sc.name, err)
+			return 2
+		}
+		sources = append(sources, a)
+	}
+	pl := p.buildPlan(len(targets), len(sources))
+	if worker {
+		return runWorker(p, pl, targets, sources, os.Stdin, stdout, stderr)
+	}
+
+	rep := &Report{Scenario: sc.name, Args: args, Connections: len(pl.specs), Publishers: pl.publishers,
+		Procs: p.procs, Loops: p.loops}
+	var progress io.Writer
+	if isTerminal(stdout) && !p.jsonOut {
+		progress = stdout
+	}
+	var d driver
+	if p.procs > 1 {
+		pd, err := startWorkers(p, args[1:], stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: %v\n", sc.name, err)
+			return 1
+		}
+		d = pd
+	} else {
+		d = &localDriver{p: p, specs: pl.specs, progress: progress, targets: targets, sources: sources, rooms: pl.rooms}
+	}
+	if p.cpuProfile != "" {
+		f, err := os.Create(p.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: cannot create --cpuprofile: %v\n", sc.name, err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: cannot start --cpuprofile: %v\n", sc.name, err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	err := p.execute(d, pl, rep, progress)
+	d.close()
+	if err != nil {
+		fmt.Fprintf(stderr, "roost bench %s: %v\n", sc.name, err)
+		return 1
+	}
+	if p.jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: cannot write JSON: %v\n", sc.name, err)
+			return 1
+		}
+	} else {
+		writeTable(stdout, rep)
+	}
+	if p.plot != "" {
+		if err := os.WriteFile(p.plot, plotSVG(rep), 0o644); err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: cannot write --plot: %v\n", sc.name, err)
+			return 1
+		}
+	}
+	if sc.name == "soak" && len(rep.Levels) > 0 {
+		r := rep.Levels[len(rep.Levels)-1]
+		if r.Gaps+r.Duplicates+r.Reordered > 0 || r.AckedNotReceived > 0 || r.Delivered < r.Expected {
+			fmt.Fprintf(stderr, "roost bench soak: integrity errors: %d gaps, %d duplicates, %d reordered, %d rooms with acked messages not received, %d of %d deliveries\n",
+				r.Gaps, r.Duplicates, r.Reordered, r.AckedNotReceived, r.Delivered, r.Expected)
+			return 1
+		}
+	}
+	return 0
+}
+
+func listScenarios(w io.Writer) {
+	fmt.Fprintln(w, "usage: roost bench <scenario> [flags]   (roost bench <scenario> -h lists its flags)")
+	fmt.Fprintln(w, "scenarios:")
+	for _, s := range scenarios {
+		fmt.Fprintf(w, "  %-9s %s\n", s.name, s.summary)
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// fmtDur prints a latency with three significant digits.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d < time.Millisecond:
+		return strconv.FormatFloat(float64(d)/1e3, 'f', 0, 64) + "µs"
+	case d < 10*time.Millisecond:
+		return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) + "ms"
+	case d < time.Second:
+		return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + "ms"
+	default:
+		return strconv.FormatFloat(d.Seconds(), 'f', 2, 64) + "s"
+	}
+}
+
+func writeTable(w io.Writer, rep *Report) {
+	fmt.Fprintf(w, "roost bench %s: %d connections (%d publishers), %d proc(s) × %d loops, connected in %.1fs\n",
+		rep.Scenario, rep.Connections, rep.Publishers, rep.Procs, rep.Loops, rep.ConnectTime)
+	if rep.Scenario == "density" {
+		fmt.Fprintf(w, "held %.0fs", rep.HeldFor)
+		if rep.RSSAfter > 0 {
+			fmt.Fprintf(w, "; node RSS %.1f MiB -> %.1f MiB: %.2f KiB per connection",
+				float64(rep.RSSBefore)/(1<<20), float64(rep.RSSAfter)/(1<<20), rep.KiBPerConn)
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "closes while holding: %s\n", fmtCloses(rep.ClosesHolding))
+		return
+	}
+	fmt.Fprintf(w, "%10s %10s %10s %12s %8s %8s %8s %8s %8s %8s %8s %10s %10s  %s\n",
+		"offered/s", "achieved/s", "sent/s", "frames/s", "deliv%", "p50", "p90", "p99", "p999", "max", "ack p99",
+		"node µs/f", "bench µs/f", "result")
+	for _, r := range rep.Levels {
+		node := "-"
+		if r.NodeUsPerFrame > 0 {
+			node = strconv.FormatFloat(r.NodeUsPerFrame, 'f', 3, 64)
+		}
+		fmt.Fprintf(w, "%10.0f %10.0f %10.0f %12.0f %8.3f %8s %8s %8s %8s %8s %8s %10s %10.3f  %s\n",
+			r.Offered, r.Achieved, r.SentRate, r.FramesPerSec, r.DeliveryPct,
+			fmtDur(r.Latency.P50), fmtDur(r.Latency.P90), fmtDur(r.Latency.P99), fmtDur(r.Latency.P999), fmtDur(r.Latency.Max),
+			fmtDur(r.AckLatency.P99), node, r.BenchUsPerFrame, sustainedWord(r))
+	}
+	if len(rep.Levels) == 0 {
+		return
+	}
+	r := rep.Levels[len(rep.Levels)-1]
+	fmt.Fprintf(w, "last level: %d sent, %d acked, %d of %d deliveries, %d frames received in %.0fs window; bench late on %d publishes\n",
+		r.Sent, r.Acked, r.Delivered, r.Expected, r.RecvFrames, r.Window, r.BenchDropped)
+	fmt.Fprintf(w, "ack latency: p50 %s p90 %s p99 %s p999 %s max %s\n",
+		fmtDur(r.AckLatency.P50), fmtDur(r.AckLatency.P90), fmtDur(r.AckLatency.P99), fmtDur(r.AckLatency.P999), fmtDur(r.AckLatency.Max))
+	fmt.Fprintf(w, "sequence: %d gaps (%d missing), %d duplicates, %d reordered, %d rooms with acked messages not received\n",
+		r.Gaps, r.Missing, r.Duplicates, r.Reordered, r.AckedNotReceived)
+	fmt.Fprintf(w, "closes: %s; errors: %s\n", fmtCloses(r.Closes), fmtErrors(r.Errors))
+	fmt.Fprintf(w, "bench CPU %.2fs (%.3f µs per received frame)", r.BenchCPU, r.BenchUsPerFrame)
+	if r.NodeCPU > 0 {
+		fmt.Fprintf(w, "; node CPU %.2fs (%.3f µs per delivered frame, %.2f µs per publish)", r.NodeCPU, r.NodeUsPerFrame, r.NodeUsPerPublish)
+	}
+	if r.PGMeasured {
+		fmt.Fprintf(w, "; postgres CPU %.2fs (%.2f µs per publish)", r.PGCPU, r.PGUsPerPublish)
+	}
+	fmt.Fprintln(w)
+	if rep.HighestSustained > 0 {
+		fmt.Fprintf(w, "highest sustained rate: %.0f publishes/s\n", rep.HighestSustained)
+	}
+}
+
+func fmtCloses(m map[int]uint64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, code := range []int{1000, 1001, 1002, 1003, 1005, 1006, 1007, 1008, 1009, 1011, 1013} {
+		if n := m[code]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d×%d", n, code))
+		}
+	}
+	for code, n := range m {
+		switch code {
+		case 1000, 1001, 1002, 1003, 1005, 1006, 1007, 1008, 1009, 1011, 1013:
+		default:
+			parts = append(parts, fmt.Sprintf("%d×%d", n, code))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+func fmtErrors(m map[string]uint64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%d×%s", m[k], k))
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,980 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gobwas/ws"
+	"golang.org/x/sys/unix"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// The engine drives every bench connection from a few epoll loops, one per
+// GOMAXPROCS, never a goroutine per connection: at tens of thousands of
+// connections a goroutine each would cost the bench more CPU and memory
+// than the node it measures. Each loop owns its connections outright (no
+// locks on the receive path), reads into one shared buffer, decodes in
+// place, records into its own histograms, and writes each connection's
+// pending frames once per iteration.
+
+const (
+	loopTick     = time.Millisecond // epoll timeout: the publishing granularity
+	readBufSize  = 256 << 10
+	maxOutBuffer = 4 << 20 // a publisher whose node stopped reading is paused, not grown
+)
+
+// connection states
+const (
+	stConnecting = iota
+	stUpgrading
+	stJoining
+	stReady
+	stClosed
+)
+
+// target is one node URL.
+type target struct {
+	host      string // Host header
+	addr      unix.SockaddrInet4
+	pathQuery string // path and query without user/app
+}
+
+func parseTarget(raw string) (target, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return target{}, fmt.Errorf("cannot parse --url %q: %w", raw, err)
+	}
+	if u.Scheme != "ws" {
+		return target{}, fmt.Errorf("cannot use --url %q: only ws:// is supported (run the node with --insecure)", raw)
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return target{}, fmt.Errorf("cannot use --url %q: host needs a port: %w", raw, err)
+	}
+	ip := net.ParseIP(host).To4()
+	if ip == nil {
+		return target{}, fmt.Errorf("cannot use --url %q: host must be an IPv4 address", raw)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p <= 0 || p > 65535 {
+		return target{}, fmt.Errorf("cannot use --url %q: bad port", raw)
+	}
+	t := target{host: u.Host, addr: unix.SockaddrInet4{Port: p}}
+	copy(t.addr.Addr[:], ip)
+	t.pathQuery = u.EscapedPath()
+	if t.pathQuery == "" {
+		t.pathQuery = "/ws"
+	}
+	t.pathQuery += "?"
+	if u.RawQuery != "" {
+		t.pathQuery += u.RawQuery + "&"
+	}
+	return t, nil
+}
+
+func parseSource(s string) (unix.SockaddrInet4, error) {
+	ip := net.ParseIP(s).To4()
+	if ip == nil {
+		return unix.SockaddrInet4{}, fmt.Errorf("cannot use --src %q: not an IPv4 address", s)
+	}
+	var a unix.SockaddrInet4
+	copy(a.Addr[:], ip)
+	return a, nil
+}
+
+// connSpec says what one connection does.
+type connSpec struct {
+	user      string
+	target    int
+	src       int   // index into sources, -1 for the kernel's choice
+	room      int32 // -1: joins nothing
+	join      bool
+	publish   bool
+	receivers int // joined members of the publisher's room (for expected deliveries)
+}
+
+// conn is one bench connection; only its loop touches it after add.
+type conn struct {
+	fd    int
+	state uint8
+	dirty bool
+	spec  *connSpec
+	room  []byte
+	in    []byte
+	out   []byte
+	ck    SeqChecker
+
+	// publisher state
+	tokens   float64
+	lastFill int64
+	nextID   uint64
+	inflight []sendSlot // ring indexed by id, grown when a slot is still in flight
+	ackMax   uint64
+}
+
+type sendSlot struct {
+	id uint64
+	t  int64
+}
+
+// levelStats is what one loop (or one process) counted in one level. It is
+// the unit merged across loops and processes.
+type levelStats struct {
+	Sent         uint64 `json:"sent"`          // publishes sent in the window
+	Acked        uint64 `json:"acked"`         // of those, acked
+	Expected     uint64 `json:"expected"`      // deliveries the window's publishes owe
+	Delivered    uint64 `json:"delivered"`     // deliveries of window publishes received
+	RecvFrames   uint64 `json:"recv_frames"`   // msg frames received during the window
+	BenchDropped uint64 `json:"bench_dropped"` // publishes the bench could not send on time
+	Lat          Hist   `json:"-"`
+	AckLat       Hist   `json:"-"`
+	Closes       map[int]uint64
+	Errors       map[string]uint64
+	Gaps         uint64 `json:"gaps"`
+	Missing      uint64 `json:"missing"`
+	Duplicates   uint64 `json:"duplicates"`
+	Reordered    uint64 `json:"reordered"`
+	// per room index: highest acked seq and lowest in-order seq of an open
+	// member, to check every ack against receipts
+	AckMax map[int32]uint64 `json:"ack_max,omitempty"`
+	// since connect, whatever the window: to compare with the node's counters
+	TotalSent   uint64           `json:"total_sent"`
+	TotalFrames uint64           `json:"total_frames"` // text frames received
+	LastMin     map[int32]uint64 `json:"last_min,omitempty"`
+}
+
+func newLevelStats() *levelStats {
+	return &levelStats{Closes: map[int]uint64{}, Errors: map[string]uint64{}}
+}
+
+func (s *levelStats) merge(o *levelStats) {
+	s.Sent += o.Sent
+	s.Acked += o.Acked
+	s.Expected += o.Expected
+	s.Delivered += o.Delivered
+	s.RecvFrames += o.RecvFrames
+	s.BenchDropped += o.BenchDropped
+	s.Lat.Merge(&o.Lat)
+	s.AckLat.Merge(&o.AckLat)
+	for k, v := range o.Closes {
+		s.Closes[k] += v
+	}
+	for k, v := range o.Errors {
+		s.Errors[k] += v
+	}
+	s.TotalSent += o.TotalSent
+	s.TotalFrames += o.TotalFrames
+	s.Gaps += o.Gaps
+	s.Missing += o.Missing
+	s.Duplicates += o.Duplicates
+	s.Reordered += o.Reordered
+	for r, v := range o.AckMax {
+		if s.AckMax == nil {
+			s.AckMax = map[int32]uint64{}
+		}
+		if v > s.AckMax[r] {
+			s.AckMax[r] = v
+		}
+	}
+	for r, v := range o.LastMin {
+		if s.LastMin == nil {
+			s.LastMin = map[int32]uint64{}
+		}
+		if cur, ok := s.LastMin[r]; !ok || v < cur {
+			s.LastMin[r] = v
+		}
+	}
+}
+
+// engine owns the loops and the run's phase.
+type engine struct {
+	targets []target
+	sources []unix.SockaddrInet4
+	rooms   []string
+	app     string
+
+	loops []*loop
+	sem   chan struct{}
+
+	ready    atomic.Int64
+	failed   atomic.Int64
+	errMu    sync.Mutex
+	firstErr error
+
+	// phase, read by the loops every iteration
+	pubOn    atomic.Bool
+	rateBits atomic.Uint64 // per-publisher msgs/s as float64 bits
+	winStart atomic.Int64
+	winEnd   atomic.Int64
+	epoch    atomic.Uint64
+	stop     atomic.Bool
+
+	sizeFn func(rng *uint64) int // body size of the next publish
+
+	wg sync.WaitGroup
+}
+
+func newEngine(targets []target, sources []unix.SockaddrInet4, rooms []string, app string, loops, dialConc int, sizeFn func(*uint64) int) (*engine, error) {
+	e := &engine{targets: targets, sources: sources, rooms: rooms, app: app, sizeFn: sizeFn,
+		sem: make(chan struct{}, dialConc)}
+	e.winStart.Store(math.MaxInt64)
+	e.winEnd.Store(math.MaxInt64)
+	for i := 0; i < loops; i++ {
+		l, err := newLoop(e, uint64(i)+uint64(time.Now().UnixNano()))
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.loops = append(e.loops, l)
+	}
+	for _, l := range e.loops {
+		e.wg.Add(1)
+		go l.run()
+	}
+	return e, nil
+}
+
+func (e *engine) fail(err error) {
+	e.failed.Add(1)
+	e.errMu.Lock()
+	if e.firstErr == nil {
+		e.firstErr = err
+	}
+	e.errMu.Unlock()
+}
+
+// connect opens every spec's connection, at most cap(sem) handshakes in
+// flight (a burst beyond the node's accept backlog would only cost SYN
+// retransmits), and waits until each is ready or failed.
+func (e *engine) connect(specs []*connSpec, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	go func() {
+		for i, s := range specs {
+			if e.stop.Load() {
+				return
+			}
+			e.sem <- struct{}{}
+			fd, err := e.dial(s)
+			if err != nil {
+				<-e.sem
+				e.fail(err)
+				continue
+			}
+			c := &conn{fd: fd, spec: s}
+			if s.room >= 0 {
+				c.room = []byte(e.rooms[s.room])
+			}
+			e.loops[i%len(e.loops)].add(c)
+		}
+	}()
+	want := int64(len(specs))
+	for e.ready.Load()+e.failed.Load() < want {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cannot connect: %d of %d ready after %v (raise --connect-timeout)", e.ready.Load(), want, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if f := e.failed.Load(); f > 0 {
+		e.errMu.Lock()
+		defer e.errMu.Unlock()
+		return fmt.Errorf("cannot connect %d of %d connections: first error: %w", f, want, e.firstErr)
+	}
+	return nil
+}
+
+func (e *engine) dial(s *connSpec) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("cannot create socket: %w", err)
+	}
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	if s.src >= 0 {
+		// several source addresses multiply the 28k ephemeral ports of one
+		// (source, destination) pair
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+		sa := e.sources[s.src]
+		if err := unix.Bind(fd, &sa); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("cannot bind source %v: %w", net.IP(sa.Addr[:]), err)
+		}
+	}
+	ta := e.targets[s.target].addr
+	if err := unix.Connect(fd, &ta); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		unix.Close(fd)
+		return -1, fmt.Errorf("cannot connect to %s: %w", e.targets[s.target].host, err)
+	}
+	return fd, nil
+}
+
+func (e *engine) setRate(perPublisher float64) { e.rateBits.Store(math.Float64bits(perPublisher)) }
+
+// snapshot takes every loop's stats for the level that just ended and
+// starts fresh ones.
+func (e *engine) snapshot(verify bool) *levelStats {
+	for _, l := range e.loops {
+		l.verify.Store(verify)
+	}
+	e.epoch.Add(1)
+	total := newLevelStats()
+	for _, l := range e.loops {
+		total.merge(<-l.snap)
+	}
+	return total
+}
+
+// live sums the loops' running counters for the progress line.
+func (e *engine) live() (sent, recv, errs uint64, p99 time.Duration) {
+	for _, l := range e.loops {
+		sent += l.liveSent.Load()
+		recv += l.liveRecv.Load()
+		errs += l.liveErrs.Load()
+		if v := time.Duration(l.liveP99.Load()); v > p99 {
+			p99 = v
+		}
+	}
+	return
+}
+
+// liveDrained reports whether every window publish is acked and delivered
+// (only meaningful when all members live in this process).
+func (e *engine) liveDrained() bool {
+	var sent, acked, exp, del uint64
+	for _, l := range e.loops {
+		sent += l.liveWinSent.Load()
+		acked += l.liveWinAcked.Load()
+		exp += l.liveWinExp.Load()
+		del += l.liveWinDel.Load()
+	}
+	return acked >= sent && del >= exp
+}
+
+// iterations reads every loop's iteration count.
+func (e *engine) iterations() []uint64 {
+	out := make([]uint64, len(e.loops))
+	for i, l := range e.loops {
+		out[i] = l.iter.Load()
+	}
+	return out
+}
+
+// iteratedSince reports whether every loop finished two iterations since
+// iterations returned before: then one ran wholly after that moment.
+func (e *engine) iteratedSince(before []uint64) bool {
+	for i, l := range e.loops {
+		if l.iter.Load() < before[i]+2 {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *engine) close() {
+	e.stop.Store(true)
+	e.wg.Wait()
+	for _, l := range e.loops {
+		l.closeAll()
+	}
+}
+
+// loop is one epoll event loop.
+type loop struct {
+	e       *engine
+	epfd    int
+	events  []unix.EpollEvent
+	buf     []byte
+	scratch []byte // one pub payload before framing
+	conns   map[int]*conn
+	pubs    []*conn
+	dirty   []*conn
+	rng     uint64
+
+	mu       sync.Mutex
+	incoming []*conn
+
+	st         *levelStats
+	publishing bool
+	sec        Hist // this second's latencies, for the live p99
+	secStart   int64
+	epochSeen  uint64
+	snap       chan *levelStats
+	verify     atomic.Bool
+
+	liveSent, liveRecv, liveErrs                        atomic.Uint64
+	liveP99                                             atomic.Int64
+	iter                                                atomic.Uint64
+	liveWinSent, liveWinAcked, liveWinExp, liveWinDel   atomic.Uint64
+	winSent, winAcked, winExp, winDel, sent, recv, nerr uint64
+	textFrames                                          uint64
+}
+
+func newLoop(e *engine, seed uint64) (*loop, error) {
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create epoll: %w", err)
+	}
+	return &loop{e: e, epfd: fd, events: make([]unix.EpollEvent, 512), buf: make([]byte, readBufSize),
+		conns: map[int]*conn{}, rng: seed | 1, st: newLevelStats(), snap: make(chan *levelStats, 1)}, nil
+}
+
+func (l *loop) add(c *conn) {
+	l.mu.Lock()
+	l.incoming = append(l.incoming, c)
+	l.mu.Unlock()
+}
+
+func (l *loop) rand() uint64 {
+	l.rng ^= l.rng << 13
+	l.rng ^= l.rng >> 7
+	l.rng ^= l.rng << 17
+	return l.rng
+}
+
+func (l *loop) mask() [4]byte {
+	v := uint32(l.rand())
+	return [4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)}
+}
+
+func (l *loop) run() {
+	defer l.e.wg.Done()
+	for !l.e.stop.Load() {
+		l.takeIncoming()
+		// publishers need the tick; a loop of receivers only wakes for
+		// their bytes, and for hand-overs within 10 ms
+		timeout := 10 * loopTick
+		if len(l.pubs) > 0 && l.e.pubOn.Load() {
+			timeout = loopTick
+		}
+		n, err := unix.EpollWait(l.epfd, l.events, int(timeout/time.Millisecond))
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			// only a bad descriptor or argument gets here
+			panic("BUG: epoll_wait: " + err.Error())
+		}
+		for i := 0; i < n; i++ {
+			ev := l.events[i]
+			c := l.conns[int(ev.Fd)]
+			if c == nil {
+				continue
+			}
+			// one clock read per read(2), not per loop wake-up: draining
+			// hundreds of sockets takes long enough to skew the latency of
+			// the last ones; vDSO time costs ~2% of the read
+			l.handle(c, ev.Events, time.Now().UnixNano())
+		}
+		now := time.Now().UnixNano()
+		if l.e.pubOn.Load() {
+			l.publish(now)
+			l.publishing = true
+		} else if l.publishing {
+			l.publishing = false
+			l.owed()
+		}
+		l.flush()
+		l.publishLive(now)
+		l.iter.Add(1)
+		if ep := l.e.epoch.Load(); ep != l.epochSeen {
+			l.epochSeen = ep
+			l.handOver()
+		}
+	}
+}
+
+func (l *loop) takeIncoming() {
+	l.mu.Lock()
+	in := l.incoming
+	l.incoming = nil
+	l.mu.Unlock()
+	for _, c := range in {
+		l.conns[c.fd] = c
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP, Fd: int32(c.fd)}
+		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
+			l.abort(c, fmt.Errorf("cannot register with epoll: %w", err))
+		}
+	}
+}
+
+// abort fails a connection that never became ready.
+func (l *loop) abort(c *conn, err error) {
+	if c.state == stClosed {
+		return
+	}
+	wasReady := c.state == stReady
+	l.drop(c)
+	if !wasReady {
+		<-l.e.sem
+		l.e.fail(err)
+	}
+}
+
+func (l *loop) drop(c *conn) {
+	c.state = stClosed
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
+	unix.Close(c.fd)
+	delete(l.conns, c.fd)
+	c.in, c.out = nil, nil
+}
+
+// closed records a ready connection the node closed.
+func (l *loop) closed(c *conn, code int) {
+	if c.state != stReady {
+		l.abort(c, fmt.Errorf("connection closed during handshake (code %d)", code))
+		return
+	}
+	l.st.Closes[code]++
+	l.nerr++
+	l.drop(c)
+}
+
+func (l *loop) becameReady(c *conn) {
+	c.state = stReady
+	if c.spec.publish {
+		c.inflight = make([]sendSlot, 16)
+		c.tokens = float64(l.rand()%1000) / 1000 // spread the first sends
+		l.pubs = append(l.pubs, c)
+	}
+	<-l.e.sem
+	l.e.ready.Add(1)
+}
+
+func (l *loop) handle(c *conn, events uint32, now int64) {
+	if c.state == stConnecting {
+		if events&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
+			return
+		}
+		if v, err := unix.GetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || v != 0 {
+			if err == nil {
+				err = unix.Errno(v)
+			}
+			l.abort(c, fmt.Errorf("cannot connect to %s: %w", l.e.targets[c.spec.target].host, err))
+			return
+		}
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(c.fd)}
+		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, c.fd, &ev)
+		t := &l.e.targets[c.spec.target]
+		c.out = appendUpgrade(c.out, t.host, t.pathQuery+"user="+c.spec.user+"&app="+l.e.app)
+		c.state = stUpgrading
+		l.markDirty(c)
+		return
+	}
+	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) == 0 {
+		return
+	}
+	n := copy(l.buf, c.in)
+	r, err := unix.Read(c.fd, l.buf[n:])
+	if err != nil {
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			return
+		}
+		l.closed(c, 1006)
+		return
+	}
+	if r == 0 {
+		l.closed(c, 1006)
+		return
+	}
+	b := l.buf[:n+r]
+	if c.state == stUpgrading {
+		hn, ok := parseUpgradeResponse(b)
+		if hn == 0 {
+			c.in = append(c.in[:0], b...)
+			return
+		}
+		if !ok {
+			line := b[:hn]
+			if i := indexCRLF(line); i >= 0 {
+				line = line[:i]
+			}
+			l.abort(c, fmt.Errorf("upgrade refused: %q", line))
+			return
+		}
+		b = b[hn:]
+		if c.spec.join {
+			c.out = append(c.out, joinFrame(c.room, l.mask())...)
+			l.markDirty(c)
+			c.state = stJoining
+		} else {
+			l.becameReady(c)
+		}
+	}
+	rest := l.frames(c, b, now)
+	if c.state == stClosed {
+		return
+	}
+	if len(rest) > len(l.buf)/2 {
+		l.closed(c, 1009)
+		return
+	}
+	c.in = append(c.in[:0], rest...)
+}
+
+func indexCRLF(b []byte) int {
+	for i := 0; i+1 < len(b); i++ {
+		if b[i] == '\r' && b[i+1] == '\n' {
+			return i
+		}
+	}
+	return -1
+}
+
+func joinFrame(room []byte, mask [4]byte) []byte {
+	p := make([]byte, 0, 32+len(room))
+	p = append(p, `{"op":"join","room":"`...)
+	p = append(p, room...)
+	p = append(p, `"}`...)
+	return proto.AppendClientFrame(nil, ws.OpText, mask, p)
+}
+
+// frames handles every whole frame in b and returns the incomplete tail.
+// This is the receive path: no allocation, one decode per frame, the
+// payload read in place.
+func (l *loop) frames(c *conn, b []byte, now int64) []byte {
+	var f proto.ServerFrame
+	for len(b) > 0 {
+		h, hn, err := proto.ParseFrameHeader(b)
+		if err != nil || h.Masked {
+			l.st.Errors["bad_frame"]++
+			l.closed(c, 1002)
+			return nil
+		}
+		if hn == 0 || int64(len(b)-hn) < h.Length {
+			return b
+		}
+		payload := b[hn : hn+int(h.Length)]
+		b = b[hn+int(h.Length):]
+		switch h.OpCode {
+		case ws.OpText:
+			l.textFrames++
+			if !h.Fin {
+				// the protocol has the node send whole frames only
+				l.st.Errors["fragmented"]++
+				l.nerr++
+				continue
+			}
+			if seq, stamp, ok := msgFast(payload); ok {
+				l.onMsg(c, seq, stamp, now)
+				continue
+			}
+			if err := proto.DecodeServer(payload, &f); err != nil {
+				l.st.Errors["undecodable"]++
+				l.nerr++
+				continue
+			}
+			l.onFrame(c, &f, now)
+		case ws.OpPing:
+			c.out = proto.AppendClientFrame(c.out, ws.OpPong, l.mask(), payload)
+			l.markDirty(c)
+		case ws.OpClose:
+			code := 1005
+			if len(payload) >= 2 {
+				code = int(payload[0])<<8 | int(payload[1])
+			}
+			l.closed(c, code)
+			return nil
+		case ws.OpPong:
+		default:
+			l.st.Errors["unexpected_opcode"]++
+			l.nerr++
+		}
+		if c.state == stClosed {
+			return nil
+		}
+	}
+	return b
+}
+
+func (l *loop) inWindow(t int64) bool {
+	return t >= l.e.winStart.Load() && t < l.e.winEnd.Load()
+}
+
+// onMsg counts one received msg: its seq in order, its latency when it was
+// published in the window.
+func (l *loop) onMsg(c *conn, seq uint64, stamp int64, now int64) {
+	c.ck.Observe(seq)
+	l.recv++
+	if l.inWindow(now) {
+		l.st.RecvFrames++
+	}
+	if stamp != 0 && l.inWindow(stamp) {
+		l.st.Delivered++
+		l.winDel++
+		l.st.Lat.Record(now - stamp)
+		l.sec.Record(now - stamp)
+	}
+}
+
+func (l *loop) onFrame(c *conn, f *proto.ServerFrame, now int64) {
+	switch string(f.Op) {
+	case "msg":
+		l.onMsg(c, f.Seq, bodyStamp(f.Body), now)
+	case "ack":
+		id, ok := parseUint(f.ID)
+		if !ok {
+			l.st.Errors["foreign_ack"]++
+			return
+		}
+		if f.Seq > c.ackMax {
+			c.ackMax = f.Seq
+		}
+		s := &c.inflight[id&uint64(len(c.inflight)-1)]
+		if s.id != id {
+			return
+		}
+		s.id = 0
+		if l.inWindow(s.t) {
+			l.st.Acked++
+			l.winAcked++
+			l.st.AckLat.Record(now - s.t)
+		}
+	case "joined":
+		if c.state == stJoining {
+			c.ck.Start(f.Seq)
+			l.becameReady(c)
+		}
+	case "err":
+		l.st.Errors[string(f.Code)]++
+		l.nerr++
+		if c.state == stJoining {
+			l.abort(c, fmt.Errorf("join refused: %s", f.Code))
+		}
+	case "pong", "left":
+	default:
+		l.st.Errors["unexpected_op"]++
+		l.nerr++
+	}
+}
+
+// publish runs every publisher's token bucket: the rate holds on average
+// without a timer or sleep per message. A publisher delayed by a scheduling
+// stall catches up (its messages carry their real send time, so latency
+// stays honest), but one behind by more than half a second of messages
+// reports the excess as bench_dropped: the bench, not the node, fell behind.
+func (l *loop) publish(now int64) {
+	rate := math.Float64frombits(l.e.rateBits.Load())
+	if rate <= 0 {
+		return
+	}
+	if now >= l.e.winEnd.Load() {
+		// nothing after the window: every publish is in it or long acked
+		// when the level drains
+		return
+	}
+	burst := math.Max(2, rate*0.5)
+	perNs := rate / 1e9
+	inWin := l.inWindow(now)
+	for _, c := range l.pubs {
+		if c.state != stReady {
+			continue
+		}
+		if c.lastFill == 0 {
+			c.lastFill = now
+		}
+		c.tokens += float64(now-c.lastFill) * perNs
+		c.lastFill = now
+		if c.tokens > burst+1 {
+			if inWin {
+				l.st.BenchDropped += uint64(c.tokens - burst)
+			}
+			c.tokens = burst
+		}
+		if c.tokens < 1 {
+			continue
+		}
+		if len(c.out) > maxOutBuffer {
+			if inWin {
+				l.st.BenchDropped += uint64(c.tokens)
+			}
+			c.tokens = 0
+			continue
+		}
+		for c.tokens >= 1 {
+			c.tokens--
+			l.appendPub(c, now)
+			if inWin {
+				l.st.Sent++
+				l.winSent++
+				l.st.Expected += uint64(c.spec.receivers)
+				l.winExp += uint64(c.spec.receivers)
+			}
+			l.sent++
+		}
+		l.markDirty(c)
+	}
+}
+
+// owed counts, when publishing stops, what each publisher's bucket had
+// earned by the end of the window but never sent because this loop was
+// not scheduled in time: the bench's shortfall, not the node's.
+func (l *loop) owed() {
+	rate := math.Float64frombits(l.e.rateBits.Load())
+	end := l.e.winEnd.Load()
+	for _, c := range l.pubs {
+		if c.state != stReady || c.lastFill == 0 {
+			continue
+		}
+		if c.lastFill < end {
+			c.tokens += float64(end-c.lastFill) * rate / 1e9
+		}
+		if c.tokens >= 1 {
+			l.st.BenchDropped += uint64(c.tokens)
+		}
+		c.tokens, c.lastFill = 0, 0
+	}
+}
+
+// appendPub appends one pub frame whose body is {"t":NOW,"p":"xx…"} padded
+// to the configured size, and remembers its send time for the ack.
+func (l *loop) appendPub(c *conn, now int64) {
+	c.nextID++
+	id := c.nextID
+	slot := &c.inflight[id&uint64(len(c.inflight)-1)]
+	if slot.id != 0 && len(c.inflight) < 1<<16 {
+		c.growInflight()
+		slot = &c.inflight[id&uint64(len(c.inflight)-1)]
+	}
+	*slot = sendSlot{id: id, t: now}
+
+	size := l.e.sizeFn(&l.rng)
+	var num [20]byte
+	ids := strconv.AppendUint(num[:0], id, 10)
+	var tsb [20]byte
+	ts := strconv.AppendInt(tsb[:0], now, 10)
+	const pre, mid, bodyPre, bodyMid, end = `{"op":"pub","room":"`, `","id":"`, `","body":{"t":`, `,"p":"`, `"}}`
+	pad := size - (len(`{"t":`) + len(ts) + len(bodyMid) + len(`"}`))
+	if pad < 0 {
+		pad = 0
+	}
+	p := l.scratch[:0]
+	p = append(p, pre...)
+	p = append(p, c.room...)
+	p = append(p, mid...)
+	p = append(p, ids...)
+	p = append(p, bodyPre...)
+	p = append(p, ts...)
+	p = append(p, bodyMid...)
+	for i := 0; i < pad; i++ {
+		p = append(p, 'x')
+	}
+	p = append(p, end...)
+	l.scratch = p
+	c.out = proto.AppendClientFrame(c.out, ws.OpText, l.mask(), p)
+}
+
+func (c *conn) growInflight() {
+	old := c.inflight
+	c.inflight = make([]sendSlot, 2*len(old))
+	for _, s := range old {
+		if s.id != 0 {
+			c.inflight[s.id&uint64(len(c.inflight)-1)] = s
+		}
+	}
+}
+
+// flush writes each dirty connection's pending frames with one write.
+func (l *loop) flush() {
+	keep := l.dirty[:0]
+	for _, c := range l.dirty {
+		c.dirty = false
+		if c.state == stClosed || c.state == stConnecting || len(c.out) == 0 {
+			continue
+		}
+		n, err := unix.Write(c.fd, c.out)
+		if err != nil {
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				c.dirty = true
+				keep = append(keep, c)
+				continue
+			}
+			l.closed(c, 1006)
+			continue
+		}
+		if n < len(c.out) {
+			c.out = c.out[:copy(c.out, c.out[n:])]
+			c.dirty = true
+			keep = append(keep, c)
+			continue
+		}
+		c.out = c.out[:0]
+	}
+	l.dirty = keep
+}
+
+// markDirty lists c for the next flush, once however many frames it queued.
+func (l *loop) markDirty(c *conn) {
+	if !c.dirty {
+		c.dirty = true
+		l.dirty = append(l.dirty, c)
+	}
+}
+
+func (l *loop) publishLive(now int64) {
+	l.liveSent.Store(l.sent)
+	l.liveRecv.Store(l.recv)
+	l.liveErrs.Store(l.nerr)
+	l.liveWinSent.Store(l.winSent)
+	l.liveWinAcked.Store(l.winAcked)
+	l.liveWinExp.Store(l.winExp)
+	l.liveWinDel.Store(l.winDel)
+	if now-l.secStart >= int64(time.Second) {
+		l.liveP99.Store(int64(l.sec.Quantile(0.99)))
+		l.sec.Reset()
+		l.secStart = now
+	}
+}
+
+// handOver gives the finished level's stats to snapshot.
+func (l *loop) handOver() {
+	st := l.st
+	st.TotalSent, st.TotalFrames = l.sent, l.textFrames
+	for _, c := range l.conns {
+		if c.state != stReady {
+			continue
+		}
+		st.Gaps += c.ck.Gaps
+		st.Missing += c.ck.Missing
+		st.Duplicates += c.ck.Duplicates
+		st.Reordered += c.ck.Reordered
+		if !l.verify.Load() || c.spec.room < 0 {
+			continue
+		}
+		if c.spec.publish && c.ackMax > 0 {
+			if st.AckMax == nil {
+				st.AckMax = map[int32]uint64{}
+			}
+			if c.ackMax > st.AckMax[c.spec.room] {
+				st.AckMax[c.spec.room] = c.ackMax
+			}
+		}
+		if c.spec.join {
+			if st.LastMin == nil {
+				st.LastMin = map[int32]uint64{}
+			}
+			if cur, ok := st.LastMin[c.spec.room]; !ok || c.ck.Last() < cur {
+				st.LastMin[c.spec.room] = c.ck.Last()
+			}
+		}
+	}
+	l.st = newLevelStats()
+	l.winSent, l.winAcked, l.winExp, l.winDel = 0, 0, 0, 0
+	l.snap <- st
+}
+
+func (l *loop) closeAll() {
+	for _, c := range l.conns {
+		unix.Close(c.fd)
+	}
+	l.mu.Lock()
+	for _, c := range l.incoming {
+		unix.Close(c.fd)
+	}
+	l.incoming = nil
+	l.mu.Unlock()
+	l.conns = nil
+	unix.Close(l.epfd)
+}

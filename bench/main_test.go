@@ -1,0 +1,17 @@
+package bench
+
+import (
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	// --procs re-executes the running binary as a worker: in tests that is
+	// this test binary, invoked as `<bin> bench __worker ...`.
+	if os.Getenv(WorkerEnv) == "1" && len(os.Args) > 2 && os.Args[1] == "bench" {
+		os.Exit(Main(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	code := m.Run()
+	stopNodeBuild()
+	os.Exit(code)
+}

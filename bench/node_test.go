@@ -1,0 +1,308 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The scenario tests run the real node: the roost binary built once from
+// this module, started per test on free loopback ports.
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	nodeBin   string
+	buildErr  error
+)
+
+func nodeBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "roost-bench-test-")
+		if buildErr != nil {
+			return
+		}
+		nodeBin = filepath.Join(buildDir, "roost")
+		out, err := exec.Command("go", "build", "-o", nodeBin, "github.com/roost-chat/roost").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("cannot build the node: %v\n%s", err, out)
+			return
+		}
+		if out, err := exec.Command(nodeBin, "serve", "--help").CombinedOutput(); err != nil && !bytes.Contains(out, []byte("listen")) {
+			buildErr = fmt.Errorf("the built binary has no serve command: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(buildErr)
+		}
+		t.Skip(buildErr)
+	}
+	return nodeBin
+}
+
+func stopNodeBuild() {
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+type testNode struct {
+	url   string
+	pid   int
+	admin string
+}
+
+// metric reads one counter from the node's /metrics.
+func (n testNode) metric(t *testing.T, name string) uint64 {
+	t.Helper()
+	resp, err := http.Get("http://" + n.admin + "/metrics")
+	if err != nil {
+		t.Fatalf("cannot read node metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == name {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", name, err)
+			}
+			return uint64(v)
+		}
+	}
+	t.Fatalf("node has no metric %s", name)
+	return 0
+}
+
+// checkNodeCounters compares the bench's totals with the node's own: every
+// publish the bench sent was stored and acked, and every frame the node
+// wrote was received.
+func checkNodeCounters(t *testing.T, n testNode, rep *Report) {
+	t.Helper()
+	if got := n.metric(t, "roost_publishes_total"); got != rep.TotalSent {
+		t.Errorf("node stored %d publishes, bench sent %d", got, rep.TotalSent)
+	}
+	if got := n.metric(t, "roost_acks_total"); got != rep.TotalSent {
+		t.Errorf("node acked %d publishes, bench sent %d", got, rep.TotalSent)
+	}
+	if got := n.metric(t, "roost_frames_out_total"); got != rep.TotalFrames {
+		t.Errorf("node sent %d frames, bench received %d", got, rep.TotalFrames)
+	}
+}
+
+// startNode runs `roost serve --insecure` and waits until it accepts.
+func startNode(t *testing.T, extra ...string) testNode {
+	t.Helper()
+	bin := nodeBinary(t)
+	port, admin := freePort(t), freePort(t)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	args := append([]string{"serve", "--insecure", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin)}, extra...)
+	cmd := exec.Command(bin, args...)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("node output:\n%s", logs.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("node exited: %s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node not listening on %s: %v\n%s", addr, err, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return testNode{url: "ws://" + addr + "/ws", pid: cmd.Process.Pid, admin: "127.0.0.1:" + strconv.Itoa(admin)}
+}
+
+// runBench runs one scenario in its short form and returns the report.
+func runBench(t *testing.T, args ...string) *Report {
+	t.Helper()
+	args = append(args, "--warmup=1s", "--duration=2s", "--json")
+	var out, errb bytes.Buffer
+	code := Main(args, &out, &errb)
+	if code != 0 {
+		t.Fatalf("roost bench %v: exit %d\n%s\n%s", args, code, errb.String(), out.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("cannot decode report: %v\n%s", err, out.String())
+	}
+	return &rep
+}
+
+// checkLevel asserts the exact counts a healthy node gives: every window
+// publish acked and delivered to each member, in order, nobody closed.
+func checkLevel(t *testing.T, r LevelResult, members uint64) {
+	t.Helper()
+	if r.Sent == 0 {
+		t.Fatalf("nothing sent: %+v", r)
+	}
+	if r.Acked != r.Sent {
+		t.Errorf("acked %d of %d sent", r.Acked, r.Sent)
+	}
+	if r.Expected != r.Sent*members {
+		t.Errorf("expected %d deliveries, want sent %d × %d members", r.Expected, r.Sent, members)
+	}
+	if r.Delivered != r.Expected {
+		t.Errorf("delivered %d of %d", r.Delivered, r.Expected)
+	}
+	if r.Latency.Count != r.Delivered || r.AckLatency.Count != r.Acked {
+		t.Errorf("latency counts %d/%d, ack %d/%d", r.Latency.Count, r.Delivered, r.AckLatency.Count, r.Acked)
+	}
+	if r.Gaps+r.Duplicates+r.Reordered+r.Missing != 0 || r.AckedNotReceived != 0 {
+		t.Errorf("sequence errors: %+v", r)
+	}
+	if len(r.Closes) != 0 || len(r.Errors) != 0 {
+		t.Errorf("closes %v errors %v", r.Closes, r.Errors)
+	}
+	if r.RecvFrames == 0 || r.BenchUsPerFrame <= 0 {
+		t.Errorf("no frames or no bench CPU: %+v", r)
+	}
+	// the window owes offered × 2 s publishes: sent, or counted as the
+	// bench's own lateness when this shared machine did not schedule it
+	if want := r.Offered * r.Window; math.Abs(float64(r.Sent+r.BenchDropped)-want) > 0.02*want+float64(r.Offered)/50+2 {
+		t.Errorf("sent %d + late %d in the window, offered %.0f", r.Sent, r.BenchDropped, want)
+	}
+}
+
+func TestDelivery(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "delivery", "--url", n.url, "--members=40", "--publishers=5", "--rate=200",
+		"--pid", strconv.Itoa(n.pid))
+	if rep.Connections != 45 || len(rep.Levels) != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	r := rep.Levels[0]
+	checkLevel(t, r, 45)
+	if !r.Sustained {
+		t.Errorf("not sustained: %s", r.Broken)
+	}
+	if r.NodeCPU <= 0 || r.NodeUsPerFrame <= 0 || r.NodeUsPerPublish <= 0 {
+		t.Errorf("no node CPU figures: %+v", r)
+	}
+	checkNodeCounters(t, n, rep)
+}
+
+func TestPublishTwoNodesURLs(t *testing.T) {
+	n := startNode(t)
+	// the same node twice in --url still exercises the round-robin split
+	rep := runBench(t, "publish", "--url", n.url+","+n.url, "--rooms=50", "--rate=200")
+	checkLevel(t, rep.Levels[0], 1)
+	checkNodeCounters(t, n, rep)
+}
+
+func TestHotroom(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "hotroom", "--url", n.url, "--publishers=200", "--members=5", "--rate=400")
+	checkLevel(t, rep.Levels[0], 5)
+	checkNodeCounters(t, n, rep)
+}
+
+func TestMixed(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "mixed", "--url", n.url, "--users=400", "--active=0.25", "--interval=1s", "--room-size=20")
+	if rep.Publishers != 100 {
+		t.Fatalf("publishers %d", rep.Publishers)
+	}
+	r := rep.Levels[0]
+	if r.Delivered != r.Expected || r.Acked != r.Sent || r.Sent == 0 || r.Expected != r.Sent*20 {
+		t.Fatalf("mixed counts: %+v", r)
+	}
+	checkNodeCounters(t, n, rep)
+}
+
+func TestSoak(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "soak", "--url", n.url, "--rooms=3", "--members=5", "--publishers=2", "--rate=150")
+	checkLevel(t, rep.Levels[0], 7)
+	checkNodeCounters(t, n, rep)
+}
+
+func TestDensity(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "density", "--url", n.url, "--conns=500", "--rooms=10", "--hold=500ms", "--pid", strconv.Itoa(n.pid))
+	if rep.Connections != 500 || rep.RSSAfter <= 0 || rep.KiBPerConn == 0 {
+		t.Fatalf("density report %+v", rep)
+	}
+	if len(rep.ClosesHolding) != 0 {
+		t.Fatalf("closes while holding: %v", rep.ClosesHolding)
+	}
+	checkNodeCounters(t, n, rep) // 500 joined frames, no publishes
+}
+
+func TestStepAndPlot(t *testing.T) {
+	n := startNode(t)
+	plot := filepath.Join(t.TempDir(), "step.svg")
+	rep := runBench(t, "delivery", "--url", n.url, "--members=10", "--publishers=2", "--step",
+		"--step-start=100", "--step-add=100", "--step-max=300", "--warmup=500ms", "--plot", plot)
+	if len(rep.Levels) != 3 || rep.HighestSustained != 300 {
+		t.Fatalf("levels %d highest %v: %+v", len(rep.Levels), rep.HighestSustained, rep.Levels)
+	}
+	for _, r := range rep.Levels {
+		checkLevel(t, r, 12)
+	}
+	svg, err := os.ReadFile(plot)
+	if err != nil || !bytes.Contains(svg, []byte("<svg")) {
+		t.Fatalf("plot: %v", err)
+	}
+}
+
+func TestProcsMergeWorkers(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "delivery", "--url", n.url, "--members=30", "--publishers=4", "--rate=200", "--procs=2",
+		"--src=127.0.0.2,127.0.0.3")
+	if rep.Procs != 2 {
+		t.Fatalf("procs %d", rep.Procs)
+	}
+	checkLevel(t, rep.Levels[0], 34)
+	checkNodeCounters(t, n, rep)
+}

@@ -1,0 +1,336 @@
+package bench
+
+import (
+	"flag"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// params holds every flag of every scenario; each scenario registers the
+// ones it reads, with its own defaults.
+type params struct {
+	scenario string
+
+	urls, srcs     string
+	app            string
+	warmup         time.Duration
+	duration       time.Duration
+	drain          time.Duration
+	hold           time.Duration
+	connectTimeout time.Duration
+	pid            int
+	pg             bool
+	jsonOut        bool
+	plot           string
+	procs          int
+	loops          int
+	dialConc       int
+	cpuProfile     string
+
+	step       bool
+	stepStart  float64
+	stepFactor float64
+	stepAdd    float64
+	stepMax    float64
+
+	members, publishers, rooms, conns, users, roomSize int
+	rate                                               float64
+	size, longSize                                     int
+	longShare, active                                  float64
+	interval                                           time.Duration
+	pubJoin                                            bool
+
+	// set by the parent for worker processes
+	workerIndex, workerCount int
+	runID                    string
+}
+
+// scenario is one `roost bench` subcommand.
+type scenario struct {
+	name    string
+	summary string
+	flags   func(fs *flag.FlagSet, p *params)
+}
+
+var scenarios = []scenario{
+	{"delivery", "fan-out in one room: --members receivers plus --publishers publishing into it", func(fs *flag.FlagSet, p *params) {
+		fs.IntVar(&p.members, "members", 300, "receivers joined to the room")
+		fs.IntVar(&p.publishers, "publishers", 30, "publishers (joined too unless --publishers-join=false)")
+		fs.BoolVar(&p.pubJoin, "publishers-join", true, "publishers are members of the room and receive as well")
+		fs.Float64Var(&p.rate, "rate", 1000, "publishes per second, all publishers together")
+		fs.IntVar(&p.size, "size", 100, "body size in bytes")
+	}},
+	{"publish", "the store-bound test: --rooms rooms of one publisher and one receiver (on different nodes when several --url)", func(fs *flag.FlagSet, p *params) {
+		fs.IntVar(&p.rooms, "rooms", 1000, "rooms, each with one publisher and one receiver")
+		fs.Float64Var(&p.rate, "rate", 1000, "publishes per second, all rooms together")
+		fs.IntVar(&p.size, "size", 100, "body size in bytes")
+	}},
+	{"hotroom", "many publishers into one room", func(fs *flag.FlagSet, p *params) {
+		fs.IntVar(&p.publishers, "publishers", 1000, "publishers into the room")
+		fs.IntVar(&p.members, "members", 10, "receivers joined to the room")
+		fs.BoolVar(&p.pubJoin, "publishers-join", false, "publishers are members of the room and receive as well")
+		fs.Float64Var(&p.rate, "rate", 5000, "publishes per second, all publishers together")
+		fs.IntVar(&p.size, "size", 100, "body size in bytes")
+	}},
+	{"density", "--conns idle connections, each joined to one of --rooms rooms; node RSS per connection with --pid", func(fs *flag.FlagSet, p *params) {
+		fs.IntVar(&p.conns, "conns", 15000, "connections")
+		fs.IntVar(&p.rooms, "rooms", 100, "rooms the connections join, round-robin")
+		fs.DurationVar(&p.hold, "hold", 10*time.Second, "how long to hold the connections after the last joined")
+	}},
+	{"mixed", "the chat pattern: --active share of --users each sending every --interval, 90% short and 10% long bodies", func(fs *flag.FlagSet, p *params) {
+		fs.IntVar(&p.users, "users", 10000, "users, one connection each (100,000 needs --procs and --src)")
+		fs.Float64Var(&p.active, "active", 0.1, "share of users that publish")
+		fs.DurationVar(&p.interval, "interval", 3*time.Second, "time between two messages of an active user")
+		fs.IntVar(&p.roomSize, "room-size", 50, "users per room")
+		fs.IntVar(&p.size, "short", 100, "short body size in bytes")
+		fs.IntVar(&p.longSize, "long", 2048, "long body size in bytes")
+		fs.Float64Var(&p.longShare, "long-share", 0.1, "share of long messages")
+	}},
+	{"soak", "a fixed load for a long time, checking every seq for gaps and duplicates and every ack against receipts", func(fs *flag.FlagSet, p *params) {
+		fs.IntVar(&p.rooms, "rooms", 10, "rooms")
+		fs.IntVar(&p.members, "members", 30, "receivers per room")
+		fs.IntVar(&p.publishers, "publishers", 3, "publishers per room (joined too)")
+		fs.Float64Var(&p.rate, "rate", 300, "publishes per second, all rooms together")
+		fs.IntVar(&p.size, "size", 100, "body size in bytes")
+	}},
+}
+
+func findScenario(name string) *scenario {
+	for i := range scenarios {
+		if scenarios[i].name == name {
+			return &scenarios[i]
+		}
+	}
+	return nil
+}
+
+// newFlagSet builds the flag set of one scenario.
+func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
+	fs := flag.NewFlagSet("roost bench "+sc.name, flag.ContinueOnError)
+	p.scenario = sc.name
+	fs.StringVar(&p.urls, "url", "ws://127.0.0.1:8080/ws", "node URLs, comma-separated; connections go round-robin")
+	fs.StringVar(&p.srcs, "src", "", "source addresses to bind, comma-separated (127.0.0.2,127.0.0.3,…); connections go round-robin")
+	fs.StringVar(&p.app, "app", "bench", "app id of every connection (insecure mode)")
+	fs.DurationVar(&p.warmup, "warmup", 5*time.Second, "warm-up before each measurement window")
+	defDur := 20 * time.Second
+	if sc.name == "soak" {
+		defDur = 15 * time.Minute
+	}
+	fs.DurationVar(&p.duration, "duration", defDur, "measurement window")
+	fs.DurationVar(&p.drain, "drain", 2*time.Second, "longest wait after the window for acks and deliveries")
+	fs.DurationVar(&p.connectTimeout, "connect-timeout", 2*time.Minute, "longest wait for every connection to be joined")
+	fs.IntVar(&p.pid, "pid", 0, "node PID: report its CPU per frame and publish (and RSS for density)")
+	fs.BoolVar(&p.pg, "pg", false, "report the CPU of all processes named postgres")
+	fs.BoolVar(&p.jsonOut, "json", false, "print the report as JSON")
+	fs.StringVar(&p.plot, "plot", "", "write latency against offered rate of a --step run to this SVG file")
+	fs.IntVar(&p.procs, "procs", 1, "worker processes sharing the connections (each holds under 20,000 open files)")
+	fs.IntVar(&p.loops, "loops", runtime.NumCPU(), "event loops per process (default: the CPUs this process may run on)")
+	fs.IntVar(&p.dialConc, "dial-concurrency", 256, "handshakes in flight per process")
+	fs.StringVar(&p.cpuProfile, "cpuprofile", "", "write the bench's own CPU profile to this file")
+	fs.BoolVar(&p.step, "step", false, "raise the rate level by level until the sustained rule breaks")
+	fs.Float64Var(&p.stepStart, "step-start", 0, "first level in publishes/s (default: --rate)")
+	fs.Float64Var(&p.stepFactor, "step-factor", 1.25, "each level multiplies the rate by this")
+	fs.Float64Var(&p.stepAdd, "step-add", 0, "each level adds this to the rate instead of multiplying")
+	fs.Float64Var(&p.stepMax, "step-max", 1e6, "highest level tried")
+	sc.flags(fs, p)
+	// worker-only flags, set by the parent
+	fs.IntVar(&p.workerIndex, "worker-index", 0, "internal")
+	fs.IntVar(&p.workerCount, "worker-count", 1, "internal")
+	fs.StringVar(&p.runID, "run-id", "", "internal")
+	return fs
+}
+
+// errUsage marks a bad flag value; Main answers it with exit code 2.
+type errUsage struct{ msg string }
+
+func (e errUsage) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return errUsage{fmt.Sprintf(format, a...)} }
+
+func (p *params) validate() error {
+	switch {
+	case p.warmup < 0 || p.drain < 0 || p.hold < 0:
+		return usagef("--warmup, --drain and --hold must not be negative")
+	case p.duration <= 0 && p.scenario != "density":
+		return usagef("--duration must be positive")
+	case p.procs < 1 || p.procs > 64:
+		return usagef("--procs must be 1..64")
+	case p.loops < 1 || p.loops > 256:
+		return usagef("--loops must be 1..256")
+	case p.dialConc < 1:
+		return usagef("--dial-concurrency must be positive")
+	case p.rate < 0:
+		return usagef("--rate must not be negative")
+	case p.size < 0 || p.longSize < 0 || p.size > 60000 || p.longSize > 60000:
+		return usagef("body sizes must be 0..60000 bytes")
+	case p.step && p.scenario == "density":
+		return usagef("--step does not apply to density")
+	case p.step && (p.stepAdd < 0 || (p.stepAdd == 0 && p.stepFactor <= 1)):
+		return usagef("--step needs --step-factor > 1 or --step-add > 0")
+	case p.workerCount < 1 || p.workerIndex < 0 || p.workerIndex >= p.workerCount:
+		return usagef("bad worker index")
+	}
+	switch p.scenario {
+	case "delivery", "hotroom":
+		if p.members < 0 || p.publishers < 1 {
+			return usagef("--members must be >= 0 and --publishers >= 1")
+		}
+	case "publish", "density":
+		if p.rooms < 1 {
+			return usagef("--rooms must be positive")
+		}
+		if p.scenario == "density" && p.conns < 1 {
+			return usagef("--conns must be positive")
+		}
+	case "mixed":
+		if p.users < 1 || p.roomSize < 1 || p.active <= 0 || p.active > 1 || p.interval <= 0 || p.longShare < 0 || p.longShare > 1 {
+			return usagef("mixed needs --users >= 1, --room-size >= 1, 0 < --active <= 1, --interval > 0, 0 <= --long-share <= 1")
+		}
+	case "soak":
+		if p.rooms < 1 || p.members < 0 || p.publishers < 1 {
+			return usagef("soak needs --rooms >= 1, --members >= 0, --publishers >= 1")
+		}
+	}
+	return nil
+}
+
+// plan is the whole run: every connection of every process, so that each
+// worker derives the same plan and takes its share.
+type plan struct {
+	specs      []*connSpec
+	rooms      []string
+	publishers int
+	rate       float64 // total publishes/s at the base level
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (p *params) buildPlan(ntargets, nsrcs int) *plan {
+	pl := &plan{}
+	room := func(i int) int32 {
+		for len(pl.rooms) <= i {
+			pl.rooms = append(pl.rooms, p.runID+"-r"+strconv.Itoa(len(pl.rooms)))
+		}
+		return int32(i)
+	}
+	add := func(s connSpec) *connSpec {
+		i := len(pl.specs)
+		s.user = "u" + strconv.Itoa(i)
+		if ntargets > 0 && s.target < 0 {
+			s.target = i % ntargets
+		}
+		s.src = -1
+		if nsrcs > 0 {
+			s.src = i % nsrcs
+		}
+		if s.publish {
+			pl.publishers++
+		}
+		sp := &s
+		pl.specs = append(pl.specs, sp)
+		return sp
+	}
+	oneRoom := func(r int32, members, pubs int, pubJoin bool) {
+		var ps []*connSpec
+		for i := 0; i < members; i++ {
+			add(connSpec{target: -1, room: r, join: true})
+		}
+		for i := 0; i < pubs; i++ {
+			ps = append(ps, add(connSpec{target: -1, room: r, join: pubJoin, publish: true}))
+		}
+		recv := members
+		if pubJoin {
+			recv += pubs
+		}
+		for _, s := range ps {
+			s.receivers = recv
+		}
+	}
+	switch p.scenario {
+	case "delivery", "hotroom":
+		oneRoom(room(0), p.members, p.publishers, p.pubJoin)
+		pl.rate = p.rate
+	case "soak":
+		for r := 0; r < p.rooms; r++ {
+			oneRoom(room(r), p.members, p.publishers, true)
+		}
+		pl.rate = p.rate
+	case "publish":
+		for r := 0; r < p.rooms; r++ {
+			rr := room(r)
+			// receiver first so that it is joined before the publisher sends
+			add(connSpec{target: (r + 1) % max(ntargets, 1), room: rr, join: true})
+			add(connSpec{target: r % max(ntargets, 1), room: rr, publish: true, receivers: 1})
+		}
+		pl.rate = p.rate
+	case "density":
+		for i := 0; i < p.conns; i++ {
+			add(connSpec{target: -1, room: room(i % p.rooms), join: true})
+		}
+	case "mixed":
+		nrooms := (p.users + p.roomSize - 1) / p.roomSize
+		every := int(1/p.active + 0.5)
+		if every < 1 {
+			every = 1
+		}
+		var ps []*connSpec
+		counts := make([]int, nrooms)
+		for i := 0; i < p.users; i++ {
+			r := i % nrooms
+			counts[r]++
+			s := add(connSpec{target: -1, room: room(r), join: true, publish: i%every == 0})
+			if s.publish {
+				ps = append(ps, s)
+			}
+		}
+		for _, s := range ps {
+			s.receivers = counts[s.room]
+		}
+		pl.rate = float64(pl.publishers) / p.interval.Seconds()
+	}
+	return pl
+}
+
+// share returns the specs worker index of count runs.
+func (pl *plan) share(index, count int) []*connSpec {
+	if count == 1 {
+		return pl.specs
+	}
+	var out []*connSpec
+	for i, s := range pl.specs {
+		if i%count == index {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// sizeFunc returns the body size chooser of the scenario.
+func (p *params) sizeFunc() func(*uint64) int {
+	if p.scenario != "mixed" {
+		size := p.size
+		return func(*uint64) int { return size }
+	}
+	short, long := p.size, p.longSize
+	threshold := uint64(p.longShare * 1e6)
+	return func(rng *uint64) int {
+		*rng ^= *rng << 13
+		*rng ^= *rng >> 7
+		*rng ^= *rng << 17
+		if *rng%1000000 < threshold {
+			return long
+		}
+		return short
+	}
+}

@@ -1,0 +1,138 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// clockTick is USER_HZ, the unit of /proc/PID/stat times: 100 on every
+// Linux architecture Go supports (sysconf(_SC_CLK_TCK) is fixed by the ABI).
+const clockTick = 10 * time.Millisecond
+
+// procCPU returns utime+stime of a process: all its threads, which is why
+// /proc/PID/schedstat (main thread only) is not used.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("cannot read CPU of pid %d: %w", pid, err)
+	}
+	return parseStatCPU(b)
+}
+
+func parseStatCPU(b []byte) (time.Duration, error) {
+	// comm may hold spaces and parentheses: fields start after the last ')'
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("cannot parse /proc stat: no comm")
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15
+	if len(f) < 13 {
+		return 0, fmt.Errorf("cannot parse /proc stat: %d fields", len(f))
+	}
+	ut, err1 := strconv.ParseUint(string(f[11]), 10, 64)
+	st, err2 := strconv.ParseUint(string(f[12]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("cannot parse /proc stat times")
+	}
+	return time.Duration(ut+st) * clockTick, nil
+}
+
+func statComm(b []byte) string {
+	i := bytes.IndexByte(b, '(')
+	j := bytes.LastIndexByte(b, ')')
+	if i < 0 || j < i {
+		return ""
+	}
+	return string(b[i+1 : j])
+}
+
+// procRSS returns VmRSS of a process in bytes.
+func procRSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, fmt.Errorf("cannot read RSS of pid %d: %w", pid, err)
+	}
+	return parseVmRSS(b)
+}
+
+func parseVmRSS(b []byte) (int64, error) {
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if !bytes.HasPrefix(line, []byte("VmRSS:")) {
+			continue
+		}
+		f := bytes.Fields(line[len("VmRSS:"):])
+		if len(f) < 1 {
+			break
+		}
+		kb, err := strconv.ParseInt(string(f[0]), 10, 64)
+		if err != nil {
+			break
+		}
+		return kb << 10, nil
+	}
+	return 0, fmt.Errorf("cannot find VmRSS")
+}
+
+// commCPU sums utime+stime of every process whose comm is name (PostgreSQL
+// runs one process per connection plus its background workers). Processes
+// that come and go during a window make this a lower bound.
+func commCPU(name string) (time.Duration, int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, 0, fmt.Errorf("cannot list /proc: %w", err)
+	}
+	var total time.Duration
+	n := 0
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil || statComm(b) != name {
+			continue
+		}
+		if d, err := parseStatCPU(b); err == nil {
+			total += d
+			n++
+		}
+	}
+	return total, n, nil
+}
+
+// selfCPU is this process's user+system CPU time so far.
+func selfCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// sampler reads the CPU of the node and PostgreSQL at window edges.
+type sampler struct {
+	pid int
+	pg  bool
+}
+
+type cpuSample struct {
+	node time.Duration
+	pg   time.Duration
+	err  error
+}
+
+func (s sampler) sample() cpuSample {
+	var c cpuSample
+	if s.pid > 0 {
+		c.node, c.err = procCPU(s.pid)
+	}
+	if s.pg && c.err == nil {
+		c.pg, _, c.err = commCPU("postgres")
+	}
+	return c
+}

@@ -1,0 +1,355 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// driver runs the plan's connections, in this process or in workers.
+type driver interface {
+	// connect opens and joins every connection of the run.
+	connect() error
+	// level publishes at perPublisher msgs/s for warm-up + window, then
+	// drains; at and after the window it calls mark(false) and mark(true).
+	// Every process times the level from start, so that the windows of all
+	// workers coincide and a publish and its receipts fall in the same one.
+	level(perPublisher float64, verify bool, start time.Time, mark func(end bool)) (*levelStats, time.Duration, error)
+	// snapshot returns what happened since the last level without running one.
+	snapshot() (*levelStats, error)
+	close()
+}
+
+// localDriver runs every connection of its share in this process.
+type localDriver struct {
+	p          *params
+	specs      []*connSpec
+	e          *engine
+	fixedDrain bool // workers: members of a room may live in other processes
+	progress   io.Writer
+	targets    []target
+	sources    []unix.SockaddrInet4
+	rooms      []string
+}
+
+func (d *localDriver) connect() error {
+	e, err := newEngine(d.targets, d.sources, d.rooms, d.p.app, d.p.loops, d.p.dialConc, d.p.sizeFunc())
+	if err != nil {
+		return err
+	}
+	d.e = e
+	return e.connect(d.specs, d.p.connectTimeout)
+}
+
+func (d *localDriver) level(rate float64, verify bool, start time.Time, mark func(bool)) (*levelStats, time.Duration, error) {
+	e := d.e
+	e.snapshot(false) // what happened before this level is not measured
+	time.Sleep(time.Until(start))
+	ws := start.Add(d.p.warmup)
+	we := ws.Add(d.p.duration)
+	e.winStart.Store(ws.UnixNano())
+	e.winEnd.Store(we.UnixNano())
+	e.setRate(rate)
+	e.pubOn.Store(true)
+
+	stopProgress := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if d.progress == nil {
+			return
+		}
+		d.showProgress(stopProgress, we)
+	}()
+
+	time.Sleep(time.Until(ws))
+	cpu0 := selfCPU()
+	if mark != nil {
+		mark(false)
+	}
+	time.Sleep(time.Until(we))
+	cpu1 := selfCPU()
+	if mark != nil {
+		mark(true)
+	}
+	e.pubOn.Store(false)
+	// a loop may be between sending and publishing its counters: the live
+	// counts mean something only once each loop has begun an iteration
+	// after publishing stopped
+	iters := e.iterations()
+	deadline := time.Now().Add(d.p.drain)
+	for time.Now().Before(deadline) {
+		if !d.fixedDrain && e.iteratedSince(iters) && e.liveDrained() {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stopProgress)
+	<-done
+	st := e.snapshot(verify)
+	return st, cpu1 - cpu0, nil
+}
+
+// showProgress rewrites one terminal line per second until stop.
+func (d *localDriver) showProgress(stop chan struct{}, end time.Time) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	prevSent, prevRecv, _, _ := d.e.live()
+	prev := time.Now()
+	for {
+		select {
+		case <-stop:
+			fmt.Fprint(d.progress, "\r\033[K")
+			return
+		case now := <-t.C:
+			sent, recv, errs, p99 := d.e.live()
+			dt := now.Sub(prev).Seconds()
+			left := time.Until(end).Round(time.Second)
+			if left < 0 {
+				left = 0
+			}
+			fmt.Fprintf(d.progress, "\r\033[K%s  pub %.0f/s  recv %.0f frames/s  p99 %v  errors %d  %v left",
+				d.p.scenario, float64(sent-prevSent)/dt, float64(recv-prevRecv)/dt, p99.Round(10*time.Microsecond), errs, left)
+			prevSent, prevRecv, prev = sent, recv, now
+		}
+	}
+}
+
+func (d *localDriver) snapshot() (*levelStats, error) { return d.e.snapshot(false), nil }
+
+func (d *localDriver) close() {
+	if d.e != nil {
+		d.e.close()
+	}
+}
+
+// LevelResult is one measured level (one window at one offered rate).
+type LevelResult struct {
+	Offered      float64 `json:"offered_per_s"`
+	Window       float64 `json:"window_s"`
+	Sent         uint64  `json:"sent"`
+	Acked        uint64  `json:"acked"`
+	SentRate     float64 `json:"sent_per_s"`
+	Achieved     float64 `json:"achieved_per_s"` // acked publishes per second
+	Expected     uint64  `json:"expected_deliveries"`
+	Delivered    uint64  `json:"delivered"`
+	DeliveryPct  float64 `json:"delivery_pct"`
+	RecvFrames   uint64  `json:"frames_received"`
+	FramesPerSec float64 `json:"frames_per_s"`
+	BenchDropped uint64  `json:"bench_dropped"`
+
+	Latency    Percentiles `json:"latency"`
+	AckLatency Percentiles `json:"ack_latency"`
+
+	Closes     map[int]uint64    `json:"closes_by_code"`
+	Errors     map[string]uint64 `json:"errors_by_code"`
+	Gaps       uint64            `json:"gaps"`
+	Missing    uint64            `json:"missing"`
+	Duplicates uint64            `json:"duplicates"`
+	Reordered  uint64            `json:"reordered"`
+	// rooms in which some open member's in-order seq is below an acked seq
+	AckedNotReceived int `json:"rooms_acked_not_received"`
+
+	BenchCPU         float64 `json:"bench_cpu_s"`
+	BenchUsPerFrame  float64 `json:"bench_cpu_us_per_frame"`
+	NodeCPU          float64 `json:"node_cpu_s,omitempty"`
+	NodeUsPerFrame   float64 `json:"node_cpu_us_per_frame,omitempty"`
+	NodeUsPerPublish float64 `json:"node_cpu_us_per_publish,omitempty"`
+	PGMeasured       bool    `json:"pg_measured,omitempty"`
+	PGCPU            float64 `json:"pg_cpu_s,omitempty"`
+	PGUsPerPublish   float64 `json:"pg_cpu_us_per_publish,omitempty"`
+
+	Sustained bool   `json:"sustained"`
+	Broken    string `json:"broken,omitempty"` // why not sustained
+}
+
+// Report is a whole run.
+type Report struct {
+	Scenario    string        `json:"scenario"`
+	Args        []string      `json:"args"`
+	Connections int           `json:"connections"`
+	Publishers  int           `json:"publishers"`
+	Procs       int           `json:"procs"`
+	Loops       int           `json:"loops_per_proc"`
+	ConnectTime float64       `json:"connect_s"`
+	Levels      []LevelResult `json:"levels,omitempty"`
+	// the highest offered rate of a --step run that met the sustained rule
+	HighestSustained float64 `json:"highest_sustained_per_s,omitempty"`
+
+	// publishes sent and text frames received since connect, over every
+	// level and warm-up: what the node's own counters should say
+	TotalSent   uint64 `json:"total_sent"`
+	TotalFrames uint64 `json:"total_frames_received"`
+
+	// density
+	RSSBefore     int64          `json:"node_rss_before_bytes,omitempty"`
+	RSSAfter      int64          `json:"node_rss_after_bytes,omitempty"`
+	KiBPerConn    float64        `json:"node_kib_per_conn,omitempty"`
+	HeldFor       float64        `json:"held_s,omitempty"`
+	ClosesHolding map[int]uint64 `json:"closes_while_holding,omitempty"`
+}
+
+func (p *params) result(st *levelStats, offered float64, publishers int, benchCPU time.Duration, s0, s1 cpuSample) LevelResult {
+	w := p.duration.Seconds()
+	r := LevelResult{
+		Offered: offered, Window: w,
+		Sent: st.Sent, Acked: st.Acked, SentRate: float64(st.Sent) / w, Achieved: float64(st.Acked) / w,
+		Expected: st.Expected, Delivered: st.Delivered, RecvFrames: st.RecvFrames,
+		FramesPerSec: float64(st.RecvFrames) / w, BenchDropped: st.BenchDropped,
+		Latency: st.Lat.Summary(), AckLatency: st.AckLat.Summary(),
+		Closes: st.Closes, Errors: st.Errors,
+		Gaps: st.Gaps, Missing: st.Missing, Duplicates: st.Duplicates, Reordered: st.Reordered,
+		BenchCPU: benchCPU.Seconds(),
+	}
+	if st.Expected > 0 {
+		r.DeliveryPct = 100 * float64(st.Delivered) / float64(st.Expected)
+	} else {
+		r.DeliveryPct = 100
+	}
+	if st.RecvFrames > 0 {
+		r.BenchUsPerFrame = float64(benchCPU.Microseconds()) / float64(st.RecvFrames)
+	}
+	for room, acked := range st.AckMax {
+		if last, ok := st.LastMin[room]; ok && last < acked {
+			r.AckedNotReceived++
+		}
+	}
+	if p.pid > 0 && s0.err == nil && s1.err == nil {
+		node := s1.node - s0.node
+		r.NodeCPU = node.Seconds()
+		if st.RecvFrames > 0 {
+			r.NodeUsPerFrame = float64(node.Nanoseconds()) / 1e3 / float64(st.RecvFrames)
+		}
+		if st.Acked > 0 {
+			r.NodeUsPerPublish = float64(node.Nanoseconds()) / 1e3 / float64(st.Acked)
+		}
+	}
+	if p.pg && s0.err == nil && s1.err == nil {
+		pg := s1.pg - s0.pg
+		r.PGMeasured = true
+		r.PGCPU = pg.Seconds()
+		if st.Acked > 0 {
+			r.PGUsPerPublish = float64(pg.Nanoseconds()) / 1e3 / float64(st.Acked)
+		}
+	}
+	// the sustained rule: achieved = offered within 1%, every delivery, no
+	// slow-consumer close
+	// each publisher's token bucket may straddle a window edge by one
+	// message, which matters only at low rates
+	want := offered * w
+	switch {
+	case float64(st.Acked) < 0.99*want-float64(publishers):
+		r.Broken = fmt.Sprintf("achieved %.0f/s < offered %.0f/s", r.Achieved, offered)
+		if st.BenchDropped > 0 {
+			r.Broken += " (the bench fell behind: " + strconv.FormatUint(st.BenchDropped, 10) + " publishes late)"
+		}
+	case st.Delivered < st.Expected:
+		r.Broken = fmt.Sprintf("delivery %.3f%%", r.DeliveryPct)
+	case st.Closes[1013] > 0:
+		r.Broken = fmt.Sprintf("%d slow-consumer closes (1013)", st.Closes[1013])
+	case st.Gaps+st.Duplicates+st.Reordered > 0 || r.AckedNotReceived > 0:
+		r.Broken = "sequence errors"
+	}
+	r.Sustained = r.Broken == ""
+	return r
+}
+
+// execute runs the scenario through d and fills rep.
+func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) error {
+	smp := sampler{pid: p.pid, pg: p.pg}
+	var rss0 int64
+	if p.scenario == "density" && p.pid > 0 {
+		v, err := procRSS(p.pid)
+		if err != nil {
+			return err
+		}
+		rss0 = v
+	}
+	t0 := time.Now()
+	if err := d.connect(); err != nil {
+		return err
+	}
+	rep.ConnectTime = time.Since(t0).Seconds()
+
+	if p.scenario == "density" {
+		if progress != nil {
+			fmt.Fprintf(progress, "%d connections joined in %.1fs; holding %v\n", rep.Connections, rep.ConnectTime, p.hold)
+		}
+		time.Sleep(p.hold)
+		rep.HeldFor = p.hold.Seconds()
+		if p.pid > 0 {
+			v, err := procRSS(p.pid)
+			if err != nil {
+				return err
+			}
+			rep.RSSBefore, rep.RSSAfter = rss0, v
+			rep.KiBPerConn = float64(v-rss0) / 1024 / float64(rep.Connections)
+		}
+		st, err := d.snapshot()
+		if err != nil {
+			return err
+		}
+		rep.ClosesHolding = st.Closes
+		rep.TotalSent, rep.TotalFrames = st.TotalSent, st.TotalFrames
+		return nil
+	}
+
+	perPub := func(total float64) float64 { return total / float64(max(pl.publishers, 1)) }
+	rate := pl.rate
+	if p.step && p.stepStart > 0 {
+		rate = p.stepStart
+	}
+	for {
+		var s0, s1 cpuSample
+		mark := func(end bool) {
+			if end {
+				s1 = smp.sample()
+			} else {
+				s0 = smp.sample()
+			}
+		}
+		last := !p.step
+		// the lead time lets every worker read the command before the start
+		start := time.Now().Add(100 * time.Millisecond)
+		st, benchCPU, err := d.level(perPub(rate), last || p.scenario == "soak", start, mark)
+		if err != nil {
+			return err
+		}
+		r := p.result(st, rate, pl.publishers, benchCPU, s0, s1)
+		rep.Levels = append(rep.Levels, r)
+		rep.TotalSent, rep.TotalFrames = st.TotalSent, st.TotalFrames
+		if !p.step {
+			return nil
+		}
+		if progress != nil {
+			fmt.Fprintf(progress, "level %.0f/s: achieved %.0f/s, delivery %.3f%%, p99 %v: %s\n",
+				rate, r.Achieved, r.DeliveryPct, r.Latency.P99, sustainedWord(r))
+		}
+		if !r.Sustained {
+			return nil
+		}
+		rep.HighestSustained = rate
+		next := rate * p.stepFactor
+		if p.stepAdd > 0 {
+			next = rate + p.stepAdd
+		}
+		if next >= 10 {
+			next = math.Round(next) // levels people can type back in
+		}
+		if next > p.stepMax || math.IsInf(next, 0) {
+			return nil
+		}
+		rate = next
+	}
+}
+
+func sustainedWord(r LevelResult) string {
+	if r.Sustained {
+		return "sustained"
+	}
+	return "not sustained: " + r.Broken
+}

@@ -1,0 +1,432 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/xml"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+func TestSeqCheckerReportsEachAnomaly(t *testing.T) {
+	tests := []struct {
+		name                       string
+		start                      uint64 // 0: baseline from the first seq
+		seqs                       []uint64
+		gaps, missing, dups, reord uint64
+		last                       uint64
+	}{
+		{name: "in order", start: 10, seqs: []uint64{11, 12, 13, 14}, last: 14},
+		{name: "first seq sets baseline", seqs: []uint64{57, 58, 59}, last: 59},
+		{name: "one gap", start: 0, seqs: []uint64{1, 2, 4, 5}, gaps: 1, missing: 1, last: 5},
+		{name: "gap of three", seqs: []uint64{1, 5, 6}, gaps: 1, missing: 3, last: 6},
+		{name: "gap after join", start: 5, seqs: []uint64{7, 8}, gaps: 1, missing: 1, last: 8},
+		{name: "duplicate", seqs: []uint64{1, 2, 2, 3}, dups: 1, last: 3},
+		{name: "duplicate of old", seqs: []uint64{1, 2, 3, 4, 1}, dups: 1, last: 4},
+		{name: "swap", seqs: []uint64{1, 3, 2, 4}, gaps: 1, reord: 1, last: 4},
+		{name: "late into middle of hole", seqs: []uint64{1, 6, 3, 7}, gaps: 1, missing: 3, reord: 1, last: 7},
+		{name: "hole filled completely", seqs: []uint64{1, 4, 2, 3, 5}, gaps: 1, reord: 2, last: 5},
+		{name: "late then duplicate of late", seqs: []uint64{1, 3, 2, 2}, gaps: 1, reord: 1, dups: 1, last: 3},
+		{name: "everything", seqs: []uint64{1, 2, 2, 5, 3, 6, 6, 9, 10}, gaps: 2, missing: 3, reord: 1, dups: 2, last: 10},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var c SeqChecker
+			if tc.start > 0 {
+				c.Start(tc.start)
+			} else if tc.seqs[0] == 1 {
+				c.Start(0)
+			}
+			for _, s := range tc.seqs {
+				c.Observe(s)
+			}
+			if c.Gaps != tc.gaps || c.Missing != tc.missing || c.Duplicates != tc.dups || c.Reordered != tc.reord {
+				t.Fatalf("gaps %d missing %d dups %d reordered %d; want %d %d %d %d",
+					c.Gaps, c.Missing, c.Duplicates, c.Reordered, tc.gaps, tc.missing, tc.dups, tc.reord)
+			}
+			if c.Last() != tc.last {
+				t.Fatalf("last %d, want %d", c.Last(), tc.last)
+			}
+			if c.Received != uint64(len(tc.seqs)) {
+				t.Fatalf("received %d", c.Received)
+			}
+			if c.Clean() != (tc.gaps+tc.dups+tc.reord == 0) {
+				t.Fatalf("Clean() = %v", c.Clean())
+			}
+		})
+	}
+}
+
+func TestSeqCheckerInOrderDoesNotAllocate(t *testing.T) {
+	var c SeqChecker
+	c.Start(0)
+	seq := uint64(0)
+	if n := testing.AllocsPerRun(1000, func() { seq++; c.Observe(seq) }); n != 0 {
+		t.Fatalf("%v allocs per in-order Observe", n)
+	}
+}
+
+func TestHistQuantiles(t *testing.T) {
+	var h Hist
+	for v := int64(1); v <= 100000; v++ {
+		h.Record(v * 1000) // 1µs .. 100ms
+	}
+	for _, q := range []float64{0.5, 0.9, 0.99, 0.999} {
+		want := q * 100000 * 1000
+		got := float64(h.Quantile(q))
+		if math.Abs(got-want)/want > 0.01 {
+			t.Errorf("q%v = %v, want %v within 1%%", q, got, want)
+		}
+	}
+	if h.Max() != 100*time.Millisecond {
+		t.Errorf("max %v", h.Max())
+	}
+	if h.Count() != 100000 {
+		t.Errorf("count %d", h.Count())
+	}
+	if m := h.Mean(); math.Abs(float64(m)-50000500) > 1000 {
+		t.Errorf("mean %v", m)
+	}
+}
+
+func TestHistIndexIsMonotonicAndInvertible(t *testing.T) {
+	prev := -1
+	for _, v := range []uint64{0, 1, 127, 128, 129, 255, 256, 257, 1000, 1 << 20, 1<<40 + 12345, math.MaxInt64} {
+		i := histIndex(v)
+		if i < prev || i >= histBuckets {
+			t.Fatalf("index(%d) = %d after %d", v, i, prev)
+		}
+		if lo := histLow(i); lo > v || (i+1 < histBuckets && histLow(i+1) <= v) {
+			t.Fatalf("value %d not in bucket %d [%d, %d)", v, i, lo, histLow(i+1))
+		}
+		prev = i
+	}
+}
+
+func TestHistMergeAndJSON(t *testing.T) {
+	var a, b, all Hist
+	for i := int64(0); i < 5000; i++ {
+		a.Record(i * 7919 % 1000003)
+		b.Record(i * 104729 % 10000019)
+		all.Record(i * 7919 % 1000003)
+		all.Record(i * 104729 % 10000019)
+	}
+	var viaJSON Hist
+	viaJSON.fromJSON(b.toJSON())
+	a.Merge(&viaJSON)
+	if a.Summary() != all.Summary() {
+		t.Fatalf("merged %+v != %+v", a.Summary(), all.Summary())
+	}
+	a.Record(-5)
+	if a.Quantile(0) != 0 {
+		t.Fatalf("negative value not clamped")
+	}
+}
+
+func TestHistRecordDoesNotAllocate(t *testing.T) {
+	var h Hist
+	v := int64(0)
+	if n := testing.AllocsPerRun(1000, func() { v += 977; h.Record(v) }); n != 0 {
+		t.Fatalf("%v allocs per Record", n)
+	}
+}
+
+// testLoop is a loop with no epoll, for driving the receive path directly.
+func testLoop(t testing.TB) (*loop, *conn) {
+	e := &engine{rooms: []string{"r0"}, sizeFn: func(*uint64) int { return 100 }}
+	e.winStart.Store(0)
+	e.winEnd.Store(math.MaxInt64)
+	l := &loop{e: e, buf: make([]byte, readBufSize), conns: map[int]*conn{}, rng: 1, st: newLevelStats(),
+		snap: make(chan *levelStats, 1)}
+	spec := &connSpec{room: 0, join: true, publish: true, receivers: 1}
+	c := &conn{fd: -1, state: stReady, spec: spec, room: []byte("r0"), inflight: make([]sendSlot, 16)}
+	c.ck.Start(0)
+	return l, c
+}
+
+// serverStream is what a node sends a receiver: n msg frames of room r0
+// from seq first, each body stamped with ts.
+func serverStream(first uint64, n int, ts int64) []byte {
+	var b []byte
+	body := []byte(`{"t":` + itoa(ts) + `,"p":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`)
+	for i := 0; i < n; i++ {
+		b = proto.AppendMsgFrame(b, "r0", first+uint64(i), []byte("7"), "u1", ts/1e6, body)
+	}
+	return b
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+func TestReceivePathCountsAndChecks(t *testing.T) {
+	l, c := testLoop(t)
+	now := time.Now().UnixNano()
+	stream := serverStream(1, 50, now-int64(2*time.Millisecond))
+	// split anywhere: the tail must come back for the next read
+	cut := len(stream)/2 + 3
+	rest := l.frames(c, stream[:cut], now)
+	rest = l.frames(c, append(append([]byte(nil), rest...), stream[cut:]...), now)
+	if len(rest) != 0 {
+		t.Fatalf("%d bytes left", len(rest))
+	}
+	if l.st.Delivered != 50 || l.st.RecvFrames != 50 || c.ck.Last() != 50 || !c.ck.Clean() {
+		t.Fatalf("delivered %d recv %d last %d clean %v", l.st.Delivered, l.st.RecvFrames, c.ck.Last(), c.ck.Clean())
+	}
+	if p := l.st.Lat.Quantile(0.5); p < time.Millisecond || p > 3*time.Millisecond {
+		t.Fatalf("latency %v, want about 2ms", p)
+	}
+	// an ack for an id the publisher sent
+	l.appendPub(c, now-int64(time.Millisecond))
+	ack := []byte(`{"op":"ack","id":"1","room":"r0","seq":51}`)
+	l.frames(c, appendServerText(nil, ack), now)
+	if l.st.Acked != 1 || c.ackMax != 51 || l.st.AckLat.Count() != 1 {
+		t.Fatalf("acked %d ackMax %d", l.st.Acked, c.ackMax)
+	}
+	// a gap is seen
+	l.frames(c, serverStream(53, 1, now), now)
+	if c.ck.Gaps != 1 {
+		t.Fatalf("gap not reported")
+	}
+}
+
+// appendServerText frames a payload as the node does (unmasked text).
+func appendServerText(dst, payload []byte) []byte {
+	h := ws.Header{Fin: true, OpCode: ws.OpText, Length: int64(len(payload))}
+	var buf bytes.Buffer
+	_ = ws.WriteHeader(&buf, h)
+	return append(append(dst, buf.Bytes()...), payload...)
+}
+
+func TestReceivePathDoesNotAllocate(t *testing.T) {
+	l, c := testLoop(t)
+	now := time.Now().UnixNano()
+	stream := serverStream(1, 100, now)
+	seq := uint64(0)
+	n := testing.AllocsPerRun(200, func() {
+		// rewrite the seqs would cost a re-encode: restart the checker instead
+		c.ck.Start(seq)
+		l.frames(c, stream, now)
+	})
+	if n != 0 {
+		t.Fatalf("%v allocs per 100 received frames", n)
+	}
+}
+
+func BenchmarkReceivePath(b *testing.B) {
+	l, c := testLoop(b)
+	now := time.Now().UnixNano()
+	const frames = 100
+	stream := serverStream(1, frames, now)
+	b.SetBytes(int64(len(stream)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c.ck.Start(0)
+		l.frames(c, stream, now)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*frames), "ns/frame")
+}
+
+func TestPubFrameDecodesOnTheNode(t *testing.T) {
+	for _, size := range []int{0, 100, 2048} {
+		l, c := testLoop(t)
+		l.e.sizeFn = func(*uint64) int { return size }
+		now := time.Now().UnixNano()
+		l.appendPub(c, now)
+		h, hn, err := proto.ParseFrameHeader(c.out)
+		if err != nil || hn == 0 || !h.Masked || h.OpCode != ws.OpText || int64(len(c.out)-hn) != h.Length {
+			t.Fatalf("size %d: header %+v n %d err %v", size, h, hn, err)
+		}
+		payload := append([]byte(nil), c.out[hn:]...)
+		proto.Unmask(payload, h.Mask)
+		var cmd proto.Command
+		if err := proto.Decode(payload, &cmd); err != nil {
+			t.Fatalf("size %d: node rejects %s: %v", size, payload, err)
+		}
+		if cmd.Op != proto.OpPub || string(cmd.Room) != "r0" || string(cmd.ID) != "1" {
+			t.Fatalf("decoded %+v", cmd)
+		}
+		if bodyStamp(cmd.Body) != now {
+			t.Fatalf("stamp %d, want %d", bodyStamp(cmd.Body), now)
+		}
+		if size >= 40 && len(cmd.Body) != size {
+			t.Fatalf("body %d bytes, want %d", len(cmd.Body), size)
+		}
+	}
+}
+
+func TestUpgradeResponse(t *testing.T) {
+	resp := proto.AppendUpgradeResponse(nil, []byte(wsKey))
+	n, ok := parseUpgradeResponse(append(resp, 0x81, 0))
+	if n != len(resp) || !ok {
+		t.Fatalf("n %d ok %v for %q", n, ok, resp)
+	}
+	if n, _ := parseUpgradeResponse(resp[:len(resp)-1]); n != 0 {
+		t.Fatalf("incomplete head accepted")
+	}
+	if _, ok := parseUpgradeResponse([]byte("HTTP/1.1 401 Unauthorized\r\n\r\n")); ok {
+		t.Fatalf("401 accepted")
+	}
+	req := string(appendUpgrade(nil, "127.0.0.1:1", "/ws?user=a&app=b"))
+	if !strings.HasPrefix(req, "GET /ws?user=a&app=b HTTP/1.1\r\n") || !strings.HasSuffix(req, "\r\n\r\n") {
+		t.Fatalf("request %q", req)
+	}
+	var r proto.Request
+	if n, err := proto.ParseRequest([]byte(req), &r); err != nil || n != len(req) {
+		t.Fatalf("node rejects request: n %d err %v", n, err)
+	}
+}
+
+func TestProcStat(t *testing.T) {
+	stat := []byte("1234 (a) b (c)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0\n")
+	d, err := parseStatCPU(stat)
+	if err != nil || d != 3*time.Second {
+		t.Fatalf("cpu %v err %v", d, err)
+	}
+	if statComm(stat) != "a) b (c)" {
+		t.Fatalf("comm %q", statComm(stat))
+	}
+	rss, err := parseVmRSS([]byte("Name:\tx\nVmRSS:\t  2048 kB\nThreads: 3\n"))
+	if err != nil || rss != 2048<<10 {
+		t.Fatalf("rss %d err %v", rss, err)
+	}
+	if _, err := procCPU(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := procRSS(os.Getpid()); err != nil || v <= 0 {
+		t.Fatalf("own rss %d err %v", v, err)
+	}
+	own, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, n, err := commCPU(statComm(own)); err != nil || n < 1 {
+		t.Fatalf("commCPU found %d processes named %q: %v", n, statComm(own), err)
+	}
+	if selfCPU() <= 0 {
+		t.Fatal("no own CPU time")
+	}
+}
+
+func TestPlans(t *testing.T) {
+	p := &params{scenario: "delivery", members: 300, publishers: 30, pubJoin: true, rate: 1000, runID: "x"}
+	pl := p.buildPlan(2, 3)
+	if len(pl.specs) != 330 || pl.publishers != 30 || len(pl.rooms) != 1 {
+		t.Fatalf("delivery: %d specs %d publishers %d rooms", len(pl.specs), pl.publishers, len(pl.rooms))
+	}
+	for _, s := range pl.specs {
+		if s.publish && s.receivers != 330 {
+			t.Fatalf("receivers %d", s.receivers)
+		}
+	}
+	seen := 0
+	for i := 0; i < 3; i++ {
+		seen += len(pl.share(i, 3))
+	}
+	if seen != 330 {
+		t.Fatalf("shares cover %d", seen)
+	}
+	p = &params{scenario: "publish", rooms: 10, rate: 100, runID: "x"}
+	pl = p.buildPlan(2, 0)
+	for _, s := range pl.specs {
+		if s.publish && pl.specs[0].target == s.target && s.room == 0 {
+			t.Fatalf("publisher and receiver of room 0 on one node")
+		}
+	}
+	p = &params{scenario: "mixed", users: 1000, active: 0.1, interval: 2 * time.Second, roomSize: 50, runID: "x"}
+	pl = p.buildPlan(1, 0)
+	if pl.publishers != 100 || len(pl.rooms) != 20 || pl.rate != 50 {
+		t.Fatalf("mixed: %d publishers %d rooms rate %v", pl.publishers, len(pl.rooms), pl.rate)
+	}
+	p.size, p.longSize, p.longShare = 100, 2048, 0.1
+	fn := p.sizeFunc()
+	rng, long := uint64(7), 0
+	for i := 0; i < 10000; i++ {
+		if fn(&rng) == 2048 {
+			long++
+		}
+	}
+	if long < 800 || long > 1200 {
+		t.Fatalf("%d long of 10000", long)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	run := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := Main(args, &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	if code, out, _ := run(); code != 0 || !strings.Contains(out, "delivery") || !strings.Contains(out, "soak") {
+		t.Fatalf("bare: %d %q", code, out)
+	}
+	if code, _, errs := run("nope"); code != 2 || !strings.Contains(errs, "unknown scenario") {
+		t.Fatalf("unknown scenario: %d %q", code, errs)
+	}
+	if code, _, errs := run("delivery", "--bogus"); code != 2 || !strings.Contains(errs, "bogus") {
+		t.Fatalf("unknown flag: %d %q", code, errs)
+	}
+	if code, _, errs := run("delivery", "--rate", "fast"); code != 2 || !strings.Contains(errs, "rate") {
+		t.Fatalf("bad value: %d %q", code, errs)
+	}
+	if code, _, errs := run("delivery", "--procs", "0"); code != 2 || !strings.Contains(errs, "--procs") {
+		t.Fatalf("bad procs: %d %q", code, errs)
+	}
+	if code, _, errs := run("delivery", "--url", "http://x"); code != 2 || !strings.Contains(errs, "ws://") {
+		t.Fatalf("bad url: %d %q", code, errs)
+	}
+	if code, _, errs := run("density", "extra"); code != 2 || !strings.Contains(errs, "extra") {
+		t.Fatalf("stray arg: %d %q", code, errs)
+	}
+}
+
+func TestPlotIsWellFormedSVG(t *testing.T) {
+	rep := &Report{Scenario: "delivery", HighestSustained: 2000}
+	for i, r := range []float64{1000, 2000, 4000} {
+		rep.Levels = append(rep.Levels, LevelResult{Offered: r, Sustained: i < 2, Latency: Percentiles{
+			P50: time.Duration(i+1) * time.Millisecond, P99: time.Duration(i+1) * 5 * time.Millisecond, P999: time.Duration(i+1) * 20 * time.Millisecond}})
+	}
+	for _, r := range []*Report{rep, {Scenario: "empty"}} {
+		svg := plotSVG(r)
+		dec := xml.NewDecoder(bytes.NewReader(svg))
+		for {
+			_, err := dec.Token()
+			if err != nil {
+				if err.Error() != "EOF" {
+					t.Fatalf("invalid SVG: %v\n%s", err, svg)
+				}
+				break
+			}
+		}
+	}
+	if !bytes.Contains(plotSVG(rep), []byte("polyline")) {
+		t.Fatal("no lines")
+	}
+}
+
+func TestMsgFastMatchesProto(t *testing.T) {
+	for _, body := range []string{`{"t":1764484800123456789,"p":"xx"}`, `{"t":5}`, `[1,2]`, `"s"`, `{"p":"x","t":3}`} {
+		frame := proto.AppendMsgFrame(nil, "room-1:a.b_c", 987654321, []byte("42"), "u7", 1764484800123, []byte(body))
+		_, hn, _ := proto.ParseFrameHeader(frame)
+		payload := frame[hn:]
+		var f proto.ServerFrame
+		if err := proto.DecodeServer(payload, &f); err != nil {
+			t.Fatal(err)
+		}
+		seq, stamp, ok := msgFast(payload)
+		if !ok || seq != f.Seq || stamp != bodyStamp(f.Body) {
+			t.Fatalf("body %s: fast %d %d %v, slow %d %d", body, seq, stamp, ok, f.Seq, bodyStamp(f.Body))
+		}
+	}
+	for _, p := range []string{`{"op":"ack","id":"1","room":"r","seq":1}`, `{"room":"r","op":"msg","seq":1}`, `{"op":"msg","room":"r","seq":x}`, `{"op":"msg","room":"r`} {
+		if _, _, ok := msgFast([]byte(p)); ok {
+			t.Fatalf("fast path took %s", p)
+		}
+	}
+}
