@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bytedance/sonic"
@@ -18,6 +19,7 @@ import (
 type app struct {
 	id     string
 	secret []byte
+	conns  atomic.Int64 // open WebSocket connections (metrics)
 }
 
 // apps is the node's app registry: configured secrets in production,

@@ -3,6 +3,7 @@ package loop
 import (
 	"encoding/binary"
 	"errors"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -74,11 +75,14 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		return gnet.None
 	}
 	l := c.l
-	if c.state == stateUpgrading {
+	if c.state == stateUpgrading || c.app == nil {
+		// Never upgraded: refused, timed out, or a plain HTTP request.
 		s.Stats.Upgrading.Add(-1)
 	} else {
 		s.Stats.Conns.Add(-1)
+		c.app.conns.Add(-1)
 	}
+	s.Stats.Joined.Add(-int64(c.m.Rooms()))
 	c.closed = true
 	c.m.Closed = true
 	for _, j := range c.joins {
@@ -177,6 +181,7 @@ func (c *conn) upgrade() bool {
 	c.state = stateOpen
 	s.Stats.Upgrading.Add(-1)
 	s.Stats.Conns.Add(1)
+	c.app.conns.Add(1)
 	return true
 }
 
@@ -417,30 +422,24 @@ func (c *conn) join(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "room limit of this connection reached")
 		return
 	}
-	j := &joinState{since: cmd.Since, hasSince: cmd.HasSince}
-	if r == nil {
-		r = l.table.Add(key)
-		j.room = r
-		c.joins = append(c.joins, j)
-		r.Joiners = append(r.Joiners, &c.m)
-		l.srv.hub.Join(r.Key, l.idx)
-		return
-	}
-	j.room = r
-	if !r.Active {
-		c.joins = append(c.joins, j)
-		r.Joiners = append(r.Joiners, &c.m)
-		return
-	}
-	if !j.hasSince || j.since >= r.Last {
-		// Fast path: the room is live here and there is nothing to replay.
+	if r != nil && r.Active && (!cmd.HasSince || cmd.Since >= r.Last) {
+		// Fast path: the room is live on this loop and there is nothing
+		// to replay: a member at once, nothing allocated.
 		l.table.Join(r, &c.m)
+		l.srv.Stats.Joined.Add(1)
 		c.sendJoined(r)
 		return
 	}
+	if r == nil {
+		r = l.table.Add(key)
+		defer l.srv.hub.Join(r.Key, l.idx) // after the join is parked: the answer may come at once
+	}
+	j := &joinState{room: r, since: cmd.Since, hasSince: cmd.HasSince}
 	c.joins = append(c.joins, j)
 	r.Joiners = append(r.Joiners, &c.m)
-	c.startJoin(j)
+	if r.Active {
+		c.startJoin(j)
+	}
 }
 
 func (c *conn) sendJoined(r *fanout.Room) {
@@ -470,6 +469,7 @@ func (c *conn) goLive(j *joinState) {
 	r.RemoveJoiner(&c.m)
 	c.dropJoin(r)
 	c.l.table.Join(r, &c.m)
+	c.l.srv.Stats.Joined.Add(1)
 }
 
 // replayed takes one page of catch-up.
@@ -511,6 +511,7 @@ func (c *conn) leave(cmd *proto.Command) {
 			c.dropJoin(r)
 		} else if c.m.In(r) {
 			l.table.Leave(r, &c.m)
+			l.srv.Stats.Joined.Add(-1)
 		}
 		l.removeIfIdle(r)
 	}
@@ -533,9 +534,10 @@ func (c *conn) pub(cmd *proto.Command) {
 	req.From = c.user
 	req.ID = append(req.ID[:0], cmd.ID...)
 	req.Body = append(req.Body[:0], cmd.Body...)
-	req.Origin = c
+	req.Origin = l.stamp(c)
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.pool.Submit(req); err != nil {
+		l.unstamp(req)
 		persist.PutRequest(req)
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(cmd.ID, proto.CodeOverloaded, "publish queue full: retry later")
@@ -545,6 +547,7 @@ func (c *conn) pub(cmd *proto.Command) {
 // ack answers a publish once the pool has committed it (or failed to).
 func (l *loopState) ack(t *task) {
 	c, req := t.conn, t.req
+	t0 := l.unstamp(req)
 	defer persist.PutRequest(req)
 	if c.closed || c.state != stateOpen {
 		return
@@ -560,6 +563,7 @@ func (l *loopState) ack(t *task) {
 		return
 	}
 	l.srv.Stats.Acks.Add(1)
+	l.srv.Stats.AckLatency.Observe((time.Since(monoEpoch) - t0).Seconds())
 	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, t.seq)))
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
@@ -31,7 +30,7 @@ const (
 	tReset                          // the broker may have lost messages
 	tFlush                          // write pending output
 	tSweep                          // idle pings, timeouts, token expiry
-	tDrain                          // close every connection (n = code, seq = window)
+	tDrain                          // n = 0: refuse new work; else close 1/seq of the connections with code n
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -78,6 +77,18 @@ type loopState struct {
 	interns  map[string]string
 	gaps     []*fanout.Room
 	draining bool
+	stamps   []*pubStamp // free list of publish stamps (server.go)
+
+	// tails are rooms whose newest messages must be read from the store
+	// because the broker may have lost some (reset). At most maxTailReads
+	// are read at once, so that a loop with thousands of rooms does not
+	// overflow the shared read queue; a failed read is queued again after
+	// GapWindow (tailRetry) rather than forgotten.
+	tails       []*fanout.Room
+	tailWant    map[*fanout.Room]bool
+	tailReads   int
+	tailRetry   []*fanout.Room
+	tailRetryAt int64
 }
 
 func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
@@ -118,6 +129,7 @@ func (l *loopState) drain(context.Context) error {
 	l.queue = l.spare
 	l.woken = false
 	l.mu.Unlock()
+	l.srv.Stats.InboxDepth[l.idx].Store(int64(len(q)))
 	for i := range q {
 		l.run(&q[i])
 		l.settle()
@@ -159,7 +171,7 @@ func (l *loopState) run(t *task) {
 	case tHistory:
 		l.historyDone(t)
 	case tRepair:
-		l.repaired(t.room, t.held, t.err)
+		l.repaired(t.room, t.held, t.seq, t.n == 1, t.err)
 	case tReset:
 		l.reset()
 	case tFlush:
@@ -168,7 +180,7 @@ func (l *loopState) run(t *task) {
 		l.flush()
 		l.sweep()
 	case tDrain:
-		l.drainConns(int(t.n), time.Duration(t.seq))
+		l.drainConns(int(t.n), int(t.seq))
 		t.done()
 	}
 }
@@ -204,6 +216,7 @@ func (l *loopState) write(c *conn) {
 	st.FramesOut.Add(uint64(len(frames)))
 	st.BytesOut.Add(uint64(m.PendingBytes()))
 	st.Writes.Add(1)
+	st.WriteFrames.Observe(float64(len(frames)))
 	gc := c.gc
 	if gc.OutboundBuffered() == 0 {
 		fd := gc.Fd()
@@ -306,28 +319,40 @@ func (l *loopState) sweep() {
 	}
 }
 
-// drainConns closes every connection, spreading the closes over window.
-// Connections closed later get a longer retry hint, so reconnects spread
-// over the same window again.
-func (l *loopState) drainConns(code int, window time.Duration) {
+// drainConns is one round of Server.Drain on this loop. The first round
+// (code 0) only marks the loop draining: new connections are closed at
+// OnOpen and new publishes answered overloaded. Later rounds close
+// 1/roundsLeft of the connections still open, each with code and a
+// jittered retry hint; pending frames (acks included) go out before the
+// close frame.
+func (l *loopState) drainConns(code int, roundsLeft int) {
 	l.draining = true
+	if code == 0 {
+		return
+	}
 	l.flush()
-	n := len(l.conns)
-	for i := n - 1; i >= 0; i-- {
+	open := 0
+	for _, c := range l.conns {
+		if !c.closed && c.state != stateClosing {
+			open++
+		}
+	}
+	quota := (open + roundsLeft - 1) / max(roundsLeft, 1)
+	for i := len(l.conns) - 1; i >= 0 && quota > 0; i-- {
 		if i >= len(l.conns) {
-			continue
+			continue // closes above removed connections from the list
 		}
 		c := l.conns[i]
-		if c.closed {
+		if c.closed || c.state == stateClosing {
 			continue
 		}
+		quota--
 		if c.state != stateOpen {
-			c.gc.Close()
+			c.state = stateClosing
+			_ = c.gc.Close()
 			continue
 		}
-		ms := l.srv.retryMS() + int(window.Milliseconds())*i/max(n, 1)
-		l.scratch = proto.AppendRetryReason(l.scratch[:0], ms)
-		c.closeWith(code, l.scratch)
+		c.closeWith(code, l.retryReason())
 	}
 }
 
@@ -478,11 +503,19 @@ func insertHeld(h []fanout.Held, seq uint64, frame []byte) []fanout.Held {
 
 // checkGaps asks the store for messages missing longer than GapWindow.
 func (l *loopState) checkGaps() {
+	now := l.now()
+	window := l.srv.cfg.GapWindow.Milliseconds()
+	if len(l.tailRetry) > 0 && now >= l.tailRetryAt {
+		for _, r := range l.tailRetry {
+			l.queueTail(r)
+		}
+		clear(l.tailRetry)
+		l.tailRetry = l.tailRetry[:0]
+		l.readTails()
+	}
 	if len(l.gaps) == 0 {
 		return
 	}
-	now := l.now()
-	window := l.srv.cfg.GapWindow.Milliseconds()
 	keep := l.gaps[:0]
 	for _, r := range l.gaps {
 		if l.table.Get(r.Key) != r || len(r.Held) == 0 {
@@ -501,10 +534,15 @@ func (l *loopState) checkGaps() {
 	l.gaps = keep
 }
 
-// repaired delivers messages read from the store to fill a gap. If the
-// store does not have them either, members cannot be given a gapless
-// stream: they are closed with 1013 and rejoin with since.
-func (l *loopState) repaired(r *fanout.Room, held []fanout.Held, err error) {
+// repaired delivers messages read from the store, every seq up to upto:
+// a gap, or for a tail read what the broker may have lost. If the store
+// did not have them either, members cannot be given a gapless stream:
+// they are closed with 1013 and rejoin with since.
+func (l *loopState) repaired(r *fanout.Room, held []fanout.Held, upto uint64, tail bool, err error) {
+	defer l.readTails()
+	if tail {
+		l.tailReads--
+	}
 	if l.table.Get(r.Key) != r {
 		return
 	}
@@ -512,12 +550,24 @@ func (l *loopState) repaired(r *fanout.Room, held []fanout.Held, err error) {
 	for _, h := range held {
 		l.deliver(r, h.Seq, h.Frame)
 	}
-	if err == nil && (len(r.Held) == 0 || r.Held[0].Seq == r.Last+1) {
+	if err != nil {
+		if tail {
+			if len(l.tailRetry) == 0 {
+				l.tailRetryAt = l.now() + l.srv.cfg.GapWindow.Milliseconds()
+			}
+			l.tailRetry = append(l.tailRetry, r)
+		}
+		return // a gap is tried again after the next window
+	}
+	if r.Last >= upto || len(r.Held) == 0 || r.Held[0].Seq == r.Last+1 {
+		// Everything asked for is delivered. What is still held waits
+		// behind a newer gap (messages in flight meanwhile), which gets a
+		// window of its own rather than a verdict from this read.
+		if r.GapSince != 0 {
+			r.GapSince = l.now()
+		}
 		l.releaseHeld(r)
 		return
-	}
-	if err != nil || len(r.Held) == 0 {
-		return // try again after the next window
 	}
 	// The store answered but the gap stays: give up on this stream.
 	l.srv.Stats.GapCloses.Add(1)
@@ -534,11 +584,50 @@ func (l *loopState) repaired(r *fanout.Room, held []fanout.Held, err error) {
 // room's tail from the store and deliver what is missing.
 func (l *loopState) reset() {
 	l.table.Each(func(r *fanout.Room) {
-		if r.Active && !r.Repairing {
-			r.Repairing = true
-			l.srv.read(readJob{kind: rRepair, loop: l, room: r, key: r.Key, after: r.Last, upto: 0})
+		if r.Active {
+			l.queueTail(r)
 		}
 	})
+	l.readTails()
+}
+
+func (l *loopState) queueTail(r *fanout.Room) {
+	if l.tailWant == nil {
+		l.tailWant = make(map[*fanout.Room]bool)
+	}
+	if !l.tailWant[r] {
+		l.tailWant[r] = true
+		l.tails = append(l.tails, r)
+	}
+}
+
+// maxTailReads bounds one loop's tail reads in flight after a reset.
+const maxTailReads = 64
+
+// readTails starts tail reads of queued rooms, up to maxTailReads in
+// flight. A room with a gap repair in flight waits for it (repaired calls
+// back here), so that a reset during a repair is not lost.
+func (l *loopState) readTails() {
+	for n := len(l.tails); n > 0 && l.tailReads < maxTailReads; n-- {
+		r := l.tails[0]
+		l.tails[0] = nil
+		l.tails = l.tails[1:]
+		if l.table.Get(r.Key) != r || !r.Active {
+			delete(l.tailWant, r)
+			continue
+		}
+		if r.Repairing {
+			l.tails = append(l.tails, r)
+			continue
+		}
+		delete(l.tailWant, r)
+		r.Repairing = true
+		l.tailReads++
+		l.srv.read(readJob{kind: rRepair, loop: l, room: r, key: r.Key, after: r.Last, upto: 0})
+	}
+	if len(l.tails) == 0 {
+		l.tails = nil
+	}
 }
 
 // roomName is the room part of a key.

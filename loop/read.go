@@ -60,8 +60,16 @@ func (j *readJob) failed(err error) task {
 	case rHistory:
 		return task{kind: tHistory, conn: j.conn, key: j.key, err: err}
 	default:
-		return task{kind: tRepair, room: j.room, err: err}
+		return task{kind: tRepair, room: j.room, seq: j.upto, n: j.tailFlag(), err: err}
 	}
+}
+
+// tailFlag marks a repair task as a tail read (asked with upto 0).
+func (j *readJob) tailFlag() uint64 {
+	if j.kind == rRepair && j.upto == 0 {
+		return 1
+	}
+	return 0
 }
 
 func (s *Server) reader() {
@@ -120,7 +128,7 @@ func (s *Server) doRead(j *readJob) task {
 			upto = last
 		}
 		if upto <= j.after {
-			return task{kind: tRepair, room: j.room}
+			return task{kind: tRepair, room: j.room, seq: upto, n: j.tailFlag()}
 		}
 		msgs, err := s.store.Range(ctx, j.key, j.after, upto, int(min(upto-j.after, 10000)))
 		if err != nil {
@@ -131,7 +139,7 @@ func (s *Server) doRead(j *readJob) task {
 			m := &msgs[i]
 			held[i] = fanout.Held{Seq: m.Seq, Frame: proto.AppendMsgFrame(nil, m.Room, m.Seq, []byte(m.ID), m.From, m.TS, m.Body)}
 		}
-		return task{kind: tRepair, room: j.room, held: held}
+		return task{kind: tRepair, room: j.room, held: held, seq: upto, n: j.tailFlag()}
 	}
 	return j.failed(errors.New("BUG: unknown read"))
 }

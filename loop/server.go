@@ -28,6 +28,7 @@ import (
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/tuning"
 )
 
 // Config is what the loops need to know. main fills it from flags.
@@ -99,10 +100,13 @@ type Server struct {
 	loops   [fanout.MaxLoops]atomic.Pointer[loopState]
 	nloops  atomic.Int32
 
-	reads chan readJob
-	clock atomic.Int64 // Unix ms, refreshed by the ticker goroutine
-	done  chan struct{}
-	wg    sync.WaitGroup
+	draining atomic.Bool // set by Drain; loops created later start draining
+
+	reads    chan readJob
+	clock    atomic.Int64 // Unix ms, refreshed by the ticker goroutine
+	done     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 
 	Stats Stats
 }
@@ -124,6 +128,73 @@ type Stats struct {
 	BrokerErrors  atomic.Uint64
 	Overloaded    atomic.Uint64
 	UpgradeErrors atomic.Uint64
+	Joined        atomic.Int64 // live room memberships, all connections
+	InFlight      atomic.Int64 // publishes submitted and not yet answered
+
+	// Histograms, built by New. Observe takes no lock and allocates nothing.
+	WriteFrames    *tuning.Histogram // frames per writev: the batch size of one write
+	PublishLatency *tuning.Histogram // seconds from a pub frame read to its commit
+	AckLatency     *tuning.Histogram // seconds from a pub frame read to its ack queued
+	BrokerLatency  *tuning.Histogram // seconds one broker Publish of a committed message takes
+
+	// InboxDepth[i] is how many tasks loop i took in its latest inbox drain:
+	// a loop falling behind shows as a growing number here.
+	InboxDepth [fanout.MaxLoops]atomic.Int64
+}
+
+// Bucket bounds of the Stats histograms.
+var (
+	LatencyBuckets     = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
+	WriteFramesBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+)
+
+// monoEpoch anchors the publish stamps: time.Since reads the monotonic
+// clock, so a wall-clock step cannot produce a negative latency.
+var monoEpoch = time.Now()
+
+// pubStamp travels in PubRequest.Origin from the pub frame to its ack: the
+// publishing connection and when its frame was read. Stamps are recycled
+// through their loop's free list (loop only), so a publish allocates none
+// in steady state.
+type pubStamp struct {
+	c  *conn
+	t0 time.Duration // since monoEpoch
+}
+
+// stamp returns a stamp for a publish of c read now. Loop only.
+func (l *loopState) stamp(c *conn) *pubStamp {
+	var ps *pubStamp
+	if n := len(l.stamps); n > 0 {
+		ps = l.stamps[n-1]
+		l.stamps[n-1] = nil
+		l.stamps = l.stamps[:n-1]
+	} else {
+		ps = new(pubStamp)
+	}
+	ps.c, ps.t0 = c, time.Since(monoEpoch)
+	l.srv.Stats.InFlight.Add(1)
+	return ps
+}
+
+// unstamp recycles the stamp of req and returns when its frame was read.
+// Loop only; req.Origin must not be used afterwards.
+func (l *loopState) unstamp(req *persist.PubRequest) time.Duration {
+	ps := req.Origin.(*pubStamp)
+	t0 := ps.t0
+	ps.c = nil
+	l.stamps = append(l.stamps, ps)
+	l.srv.Stats.InFlight.Add(-1)
+	return t0
+}
+
+// AppConns calls fn for every app with its open WebSocket connections
+// (for metrics). Any goroutine.
+func (s *Server) AppConns(fn func(app string, conns int64)) {
+	s.apps.mu.RLock()
+	defer s.apps.mu.RUnlock()
+	for id, a := range s.apps.byID {
+		fn(id, a.conns.Load())
+	}
 }
 
 // New builds a server. Wire it with Attach before Serve.
@@ -141,6 +212,10 @@ func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
 		reads:   make(chan readJob, 4096),
 		done:    make(chan struct{}),
 	}
+	s.Stats.WriteFrames = tuning.NewHistogram(WriteFramesBuckets...)
+	s.Stats.PublishLatency = tuning.NewHistogram(LatencyBuckets...)
+	s.Stats.AckLatency = tuning.NewHistogram(LatencyBuckets...)
+	s.Stats.BrokerLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.clock.Store(time.Now().UnixMilli())
 	return s, nil
 }
@@ -245,31 +320,66 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	return gnet.None
 }
 
-// Drain closes every connection with code and a jittered retry hint
-// (1001 or 1013), spread over window so clients do not reconnect in one
-// storm. It returns when every loop has sent its closes.
+// Drain takes the node out of service over window, in three steps:
+//
+//  1. every loop refuses new connections and answers new publishes with
+//     err overloaded;
+//  2. publishes already submitted are awaited (up to half the window) so
+//     that each is committed and its ack queued before its connection closes;
+//  3. connections are closed with code (1001 or 1013) and a jittered
+//     retry=MS hint, a share of each loop's connections per round, the
+//     rounds spread over what is left of the window: clients reconnect
+//     elsewhere gradually, not in one storm.
+//
+// It returns when every connection has been sent its close. Any goroutine;
+// call it once.
 func (s *Server) Drain(code int, window time.Duration) {
+	start := time.Now()
+	s.draining.Store(true)
+	s.eachLoop(task{kind: tDrain}) // n = 0: refuse, close nothing yet
+	for s.Stats.InFlight.Load() > 0 && time.Since(start) < window/2 {
+		time.Sleep(2 * time.Millisecond) // off the hot path: once per shutdown
+	}
+	rest := window - time.Since(start)
+	rounds := max(1, min(int(rest/(100*time.Millisecond)), 50))
+	step := rest / time.Duration(rounds)
+	for r := rounds; r >= 1; r-- {
+		s.eachLoop(task{kind: tDrain, n: uint64(code), seq: uint64(r)})
+		if s.Stats.Conns.Load()+s.Stats.Upgrading.Load() == 0 {
+			return // nobody left: do not sit out the window
+		}
+		if r > 1 {
+			time.Sleep(step)
+		}
+	}
+}
+
+// eachLoop runs t on every loop and waits until all have run it.
+func (s *Server) eachLoop(t task) {
 	n := int(s.nloops.Load())
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
-		l := s.loops[i].Load()
 		wg.Add(1)
-		l.push(task{kind: tDrain, n: uint64(code), seq: uint64(window), done: wg.Done})
+		t.done = wg.Done
+		s.loops[i].Load().push(t)
 	}
 	wg.Wait()
 }
 
 // Stop stops the engine, the ticker and the readers.
+// Stop may be called more than once; later calls return at once.
 func (s *Server) Stop(ctx context.Context) error {
-	close(s.done)
 	var err error
-	select {
-	case <-s.booted:
-		err = s.eng.Stop(ctx)
-	default:
-	}
-	s.wg.Wait()
-	<-s.stopped
+	s.stopOnce.Do(func() {
+		close(s.done)
+		select {
+		case <-s.booted:
+			err = s.eng.Stop(ctx)
+			<-s.stopped
+		default:
+		}
+		s.wg.Wait()
+	})
 	return err
 }
 
@@ -294,6 +404,7 @@ func (s *Server) loopFor(el gnet.EventLoop) *loopState {
 		panic("BUG: loop: more gnet loops than configured")
 	}
 	l := newLoopState(s, el, n)
+	l.draining = s.draining.Load()
 	s.loops[n].Store(l)
 	s.nloops.Store(int32(n + 1))
 	return l
@@ -341,15 +452,20 @@ func (s *Server) retryMS() int {
 // order per room: the frame goes to the broker first, then the ack to the
 // publisher's loop, so an ack always means "stored and on its way".
 func (s *Server) Committed(req *persist.PubRequest, res *persist.PubResult) {
+	ps := req.Origin.(*pubStamp)
+	s.Stats.PublishLatency.Observe((time.Since(monoEpoch) - ps.t0).Seconds())
 	if res.Err == nil && !res.Duplicate {
-		if err := s.bus.Publish(context.Background(), req.Key, res.Seq, res.Frame); err != nil {
+		t0 := time.Now()
+		err := s.bus.Publish(context.Background(), req.Key, res.Seq, res.Frame)
+		s.Stats.BrokerLatency.Observe(time.Since(t0).Seconds())
+		if err != nil {
 			// Stored but not broadcast: receivers repair the gap from the
 			// store when the next message of the room shows it.
 			s.Stats.BrokerErrors.Add(1)
 			s.log.Warn("cannot broadcast committed message", "room", req.Key, "seq", res.Seq, "err", err)
 		}
 	}
-	c := req.Origin.(*conn)
+	c := ps.c
 	c.l.push(task{kind: tAck, conn: c, req: req, seq: res.Seq, err: res.Err})
 }
 

@@ -1,0 +1,1026 @@
+package main
+
+// The multi-node harness: the roost binary built once, real `roost serve`
+// processes sharing one PostgreSQL database and one Redis (or a Redis
+// Cluster of child redis-server processes), and a small real WebSocket
+// client. Everything listens on 127.0.0.1; every wait is bounded.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+	"github.com/jackc/pgx/v5"
+)
+
+const (
+	testPGURL     = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	testRedisAddr = "127.0.0.1:6379"
+	testApp       = "ct"
+)
+
+var (
+	binDir    string // holds the roost binary; removed by TestMain
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// TestMain only owns the temporary directory of the binary: the binary is
+// built lazily, by the first test that starts a node, so tests of package
+// main that need no process do not pay for the build.
+func TestMain(m *testing.M) {
+	d, err := os.MkdirTemp("", "roost-clustertest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cannot create temp dir:", err)
+		os.Exit(1)
+	}
+	binDir = d
+	code := m.Run()
+	os.RemoveAll(d)
+	os.Exit(code)
+}
+
+// roostBinary builds the roost binary of this tree once per test run.
+func roostBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binPath = filepath.Join(binDir, "roost")
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("cannot build roost: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// skipOrFail skips a test whose service is missing, unless CI demands it.
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+func requireRedis(t testing.TB) {
+	t.Helper()
+	if err := pingRedis(testRedisAddr); err != nil {
+		skipOrFail(t, "redis at %s is not available (%v): start Redis 7 there to run this test", testRedisAddr, err)
+	}
+}
+
+func requireRedisBinaries(t testing.TB) {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			skipOrFail(t, "%s not in PATH: install redis-server to run this test", bin)
+		}
+	}
+}
+
+// pingRedis speaks raw RESP so that setup does not depend on the code
+// under test.
+func pingRedis(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newDatabase creates a database of its own for t and drops it at the end
+// (after the nodes using it, which are registered later and stop first).
+func newDatabase(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testPGURL)
+	if err != nil {
+		skipOrFail(t, "postgresql at 127.0.0.1:5432 is not available (%v): start PostgreSQL (user postgres, trust auth) to run this test", err)
+	}
+	defer conn.Close(context.Background())
+	name := "roost_ct_" + randHex(6)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("cannot create database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, testPGURL)
+		if err != nil {
+			t.Errorf("cannot drop database %s: %v", name, err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("cannot drop database %s: %v", name, err)
+		}
+	})
+	return "postgres://postgres@127.0.0.1:5432/" + name + "?sslmode=disable"
+}
+
+// waitFor polls f until it returns nil or d passes, then fails with f's
+// last error.
+func waitFor(t testing.TB, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// freePort returns a free loopback port; with bus, port+10000 (the Redis
+// Cluster bus) is free too.
+func freePort(t testing.TB, bus bool) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if !bus {
+			l.Close()
+			return port
+		}
+		if port+10000 < 65536 {
+			if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000)); err == nil {
+				l2.Close()
+				l.Close()
+				return port
+			}
+		}
+		l.Close()
+	}
+	t.Fatal("no free port found")
+	return 0
+}
+
+// redisProc is a redis-server child process owned by a test.
+type redisProc struct {
+	port int
+	args []string
+	cmd  *exec.Cmd
+}
+
+func startRedis(t testing.TB, port int, extra ...string) *redisProc {
+	t.Helper()
+	p := &redisProc{port: port, args: append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
+	}, extra...)}
+	p.start(t)
+	t.Cleanup(p.kill)
+	return p
+}
+
+func (p *redisProc) addr() string { return fmt.Sprintf("127.0.0.1:%d", p.port) }
+
+func (p *redisProc) start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command("redis-server", p.args...)
+	// The server dies with the test binary even if cleanup never runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("cannot start redis-server: %v", err)
+	}
+	p.cmd = cmd
+	waitFor(t, 5*time.Second, func() error { return pingRedis(p.addr()) })
+}
+
+// kill is kill -9: no shutdown, no goodbye to the clients.
+func (p *redisProc) kill() {
+	if p.cmd != nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+// startCluster starts a three-shard Redis Cluster (no replicas).
+func startCluster(t testing.TB) []*redisProc {
+	t.Helper()
+	requireRedisBinaries(t)
+	dir := t.TempDir()
+	var nodes []*redisProc
+	var addrs []string
+	for range 3 {
+		port := freePort(t, true)
+		n := startRedis(t, port,
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
+			"--dir", dir)
+		nodes = append(nodes, n)
+		addrs = append(addrs, n.addr())
+	}
+	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	waitFor(t, 10*time.Second, func() error {
+		for _, n := range nodes {
+			out, err := exec.Command("redis-cli", "-p", strconv.Itoa(n.port), "cluster", "info").Output()
+			if err != nil {
+				return fmt.Errorf("cluster info on %s: %v", n.addr(), err)
+			}
+			if !strings.Contains(string(out), "cluster_state:ok") {
+				return fmt.Errorf("cluster state on %s is not ok", n.addr())
+			}
+		}
+		return nil
+	})
+	return nodes
+}
+
+// redisCLI runs one redis-cli command against port.
+func redisCLI(t testing.TB, port int, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("redis-cli", append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(port)}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli %v on port %d: %v %s", args, port, err, out)
+	}
+	return string(out)
+}
+
+// env is what the nodes of one test share.
+type env struct {
+	dbURL    string
+	redisURL string
+	prefix   string
+}
+
+// newEnv gives t its own database and, on redisAddrs (comma-separated),
+// its own channel prefix.
+func newEnv(t testing.TB, redisAddrs string) *env {
+	t.Helper()
+	e := &env{dbURL: newDatabase(t), prefix: "ct-" + randHex(6)}
+	e.redisURL = "redis://" + redisAddrs + "?prefix=" + e.prefix
+	return e
+}
+
+// channel is the Redis channel of a room of testApp (pubsub: Prefix.{key}).
+func (e *env) channel(room string) string { return e.prefix + ".{" + testApp + "/" + room + "}" }
+
+// roostNode is one `roost serve` child process.
+type roostNode struct {
+	name   string
+	addr   string // client listener
+	admin  string
+	cmd    *exec.Cmd
+	logf   string
+	exited chan struct{}
+}
+
+// startNodes starts n nodes in parallel and waits until each is ready.
+func startNodes(t testing.TB, e *env, n int, extra ...string) []*roostNode {
+	t.Helper()
+	nodes := make([]*roostNode, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i], errs[i] = launchNode(t, e, fmt.Sprintf("node%d", i), extra)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nodes
+}
+
+// launchNode starts one node on free ports, retrying when a port was taken
+// between choosing it and binding it. It registers the stop and, on
+// failure, the dump of the node's log.
+func launchNode(t testing.TB, e *env, name string, extra []string) (*roostNode, error) {
+	bin := roostBinary(t)
+	dir := t.TempDir()
+	var lastErr error
+	for attempt := range 3 {
+		n := &roostNode{
+			name:   name,
+			addr:   fmt.Sprintf("127.0.0.1:%d", freePort(t, false)),
+			admin:  fmt.Sprintf("127.0.0.1:%d", freePort(t, false)),
+			logf:   filepath.Join(dir, fmt.Sprintf("%s-%d.log", name, attempt)),
+			exited: make(chan struct{}),
+		}
+		args := append([]string{"serve",
+			"--database-url", e.dbURL, "--redis-url", e.redisURL, "--migrate", "--insecure",
+			"--listen", n.addr, "--admin", n.admin,
+			"--loops", "1", "--publish-workers", "2", "--drain", "200ms", "--flush", "1ms",
+		}, extra...)
+		lf, err := os.Create(n.logf)
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(bin, args...)
+		if cg := cpuGroup(t, name); cg != nil {
+			// Enter the group before exec, so the node's runtime sees its
+			// quota and CPU set from its first instruction.
+			cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec taskset -c "$1" "$2" "$@"`, cg.dir, cg.cpu, bin}, args...)...)
+		}
+		cmd.Stdout, cmd.Stderr = lf, lf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			lf.Close()
+			return nil, fmt.Errorf("cannot start %s: %w", name, err)
+		}
+		n.cmd = cmd
+		go func() {
+			_ = cmd.Wait()
+			lf.Close()
+			close(n.exited)
+		}()
+		if err := n.waitReady(15 * time.Second); err != nil {
+			n.kill()
+			lastErr = fmt.Errorf("%s not ready: %w\n%s", name, err, n.logTail(40))
+			if strings.Contains(n.logTail(40), "address already in use") {
+				continue
+			}
+			return nil, lastErr
+		}
+		t.Cleanup(func() {
+			n.stop()
+			if t.Failed() {
+				t.Logf("--- log of %s (%s) ---\n%s", n.name, n.addr, n.logTail(60))
+			}
+		})
+		return n, nil
+	}
+	return nil, lastErr
+}
+
+var httpClient = &http.Client{Timeout: 2 * time.Second}
+
+// cpuShare is a node's CPU limit for figures: ROOST_NODE_CPU_QUOTA=PCT
+// puts every node in a cgroup v1 cpu group of its own, capped at PCT% of
+// one CPU (10 ms period, so throttling adds at most ~10 ms), and pins it
+// with taskset to CPU k mod NumCPU. Unset, nodes run unconstrained.
+type cpuShare struct{ dir, cpu string }
+
+var cpuSeq struct {
+	sync.Mutex
+	n int
+}
+
+func cpuGroup(t testing.TB, name string) *cpuShare {
+	pct, err := strconv.Atoi(os.Getenv("ROOST_NODE_CPU_QUOTA"))
+	if err != nil || pct <= 0 {
+		return nil
+	}
+	cpuSeq.Lock()
+	k := cpuSeq.n
+	cpuSeq.n++
+	cpuSeq.Unlock()
+	dir := fmt.Sprintf("/sys/fs/cgroup/cpu/roost-test-%d-%s-%d", os.Getpid(), name, k)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("ROOST_NODE_CPU_QUOTA needs a writable cgroup v1 cpu hierarchy: %v", err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) }) // after the node stopped (registered before it)
+	for f, v := range map[string]int{"cpu.cfs_period_us": 10000, "cpu.cfs_quota_us": pct * 100} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(strconv.Itoa(v)), 0o644); err != nil {
+			t.Fatalf("cannot set %s: %v", f, err)
+		}
+	}
+	return &cpuShare{dir: dir, cpu: strconv.Itoa(k % runtime.NumCPU())}
+}
+
+// cpuTime is the node's user+system CPU so far (Linux /proc).
+func (n *roostNode) cpuTime() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command name; utime and stime are
+	// fields 14 and 15, in clock ticks (100 per second on Linux).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond
+}
+
+func (n *roostNode) waitReady(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		select {
+		case <-n.exited:
+			return errors.New("process exited")
+		default:
+		}
+		resp, err := httpClient.Get("http://" + n.admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("readyz: %s", resp.Status)
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (n *roostNode) alive() bool {
+	select {
+	case <-n.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop is SIGTERM (drain), then SIGKILL if the node does not exit in time.
+func (n *roostNode) stop() {
+	if !n.alive() {
+		return
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.exited:
+	case <-time.After(5 * time.Second):
+		n.kill()
+	}
+}
+
+// kill is SIGKILL: the node dies with whatever it had in flight.
+func (n *roostNode) kill() {
+	_ = n.cmd.Process.Kill()
+	<-n.exited
+}
+
+func (n *roostNode) logTail(lines int) string {
+	b, err := os.ReadFile(n.logf)
+	if err != nil {
+		return err.Error()
+	}
+	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(ls) > lines {
+		ls = ls[len(ls)-lines:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// health is what /healthz reports.
+type health struct{ conns, rooms, loops int }
+
+func (n *roostNode) health(t testing.TB) health {
+	t.Helper()
+	resp, err := httpClient.Get("http://" + n.admin + "/healthz")
+	if err != nil {
+		t.Fatalf("%s /healthz: %v", n.name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var h health
+	for _, f := range strings.Fields(string(b)) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			continue
+		}
+		x, _ := strconv.Atoi(v)
+		switch k {
+		case "conns":
+			h.conns = x
+		case "rooms":
+			h.rooms = x
+		case "loops":
+			h.loops = x
+		}
+	}
+	return h
+}
+
+// metrics reads /metrics into name -> value.
+func (n *roostNode) metrics(t testing.TB) map[string]float64 {
+	t.Helper()
+	resp, err := httpClient.Get("http://" + n.admin + "/metrics")
+	if err != nil {
+		t.Fatalf("%s /metrics: %v", n.name, err)
+	}
+	defer resp.Body.Close()
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			m[k] = f
+		}
+	}
+	return m
+}
+
+// wsClient is a real WebSocket client speaking the roost protocol. A
+// reader goroutine records what arrives; the test inspects it under mu.
+// After the connection dies the client can redial another node and keep
+// its record, as a real client reconnecting with since does.
+type wsClient struct {
+	user string
+
+	wmu  sync.Mutex
+	conn net.Conn
+	done chan struct{} // closed when the current connection's reader ends
+
+	mu        sync.Mutex
+	node      *roostNode
+	rooms     []string            // joined rooms, for rejoining
+	msgs      map[string][]uint64 // msg seqs per room, in arrival order
+	joined    map[string]uint64   // seq of the latest joined per room
+	acks      map[string]uint64   // room + "\x00" + id -> seq
+	errs      []wireFrame
+	closeCode int   // of the last close frame received, 0 if none
+	closes    []int // every close code received, in order
+	readErr   error
+
+	// Latency mode (benchmarks): msg frames of room fast are not decoded
+	// as JSON; their seq is recorded and, for bodies {"t":UNIXNANO} sent
+	// at or after latFrom, the delivery latency.
+	fast    string
+	latFrom int64
+	lat     []time.Duration
+}
+
+// wireFrame is the part of a server frame the tests look at.
+type wireFrame struct {
+	Op      string `json:"op"`
+	Room    string `json:"room"`
+	Seq     uint64 `json:"seq"`
+	ID      string `json:"id"`
+	Ref     string `json:"ref"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func dialClient(t testing.TB, n *roostNode, user string) *wsClient {
+	t.Helper()
+	c := &wsClient{user: user, msgs: map[string][]uint64{}, joined: map[string]uint64{}, acks: map[string]uint64{}}
+	if err := c.dial(n); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *wsClient) dial(n *roostNode) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, br, _, err := ws.Dial(ctx, "ws://"+n.addr+"/ws?user="+c.user+"&app="+testApp)
+	if err != nil {
+		return fmt.Errorf("%s cannot dial %s: %w", c.user, n.name, err)
+	}
+	if br == nil {
+		br = bufio.NewReader(conn)
+	}
+	done := make(chan struct{})
+	c.wmu.Lock()
+	c.conn, c.done = conn, done
+	c.wmu.Unlock()
+	c.mu.Lock()
+	c.node, c.closeCode, c.readErr = n, 0, nil
+	c.mu.Unlock()
+	go c.read(conn, br, done)
+	return nil
+}
+
+func (c *wsClient) read(conn net.Conn, rd *bufio.Reader, done chan struct{}) {
+	defer close(done)
+	defer conn.Close()
+	fail := func(err error) {
+		c.mu.Lock()
+		c.readErr = err
+		c.mu.Unlock()
+	}
+	for {
+		// Generous: a test ends long before, and a hung read still ends.
+		_ = conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+		h, err := ws.ReadHeader(rd)
+		if err != nil {
+			fail(err)
+			return
+		}
+		p := make([]byte, h.Length)
+		if _, err := io.ReadFull(rd, p); err != nil {
+			fail(err)
+			return
+		}
+		if h.Masked {
+			fail(errors.New("server frame is masked"))
+			return
+		}
+		switch h.OpCode {
+		case ws.OpPing:
+			c.wmu.Lock()
+			_ = wsutil.WriteClientMessage(conn, ws.OpPong, p)
+			c.wmu.Unlock()
+			continue
+		case ws.OpClose:
+			code := 0
+			if len(p) >= 2 {
+				code = int(binary.BigEndian.Uint16(p))
+			}
+			c.mu.Lock()
+			c.closeCode = code
+			c.closes = append(c.closes, code)
+			c.mu.Unlock()
+			c.wmu.Lock()
+			_ = wsutil.WriteClientMessage(conn, ws.OpClose, p[:min(len(p), 2)])
+			c.wmu.Unlock()
+			fail(fmt.Errorf("closed by server with %d %q", code, p[min(len(p), 2):]))
+			return
+		case ws.OpText:
+		default:
+			continue
+		}
+		if c.fast != "" && bytes.HasPrefix(p, []byte(`{"op":"msg"`)) {
+			now := time.Now().UnixNano()
+			seq := uintAfter(p, `"seq":`)
+			sent := int64(uintAfter(p, `"body":{"t":`))
+			c.mu.Lock()
+			c.msgs[c.fast] = append(c.msgs[c.fast], seq)
+			if sent >= c.latFrom && sent > 0 {
+				c.lat = append(c.lat, time.Duration(now-sent))
+			}
+			c.mu.Unlock()
+			continue
+		}
+		var f wireFrame
+		if err := json.Unmarshal(p, &f); err != nil {
+			fail(fmt.Errorf("server frame is not JSON: %q", p))
+			return
+		}
+		c.mu.Lock()
+		switch f.Op {
+		case "msg":
+			c.msgs[f.Room] = append(c.msgs[f.Room], f.Seq)
+		case "joined":
+			c.joined[f.Room] = f.Seq
+		case "ack":
+			c.acks[f.Room+"\x00"+f.ID] = f.Seq
+		case "err":
+			c.errs = append(c.errs, f)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// uintAfter parses the decimal number following key in p (0 if absent).
+func uintAfter(p []byte, key string) uint64 {
+	i := bytes.Index(p, []byte(key))
+	if i < 0 {
+		return 0
+	}
+	var v uint64
+	for _, ch := range p[i+len(key):] {
+		if ch < '0' || ch > '9' {
+			break
+		}
+		v = v*10 + uint64(ch-'0')
+	}
+	return v
+}
+
+func (c *wsClient) send(frame string) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	return wsutil.WriteClientText(c.conn, []byte(frame))
+}
+
+// dead reports whether the current connection has ended.
+func (c *wsClient) dead() bool {
+	c.wmu.Lock()
+	done := c.done
+	c.wmu.Unlock()
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *wsClient) close() {
+	c.wmu.Lock()
+	conn, done := c.conn, c.done
+	c.wmu.Unlock()
+	_ = conn.Close()
+	<-done
+}
+
+// join joins room and waits for joined.
+func (c *wsClient) join(t testing.TB, room string) {
+	t.Helper()
+	c.mu.Lock()
+	delete(c.joined, room)
+	c.rooms = append(c.rooms, room)
+	c.mu.Unlock()
+	if err := c.send(`{"op":"join","room":"` + room + `"}`); err != nil {
+		t.Fatal(err)
+	}
+	c.waitJoined(t, room)
+}
+
+func (c *wsClient) waitJoined(t testing.TB, room string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if _, ok := c.joined[room]; ok {
+			return nil
+		}
+		if c.readErr != nil {
+			return fmt.Errorf("%s joining %s: %v", c.user, room, c.readErr)
+		}
+		return fmt.Errorf("%s: no joined for %s (errs %v)", c.user, room, c.errs)
+	})
+}
+
+// cursor is where a rejoin resumes room: the newest seq seen.
+func (c *wsClient) cursor(room string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur := c.joined[room]
+	if s := c.msgs[room]; len(s) > 0 && s[len(s)-1] > cur {
+		cur = s[len(s)-1]
+	}
+	return cur
+}
+
+// rejoin redials n after the connection ended and joins every room again
+// with since = the newest seq seen, as the protocol tells a client to.
+func (c *wsClient) rejoin(t testing.TB, n *roostNode) {
+	t.Helper()
+	if err := c.rejoinErr(n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rejoinErr is rejoin for goroutines other than the test's.
+func (c *wsClient) rejoinErr(n *roostNode) error {
+	c.close()
+	if err := c.dial(n); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	rooms := append([]string(nil), c.rooms...)
+	c.mu.Unlock()
+	for _, r := range rooms {
+		since := c.cursor(r)
+		c.mu.Lock()
+		delete(c.joined, r)
+		c.mu.Unlock()
+		c.mu.Lock()
+		errs0 := len(c.errs)
+		c.mu.Unlock()
+		if err := c.send(fmt.Sprintf(`{"op":"join","room":%q,"since":%d}`, r, since)); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c.mu.Lock()
+			_, ok := c.joined[r]
+			rerr, errs := c.readErr, c.errs[errs0:]
+			c.mu.Unlock()
+			if ok {
+				break
+			}
+			if rerr != nil || len(errs) > 0 || time.Now().After(deadline) {
+				return fmt.Errorf("%s cannot rejoin %s on %s: read %v, errs %v", c.user, r, n.name, rerr, errs)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// seqs returns a copy of the msg seqs received in room.
+func (c *wsClient) seqs(room string) []uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]uint64(nil), c.msgs[room]...)
+}
+
+// checkSeqs reports whether s is exactly 1..n, describing the first fault.
+func checkSeqs(s []uint64, n uint64) error {
+	for i, q := range s {
+		if q != uint64(i)+1 {
+			kind := "gap"
+			if q <= uint64(i) {
+				kind = "duplicate or reorder"
+			}
+			return fmt.Errorf("%s at position %d: seq %d, want %d (received %d of %d)", kind, i, q, i+1, len(s), n)
+		}
+	}
+	if uint64(len(s)) != n {
+		return fmt.Errorf("received 1..%d of %d", len(s), n)
+	}
+	return nil
+}
+
+// pubJob is one publish.
+type pubJob struct{ room, id string }
+
+// publishAll publishes jobs with at most window unacknowledged, pacing
+// sends by pace. An err answer (overloaded while the broker or a node is
+// in trouble) is retried with the same id, as the protocol asks. When the
+// connection dies, the publisher redials the first live node of failover
+// and re-sends everything unacknowledged: the idempotency key makes that
+// safe. It returns when every job is acknowledged or by deadline.
+func (c *wsClient) publishAll(jobs []pubJob, window int, pace time.Duration, deadline time.Time, failover []*roostNode) error {
+	frame := func(j pubJob) string {
+		return fmt.Sprintf(`{"op":"pub","room":%q,"id":%q,"body":{"from":%q,"id":%q}}`, j.room, j.id, c.user, j.id)
+	}
+	acked := func(j pubJob) bool {
+		_, ok := c.acks[j.room+"\x00"+j.id]
+		return ok
+	}
+	var inflight []pubJob
+	next, errSeen := 0, 0
+	var lastSend time.Time
+	for {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %d of %d publishes unacknowledged at the deadline", c.user, len(inflight)+len(jobs)-next, len(jobs))
+		}
+		if c.dead() {
+			var to *roostNode
+			for _, n := range failover {
+				if n.alive() {
+					to = n
+					break
+				}
+			}
+			if to == nil {
+				return fmt.Errorf("%s: connection lost and no node to fail over to", c.user)
+			}
+			c.close()
+			if err := c.dial(to); err != nil {
+				return err
+			}
+			c.mu.Lock()
+			errSeen = len(c.errs)
+			c.mu.Unlock()
+			for _, j := range inflight {
+				if err := c.send(frame(j)); err != nil {
+					c.close() // the new node died too: fail over again
+					break
+				}
+			}
+		}
+		c.mu.Lock()
+		keep := inflight[:0]
+		for _, j := range inflight {
+			if !acked(j) {
+				keep = append(keep, j)
+			}
+		}
+		inflight = keep
+		var retry []pubJob
+		for _, e := range c.errs[errSeen:] {
+			if e.Code != "overloaded" && e.Code != "internal" {
+				c.mu.Unlock()
+				return fmt.Errorf("%s: publish %s refused: %s %s", c.user, e.Ref, e.Code, e.Message)
+			}
+			for _, j := range inflight {
+				if j.id == e.Ref {
+					retry = append(retry, j)
+				}
+			}
+		}
+		errSeen = len(c.errs)
+		c.mu.Unlock()
+		if len(retry) > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		for _, j := range retry {
+			if err := c.send(frame(j)); err != nil {
+				c.close() // a write error means the connection is gone
+				break
+			}
+		}
+		if next == len(jobs) && len(inflight) == 0 {
+			return nil
+		}
+		if next < len(jobs) && len(inflight) < window && time.Since(lastSend) >= pace {
+			j := jobs[next]
+			if err := c.send(frame(j)); err != nil {
+				// The write may fail before the reader sees the death:
+				// end the connection, fail over above, then send it.
+				c.close()
+				continue
+			}
+			next++
+			inflight = append(inflight, j)
+			lastSend = time.Now()
+			continue
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// maxAck is the highest acknowledged seq of room over publishers.
+func maxAck(pubs []*wsClient, room string) uint64 {
+	var m uint64
+	for _, p := range pubs {
+		p.mu.Lock()
+		for k, s := range p.acks {
+			if r, _, _ := strings.Cut(k, "\x00"); r == room && s > m {
+				m = s
+			}
+		}
+		p.mu.Unlock()
+	}
+	return m
+}
+
+// ackedSeqs checks that the acks of room over all publishers are exactly
+// 1..n with no seq given to two ids.
+func ackedSeqs(pubs []*wsClient, room string, n uint64) error {
+	seen := make(map[uint64]string)
+	for _, p := range pubs {
+		p.mu.Lock()
+		for k, s := range p.acks {
+			r, id, _ := strings.Cut(k, "\x00")
+			if r != room {
+				continue
+			}
+			if prev, ok := seen[s]; ok && prev != id {
+				p.mu.Unlock()
+				return fmt.Errorf("room %s: seq %d acknowledged for %s and %s", room, s, prev, id)
+			}
+			seen[s] = id
+		}
+		p.mu.Unlock()
+	}
+	for s := uint64(1); s <= n; s++ {
+		if _, ok := seen[s]; !ok {
+			return fmt.Errorf("room %s: seq %d was never acknowledged (acks %d, want %d)", room, s, len(seen), n)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/pprof"
+	"runtime"
+	"runtime/metrics"
+	"sort"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/roost-chat/roost/loop"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/pubsub"
+	"github.com/roost-chat/roost/tuning"
+)
+
+// admin is what the admin listener reads: the node's counters and its
+// readiness. redis is nil with the in-process broker.
+type admin struct {
+	srv   *loop.Server
+	pool  *persist.Pool
+	redis *pubsub.Redis
+	ready *atomic.Bool
+}
+
+// adminMux serves operators, apart from clients: pprof from the first day,
+// liveness, readiness and metrics.
+func adminMux(a *admin) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		// Liveness: the process answers. Dependencies are /readyz's job, so
+		// a Redis outage does not get every node restarted at once.
+		sn := a.srv.Snapshot()
+		_, _ = io.WriteString(w, "ok conns="+strconv.FormatInt(sn.Conns, 10)+" rooms="+strconv.FormatInt(sn.Rooms, 10)+" loops="+strconv.Itoa(sn.Loops)+"\n")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !a.ready.Load() {
+			http.Error(w, "not ready: starting or draining", http.StatusServiceUnavailable)
+			return
+		}
+		if a.redis != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+			defer cancel()
+			// Rooms waiting for their subscription are normal for a moment
+			// after every new join; only an unreachable Redis makes the node
+			// unfit for new clients (roost_redis_pending_rooms shows the rest).
+			if err := a.redis.Ping(ctx); err != nil && !errors.Is(err, pubsub.ErrNotSubscribed) {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_ = writeMetrics(w, a)
+	})
+	return mux
+}
+
+// writeMetrics prints the node's metrics in the Prometheus text format.
+// The hot path only bumps atomics; the formatting cost is the scraper's.
+func writeMetrics(w io.Writer, a *admin) error {
+	m := tuning.NewMetricsWriter(w)
+	st := &a.srv.Stats
+	sn := a.srv.Snapshot()
+	c := func(name, help string, v uint64) { m.Counter(name, help, float64(v)) }
+	g := func(name, help string, v int64) { m.Gauge(name, help, float64(v)) }
+
+	type appConns struct {
+		id string
+		n  int64
+	}
+	var apps []appConns
+	a.srv.AppConns(func(id string, n int64) { apps = append(apps, appConns{id, n}) })
+	sort.Slice(apps, func(i, j int) bool { return apps[i].id < apps[j].id })
+	for _, ac := range apps {
+		m.Gauge("roost_connections", "Open WebSocket connections, by app.", float64(ac.n), "app", ac.id)
+	}
+	g("roost_connections_total_open", "Open WebSocket connections, all apps.", st.Conns.Load())
+	g("roost_upgrading_connections", "TCP connections still in the HTTP upgrade.", st.Upgrading.Load())
+	c("roost_accepted_total", "TCP connections accepted.", st.Accepted.Load())
+	c("roost_upgrade_errors_total", "Connections refused before the upgrade (HTTP 4xx).", st.UpgradeErrors.Load())
+	g("roost_room_memberships", "Live room memberships: joined rooms summed over connections.", st.Joined.Load())
+	g("roost_rooms", "Rooms this node is subscribed to (at least one member or joiner).", sn.Rooms)
+
+	c("roost_frames_in_total", "WebSocket frames read from clients.", st.FramesIn.Load())
+	c("roost_frames_out_total", "WebSocket frames written to clients.", st.FramesOut.Load())
+	c("roost_bytes_out_total", "Bytes of frames written to clients.", st.BytesOut.Load())
+	c("roost_writes_total", "Writes to client sockets (one writev each).", st.Writes.Load())
+	m.Histogram("roost_write_frames", "Frames per write to one connection: the outbound batch size.", st.WriteFrames.Snapshot())
+
+	c("roost_publishes_total", "pub frames submitted for commit.", st.Publishes.Load())
+	c("roost_acks_total", "ack frames sent.", st.Acks.Load())
+	g("roost_publishes_in_flight", "Publishes submitted and not yet answered.", st.InFlight.Load())
+	c("roost_overloaded_total", "Commands answered err overloaded (publish queue or read queue full).", st.Overloaded.Load())
+	m.Histogram("roost_publish_latency_seconds", "From a pub frame read to its commit (including a failed one).", st.PublishLatency.Snapshot())
+	m.Histogram("roost_ack_latency_seconds", "From a pub frame read to its ack queued to the client.", st.AckLatency.Snapshot())
+
+	ps := a.pool.Stats()
+	bounds := make([]float64, len(persist.BatchBuckets))
+	for i, b := range persist.BatchBuckets {
+		bounds[i] = float64(b)
+	}
+	// The pool counts batch sizes by bucket but not their sum; publishes
+	// answered is the closest total (it includes those of failed commits).
+	m.Histogram("roost_commit_batch_size", "Publishes per successful group commit; _sum counts every publish answered.",
+		tuning.HistogramValue{Bounds: bounds, Counts: ps.BatchSizes[:], Sum: float64(ps.Requests)})
+	c("roost_commit_batches_total", "Group commits that succeeded.", ps.Batches)
+	c("roost_commit_duplicates_total", "Publishes answered as duplicates (same user, room and id).", ps.Duplicates)
+	c("roost_store_errors_total", "Group commits that failed (their publishes were answered with err).", ps.CommitErrors)
+	c("roost_publish_rejected_total", "Publishes refused because the publish queue was full.", ps.Rejected)
+	g("roost_publish_queue_depth", "Publishes waiting in the publish workers' queues.", int64(ps.QueueDepth))
+
+	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", st.SlowCloses.Load())
+	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", st.Repairs.Load())
+	c("roost_gap_closes_total", "Rooms whose members were closed with 1013 because a gap could not be filled.", st.GapCloses.Load())
+	c("roost_broker_errors_total", "Committed messages the broker failed to publish (receivers repair from the store).", st.BrokerErrors.Load())
+	m.Histogram("roost_broker_publish_seconds", "Time one broker publish of a committed message takes: the broker's lag.", st.BrokerLatency.Snapshot())
+	if a.redis != nil {
+		rs := a.redis.Stats()
+		c("roost_redis_published_total", "Messages published to Redis.", rs.Published)
+		c("roost_redis_publish_errors_total", "Redis publishes that failed.", rs.PublishErrors)
+		c("roost_redis_received_total", "Messages received from Redis subscriptions.", rs.Received)
+		c("roost_redis_malformed_total", "Undecodable messages on roost's Redis channels.", rs.Malformed)
+		c("roost_redis_resubscribes_total", "Recoveries after a lost Redis subscription connection.", rs.Resubscribes)
+		c("roost_redis_subscribe_errors_total", "Failed Redis SUBSCRIBE/SSUBSCRIBE attempts.", rs.SubscribeErrors)
+		g("roost_redis_subscribed_rooms", "Rooms subscribed on Redis.", rs.Subscribed)
+		g("roost_redis_pending_rooms", "Rooms wanted but not yet subscribed on Redis (subscription lag).", rs.Pending)
+	}
+
+	for i := 0; i < sn.Loops; i++ {
+		m.Gauge("roost_loop_inbox_depth", "Tasks an event loop took from its inbox in its latest wake-up.", float64(st.InboxDepth[i].Load()), "loop", strconv.Itoa(i))
+	}
+
+	g("go_goroutines", "Goroutines.", int64(runtime.NumGoroutine()))
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/total:bytes"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() == metrics.KindUint64 {
+		g("go_heap_objects_bytes", "Bytes of live and not yet swept heap objects.", int64(sample[0].Value.Uint64()))
+	}
+	if sample[1].Value.Kind() == metrics.KindUint64 {
+		g("go_memory_total_bytes", "Memory mapped by the Go runtime.", int64(sample[1].Value.Uint64()))
+	}
+	return m.Flush()
+}

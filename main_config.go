@@ -1,0 +1,522 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/roost-chat/roost/loop"
+	"github.com/roost-chat/roost/pubsub"
+	"github.com/roost-chat/roost/tuning"
+)
+
+// config is everything serve reads from flags, the environment and the
+// config file.
+type config struct {
+	node        loop.Config
+	admin       string
+	appSecrets  string
+	keep        int
+	databaseURL string
+	migrate     bool
+	pgMaxConns  int
+	stmtTimeout time.Duration
+	workers     int
+	batchMax    int
+	batchWindow time.Duration
+	queueLen    int
+	redisURL    string
+	drain       time.Duration
+	logLevel    string
+	logFormat   string
+	memLimit    string
+	memLimitN   int64 // memLimit parsed; 0 = from the cgroup
+	connTarget  int
+
+	configFile  string
+	printConfig bool
+
+	// source names where each setting came from, by flag name: "default",
+	// "flag", "env ROOST_X" or "file PATH:LINE".
+	source map[string]string
+}
+
+// env is how configuration reads the environment (os.LookupEnv; tests
+// pass a map).
+type envLookup func(string) (string, bool)
+
+// envNames are the variables read for a flag, first found wins: ROOST_ and
+// the flag name in upper case with _ for -, plus the conventional names of
+// the two URLs and the plural the loop's error message has always named.
+func envNames(flagName string) []string {
+	names := []string{"ROOST_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))}
+	switch flagName {
+	case "database-url":
+		names = append(names, "DATABASE_URL")
+	case "redis-url":
+		names = append(names, "REDIS_URL")
+	case "app-secret":
+		names = append(names, "ROOST_APP_SECRETS")
+	}
+	return names
+}
+
+func flags(c *config, fs *flag.FlagSet) {
+	d := loop.Defaults()
+	c.node = d
+	fs.StringVar(&c.configFile, "config", "", "read settings from `FILE` (key = value lines, flag names as keys, # comments)")
+	fs.BoolVar(&c.printConfig, "print-config", false, "print the effective configuration (secrets masked) and where each setting came from, then exit")
+	fs.StringVar(&c.node.Listen, "listen", d.Listen, "client listener `host:port`")
+	fs.BoolVar(&c.node.Insecure, "insecure", false, "development mode: /ws?user=NAME&app=APP without a token, apps made on first use, demo page at /; loopback only")
+	fs.IntVar(&c.node.MaxFrame, "max-frame", d.MaxFrame, "largest client message in `bytes`; larger ones are closed with 1009")
+	fs.IntVar(&c.node.OutboundLimit, "outbound-limit", d.OutboundLimit, "`bytes` queued for one connection before it is closed as a slow consumer (1013)")
+	fs.DurationVar(&c.node.IdleInterval, "idle", d.IdleInterval, "server ping after this much silence; close after twice")
+	fs.IntVar(&c.node.Loops, "loops", runtime.GOMAXPROCS(0), "event loops (default: GOMAXPROCS, i.e. usable CPUs after the cgroup CPU quota)")
+	fs.DurationVar(&c.node.FlushInterval, "flush", d.FlushInterval, "outbound batching tick: frames for a connection are written once per tick")
+	fs.DurationVar(&c.node.UpgradeTimeout, "upgrade-timeout", d.UpgradeTimeout, "time allowed for the HTTP upgrade")
+	fs.IntVar(&c.node.MaxRooms, "max-rooms", d.MaxRooms, "rooms one connection may join")
+	fs.IntVar(&c.node.Readers, "readers", d.Readers, "goroutines doing store reads (join catch-up, history, gap repair)")
+	fs.DurationVar(&c.node.GapWindow, "gap-window", d.GapWindow, "how long a missing seq is awaited before it is read from the store")
+	fs.DurationVar(&c.node.RetryMin, "retry-min", d.RetryMin, "shortest reconnect hint (retry=MS) of 1013 and drain closes")
+	fs.DurationVar(&c.node.RetryMax, "retry-max", d.RetryMax, "longest reconnect hint; hints are drawn from [retry-min, retry-max)")
+	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
+	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`")
+	fs.IntVar(&c.keep, "keep", 1000, "memory store: newest messages kept per room for since and history")
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL `url`; empty keeps messages in memory")
+	fs.BoolVar(&c.migrate, "migrate", false, "apply pending schema migrations before serving")
+	fs.IntVar(&c.pgMaxConns, "pg-max-conns", 0, "PostgreSQL connections (default: publish workers + 4)")
+	fs.DurationVar(&c.stmtTimeout, "statement-timeout", 5*time.Second, "PostgreSQL statement timeout")
+	fs.IntVar(&c.workers, "publish-workers", 4, "publish goroutines, each committing a shard of rooms")
+	fs.IntVar(&c.batchMax, "batch-max", 256, "publishes per group commit")
+	fs.DurationVar(&c.batchWindow, "batch-window", time.Millisecond, "how long a PostgreSQL group commit waits for more publishes (0: no wait; the memory store never waits)")
+	fs.IntVar(&c.queueLen, "publish-queue", 8192, "publishes queued per worker before clients get err overloaded")
+	fs.StringVar(&c.redisURL, "redis-url", "", "Redis `url` (redis://host:port, several comma-separated seeds for a cluster); empty: in-process broker")
+	fs.DurationVar(&c.drain, "drain", 10*time.Second, "on SIGTERM, spread the closing of connections over this window")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
+	fs.StringVar(&c.memLimit, "memory-limit", "", "Go memory limit (e.g. 400MiB); default: cgroup limit minus headroom")
+	fs.IntVar(&c.connTarget, "connections", 100000, "connection target the kernel settings are checked against")
+}
+
+// checked wraps a flag's value so that a bad value is recorded, with the
+// place it came from, instead of stopping the parse: every bad setting is
+// reported in one go.
+type checked struct {
+	flag.Value
+	name   string
+	where  string
+	errs   *[]error
+	failed *[]string // names of flags whose value did not parse
+}
+
+func (v *checked) Set(s string) error {
+	if err := v.Value.Set(s); err != nil {
+		*v.errs = append(*v.errs, fmt.Errorf("invalid --%s %q (from %s): %s", v.name, s, v.where, v.want(err)))
+		*v.failed = append(*v.failed, v.name)
+	}
+	return nil
+}
+
+// want says what a value of this flag looks like.
+func (v *checked) want(err error) string {
+	if g, ok := v.Value.(flag.Getter); ok {
+		switch g.Get().(type) {
+		case int:
+			return "want a whole number"
+		case bool:
+			return "want true or false"
+		case time.Duration:
+			return "want a duration such as 250ms, 5s or 1m"
+		}
+	}
+	return unwrapFlagErr(err).Error()
+}
+
+func (v *checked) String() string {
+	if v == nil || v.Value == nil {
+		return "" // flag.PrintDefaults probes a zero value
+	}
+	return v.Value.String()
+}
+
+func (v *checked) IsBoolFlag() bool {
+	b, ok := v.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// unwrapFlagErr drops strconv's "strconv.ParseInt: parsing "x":" prefix.
+func unwrapFlagErr(err error) error {
+	var ne *strconv.NumError
+	if errors.As(err, &ne) {
+		return ne.Err
+	}
+	return err
+}
+
+// parse fills c from, in order of precedence: flags, environment, config
+// file, defaults. It returns every bad setting (each naming the flag to
+// fix), or a single usage error (unknown flag, -h) as the only element.
+func parse(args []string, c *config, stderr io.Writer, getenv envLookup, readFile func(string) ([]byte, error)) []error {
+	fs := flag.NewFlagSet("roost serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	flags(c, fs)
+	fs.Usage = func() {
+		// Printed from an unwrapped flag set, so that the flag package
+		// still sees each value's type (int, duration) in the help.
+		var shadow config
+		plain := flag.NewFlagSet("roost serve", flag.ContinueOnError)
+		flags(&shadow, plain)
+		plain.SetOutput(stderr)
+		fmt.Fprintln(stderr, "Usage of roost serve (flags > ROOST_* environment > --config file > defaults):")
+		plain.PrintDefaults()
+	}
+	var errs []error
+	var failed []string
+	fs.VisitAll(func(f *flag.Flag) {
+		f.Value = &checked{Value: f.Value, name: f.Name, where: "flag", errs: &errs, failed: &failed}
+	})
+	if err := fs.Parse(args); err != nil {
+		return []error{usageError{err}} // the flag package printed it with the usage
+	}
+	if fs.NArg() > 0 {
+		return []error{fmt.Errorf("unexpected argument %q: flags only (see roost serve -h)", fs.Arg(0))}
+	}
+	c.source = map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) { c.source[f.Name] = "default" })
+	fs.Visit(func(f *flag.Flag) { c.source[f.Name] = "flag" })
+
+	if c.source["config"] == "default" {
+		if v, ok := getenv("ROOST_CONFIG"); ok {
+			c.configFile = v
+			c.source["config"] = "env ROOST_CONFIG"
+		}
+	}
+	var file map[string]fileValue
+	if c.configFile != "" {
+		b, err := readFile(c.configFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cannot read --config file: %w", err))
+		} else {
+			var ferrs []error
+			file, ferrs = parseConfigFile(c.configFile, b, fs)
+			errs = append(errs, ferrs...)
+		}
+	}
+
+	// The environment beats the file, so only the winning value is applied
+	// (and checked) for each flag not given on the command line.
+	fs.VisitAll(func(f *flag.Flag) {
+		if c.source[f.Name] != "default" || f.Name == "config" {
+			return
+		}
+		ck := f.Value.(*checked)
+		for _, name := range envNames(f.Name) {
+			if v, ok := getenv(name); ok {
+				ck.where = "env " + name
+				_ = ck.Set(v)
+				c.source[f.Name] = ck.where
+				return
+			}
+		}
+		if fv, ok := file[f.Name]; ok {
+			ck.where = fv.where
+			_ = ck.Set(fv.value)
+			c.source[f.Name] = fv.where
+		}
+	})
+	// A value that did not parse is reported once, not again as out of range.
+	for _, err := range validate(c) {
+		if !slices.ContainsFunc(failed, func(name string) bool { return strings.Contains(err.Error(), "--"+name+" ") }) {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// usageError is a command-line error the flag package already reported.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+type fileValue struct{ value, where string }
+
+// parseConfigFile reads `key = value` lines: keys are flag names (a leading
+// -- is allowed), values may be double-quoted, # starts a comment line,
+// blank lines are skipped.
+func parseConfigFile(path string, b []byte, fs *flag.FlagSet) (map[string]fileValue, []error) {
+	vals := map[string]fileValue{}
+	var errs []error
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		where := fmt.Sprintf("file %s:%d", path, n)
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: want key = value, got %q", where, line))
+			continue
+		}
+		k = strings.TrimPrefix(strings.TrimSpace(k), "--")
+		v = strings.TrimSpace(v)
+		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+			uq, err := strconv.Unquote(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: bad quoted value for %s: %v", where, k, err))
+				continue
+			}
+			v = uq
+		}
+		switch {
+		case fs.Lookup(k) == nil:
+			errs = append(errs, fmt.Errorf("%s: unknown setting %q (keys are the flag names of roost serve -h)", where, k))
+		case k == "config" || k == "print-config":
+			errs = append(errs, fmt.Errorf("%s: %s cannot be set in a config file", where, k))
+		case vals[k].where != "":
+			errs = append(errs, fmt.Errorf("%s: %s already set at %s", where, k, strings.TrimPrefix(vals[k].where, "file ")))
+		default:
+			vals[k] = fileValue{v, where}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("cannot read --config file %s: %w", path, err))
+	}
+	return vals, errs
+}
+
+// validate checks every setting and returns one error per bad value, each
+// naming the flag to change.
+func validate(c *config) []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	n := &c.node
+	host, _, err := net.SplitHostPort(n.Listen)
+	if err != nil {
+		bad("invalid --listen %q: want host:port", n.Listen)
+	} else if n.Insecure {
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			bad("invalid --listen %q with --insecure: insecure mode listens on loopback only (use 127.0.0.1:PORT or drop --insecure)", n.Listen)
+		}
+	}
+	if n.MaxFrame < 125 || n.MaxFrame > 16<<20 {
+		bad("invalid --max-frame %d: want 125 to 16777216 bytes", n.MaxFrame)
+	}
+	if n.OutboundLimit < 4<<10 {
+		bad("invalid --outbound-limit %d: want at least 4096 bytes", n.OutboundLimit)
+	}
+	if n.IdleInterval < 100*time.Millisecond {
+		bad("invalid --idle %s: want at least 100ms", n.IdleInterval)
+	}
+	if n.Loops < 1 || n.Loops > 64 {
+		bad("invalid --loops %d: want 1 to 64", n.Loops)
+	}
+	if n.FlushInterval < 100*time.Microsecond || n.FlushInterval > time.Second {
+		bad("invalid --flush %s: want 100µs to 1s", n.FlushInterval)
+	}
+	if n.UpgradeTimeout <= 0 {
+		bad("invalid --upgrade-timeout %s: want a positive duration", n.UpgradeTimeout)
+	}
+	if n.MaxRooms < 1 {
+		bad("invalid --max-rooms %d: want at least 1", n.MaxRooms)
+	}
+	if n.Readers < 1 || n.Readers > 1024 {
+		bad("invalid --readers %d: want 1 to 1024", n.Readers)
+	}
+	if n.GapWindow <= 0 {
+		bad("invalid --gap-window %s: want a positive duration", n.GapWindow)
+	}
+	if n.RetryMin < time.Millisecond {
+		bad("invalid --retry-min %s: want at least 1ms", n.RetryMin)
+	}
+	if n.RetryMax <= n.RetryMin {
+		bad("invalid --retry-max %s: want more than --retry-min (%s)", n.RetryMax, n.RetryMin)
+	}
+	if c.admin != "off" && c.admin != "" {
+		if _, _, err := net.SplitHostPort(c.admin); err != nil {
+			bad("invalid --admin %q: want host:port or off", c.admin)
+		}
+	}
+	n.Apps = nil
+	if c.appSecrets != "" {
+		n.Apps = map[string][]byte{}
+		for _, kv := range strings.Split(c.appSecrets, ",") {
+			id, sec, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || !loop.ValidAppID([]byte(id)) || sec == "" {
+				bad("invalid --app-secret entry %q: want APP=SECRET with APP matching [A-Za-z0-9_.-]{1,64}", maskAppSecrets(kv))
+				continue
+			}
+			n.Apps[id] = []byte(sec)
+		}
+	} else if !n.Insecure {
+		bad("no app secrets: give --app-secret APP=SECRET, or run with --insecure on loopback")
+	}
+	if c.keep < 1 {
+		bad("invalid --keep %d: want at least 1", c.keep)
+	}
+	if c.databaseURL != "" && strings.Contains(c.databaseURL, "://") {
+		if u, err := url.Parse(c.databaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			bad("invalid --database-url %q: want postgres://USER@HOST:PORT/DB", maskURLs(c.databaseURL))
+		}
+	}
+	if c.pgMaxConns < 0 {
+		bad("invalid --pg-max-conns %d: want 0 (automatic) or more", c.pgMaxConns)
+	}
+	if c.stmtTimeout <= 0 {
+		bad("invalid --statement-timeout %s: want a positive duration", c.stmtTimeout)
+	}
+	if c.workers < 1 || c.workers > 256 {
+		bad("invalid --publish-workers %d: want 1 to 256", c.workers)
+	}
+	if c.batchMax < 1 {
+		bad("invalid --batch-max %d: want at least 1", c.batchMax)
+	}
+	if c.batchWindow < 0 || c.batchWindow > time.Second {
+		bad("invalid --batch-window %s: want 0 to 1s", c.batchWindow)
+	}
+	if c.queueLen < 1 {
+		bad("invalid --publish-queue %d: want at least 1", c.queueLen)
+	}
+	if c.redisURL != "" {
+		if _, err := pubsub.ParseRedisURL(c.redisURL); err != nil {
+			bad("invalid --redis-url %q: %v", maskURLs(c.redisURL), err)
+		}
+	}
+	if c.drain < 0 {
+		bad("invalid --drain %s: want 0 or a positive duration", c.drain)
+	}
+	switch c.logLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("invalid --log-level %q: use debug, info, warn or error", c.logLevel)
+	}
+	if c.logFormat != "text" && c.logFormat != "json" {
+		bad("invalid --log-format %q: use text or json", c.logFormat)
+	}
+	c.memLimitN = 0
+	if c.memLimit != "" {
+		v, err := tuning.ParseSize(c.memLimit)
+		if err != nil {
+			bad("invalid --memory-limit %q: %v", c.memLimit, err)
+		}
+		c.memLimitN = int64(v)
+	}
+	if c.connTarget < 1 {
+		bad("invalid --connections %d: want at least 1", c.connTarget)
+	}
+	return errs
+}
+
+var (
+	urlPassword = regexp.MustCompile(`(://[^:@/,]*:)[^@/,]*@`)
+	dsnPassword = regexp.MustCompile(`(password=)('[^']*'|\S*)`)
+)
+
+// maskURLs hides the passwords of URLs (several comma-separated ones too)
+// and of key=value DSNs.
+func maskURLs(s string) string {
+	s = urlPassword.ReplaceAllString(s, "${1}*****@")
+	return dsnPassword.ReplaceAllString(s, "${1}*****")
+}
+
+// maskAppSecrets keeps the app ids and hides the secrets.
+func maskAppSecrets(s string) string {
+	parts := strings.Split(s, ",")
+	for i, kv := range parts {
+		if id, _, ok := strings.Cut(kv, "="); ok {
+			parts[i] = id + "=*****"
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// printConfig writes every setting, its effective value (secrets masked)
+// and its source as a table.
+func printConfig(w io.Writer, c *config) error {
+	// The names, in the flag package's order, come from a flag set bound
+	// to a throwaway config (binding one to c would reset c to defaults).
+	var shadow config
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	flags(&shadow, fs)
+	values := map[string]string{}
+	bindValues(c, values)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SETTING\tVALUE\tSOURCE")
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "print-config" {
+			return
+		}
+		v := values[f.Name]
+		switch f.Name {
+		case "app-secret":
+			v = maskAppSecrets(v)
+		case "database-url", "redis-url":
+			v = maskURLs(v)
+		}
+		if v == "" {
+			v = `""`
+		}
+		if _, e := fmt.Fprintf(tw, "%s\t%s\t%s\n", f.Name, v, c.source[f.Name]); e != nil && err == nil {
+			err = e
+		}
+	})
+	if e := tw.Flush(); e != nil && err == nil {
+		err = e
+	}
+	return err
+}
+
+// bindValues renders c's fields as flag values, keyed by flag name.
+func bindValues(c *config, into map[string]string) {
+	n := &c.node
+	d := func(x time.Duration) string { return x.String() }
+	for k, v := range map[string]string{
+		"config":            c.configFile,
+		"listen":            n.Listen,
+		"insecure":          strconv.FormatBool(n.Insecure),
+		"max-frame":         strconv.Itoa(n.MaxFrame),
+		"outbound-limit":    strconv.Itoa(n.OutboundLimit),
+		"idle":              d(n.IdleInterval),
+		"loops":             strconv.Itoa(n.Loops),
+		"flush":             d(n.FlushInterval),
+		"upgrade-timeout":   d(n.UpgradeTimeout),
+		"max-rooms":         strconv.Itoa(n.MaxRooms),
+		"readers":           strconv.Itoa(n.Readers),
+		"gap-window":        d(n.GapWindow),
+		"retry-min":         d(n.RetryMin),
+		"retry-max":         d(n.RetryMax),
+		"admin":             c.admin,
+		"app-secret":        c.appSecrets,
+		"keep":              strconv.Itoa(c.keep),
+		"database-url":      c.databaseURL,
+		"migrate":           strconv.FormatBool(c.migrate),
+		"pg-max-conns":      strconv.Itoa(c.pgMaxConns),
+		"statement-timeout": d(c.stmtTimeout),
+		"publish-workers":   strconv.Itoa(c.workers),
+		"batch-max":         strconv.Itoa(c.batchMax),
+		"batch-window":      d(c.batchWindow),
+		"publish-queue":     strconv.Itoa(c.queueLen),
+		"redis-url":         c.redisURL,
+		"drain":             d(c.drain),
+		"log-level":         c.logLevel,
+		"log-format":        c.logFormat,
+		"memory-limit":      c.memLimit,
+		"connections":       strconv.Itoa(c.connTarget),
+	} {
+		into[k] = v
+	}
+}

@@ -1,0 +1,246 @@
+package main
+
+// The demo page driven in headless Chromium over the DevTools protocol (a
+// WebSocket from Go, no npm): two pages join a room, one publishes, the
+// other shows the message with its seq; a reconnect resumes with since;
+// a drain shows its close code and retry hint.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+)
+
+// chromiumPath finds Debian's chromium; without it the test skips, unless
+// CI=true demands it.
+func chromiumPath(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "chromium not installed: `apt-get install -y chromium` to run the demo page test"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// browser is a headless Chromium and a DevTools protocol connection to it.
+type browser struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	conn net.Conn
+	rd   *bufio.Reader
+	id   int
+}
+
+func startBrowser(t *testing.T) *browser {
+	bin := chromiumPath(t)
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+		"--disable-component-update", "--no-first-run", "--disable-dev-shm-usage", "--user-data-dir="+dir,
+		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("cannot start chromium: %v", err)
+	}
+	b := &browser{t: t, cmd: cmd}
+	t.Cleanup(b.close)
+	// Chromium writes its port and browser path to DevToolsActivePort.
+	var wsURL string
+	waitFor(t, 30*time.Second, func() error {
+		data, err := os.ReadFile(filepath.Join(dir, "DevToolsActivePort"))
+		if err != nil {
+			return fmt.Errorf("chromium not listening yet: %w", err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		if len(lines) < 2 {
+			return errors.New("DevToolsActivePort incomplete")
+		}
+		wsURL = "ws://127.0.0.1:" + lines[0] + lines[1]
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, br, _, err := ws.Dial(ctx, wsURL)
+	if err != nil {
+		t.Fatalf("cannot connect to chromium's DevTools at %s: %v", wsURL, err)
+	}
+	if br == nil {
+		br = bufio.NewReader(conn)
+	}
+	b.conn, b.rd = conn, br
+	return b
+}
+
+func (b *browser) close() {
+	if b.conn != nil {
+		_, _ = b.call("", "Browser.close", nil)
+		b.conn.Close()
+	}
+	done := make(chan struct{})
+	go func() { _ = b.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL) // its own process group
+		<-done
+	}
+}
+
+// call sends one DevTools command (to a page when session is set) and
+// returns its result, skipping the events that arrive meanwhile.
+func (b *browser) call(session, method string, params any) (json.RawMessage, error) {
+	b.id++
+	req := map[string]any{"id": b.id, "method": method}
+	if params != nil {
+		req["params"] = params
+	}
+	if session != "" {
+		req["sessionId"] = session
+	}
+	msg, _ := json.Marshal(req)
+	_ = b.conn.SetDeadline(time.Now().Add(15 * time.Second))
+	if err := wsutil.WriteClientText(b.conn, msg); err != nil {
+		return nil, err
+	}
+	for {
+		data, err := wsutil.ReadServerText(struct {
+			io.Reader
+			io.Writer
+		}{b.rd, b.conn})
+		if err != nil {
+			return nil, err
+		}
+		var resp struct {
+			ID     int             `json:"id"`
+			Result json.RawMessage `json:"result"`
+			Error  *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(data, &resp) != nil || resp.ID != b.id {
+			continue
+		}
+		if resp.Error != nil {
+			return nil, fmt.Errorf("%s: %s", method, resp.Error.Message)
+		}
+		return resp.Result, nil
+	}
+}
+
+// open makes a new page at u and returns its session.
+func (b *browser) open(u string) string {
+	b.t.Helper()
+	res, err := b.call("", "Target.createTarget", map[string]any{"url": u})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var tgt struct {
+		TargetID string `json:"targetId"`
+	}
+	_ = json.Unmarshal(res, &tgt)
+	res, err = b.call("", "Target.attachToTarget", map[string]any{"targetId": tgt.TargetID, "flatten": true})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var att struct {
+		SessionID string `json:"sessionId"`
+	}
+	_ = json.Unmarshal(res, &att)
+	return att.SessionID
+}
+
+// eval runs a JavaScript expression in a page and returns its JSON value.
+func (b *browser) eval(session, expr string) (any, error) {
+	res, err := b.call(session, "Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true})
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Result struct {
+			Value any `json:"value"`
+		} `json:"result"`
+		Exception *struct {
+			Text string `json:"text"`
+		} `json:"exceptionDetails"`
+	}
+	if err := json.Unmarshal(res, &r); err != nil {
+		return nil, err
+	}
+	if r.Exception != nil {
+		return nil, fmt.Errorf("%s: %s", expr, r.Exception.Text)
+	}
+	return r.Result.Value, nil
+}
+
+// waitTrue polls a boolean expression in a page.
+func (b *browser) waitTrue(session, what, expr string) {
+	b.t.Helper()
+	waitFor(b.t, 10*time.Second, func() error {
+		v, err := b.eval(session, expr)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if v != true {
+			log, _ := b.eval(session, `document.getElementById("log") ? document.getElementById("log").innerText : ""`)
+			return fmt.Errorf("%s: not yet (page log: %v)", what, log)
+		}
+		return nil
+	})
+}
+
+const pageMessages = `[...document.querySelectorAll("#messages li")].map(li => li.dataset.seq + " " + li.textContent).join("\n")`
+
+func TestDemoPageInChromium(t *testing.T) {
+	b := startBrowser(t)
+	addr, _, stop := inProcessNodeStop(t, "--drain", "300ms", "--retry-min", "20s", "--retry-max", "30s")
+	page := func(q url.Values) string { return "http://" + addr + "/?" + q.Encode() }
+
+	alice := b.open(page(url.Values{"user": {"alice"}, "app": {"demo"}, "room": {"lobby"}, "autojoin": {"1"}}))
+	b.waitTrue(alice, "alice joined", `window.roost !== undefined && roost.state.joined.has("lobby")`)
+	bob := b.open(page(url.Values{"user": {"bob"}, "app": {"demo"}, "room": {"lobby"}, "autojoin": {"1"}, "autopub": {"hello from bob"}}))
+	b.waitTrue(bob, "bob's publish acknowledged", `Object.values(roost.state.acks).includes(1)`)
+	b.waitTrue(alice, "alice shows bob's message with seq 1",
+		pageMessages+` === "1 #1 lobby bob: hello from bob"`)
+
+	// Reconnect with since: alice misses a message while away and gets it,
+	// once, when she comes back.
+	if _, err := b.eval(alice, `roost.disconnect()`); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTrue(alice, "alice disconnected", `document.body.dataset.status === "closed"`)
+	if _, err := b.eval(bob, `roost.publish("while you were out")`); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTrue(bob, "bob's second publish acknowledged", `Object.values(roost.state.acks).includes(2)`)
+	if _, err := b.eval(alice, `roost.connect()`); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTrue(alice, "alice rejoined with since and caught up",
+		pageMessages+` === "1 #1 lobby bob: hello from bob\n2 #2 lobby bob: while you were out"`+
+			` && document.getElementById("log").innerText.includes("join lobby since 1")`)
+
+	// A drain closes both pages with 1001 and a retry hint they show.
+	stop()
+	b.waitTrue(alice, "alice shows the drain close and its retry hint",
+		`roost.state.closes.length > 0 && roost.state.closes.at(-1).code === 1001 && roost.state.closes.at(-1).retry >= 20000`+
+			` && /closed 1001 .*retry hint \d+ ms/.test(document.getElementById("log").innerText)`)
+}

@@ -1,0 +1,696 @@
+package main
+
+// Tests of the operator's side of `roost serve`: /metrics after a scripted
+// session, configuration precedence and validation, and the drain on
+// SIGTERM of the real binary.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+
+	"github.com/roost-chat/roost/persist"
+)
+
+// opsFrame is one frame a test client received.
+type opsFrame struct {
+	op     ws.OpCode
+	size   int // bytes on the wire: header + payload
+	data   []byte
+	code   int    // close frames: the code
+	reason string // close frames: the reason
+	json   map[string]any
+}
+
+// opsClient is a real WebSocket client whose reader goroutine hands every
+// frame to frames; the channel closes when the connection ends.
+type opsClient struct {
+	t      testing.TB
+	conn   net.Conn
+	wmu    sync.Mutex
+	frames chan opsFrame
+}
+
+func dialOps(t testing.TB, addr, query string) *opsClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, br, _, err := ws.Dial(ctx, "ws://"+addr+"/ws?"+query)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	if br == nil {
+		br = bufio.NewReader(conn)
+	}
+	c := &opsClient{t: t, conn: conn, frames: make(chan opsFrame, 4096)}
+	go c.read(br)
+	t.Cleanup(func() { conn.Close() })
+	return c
+}
+
+func (c *opsClient) read(rd *bufio.Reader) {
+	defer close(c.frames)
+	for {
+		_ = c.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		h, err := ws.ReadHeader(rd)
+		if err != nil {
+			return
+		}
+		p := make([]byte, h.Length)
+		if _, err := io.ReadFull(rd, p); err != nil {
+			return
+		}
+		f := opsFrame{op: h.OpCode, size: ws.HeaderSize(h) + len(p), data: p}
+		switch h.OpCode {
+		case ws.OpText:
+			_ = json.Unmarshal(p, &f.json)
+		case ws.OpClose:
+			if len(p) >= 2 {
+				f.code = int(binary.BigEndian.Uint16(p))
+				f.reason = string(p[2:])
+			}
+		}
+		c.frames <- f
+		if h.OpCode == ws.OpClose {
+			return
+		}
+	}
+}
+
+func (c *opsClient) send(s string) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return wsutil.WriteClientText(c.conn, []byte(s))
+}
+
+// expect reads the next text frame and checks its op.
+func (c *opsClient) expect(op string) opsFrame {
+	c.t.Helper()
+	select {
+	case f, ok := <-c.frames:
+		if !ok {
+			c.t.Fatalf("connection ended while waiting for %s", op)
+		}
+		if f.op != ws.OpText || f.json["op"] != op {
+			c.t.Fatalf("want %s, got opcode %v %s", op, f.op, f.data)
+		}
+		return f
+	case <-time.After(5 * time.Second):
+		c.t.Fatalf("no %s within 5s", op)
+	}
+	return opsFrame{}
+}
+
+// syncBuffer collects a node's log while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// logAddr finds the addr attribute of the JSON log line with message msg.
+func logAddr(log, msg string) string {
+	for _, line := range strings.Split(log, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == msg {
+			if a, ok := m["addr"].(string); ok {
+				return a
+			}
+		}
+	}
+	return ""
+}
+
+// inProcessNode runs serve() in this process, as main runs it, until the
+// test ends; it returns the client and admin addresses.
+func inProcessNode(t *testing.T, args ...string) (addr, admin string) {
+	addr, admin, _ = inProcessNodeStop(t, args...)
+	return addr, admin
+}
+
+// inProcessNodeStop is inProcessNode with a stop function: SIGTERM as the
+// signal handler would deliver it, then wait for serve to return 0.
+func inProcessNodeStop(t *testing.T, args ...string) (addr, admin string, stop func()) {
+	t.Helper()
+	sig := make(chan os.Signal, 1)
+	logs := &syncBuffer{}
+	done := make(chan int, 1)
+	args = append([]string{"--insecure", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--log-format", "json", "--loops", "2", "--flush", "1ms", "--drain", "100ms"}, args...)
+	go func() { done <- serve(args, io.Discard, logs, sig) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			sig <- syscall.SIGTERM
+			select {
+			case code := <-done:
+				if code != 0 {
+					t.Errorf("serve exited %d\n%s", code, logs)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("serve did not stop within 10s\n%s", logs)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	deadline := time.Now().Add(10 * time.Second)
+	for addr == "" || admin == "" {
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d\n%s", code, logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node did not start\n%s", logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+		l := logs.String()
+		addr, admin = logAddr(l, "roost serving"), logAddr(l, "admin listening")
+	}
+	return addr, admin, stop
+}
+
+// scrape reads /metrics into series -> value (series include labels).
+func scrape(t testing.TB, admin string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Fatalf("/metrics Content-Type %q", ct)
+	}
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("bad sample line %q", line)
+		}
+		m[line[:i]] = v
+	}
+	return m
+}
+
+func TestMetricsAfterScriptedSession(t *testing.T) {
+	addr, admin := inProcessNode(t)
+	const receivers, pubs = 3, 5
+
+	var framesOut, bytesOut float64
+	count := func(f opsFrame) { framesOut++; bytesOut += float64(f.size) }
+
+	var rs []*opsClient
+	for i := 0; i < receivers; i++ {
+		c := dialOps(t, addr, fmt.Sprintf("user=r%d&app=mx", i))
+		if err := c.send(`{"op":"join","room":"lobby"}`); err != nil {
+			t.Fatal(err)
+		}
+		count(c.expect("joined"))
+		rs = append(rs, c)
+	}
+	pub := dialOps(t, addr, "user=p&app=other")
+	pubRoom := dialOps(t, addr, "user=p2&app=mx") // publishes into the receivers' room
+	for i := 0; i < pubs; i++ {
+		if err := pubRoom.send(fmt.Sprintf(`{"op":"pub","room":"lobby","id":"m%d","body":{"n":%d}}`, i, i)); err != nil {
+			t.Fatal(err)
+		}
+		count(pubRoom.expect("ack"))
+	}
+	for _, c := range rs {
+		for i := 0; i < pubs; i++ {
+			f := c.expect("msg")
+			if f.json["seq"] != float64(i+1) {
+				t.Fatalf("msg %d has seq %v", i, f.json["seq"])
+			}
+			count(f)
+		}
+	}
+	_ = pub
+
+	m := scrape(t, admin)
+	want := map[string]float64{
+		`roost_connections{app="mx"}`:          receivers + 1,
+		`roost_connections{app="other"}`:       1,
+		"roost_connections_total_open":         receivers + 2,
+		"roost_accepted_total":                 receivers + 2,
+		"roost_upgrading_connections":          0,
+		"roost_room_memberships":               receivers,
+		"roost_rooms":                          1,
+		"roost_frames_in_total":                receivers + pubs,
+		"roost_frames_out_total":               framesOut,
+		"roost_bytes_out_total":                bytesOut,
+		"roost_write_frames_sum":               framesOut,
+		"roost_publishes_total":                pubs,
+		"roost_acks_total":                     pubs,
+		"roost_publishes_in_flight":            0,
+		"roost_publish_latency_seconds_count":  pubs,
+		"roost_ack_latency_seconds_count":      pubs,
+		"roost_broker_publish_seconds_count":   pubs,
+		"roost_commit_batch_size_sum":          pubs,
+		"roost_store_errors_total":             0,
+		"roost_slow_consumer_closes_total":     0,
+		"roost_broker_errors_total":            0,
+		`roost_write_frames_bucket{le="+Inf"}`: m["roost_writes_total"],
+		"roost_commit_batch_size_count":        m["roost_commit_batches_total"],
+	}
+	for k, v := range want {
+		got, ok := m[k]
+		if !ok {
+			t.Errorf("%s missing from /metrics", k)
+		} else if got != v {
+			t.Errorf("%s = %v, want %v", k, got, v)
+		}
+	}
+	if m["roost_writes_total"] < 1 || m["roost_writes_total"] > framesOut {
+		t.Errorf("roost_writes_total = %v, want 1..%v", m["roost_writes_total"], framesOut)
+	}
+	if _, ok := m[`roost_loop_inbox_depth{loop="0"}`]; !ok {
+		t.Errorf("no inbox depth gauge for loop 0")
+	}
+
+	// Leave one room, close one receiver: the gauges follow.
+	if err := rs[0].send(`{"op":"leave","room":"lobby"}`); err != nil {
+		t.Fatal(err)
+	}
+	rs[0].expect("left")
+	rs[1].conn.Close()
+	waitFor(t, 5*time.Second, func() error {
+		m := scrape(t, admin)
+		if m["roost_room_memberships"] != receivers-2 || m[`roost_connections{app="mx"}`] != receivers {
+			return fmt.Errorf("memberships %v, mx connections %v; want %d and %d",
+				m["roost_room_memberships"], m[`roost_connections{app="mx"}`], receivers-2, receivers)
+		}
+		return nil
+	})
+
+	// Plain HTTP on the client listener (the demo page) is not a connection.
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, 5*time.Second, func() error {
+		m := scrape(t, admin)
+		if m["roost_upgrading_connections"] != 0 || m["roost_connections_total_open"] != receivers+1 {
+			return fmt.Errorf("upgrading %v, open %v after a plain GET /", m["roost_upgrading_connections"], m["roost_connections_total_open"])
+		}
+		return nil
+	})
+}
+
+func TestAdminHealthAndReadiness(t *testing.T) {
+	_, admin := inProcessNode(t)
+	for path, want := range map[string]string{"/healthz": "ok conns=0", "/readyz": "ready", "/debug/pprof/": "goroutine"} {
+		resp, err := http.Get("http://" + admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
+			t.Errorf("GET %s: %d %q, want 200 containing %q", path, resp.StatusCode, b, want)
+		}
+	}
+}
+
+func TestConfigPrecedence(t *testing.T) {
+	file := []byte(`# a comment
+loops = 3
+max-rooms = 7
+--publish-workers = 5
+listen = "127.0.0.1:7001"
+database-url = postgres://app:filepw@db:5432/chat
+`)
+	env := map[string]string{
+		"ROOST_CONFIG":     "/etc/roost.conf",
+		"ROOST_MAX_ROOMS":  "9",
+		"ROOST_LISTEN":     "127.0.0.1:7002",
+		"REDIS_URL":        "redis://:redispw@127.0.0.1:6379",
+		"ROOST_APP_SECRET": "a=s3cret,b=other",
+	}
+	var c config
+	errs := parse([]string{"--listen", "127.0.0.1:7003"}, &c, io.Discard,
+		func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+		func(path string) ([]byte, error) {
+			if path != "/etc/roost.conf" {
+				return nil, fmt.Errorf("no file %s", path)
+			}
+			return file, nil
+		})
+	if len(errs) > 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	checks := []struct{ got, want, source, wantSource string }{
+		{c.node.Listen, "127.0.0.1:7003", c.source["listen"], "flag"},
+		{strconv.Itoa(c.node.MaxRooms), "9", c.source["max-rooms"], "env ROOST_MAX_ROOMS"},
+		{strconv.Itoa(c.node.Loops), "3", c.source["loops"], "file /etc/roost.conf:2"},
+		{strconv.Itoa(c.workers), "5", c.source["publish-workers"], "file /etc/roost.conf:4"},
+		{c.redisURL, "redis://:redispw@127.0.0.1:6379", c.source["redis-url"], "env REDIS_URL"},
+		{strconv.Itoa(c.batchMax), "256", c.source["batch-max"], "default"},
+		{c.configFile, "/etc/roost.conf", c.source["config"], "env ROOST_CONFIG"},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want || ch.source != ch.wantSource {
+			t.Errorf("got %q from %q, want %q from %q", ch.got, ch.source, ch.want, ch.wantSource)
+		}
+	}
+	if string(c.node.Apps["a"]) != "s3cret" || string(c.node.Apps["b"]) != "other" {
+		t.Errorf("apps %v", c.node.Apps)
+	}
+
+	var out bytes.Buffer
+	if err := printConfig(&out, &c); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, secret := range []string{"s3cret", "other", "filepw", "redispw"} {
+		if strings.Contains(s, secret) {
+			t.Errorf("print-config shows secret %q:\n%s", secret, s)
+		}
+	}
+	for _, line := range []string{
+		`app-secret\s+a=\*\*\*\*\*,b=\*\*\*\*\*\s+env ROOST_APP_SECRET`,
+		`database-url\s+postgres://app:\*\*\*\*\*@db:5432/chat\s+file /etc/roost.conf:6`,
+		`redis-url\s+redis://:\*\*\*\*\*@127.0.0.1:6379\s+env REDIS_URL`,
+		`listen\s+127.0.0.1:7003\s+flag`,
+		`batch-window\s+1ms\s+default`,
+	} {
+		if !regexp.MustCompile(`(?m)^` + line + `$`).MatchString(s) {
+			t.Errorf("print-config lacks a line matching %s:\n%s", line, s)
+		}
+	}
+	// Every setting is printed.
+	var shadow config
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	flags(&shadow, fs)
+	n := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "print-config" {
+			n++
+			if !regexp.MustCompile(`(?m)^` + f.Name + `\s`).MatchString(s) {
+				t.Errorf("print-config lacks %s", f.Name)
+			}
+		}
+	})
+	if lines := strings.Count(s, "\n") - 1; lines != n {
+		t.Errorf("print-config has %d settings, want %d", lines, n)
+	}
+}
+
+func TestConfigErrorsAllReported(t *testing.T) {
+	file := []byte("loops = 0\nnonsense = 1\nthis line has no equals\n")
+	env := map[string]string{"ROOST_MAX_FRAME": "big", "ROOST_CONFIG": "f"}
+	var c config
+	errs := parse([]string{"--idle", "3", "--log-level", "loud", "--insecure", "--listen", "10.1.2.3:80", "--redis-url", "http://x"}, &c, io.Discard,
+		func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+		func(string) ([]byte, error) { return file, nil })
+	want := []string{
+		`invalid --idle "3" (from flag): want a duration`,
+		`invalid --max-frame "big" (from env ROOST_MAX_FRAME): want a whole number`,
+		`file f:2: unknown setting "nonsense"`,
+		`file f:3: want key = value`,
+		`invalid --loops 0: want 1 to 64`,
+		`invalid --log-level "loud"`,
+		`invalid --listen "10.1.2.3:80" with --insecure`,
+		`invalid --redis-url "http://x"`,
+	}
+	got := make([]string, len(errs))
+	for i, e := range errs {
+		got[i] = e.Error()
+	}
+	joined := strings.Join(got, "\n")
+	for _, w := range want {
+		if !strings.Contains(joined, w) {
+			t.Errorf("no error containing %q in:\n%s", w, joined)
+		}
+	}
+	if len(errs) != len(want) {
+		t.Errorf("%d errors, want %d (one per bad value):\n%s", len(errs), len(want), joined)
+	}
+
+	// Through the command: exit 2, each error on its own line naming the flag.
+	var stderr bytes.Buffer
+	if code := run([]string{"serve", "--loops", "0", "--keep", "0", "--insecure"}, io.Discard, &stderr); code != 2 {
+		t.Fatalf("exit %d, want 2", code)
+	}
+	if s := stderr.String(); !strings.Contains(s, "--loops") || !strings.Contains(s, "--keep") || strings.Count(s, "\n") != 3 {
+		t.Errorf("stderr:\n%s", s)
+	}
+	stderr.Reset()
+	var stdout bytes.Buffer
+	if code := run([]string{"serve", "--insecure", "--print-config"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "insecure") {
+		t.Errorf("print-config: exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+}
+
+// TestDrainOnSIGTERM runs the real binary on PostgreSQL with members
+// publishing, sends SIGTERM and checks the drain contract: exit 0 within
+// the window, every member closed with 1001 and a retry hint, every
+// publish answered (ack or err overloaded) before its close frame, and the
+// acknowledged publishes exactly the stored ones.
+func TestDrainOnSIGTERM(t *testing.T) {
+	dbURL := newDatabase(t)
+	bin := roostBinary(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t, false))
+	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t, false))
+	const window = 2 * time.Second
+	logs := &syncBuffer{}
+	cmd := exec.Command(bin, "serve", "--insecure", "--listen", addr, "--admin", admin, "--database-url", dbURL, "--migrate",
+		"--loops", "2", "--drain", window.String(), "--flush", "1ms", "--log-format", "json")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if t.Failed() {
+			t.Logf("node log:\n%s", logs)
+		}
+	})
+	waitFor(t, 15*time.Second, func() error {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return errors.New(resp.Status)
+		}
+		return nil
+	})
+
+	// Members join, then publish with up to 4 publishes outstanding each.
+	const members = 12
+	type result struct {
+		user      string
+		acked     map[string]uint64 // id -> seq
+		sent      int
+		overload  int
+		other     []string
+		closeCode int
+		reason    string
+		answered  int
+	}
+	results := make([]*result, members)
+	clients := make([]*opsClient, members)
+	for i := range clients {
+		user := fmt.Sprintf("u%d", i)
+		clients[i] = dialOps(t, addr, "user="+user+"&app=dr")
+		results[i] = &result{user: user, acked: map[string]uint64{}}
+		if err := clients[i].send(`{"op":"join","room":"r"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var acks sync.WaitGroup
+	acks.Add(members * 5) // SIGTERM once every member has 5 acks
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := results[i]
+			credit := 4
+			acked := 0
+			broken := false // the node closed: stop writing
+			sendOne := func() {
+				if c.send(fmt.Sprintf(`{"op":"pub","room":"r","id":"%s-%d","body":%d}`, r.user, r.sent, r.sent)) != nil {
+					broken = true
+					return
+				}
+				r.sent++
+				credit--
+			}
+			for credit > 0 && !broken {
+				sendOne()
+			}
+			for f := range c.frames {
+				switch {
+				case f.op == ws.OpClose:
+					r.closeCode, r.reason = f.code, f.reason
+				case f.op != ws.OpText:
+				case f.json["op"] == "ack":
+					r.acked[f.json["id"].(string)] = uint64(f.json["seq"].(float64))
+					r.answered++
+					if acked++; acked <= 5 {
+						acks.Done()
+					}
+					credit++
+				case f.json["op"] == "err" && f.json["code"] == "overloaded":
+					r.overload++
+					r.answered++
+					credit++
+				case f.json["op"] == "err":
+					r.other = append(r.other, string(f.data))
+					r.answered++
+					credit++
+				}
+				for credit > 0 && r.overload == 0 && !broken {
+					sendOne()
+				}
+			}
+		}()
+	}
+	acks.Wait()
+	sigAt := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("roost exited with %v, want 0", err)
+		}
+	case <-time.After(window + 10*time.Second):
+		t.Fatalf("roost did not exit within %s of SIGTERM", window+10*time.Second)
+	}
+	took := time.Since(sigAt)
+	wg.Wait()
+	// The window bounds the closing; stopping the loops and pools after it
+	// takes well under a second more.
+	if took > window+2*time.Second {
+		t.Errorf("exit %s after SIGTERM, want within the %s window (+2s)", took, window)
+	}
+
+	stored := map[string]uint64{}
+	st, err := persist.OpenPostgres(context.Background(), dbURL, persist.PGConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	msgs, err := st.History(context.Background(), persist.RoomKey("dr", "r"), 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		stored[m.ID] = m.Seq
+	}
+	totalAcked := 0
+	for _, r := range results {
+		if r.closeCode != 1001 || !regexp.MustCompile(`^retry=[0-9]+$`).MatchString(r.reason) {
+			t.Errorf("%s: close %d %q, want 1001 retry=MS", r.user, r.closeCode, r.reason)
+		}
+		if len(r.other) > 0 {
+			t.Errorf("%s: unexpected errors %v", r.user, r.other)
+		}
+		// At most the publishes written after the node sent its close go
+		// unanswered (the node reads nothing after its close frame).
+		if r.sent-r.answered > 4 {
+			t.Errorf("%s: %d publishes sent, %d answered", r.user, r.sent, r.answered)
+		}
+		for id, seq := range r.acked {
+			if stored[id] != seq {
+				t.Errorf("%s: ack %s seq %d, stored seq %d", r.user, id, seq, stored[id])
+			}
+		}
+		totalAcked += len(r.acked)
+	}
+	if len(stored) != totalAcked {
+		t.Errorf("%d messages stored, %d acknowledged: a publish in flight was committed without its ack", len(stored), totalAcked)
+	}
+	t.Logf("drain: %d members, %d acked, %d stored, exit after %s", members, totalAcked, len(stored), took.Round(time.Millisecond))
+}
+
+func TestMetricsWithRedis(t *testing.T) {
+	requireRedis(t)
+	addr, admin := inProcessNode(t, "--redis-url", "redis://"+testRedisAddr+"?prefix=opsmx"+randHex(4))
+	r := dialOps(t, addr, "user=r&app=rx")
+	if err := r.send(`{"op":"join","room":"a"}`); err != nil {
+		t.Fatal(err)
+	}
+	r.expect("joined")
+	for i := 0; i < 3; i++ {
+		if err := r.send(fmt.Sprintf(`{"op":"pub","room":"a","id":"x%d","body":1}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for got := 0; got < 6; { // 3 acks and 3 msgs, in whatever order
+		select {
+		case f := <-r.frames:
+			if f.json["op"] == "ack" || f.json["op"] == "msg" {
+				got++
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("acks and messages did not arrive")
+		}
+	}
+	m := scrape(t, admin)
+	for k, v := range map[string]float64{
+		"roost_redis_published_total":        3,
+		"roost_redis_received_total":         3,
+		"roost_redis_publish_errors_total":   0,
+		"roost_redis_subscribed_rooms":       1,
+		"roost_broker_publish_seconds_count": 3,
+		"roost_acks_total":                   3,
+	} {
+		if m[k] != v {
+			t.Errorf("%s = %v, want %v", k, m[k], v)
+		}
+	}
+	resp, err := http.Get("http://" + admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("/readyz with Redis up: %s", resp.Status)
+	}
+}
