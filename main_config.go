@@ -25,25 +25,28 @@ import (
 // config is everything serve reads from flags, the environment and the
 // config file.
 type config struct {
-	node        loop.Config
-	admin       string
-	appSecrets  string
-	keep        int
-	databaseURL string
-	migrate     bool
-	pgMaxConns  int
-	stmtTimeout time.Duration
-	workers     int
-	batchMax    int
-	batchWindow time.Duration
-	queueLen    int
-	redisURL    string
-	drain       time.Duration
-	logLevel    string
-	logFormat   string
-	memLimit    string
-	memLimitN   int64 // memLimit parsed; 0 = from the cgroup
-	connTarget  int
+	node       loop.Config
+	admin      string
+	appSecrets string
+	// impliedInsecure: no --app-secret on a loopback listener, so the node
+	// runs in development mode without --insecure having been given.
+	impliedInsecure bool
+	keep            int
+	databaseURL     string
+	migrate         bool
+	pgMaxConns      int
+	stmtTimeout     time.Duration
+	workers         int
+	batchMax        int
+	batchWindow     time.Duration
+	queueLen        int
+	redisURL        string
+	drain           time.Duration
+	logLevel        string
+	logFormat       string
+	memLimit        string
+	memLimitN       int64 // memLimit parsed; 0 = from the cgroup
+	connTarget      int
 
 	configFile  string
 	printConfig bool
@@ -362,7 +365,15 @@ func validate(c *config) []error {
 			n.Apps[id] = []byte(sec)
 		}
 	} else if !n.Insecure {
-		bad("no app secrets: give --app-secret APP=SECRET, or run with --insecure on loopback")
+		// A newcomer's `go run .` must just work: with no secrets and a
+		// loopback listener the node runs in development mode (serve warns).
+		// Anywhere else, a node without secrets would be open to all.
+		if ip := net.ParseIP(host); err == nil && (host == "localhost" || (ip != nil && ip.IsLoopback())) {
+			n.Insecure = true
+			c.impliedInsecure = true
+		} else {
+			bad("no app secrets for --listen %q: give --app-secret APP=SECRET, or run with --insecure on a loopback address", n.Listen)
+		}
 	}
 	if c.keep < 1 {
 		bad("invalid --keep %d: want at least 1", c.keep)

@@ -479,6 +479,29 @@ func TestConfigErrorsAllReported(t *testing.T) {
 	}
 }
 
+// With no secrets, a loopback listener runs in development mode (so `go
+// run .` works), and any other listener is refused.
+func TestNoSecretsImpliesDevelopmentOnLoopback(t *testing.T) {
+	noEnv := func(string) (string, bool) { return "", false }
+	noFile := func(string) ([]byte, error) { return nil, nil }
+	var c config
+	if errs := parse(nil, &c, io.Discard, noEnv, noFile); len(errs) != 0 {
+		t.Fatalf("defaults: %v", errs)
+	}
+	if !c.node.Insecure || !c.impliedInsecure {
+		t.Fatalf("defaults: insecure=%v implied=%v, want both", c.node.Insecure, c.impliedInsecure)
+	}
+	c = config{}
+	errs := parse([]string{"--listen", "0.0.0.0:8080"}, &c, io.Discard, noEnv, noFile)
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "--app-secret") {
+		t.Fatalf("public listener without secrets: %v", errs)
+	}
+	c = config{}
+	if errs := parse([]string{"--app-secret", "a=s"}, &c, io.Discard, noEnv, noFile); len(errs) != 0 || c.node.Insecure {
+		t.Fatalf("with a secret: insecure=%v errs=%v", c.node.Insecure, errs)
+	}
+}
+
 // TestDrainOnSIGTERM runs the real binary on PostgreSQL with members
 // publishing, sends SIGTERM and checks the drain contract: exit 0 within
 // the window, every member closed with 1001 and a retry hint, every
