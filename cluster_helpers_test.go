@@ -372,7 +372,14 @@ func launchNode(t testing.TB, e *env, name string, extra []string) (*roostNode, 
 		if cg := cpuGroup(t, name); cg != nil {
 			// Enter the group before exec, so the node's runtime sees its
 			// quota and CPU set from its first instruction.
-			cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec taskset -c "$1" "$2" "$@"`, cg.dir, cg.cpu, bin}, args...)...)
+			cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && c=$1 b=$2 && shift 2 && exec taskset -c "$c" "$b" "$@"`, cg.dir, cg.cpu, bin}, args...)...)
+		}
+		// The node reads ROOST_* and the URLs from its environment: only
+		// the flags above may configure it.
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "ROOST_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
+				cmd.Env = append(cmd.Env, kv)
+			}
 		}
 		cmd.Stdout, cmd.Stderr = lf, lf
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
