@@ -239,7 +239,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if c.impliedInsecure {
 		log.Warn("no --app-secret given: development mode on loopback (clients name themselves with ?user=&app=, no token); give --app-secret APP=SECRET to require tokens")
 	}
-	log.Info("roost serving", "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
+	log.Info("roost serving", "node", c.node.NodeID, "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
 
 	if stop == nil {
 		sig := make(chan os.Signal, 1)

@@ -41,7 +41,7 @@ func adminMux(a *admin) *http.ServeMux {
 		// Liveness: the process answers. Dependencies are /readyz's job, so
 		// a Redis outage does not get every node restarted at once.
 		sn := a.srv.Snapshot()
-		_, _ = io.WriteString(w, "ok conns="+strconv.FormatInt(sn.Conns, 10)+" rooms="+strconv.FormatInt(sn.Rooms, 10)+" loops="+strconv.Itoa(sn.Loops)+"\n")
+		_, _ = io.WriteString(w, "ok node="+a.srv.NodeID()+" conns="+strconv.FormatInt(sn.Conns, 10)+" rooms="+strconv.FormatInt(sn.Rooms, 10)+" loops="+strconv.Itoa(sn.Loops)+"\n")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !a.ready.Load() {
@@ -76,6 +76,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	sn := a.srv.Snapshot()
 	c := func(name, help string, v uint64) { m.Counter(name, help, float64(v)) }
 	g := func(name, help string, v int64) { m.Gauge(name, help, float64(v)) }
+	m.Gauge("roost_node_info", "Always 1; labels name this node and its version.", 1, "node", a.srv.NodeID(), "version", version)
 
 	type appConns struct {
 		id string

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os"
 	"regexp"
 	"runtime"
 	"slices"
@@ -94,6 +95,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.GapWindow, "gap-window", d.GapWindow, "how long a missing seq is awaited before it is read from the store")
 	fs.DurationVar(&c.node.RetryMin, "retry-min", d.RetryMin, "shortest reconnect hint (retry=MS) of 1013 and drain closes")
 	fs.DurationVar(&c.node.RetryMax, "retry-max", d.RetryMax, "longest reconnect hint; hints are drawn from [retry-min, retry-max)")
+	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
 	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`")
 	fs.IntVar(&c.keep, "keep", 1000, "memory store: newest messages kept per room for since and history")
@@ -353,6 +355,9 @@ func validate(c *config) []error {
 			bad("invalid --admin %q: want host:port or off", c.admin)
 		}
 	}
+	if n.NodeID == "" {
+		n.NodeID = defaultNodeID(n.Listen)
+	}
 	n.Apps = nil
 	if c.appSecrets != "" {
 		n.Apps = map[string][]byte{}
@@ -510,6 +515,7 @@ func bindValues(c *config, into map[string]string) {
 		"gap-window":        d(n.GapWindow),
 		"retry-min":         d(n.RetryMin),
 		"retry-max":         d(n.RetryMax),
+		"node-id":           n.NodeID,
 		"admin":             c.admin,
 		"app-secret":        c.appSecrets,
 		"keep":              strconv.Itoa(c.keep),
@@ -530,4 +536,26 @@ func bindValues(c *config, into map[string]string) {
 	} {
 		into[k] = v
 	}
+}
+
+// defaultNodeID is HOSTNAME:PORT: unique per node behind a load balancer
+// and recognisable in an operator's dashboards.
+func defaultNodeID(listen string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "roost"
+	}
+	id := []byte(host)
+	for i, ch := range id {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '_' || ch == '.' || ch == '-') {
+			id[i] = '-'
+		}
+	}
+	if _, port, err := net.SplitHostPort(listen); err == nil {
+		id = append(append(id, ':'), port...)
+	}
+	if len(id) > 128 {
+		id = id[len(id)-128:]
+	}
+	return string(id)
 }

@@ -173,6 +173,10 @@ func (c *conn) upgrade() bool {
 		return false
 	}
 	out := proto.AppendUpgradeResponse(l.scratch[:0], req.Key)
+	if s.nodeHeader != nil {
+		// The head ends in an empty line: put the node header before it.
+		out = append(out[:len(out)-2], s.nodeHeader...)
+	}
 	l.scratch = out[:0]
 	if _, err := c.gc.Write(out); err != nil {
 		return false

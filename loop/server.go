@@ -47,6 +47,10 @@ type Config struct {
 	RetryMin       time.Duration // jittered reconnect hint of 1013 closes: [RetryMin, RetryMax)
 	RetryMax       time.Duration
 	Apps           map[string][]byte // app id -> HS256 secret (production mode)
+	// NodeID names this node to operators and clients: it is sent as the
+	// X-Roost-Node header of every upgrade response, so a client (or a
+	// support engineer with its logs) can tell which node it is on.
+	NodeID string
 }
 
 // Defaults returns the documented defaults.
@@ -89,6 +93,8 @@ type Server struct {
 	bus   Publisher
 	pool  Submitter
 	apps  *apps
+	// nodeHeader ends every 101 response: "X-Roost-Node: ID\r\n\r\n".
+	nodeHeader []byte
 
 	addr    string // resolved listen address
 	eng     gnet.Engine
@@ -217,6 +223,9 @@ func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
 	s.Stats.AckLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.Stats.BrokerLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.clock.Store(time.Now().UnixMilli())
+	if cfg.NodeID != "" {
+		s.nodeHeader = []byte("X-Roost-Node: " + cfg.NodeID + "\r\n\r\n")
+	}
 	return s, nil
 }
 
@@ -234,6 +243,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("flush interval %s out of range: set --flush between 100µs and 1s", c.FlushInterval)
 	case c.MaxRooms < 1:
 		return errors.New("room limit must be positive: set --max-rooms")
+	case !validNodeID(c.NodeID):
+		return fmt.Errorf("node id %q: want up to 128 of [A-Za-z0-9_.:-]: set --node-id", c.NodeID)
 	case c.Readers < 1:
 		return errors.New("readers must be positive: set --readers")
 	case c.RetryMax <= c.RetryMin:
@@ -253,6 +264,24 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// validNodeID: the id goes into an HTTP header, so header-safe characters
+// only; empty means no header.
+func validNodeID(id string) bool {
+	if len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		ch := id[i]
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '_' || ch == '.' || ch == ':' || ch == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// NodeID is the configured node id.
+func (s *Server) NodeID() string { return s.cfg.NodeID }
 
 // Attach wires the hub, broker and publish pool (built after the server,
 // since they call back into it).
