@@ -126,8 +126,11 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", st.SlowCloses.Load())
 	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", st.Repairs.Load())
 	c("roost_gap_closes_total", "Rooms whose members were closed with 1013 because a gap could not be filled.", st.GapCloses.Load())
-	c("roost_broker_errors_total", "Committed messages the broker failed to publish (receivers repair from the store).", st.BrokerErrors.Load())
+	c("roost_broker_errors_total", "Broker publishes of committed messages that failed (each is retried).", st.BrokerErrors.Load())
+	c("roost_broker_rebroadcasts_total", "Failed broadcasts delivered by a later retry.", st.Rebroadcasts.Load())
+	c("roost_broker_dropped_total", "Failed broadcasts given up after their retries (receivers repair from the store).", st.BrokerDropped.Load())
 	m.Histogram("roost_broker_publish_seconds", "Time one broker publish of a committed message takes: the broker's lag.", st.BrokerLatency.Snapshot())
+	m.Histogram("roost_broker_delivery_lag_seconds", "Commit to arrival at this node through the broker, sampled 1 message in 64 (across nodes it includes clock offset).", st.DeliveryLag.Snapshot())
 	if a.redis != nil {
 		rs := a.redis.Stats()
 		c("roost_redis_published_total", "Messages published to Redis.", rs.Published)

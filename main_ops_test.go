@@ -336,7 +336,7 @@ func TestMetricsAfterScriptedSession(t *testing.T) {
 
 func TestAdminHealthAndReadiness(t *testing.T) {
 	_, admin := inProcessNode(t)
-	for path, want := range map[string]string{"/healthz": "ok conns=0", "/readyz": "ready", "/debug/pprof/": "goroutine"} {
+	for path, want := range map[string]string{"/healthz": " conns=0 rooms=0", "/readyz": "ready", "/debug/pprof/": "goroutine"} {
 		resp, err := http.Get("http://" + admin + path)
 		if err != nil {
 			t.Fatal(err)

@@ -149,7 +149,9 @@ func (l *loopState) settle() {
 	if u := l.table.TakeUrgent(); len(u) > 0 {
 		l.flushMembers(u)
 	}
-	if l.table.HasDirty() && !l.needFlush.Load() {
+	// A held gap is checked at each flush tick: ask for one even when
+	// nothing is queued, or a quiet room would wait for the next sweep.
+	if (l.table.HasDirty() || len(l.gaps) > 0) && !l.needFlush.Load() {
 		l.needFlush.Store(true)
 	}
 }

@@ -11,6 +11,7 @@
 package loop
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -108,7 +109,10 @@ type Server struct {
 
 	draining atomic.Bool // set by Drain; loops created later start draining
 
+	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
+
 	reads    chan readJob
+	retries  chan rebroadcast
 	clock    atomic.Int64 // Unix ms, refreshed by the ticker goroutine
 	done     chan struct{}
 	stopOnce sync.Once
@@ -131,7 +135,9 @@ type Stats struct {
 	SlowCloses    atomic.Uint64
 	Repairs       atomic.Uint64
 	GapCloses     atomic.Uint64
-	BrokerErrors  atomic.Uint64
+	BrokerErrors  atomic.Uint64 // broker publishes that failed (each is retried)
+	Rebroadcasts  atomic.Uint64 // failed broadcasts that a retry delivered
+	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
 	Overloaded    atomic.Uint64
 	UpgradeErrors atomic.Uint64
 	Joined        atomic.Int64 // live room memberships, all connections
@@ -142,6 +148,10 @@ type Stats struct {
 	PublishLatency *tuning.Histogram // seconds from a pub frame read to its commit
 	AckLatency     *tuning.Histogram // seconds from a pub frame read to its ack queued
 	BrokerLatency  *tuning.Histogram // seconds one broker Publish of a committed message takes
+	// DeliveryLag is seconds from a message's commit (its ts) to its
+	// arrival at this node from the broker, sampled one message in 64.
+	// Across nodes it includes their clock offset.
+	DeliveryLag *tuning.Histogram
 
 	// InboxDepth[i] is how many tasks loop i took in its latest inbox drain:
 	// a loop falling behind shows as a growing number here.
@@ -216,12 +226,14 @@ func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
 		booted:  make(chan struct{}),
 		stopped: make(chan struct{}),
 		reads:   make(chan readJob, 4096),
+		retries: make(chan rebroadcast, 8192),
 		done:    make(chan struct{}),
 	}
 	s.Stats.WriteFrames = tuning.NewHistogram(WriteFramesBuckets...)
 	s.Stats.PublishLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.Stats.AckLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.Stats.BrokerLatency = tuning.NewHistogram(LatencyBuckets...)
+	s.Stats.DeliveryLag = tuning.NewHistogram(LatencyBuckets...)
 	s.clock.Store(time.Now().UnixMilli())
 	if cfg.NodeID != "" {
 		s.nodeHeader = []byte("X-Roost-Node: " + cfg.NodeID + "\r\n\r\n")
@@ -303,8 +315,9 @@ func (s *Server) Start() error {
 		s.wg.Add(1)
 		go s.reader()
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.ticker()
+	go s.rebroadcaster()
 	go func() {
 		defer close(s.stopped)
 		s.runErr = gnet.Run(s, "tcp://"+addr,
@@ -488,10 +501,11 @@ func (s *Server) Committed(req *persist.PubRequest, res *persist.PubResult) {
 		err := s.bus.Publish(context.Background(), req.Key, res.Seq, res.Frame)
 		s.Stats.BrokerLatency.Observe(time.Since(t0).Seconds())
 		if err != nil {
-			// Stored but not broadcast: receivers repair the gap from the
-			// store when the next message of the room shows it.
+			// Stored but not broadcast. Receivers would repair the gap from
+			// the store at the room's next message, but a room that goes
+			// quiet has none: broadcast again from the side.
 			s.Stats.BrokerErrors.Add(1)
-			s.log.Warn("cannot broadcast committed message", "room", req.Key, "seq", res.Seq, "err", err)
+			s.rebroadcastLater(req.Key, res.Seq, res.Frame, err)
 		}
 	}
 	c := ps.c
@@ -500,6 +514,13 @@ func (s *Server) Committed(req *persist.PubRequest, res *persist.PubResult) {
 
 // Deliver queues a message for loop i (fanout.Loops).
 func (s *Server) Deliver(i int, key string, seq uint64, frame []byte) {
+	if i == 0 && seq%64 == 0 {
+		// Sampled: a message reaches each holding loop, so measure on
+		// loop 0's copy only, one message in 64.
+		if ts, ok := frameTS(frame); ok {
+			s.Stats.DeliveryLag.Observe(float64(time.Now().UnixMilli()-ts) / 1000)
+		}
+	}
 	s.loops[i].Load().push(task{kind: tDeliver, key: key, seq: seq, frame: frame})
 }
 
@@ -544,3 +565,98 @@ func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error("gnet fatal: " + fmt.
 var _ fanout.Loops = (*Server)(nil)
 var _ persist.Sink = (*Server)(nil)
 var _ = proto.OpJoin
+
+// rebroadcast is a committed message whose broker publish failed.
+type rebroadcast struct {
+	key   string
+	seq   uint64
+	frame []byte
+	tries int
+	due   time.Time
+}
+
+const (
+	rebroadcastTries = 8 // about 25 s of retries with the backoff below
+	rebroadcastFirst = 100 * time.Millisecond
+	rebroadcastMax   = 5 * time.Second
+)
+
+// rebroadcastLater queues a failed broadcast for retry without blocking the
+// publish worker. Order does not matter: receivers place messages by seq
+// and drop what they already have (a retry that comes after a repair from
+// the store is such a duplicate).
+func (s *Server) rebroadcastLater(key string, seq uint64, frame []byte, err error) {
+	select {
+	case s.retries <- rebroadcast{key: key, seq: seq, frame: frame, due: time.Now().Add(rebroadcastFirst)}:
+	default:
+		// Retries full: a long broker outage. The broker's reconnect resets
+		// every node, which then reads the rooms' tails from the store.
+		s.Stats.BrokerDropped.Add(1)
+	}
+	s.logBrokerError(key, seq, err)
+}
+
+// logBrokerError logs a failed broadcast at most once a second: a broker
+// outage fails every publish, and one line each would flood the log.
+func (s *Server) logBrokerError(key string, seq uint64, err error) {
+	now := time.Now().UnixNano()
+	last := s.brokerLogged.Load()
+	if now-last < int64(time.Second) || !s.brokerLogged.CompareAndSwap(last, now) {
+		return
+	}
+	s.log.Warn("cannot broadcast committed message; retrying", "room", key, "seq", seq, "err", err,
+		"failed_total", s.Stats.BrokerErrors.Load())
+}
+
+func (s *Server) rebroadcaster() {
+	defer s.wg.Done()
+	var pending []rebroadcast
+	t := time.NewTicker(rebroadcastFirst)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case r := <-s.retries:
+			pending = append(pending, r)
+		case now := <-t.C:
+			keep := pending[:0]
+			for _, r := range pending {
+				if now.Before(r.due) {
+					keep = append(keep, r)
+					continue
+				}
+				err := s.bus.Publish(context.Background(), r.key, r.seq, r.frame)
+				if err == nil {
+					s.Stats.Rebroadcasts.Add(1)
+					continue
+				}
+				if r.tries++; r.tries >= rebroadcastTries {
+					s.Stats.BrokerDropped.Add(1)
+					continue
+				}
+				r.due = now.Add(min(rebroadcastFirst<<r.tries, rebroadcastMax))
+				keep = append(keep, r)
+			}
+			clear(pending[len(keep):])
+			pending = keep
+		}
+	}
+}
+
+// frameTS reads the commit time out of a pre-encoded msg frame without
+// decoding it. The bytes `,"ts":` cannot occur inside the escaped id or
+// from strings before it (a quote in a string is always escaped), so the
+// first match is the field.
+func frameTS(frame []byte) (int64, bool) {
+	i := bytes.Index(frame, []byte(`,"ts":`))
+	if i < 0 {
+		return 0, false
+	}
+	var ts int64
+	j := i + len(`,"ts":`)
+	for ; j < len(frame) && frame[j] >= '0' && frame[j] <= '9'; j++ {
+		ts = ts*10 + int64(frame[j]-'0')
+	}
+	return ts, j > i+len(`,"ts":`)
+}

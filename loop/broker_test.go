@@ -1,0 +1,76 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/pubsub"
+)
+
+// flakyBroker fails the first publish of every seq, as a broker does when
+// its connection drops between two publishes.
+type flakyBroker struct {
+	*pubsub.Memory
+	mu   sync.Mutex
+	seen map[uint64]bool
+}
+
+func (b *flakyBroker) Publish(ctx context.Context, key string, seq uint64, frame []byte) error {
+	b.mu.Lock()
+	first := !b.seen[seq]
+	b.seen[seq] = true
+	b.mu.Unlock()
+	if first {
+		return errors.New("connection reset")
+	}
+	return b.Memory.Publish(ctx, key, seq, frame)
+}
+
+// A failed broadcast reaches the members of a room that then goes quiet:
+// no later message is needed to notice the gap.
+func TestFailedBroadcastIsRetried(t *testing.T) {
+	cfg := testConfig()
+	store := persist.NewMemory(100)
+	srv, err := New(cfg, store, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := fanout.NewHub(srv, cfg.Loops)
+	broker := &flakyBroker{Memory: pubsub.NewMemory(hub), seen: map[uint64]bool{}}
+	hub.SetSubscriber(broker)
+	pool := persist.NewPool(store, srv, persist.PoolConfig{})
+	srv.Attach(hub, broker, pool)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n := &node{srv: srv, pool: pool, store: store, addr: srv.Addr()}
+	t.Cleanup(func() { pool.Close(); _ = srv.Stop(context.Background()) })
+
+	sub := n.dial(t, "sub")
+	sub.send(`{"op":"join","room":"quiet"}`)
+	sub.expect(map[string]any{"op": "joined", "seq": 0})
+	pub := n.dial(t, "pub")
+	pub.send(`{"op":"pub","room":"quiet","id":"only","body":"x"}`)
+	pub.expect(map[string]any{"op": "ack", "seq": 1}) // committed, so acked
+	sub.expect(map[string]any{"op": "msg", "seq": 1, "id": "only"})
+	if srv.Stats.BrokerErrors.Load() != 1 || srv.Stats.Rebroadcasts.Load() != 1 {
+		t.Fatalf("errors %d, rebroadcasts %d", srv.Stats.BrokerErrors.Load(), srv.Stats.Rebroadcasts.Load())
+	}
+}
+
+func TestFrameTS(t *testing.T) {
+	f := proto.AppendMsgFrame(nil, "r", 64, []byte(`a,"ts":1`), `b",ts":2`, 1764484800123, []byte(`{"ts":5}`))
+	if ts, ok := frameTS(f); !ok || ts != 1764484800123 {
+		t.Fatalf("ts %d %v from %q", ts, ok, f)
+	}
+	if _, ok := frameTS([]byte(`{"op":"msg"}`)); ok {
+		t.Fatal("ts found where there is none")
+	}
+}
