@@ -118,7 +118,7 @@ type Table struct {
 }
 
 // pending-list size classes: most flushes carry a handful of frames; a busy
-// room at 8,000 msg/s and a 5 ms tick gives ~40; the largest class covers a
+// room at 8,000 msg/s and a 4 ms tick gives ~32; the largest class covers a
 // catch-up burst until flushAt forces a write.
 var classes = [...]int{8, 64, 512, 4096}
 
