@@ -31,13 +31,13 @@ import (
 
 	"github.com/gobwas/ws"
 	"github.com/gobwas/ws/wsutil"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 const (
-	testPGURL     = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	testRedisAddr = "127.0.0.1:6379"
-	testApp       = "ct"
+	testApp = "ct"
 )
 
 var (
@@ -80,217 +80,10 @@ func roostBinary(t testing.TB) string {
 	return binPath
 }
 
-// skipOrFail skips a test whose service is missing, unless CI demands it.
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-func requireRedis(t testing.TB) {
-	t.Helper()
-	if err := pingRedis(testRedisAddr); err != nil {
-		skipOrFail(t, "redis at %s is not available (%v): start Redis 7 there to run this test", testRedisAddr, err)
-	}
-}
-
-func requireRedisBinaries(t testing.TB) {
-	t.Helper()
-	for _, bin := range []string{"redis-server", "redis-cli"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			skipOrFail(t, "%s not in PATH: install redis-server to run this test", bin)
-		}
-	}
-}
-
-// pingRedis speaks raw RESP so that setup does not depend on the code
-// under test.
-func pingRedis(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != "+PONG\r\n" {
-		return fmt.Errorf("PING answered %q", line)
-	}
-	return nil
-}
-
 func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// newDatabase creates a database of its own for t and drops it at the end
-// (after the nodes using it, which are registered later and stop first).
-func newDatabase(t testing.TB) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, testPGURL)
-	if err != nil {
-		skipOrFail(t, "postgresql at 127.0.0.1:5432 is not available (%v): start PostgreSQL (user postgres, trust auth) to run this test", err)
-	}
-	defer conn.Close(context.Background())
-	name := "roost_ct_" + randHex(6)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("cannot create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, testPGURL)
-		if err != nil {
-			t.Errorf("cannot drop database %s: %v", name, err)
-			return
-		}
-		defer c.Close(context.Background())
-		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("cannot drop database %s: %v", name, err)
-		}
-	})
-	return "postgres://postgres@127.0.0.1:5432/" + name + "?sslmode=disable"
-}
-
-// waitFor polls f until it returns nil or d passes, then fails with f's
-// last error.
-func waitFor(t testing.TB, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", d, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// freePort returns a free loopback port; with bus, port+10000 (the Redis
-// Cluster bus) is free too.
-func freePort(t testing.TB, bus bool) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if !bus {
-			l.Close()
-			return port
-		}
-		if port+10000 < 65536 {
-			if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000)); err == nil {
-				l2.Close()
-				l.Close()
-				return port
-			}
-		}
-		l.Close()
-	}
-	t.Fatal("no free port found")
-	return 0
-}
-
-// redisProc is a redis-server child process owned by a test.
-type redisProc struct {
-	port int
-	args []string
-	cmd  *exec.Cmd
-}
-
-func startRedis(t testing.TB, port int, extra ...string) *redisProc {
-	t.Helper()
-	p := &redisProc{port: port, args: append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
-	}, extra...)}
-	p.start(t)
-	t.Cleanup(p.kill)
-	return p
-}
-
-func (p *redisProc) addr() string { return fmt.Sprintf("127.0.0.1:%d", p.port) }
-
-func (p *redisProc) start(t testing.TB) {
-	t.Helper()
-	cmd := exec.Command("redis-server", p.args...)
-	// The server dies with the test binary even if cleanup never runs.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("cannot start redis-server: %v", err)
-	}
-	p.cmd = cmd
-	waitFor(t, 5*time.Second, func() error { return pingRedis(p.addr()) })
-}
-
-// kill is kill -9: no shutdown, no goodbye to the clients.
-func (p *redisProc) kill() {
-	if p.cmd != nil {
-		_ = p.cmd.Process.Kill()
-		_ = p.cmd.Wait()
-		p.cmd = nil
-	}
-}
-
-// startCluster starts a three-shard Redis Cluster (no replicas).
-func startCluster(t testing.TB) []*redisProc {
-	t.Helper()
-	requireRedisBinaries(t)
-	dir := t.TempDir()
-	var nodes []*redisProc
-	var addrs []string
-	for range 3 {
-		port := freePort(t, true)
-		n := startRedis(t, port,
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
-			"--dir", dir)
-		nodes = append(nodes, n)
-		addrs = append(addrs, n.addr())
-	}
-	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	waitFor(t, 10*time.Second, func() error {
-		for _, n := range nodes {
-			out, err := exec.Command("redis-cli", "-p", strconv.Itoa(n.port), "cluster", "info").Output()
-			if err != nil {
-				return fmt.Errorf("cluster info on %s: %v", n.addr(), err)
-			}
-			if !strings.Contains(string(out), "cluster_state:ok") {
-				return fmt.Errorf("cluster state on %s is not ok", n.addr())
-			}
-		}
-		return nil
-	})
-	return nodes
-}
-
-// redisCLI runs one redis-cli command against port.
-func redisCLI(t testing.TB, port int, args ...string) string {
-	t.Helper()
-	out, err := exec.Command("redis-cli", append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(port)}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("redis-cli %v on port %d: %v %s", args, port, err, out)
-	}
-	return string(out)
 }
 
 // env is what the nodes of one test share.
@@ -304,7 +97,7 @@ type env struct {
 // its own channel prefix.
 func newEnv(t testing.TB, redisAddrs string) *env {
 	t.Helper()
-	e := &env{dbURL: newDatabase(t), prefix: "ct-" + randHex(6)}
+	e := &env{dbURL: pgtest.NewDB(t), prefix: redistest.Prefix(t)}
 	e.redisURL = "redis://" + redisAddrs + "?prefix=" + e.prefix
 	return e
 }
@@ -354,8 +147,8 @@ func launchNode(t testing.TB, e *env, name string, extra []string) (*roostNode, 
 	for attempt := range 3 {
 		n := &roostNode{
 			name:   name,
-			addr:   fmt.Sprintf("127.0.0.1:%d", freePort(t, false)),
-			admin:  fmt.Sprintf("127.0.0.1:%d", freePort(t, false)),
+			addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+			admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
 			logf:   filepath.Join(dir, fmt.Sprintf("%s-%d.log", name, attempt)),
 			exited: make(chan struct{}),
 		}
@@ -795,7 +588,7 @@ func (c *wsClient) join(t testing.TB, room string) {
 
 func (c *wsClient) waitJoined(t testing.TB, room string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, func() error {
+	redistest.WaitFor(t, 10*time.Second, func() error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if _, ok := c.joined[room]; ok {

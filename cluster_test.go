@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // fleet is a set of nodes with members spread over them.
@@ -109,7 +111,7 @@ func (f *fleet) burst(t *testing.T, per, window int, pace time.Duration, delay t
 // are handled by onClosed (which must rejoin them) if set, else fail.
 func (f *fleet) waitComplete(t *testing.T, n map[string]uint64, d time.Duration, onClosed func(i int, c *wsClient)) {
 	t.Helper()
-	waitFor(t, d, func() error {
+	redistest.WaitFor(t, d, func() error {
 		for i, c := range f.members {
 			if c.dead() {
 				if onClosed == nil {
@@ -190,7 +192,7 @@ func fanOutOrder(t *testing.T, e *env, subscribers func(room string) (int, error
 
 	// Operators see where the clients are: every node holds its own
 	// members and publishers and every room.
-	waitFor(t, 5*time.Second, func() error {
+	redistest.WaitFor(t, 5*time.Second, func() error {
 		for _, n := range nodes {
 			if h := n.health(t); h.conns != perNode+2 || h.rooms != nrooms {
 				return fmt.Errorf("%s /healthz: conns=%d rooms=%d, want %d and %d", n.name, h.conns, h.rooms, perNode+2, nrooms)
@@ -199,7 +201,7 @@ func fanOutOrder(t *testing.T, e *env, subscribers func(room string) (int, error
 		return nil
 	})
 	// ... how many members it holds and what it subscribed on Redis.
-	waitFor(t, 5*time.Second, func() error {
+	redistest.WaitFor(t, 5*time.Second, func() error {
 		for _, n := range nodes {
 			m := n.metrics(t)
 			if m["roost_room_memberships"] != perNode*roomsEach || m["roost_redis_subscribed_rooms"] != nrooms || m["roost_redis_pending_rooms"] != 0 {
@@ -240,7 +242,7 @@ func fanOutOrder(t *testing.T, e *env, subscribers func(room string) (int, error
 			c.close()
 		}
 	}
-	waitFor(t, 5*time.Second, func() error {
+	redistest.WaitFor(t, 5*time.Second, func() error {
 		if h := nodes[0].health(t); h.rooms != 0 {
 			return fmt.Errorf("node0 still holds %d rooms", h.rooms)
 		}
@@ -255,11 +257,11 @@ func fanOutOrder(t *testing.T, e *env, subscribers func(room string) (int, error
 
 // Test 2: three nodes on one Redis.
 func TestMultiNodeFanOutOrder(t *testing.T) {
-	requireRedis(t)
-	requireRedisBinaries(t)
-	e := newEnv(t, testRedisAddr)
+	redistest.Require(t)
+	redistest.RequireBinaries(t)
+	e := newEnv(t, redistest.Addr)
 	fanOutOrder(t, e, func(room string) (int, error) {
-		out := strings.Fields(redisCLI(t, 6379, "pubsub", "numsub", e.channel(room)))
+		out := strings.Fields(redistest.CLI(t, 6379, "pubsub", "numsub", e.channel(room)))
 		if len(out) != 2 {
 			return 0, fmt.Errorf("pubsub numsub answered %q", out)
 		}
@@ -270,23 +272,23 @@ func TestMultiNodeFanOutOrder(t *testing.T) {
 // Test 3: the same on a three-shard Redis Cluster (sharded pub/sub); the
 // rooms land on more than one shard.
 func TestMultiNodeRedisCluster(t *testing.T) {
-	shards := startCluster(t)
+	shards := redistest.StartCluster(t)
 	var seeds []string
 	for _, s := range shards {
-		seeds = append(seeds, s.addr())
+		seeds = append(seeds, s.Addr())
 	}
 	e := newEnv(t, strings.Join(seeds, ","))
 	owners := map[int]bool{}
 	fanOutOrder(t, e, func(room string) (int, error) {
 		ch := e.channel(room)
 		for _, s := range shards {
-			out := strings.Fields(redisCLI(t, s.port, "pubsub", "shardchannels", e.prefix+".*"))
+			out := strings.Fields(redistest.CLI(t, s.Port, "pubsub", "shardchannels", e.prefix+".*"))
 			if !slices.Contains(out, ch) {
 				continue
 			}
-			owners[s.port] = true
+			owners[s.Port] = true
 			// SHARDNUMSUB is answered by the shard owning the channel.
-			num := strings.Fields(redisCLI(t, s.port, "pubsub", "shardnumsub", ch))
+			num := strings.Fields(redistest.CLI(t, s.Port, "pubsub", "shardnumsub", ch))
 			if len(num) != 2 {
 				return 0, fmt.Errorf("pubsub shardnumsub answered %q", num)
 			}
@@ -306,17 +308,17 @@ func TestMultiNodeRedisCluster(t *testing.T) {
 // connected gets 1..N; a member closed with 1013 rejoins with since and
 // gets 1..N; nobody ever sees a gap or a duplicate.
 func TestMultiNodeRedisRestart(t *testing.T) {
-	requireRedisBinaries(t)
-	rp := startRedis(t, freePort(t, false))
-	e := newEnv(t, rp.addr())
+	redistest.RequireBinaries(t)
+	rp := redistest.Start(t, redistest.FreePort(t, false))
+	e := newEnv(t, rp.Addr())
 	nodes := startNodes(t, e, 3)
 	f := spread(t, nodes, 3, 3, 2)
 	f.publishers(t, 1)
 
 	f.burst(t, 120, 8, 3*time.Millisecond, 400*time.Millisecond, func() {
-		rp.kill()
+		rp.Kill()
 		time.Sleep(700 * time.Millisecond)
-		rp.start(t)
+		rp.Restart(t)
 	})
 	n := f.acked(t)
 	rejoined := 0
@@ -354,8 +356,8 @@ func TestMultiNodeRedisRestart(t *testing.T) {
 // re-sends what was unacknowledged elsewhere under the same ids; members
 // of the other nodes are not disturbed.
 func TestMultiNodeKillNode(t *testing.T) {
-	requireRedis(t)
-	e := newEnv(t, testRedisAddr)
+	redistest.Require(t)
+	e := newEnv(t, redistest.Addr)
 	nodes := startNodes(t, e, 3)
 	f := spread(t, nodes, 3, 3, 2)
 	f.publishers(t, 1)
@@ -411,9 +413,9 @@ func TestMultiNodeKillNode(t *testing.T) {
 // publisher's messages are committed while Redis is down, so the member
 // can only get them from the store.
 func TestRedisRestartManyRooms(t *testing.T) {
-	requireRedisBinaries(t)
-	rp := startRedis(t, freePort(t, false))
-	e := newEnv(t, rp.addr())
+	redistest.RequireBinaries(t)
+	rp := redistest.Start(t, redistest.FreePort(t, false))
+	e := newEnv(t, rp.Addr())
 	const nrooms = 5000
 	nodes := startNodes(t, e, 1, "--max-rooms", strconv.Itoa(nrooms))
 	m := dialClient(t, nodes[0], "member")
@@ -441,7 +443,7 @@ func TestRedisRestartManyRooms(t *testing.T) {
 		t.Fatalf("node holds %d rooms, want %d", h.rooms, nrooms)
 	}
 
-	rp.kill()
+	rp.Kill()
 	p := dialClient(t, nodes[0], "publisher")
 	var jobs []pubJob
 	for _, r := range rooms {
@@ -450,7 +452,7 @@ func TestRedisRestartManyRooms(t *testing.T) {
 	if err := p.publishAll(jobs, 256, 0, time.Now().Add(20*time.Second), nil); err != nil {
 		t.Fatal(err)
 	}
-	rp.start(t)
+	rp.Restart(t)
 	missing := func() []string {
 		var miss []string
 		for _, r := range rooms {
@@ -460,7 +462,7 @@ func TestRedisRestartManyRooms(t *testing.T) {
 		}
 		return miss
 	}
-	waitFor(t, 15*time.Second, func() error {
+	redistest.WaitFor(t, 15*time.Second, func() error {
 		if miss := missing(); len(miss) > 0 {
 			return fmt.Errorf("%d of %d rooms never got their message committed during the outage (e.g. %s)", len(miss), nrooms, miss[0])
 		}
@@ -486,11 +488,11 @@ func envInt(name string, def int) int {
 // (default 10, at most 50) after a 2 s warm-up; ROOST_NODE_CPU_QUOTA caps
 // each node's CPU (see cpuGroup). Run it with -benchtime=1x.
 func BenchmarkCrossNodeLatency(b *testing.B) {
-	requireRedis(b)
+	redistest.Require(b)
 	rate := envInt("ROOST_XNODE_RATE", 100)
 	perNode := envInt("ROOST_XNODE_MEMBERS", 200)
 	secs := min(envInt("ROOST_XNODE_SECONDS", 10), 50)
-	e := newEnv(b, testRedisAddr)
+	e := newEnv(b, redistest.Addr)
 	// Production's flush tick, not the tests' 1 ms.
 	nodes := startNodes(b, e, 2, "--flush", "5ms")
 	const room = "lat"
@@ -543,7 +545,7 @@ func BenchmarkCrossNodeLatency(b *testing.B) {
 		share[k] = (n.cpuTime() - cpu0[k]).Seconds() / time.Since(time.Unix(0, from)).Seconds()
 	}
 	// Every member gets every message: 1..sent, no gap, no duplicate.
-	waitFor(b, 30*time.Second, func() error {
+	redistest.WaitFor(b, 30*time.Second, func() error {
 		for _, g := range groups {
 			for _, c := range g {
 				if err := checkSeqs(c.seqs(room), uint64(sent)); err != nil {

@@ -24,6 +24,8 @@ import (
 
 	"github.com/gobwas/ws"
 	"github.com/gobwas/ws/wsutil"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // chromiumPath finds Debian's chromium; without it the test skips, unless
@@ -65,7 +67,7 @@ func startBrowser(t *testing.T) *browser {
 	t.Cleanup(b.close)
 	// Chromium writes its port and browser path to DevToolsActivePort.
 	var wsURL string
-	waitFor(t, 30*time.Second, func() error {
+	redistest.WaitFor(t, 30*time.Second, func() error {
 		data, err := os.ReadFile(filepath.Join(dir, "DevToolsActivePort"))
 		if err != nil {
 			return fmt.Errorf("chromium not listening yet: %w", err)
@@ -194,7 +196,7 @@ func (b *browser) eval(session, expr string) (any, error) {
 // waitTrue polls a boolean expression in a page.
 func (b *browser) waitTrue(session, what, expr string) {
 	b.t.Helper()
-	waitFor(b.t, 10*time.Second, func() error {
+	redistest.WaitFor(b.t, 10*time.Second, func() error {
 		v, err := b.eval(session, expr)
 		if err != nil {
 			return fmt.Errorf("%s: %w", what, err)

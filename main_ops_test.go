@@ -30,6 +30,8 @@ import (
 	"github.com/gobwas/ws/wsutil"
 
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // opsFrame is one frame a test client received.
@@ -310,7 +312,7 @@ func TestMetricsAfterScriptedSession(t *testing.T) {
 	}
 	rs[0].expect("left")
 	rs[1].conn.Close()
-	waitFor(t, 5*time.Second, func() error {
+	redistest.WaitFor(t, 5*time.Second, func() error {
 		m := scrape(t, admin)
 		if m["roost_room_memberships"] != receivers-2 || m[`roost_connections{app="mx"}`] != receivers {
 			return fmt.Errorf("memberships %v, mx connections %v; want %d and %d",
@@ -325,7 +327,7 @@ func TestMetricsAfterScriptedSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	waitFor(t, 5*time.Second, func() error {
+	redistest.WaitFor(t, 5*time.Second, func() error {
 		m := scrape(t, admin)
 		if m["roost_upgrading_connections"] != 0 || m["roost_connections_total_open"] != receivers+1 {
 			return fmt.Errorf("upgrading %v, open %v after a plain GET /", m["roost_upgrading_connections"], m["roost_connections_total_open"])
@@ -508,10 +510,10 @@ func TestNoSecretsImpliesDevelopmentOnLoopback(t *testing.T) {
 // publish answered (ack or err overloaded) before its close frame, and the
 // acknowledged publishes exactly the stored ones.
 func TestDrainOnSIGTERM(t *testing.T) {
-	dbURL := newDatabase(t)
+	dbURL := pgtest.NewDB(t)
 	bin := roostBinary(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t, false))
-	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t, false))
+	addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
+	admin := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	const window = 2 * time.Second
 	logs := &syncBuffer{}
 	cmd := exec.Command(bin, "serve", "--insecure", "--listen", addr, "--admin", admin, "--database-url", dbURL, "--migrate",
@@ -529,7 +531,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 			t.Logf("node log:\n%s", logs)
 		}
 	})
-	waitFor(t, 15*time.Second, func() error {
+	redistest.WaitFor(t, 15*time.Second, func() error {
 		resp, err := http.Get("http://" + admin + "/readyz")
 		if err != nil {
 			return err
@@ -673,8 +675,8 @@ func TestDrainOnSIGTERM(t *testing.T) {
 }
 
 func TestMetricsWithRedis(t *testing.T) {
-	requireRedis(t)
-	addr, admin := inProcessNode(t, "--redis-url", "redis://"+testRedisAddr+"?prefix=opsmx"+randHex(4))
+	redistest.Require(t)
+	addr, admin := inProcessNode(t, "--redis-url", "redis://"+redistest.Addr+"?prefix="+redistest.Prefix(t))
 	r := dialOps(t, addr, "user=r&app=rx")
 	if err := r.send(`{"op":"join","room":"a"}`); err != nil {
 		t.Fatal(err)

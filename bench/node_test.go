@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // The scenario tests run the real node: the roost binary built once from
@@ -59,16 +61,6 @@ func stopNodeBuild() {
 	if buildDir != "" {
 		os.RemoveAll(buildDir)
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 type testNode struct {
@@ -120,7 +112,7 @@ func checkNodeCounters(t *testing.T, n testNode, rep *Report) {
 func startNode(t *testing.T, extra ...string) testNode {
 	t.Helper()
 	bin := nodeBinary(t)
-	port, admin := freePort(t), freePort(t)
+	port, admin := redistest.FreePort(t, false), redistest.FreePort(t, false)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	args := append([]string{"serve", "--insecure", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin)}, extra...)
 	cmd := exec.Command(bin, args...)

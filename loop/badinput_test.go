@@ -216,25 +216,7 @@ func readText(rd *bufio.Reader) ([]byte, error) {
 // The 101 response names the node, so a client can tell where it is.
 func TestUpgradeNamesNode(t *testing.T) {
 	n := startNode(t, func(c *Config) { c.NodeID = "node-7:8080" })
-	conn, err := net.Dial("tcp", n.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.Write([]byte("GET /ws?user=a&app=test HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"))
-	rd := bufio.NewReader(conn)
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	var head []string
-	for {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if line == "\r\n" {
-			break
-		}
-		head = append(head, strings.TrimSpace(line))
-	}
+	conn, rd, head := n.upgradeHead(t, "a")
 	if head[0] != "HTTP/1.1 101 Switching Protocols" || !slices.Contains(head, "X-Roost-Node: node-7:8080") || !slices.Contains(head, "Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=") {
 		t.Fatalf("head: %q", head)
 	}

@@ -3,12 +3,9 @@ package loop
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 
-	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
@@ -36,23 +33,9 @@ func (b *flakyBroker) Publish(ctx context.Context, key string, seq uint64, frame
 // A failed broadcast reaches the members of a room that then goes quiet:
 // no later message is needed to notice the gap.
 func TestFailedBroadcastIsRetried(t *testing.T) {
-	cfg := testConfig()
-	store := persist.NewMemory(100)
-	srv, err := New(cfg, store, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub := fanout.NewHub(srv, cfg.Loops)
-	broker := &flakyBroker{Memory: pubsub.NewMemory(hub), seen: map[uint64]bool{}}
-	hub.SetSubscriber(broker)
-	pool := persist.NewPool(store, srv, persist.PoolConfig{})
-	srv.Attach(hub, broker, pool)
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	n := &node{srv: srv, pool: pool, store: store, addr: srv.Addr()}
-	t.Cleanup(func() { pool.Close(); _ = srv.Stop(context.Background()) })
-
+	n := startNodeWith(t, testConfig(), persist.NewMemory(100), testLogger(), func(h pubsub.Handler) nodeBroker {
+		return &flakyBroker{Memory: pubsub.NewMemory(h), seen: map[uint64]bool{}}
+	})
 	sub := n.dial(t, "sub")
 	sub.send(`{"op":"join","room":"quiet"}`)
 	sub.expect(map[string]any{"op": "joined", "seq": 0})
@@ -60,8 +43,8 @@ func TestFailedBroadcastIsRetried(t *testing.T) {
 	pub.send(`{"op":"pub","room":"quiet","id":"only","body":"x"}`)
 	pub.expect(map[string]any{"op": "ack", "seq": 1}) // committed, so acked
 	sub.expect(map[string]any{"op": "msg", "seq": 1, "id": "only"})
-	if srv.Stats.BrokerErrors.Load() != 1 || srv.Stats.Rebroadcasts.Load() != 1 {
-		t.Fatalf("errors %d, rebroadcasts %d", srv.Stats.BrokerErrors.Load(), srv.Stats.Rebroadcasts.Load())
+	if n.srv.Stats.BrokerErrors.Load() != 1 || n.srv.Stats.Rebroadcasts.Load() != 1 {
+		t.Fatalf("errors %d, rebroadcasts %d", n.srv.Stats.BrokerErrors.Load(), n.srv.Stats.Rebroadcasts.Load())
 	}
 }
 

@@ -47,22 +47,39 @@ func startNode(t testing.TB, mutate func(*Config)) *node {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	store := persist.NewMemory(1000)
-	return startNodeWith(t, cfg, store, log)
+	return startNodeWith(t, cfg, persist.NewMemory(1000), testLogger(), nil)
 }
 
-func startNodeWith(t testing.TB, cfg Config, store persist.Store, log *slog.Logger) *node {
+// testLogger drops the node's log unless the test runs verbose.
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// nodeBroker is what a node fans out through: the hub subscribes rooms on
+// it and the server publishes on it.
+type nodeBroker interface {
+	fanout.Subscriber
+	Publisher
+}
+
+// startNodeWith wires a node as main does on store. newBroker builds the
+// broker delivering to the hub; nil means an in-process pubsub.Memory.
+func startNodeWith(t testing.TB, cfg Config, store persist.Store, log *slog.Logger, newBroker func(pubsub.Handler) nodeBroker) *node {
 	t.Helper()
 	srv, err := New(cfg, store, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	hub := fanout.NewHub(srv, cfg.Loops)
-	broker := pubsub.NewMemory(hub)
+	var broker nodeBroker
+	if newBroker != nil {
+		broker = newBroker(hub)
+	} else {
+		broker = pubsub.NewMemory(hub)
+	}
 	hub.SetSubscriber(broker)
 	pool := persist.NewPool(store, srv, persist.PoolConfig{})
 	srv.Attach(hub, broker, pool)
@@ -212,9 +229,21 @@ func checkFor(t testing.TB, d time.Duration, cond func() bool) {
 	}
 }
 
-// rawUpgrade opens a TCP connection and completes the upgrade by hand, for
-// tests that must send what a well-behaved client library would not.
+// raw opens a TCP connection and completes the upgrade by hand, for tests
+// that must send what a well-behaved client library would not.
 func (n *node) raw(t testing.TB, user string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, rd, head := n.upgradeHead(t, user)
+	if !strings.Contains(head[0], "101") {
+		t.Fatalf("upgrade: %q", head)
+	}
+	return conn, rd
+}
+
+// upgradeHead sends a hand-written upgrade request for user and returns
+// the connection, its reader past the response head, and the head's lines
+// (status line first) without their line ends.
+func (n *node) upgradeHead(t testing.TB, user string) (net.Conn, *bufio.Reader, []string) {
 	t.Helper()
 	conn, err := net.Dial("tcp", n.addr)
 	if err != nil {
@@ -227,20 +256,17 @@ func (n *node) raw(t testing.TB, user string) (net.Conn, *bufio.Reader) {
 	}
 	rd := bufio.NewReader(conn)
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	status, err := rd.ReadString('\n')
-	if err != nil || !strings.Contains(status, "101") {
-		t.Fatalf("upgrade: %q %v", status, err)
-	}
+	var head []string
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("upgrade: head %q: %v", head, err)
 		}
 		if line == "\r\n" {
-			break
+			return conn, rd, head
 		}
+		head = append(head, strings.TrimSpace(line))
 	}
-	return conn, rd
 }
 
 func clientFrame(op ws.OpCode, fin bool, payload []byte) []byte {

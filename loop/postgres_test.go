@@ -28,7 +28,7 @@ func openPG(t *testing.T, url string) *persist.Postgres {
 func pgNode(t *testing.T, url string) (*node, func()) {
 	t.Helper()
 	pg := openPG(t, url)
-	n := startNodeWith(t, testConfig(), pg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	n := startNodeWith(t, testConfig(), pg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

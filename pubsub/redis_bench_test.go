@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // benchHandler counts deliveries and, for the serial case, signals each.
@@ -28,12 +30,12 @@ func (h *benchHandler) OnReset() {}
 // round trip); parallel has one publisher goroutine per room, which
 // rueidis pipelines into shared writes.
 func BenchmarkRedisPublishDeliver(b *testing.B) {
-	requireRedis(b)
+	redistest.Require(b)
 	const rooms = 64
 	for _, size := range []int{128, 1024} {
 		frame := make([]byte, size)
 		b.Run(fmt.Sprintf("serial/%dB", size), func(b *testing.B) {
-			cfg := RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(b)}
+			cfg := RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(b)}
 			h := &benchHandler{signal: make(chan struct{}, 1)}
 			pub := newTestRedis(b, cfg, &benchHandler{})
 			sub := newTestRedis(b, cfg, h)
@@ -52,7 +54,7 @@ func BenchmarkRedisPublishDeliver(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 		})
 		b.Run(fmt.Sprintf("parallel/%dB", size), func(b *testing.B) {
-			cfg := RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(b)}
+			cfg := RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(b)}
 			h := &benchHandler{}
 			pub := newTestRedis(b, cfg, &benchHandler{})
 			sub := newTestRedis(b, cfg, h)
@@ -97,8 +99,8 @@ func BenchmarkRedisPublishDeliver(b *testing.B) {
 }
 
 func BenchmarkRedisPublish(b *testing.B) {
-	requireRedis(b)
-	r := newTestRedis(b, RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(b)}, &benchHandler{})
+	redistest.Require(b)
+	r := newTestRedis(b, RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(b)}, &benchHandler{})
 	frame := make([]byte, 128)
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -1,80 +1,18 @@
 package pubsub
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
-
-const testRedisAddr = "127.0.0.1:6379"
-
-// skipOrFail skips a test whose service is missing, unless CI demands it.
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-// requireRedis skips (or fails under CI) when the shared Redis is down.
-func requireRedis(t testing.TB) {
-	t.Helper()
-	if err := pingAddr(testRedisAddr); err != nil {
-		skipOrFail(t, "redis at %s is not available (%v): start Redis 7 there to run this test", testRedisAddr, err)
-	}
-}
-
-func requireRedisServerBinary(t testing.TB) {
-	t.Helper()
-	for _, bin := range []string{"redis-server", "redis-cli"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			skipOrFail(t, "%s not in PATH: install redis-server to run this test", bin)
-		}
-	}
-}
-
-// pingAddr speaks raw RESP so that test setup does not depend on the code
-// under test.
-func pingAddr(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != "+PONG\r\n" {
-		return fmt.Errorf("PING answered %q", line)
-	}
-	return nil
-}
-
-// testPrefix isolates a test's channels from every other test and node.
-func testPrefix(t testing.TB) string {
-	var b [6]byte
-	rand.Read(b[:])
-	return "roosttest-" + hex.EncodeToString(b[:])
-}
 
 func newTestRedis(t testing.TB, cfg RedisConfig, h Handler) *Redis {
 	t.Helper()
@@ -89,17 +27,17 @@ func newTestRedis(t testing.TB, cfg RedisConfig, h Handler) *Redis {
 }
 
 func TestRedisContract(t *testing.T) {
-	requireRedis(t)
+	redistest.Require(t)
 	testBrokerContract(t, func(t *testing.T, h Handler) Broker {
-		return newTestRedis(t, RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}, h)
+		return newTestRedis(t, RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(t)}, h)
 	})
 }
 
 // Two nodes on one Redis: each receives exactly the rooms it subscribed,
 // in publish order, byte-identical, whichever node published.
 func TestRedisTwoNodes(t *testing.T) {
-	requireRedis(t)
-	cfg := RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}
+	redistest.Require(t)
+	cfg := RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(t)}
 	testTwoNodes(t, cfg)
 }
 
@@ -168,9 +106,9 @@ func testTwoNodes(t *testing.T, cfg RedisConfig) {
 }
 
 func TestRedisSubscribeMany(t *testing.T) {
-	requireRedis(t)
+	redistest.Require(t)
 	r := newRecorder()
-	b := newTestRedis(t, RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}, r)
+	b := newTestRedis(t, RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(t)}, r)
 	// More than one SUBSCRIBE command's worth, queued before the worker
 	// runs, so they go out as one pipelined batch.
 	const rooms = 3*channelsPerCommand + 7
@@ -211,8 +149,8 @@ func TestRedisSubscribeMany(t *testing.T) {
 }
 
 func TestRedisPublishErrors(t *testing.T) {
-	requireRedis(t)
-	b := newTestRedis(t, RedisConfig{Addrs: []string{testRedisAddr}, Prefix: testPrefix(t)}, newRecorder())
+	redistest.Require(t)
+	b := newTestRedis(t, RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(t)}, newRecorder())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := b.Publish(ctx, "a", 1, []byte("x"))
@@ -243,8 +181,8 @@ func TestNewRedisErrors(t *testing.T) {
 	if _, err := NewRedis(ctx, RedisConfig{Addrs: []string{"127.0.0.1:1"}}, newRecorder(), nil); err == nil {
 		t.Fatal("NewRedis to a closed port succeeded")
 	}
-	if err := pingAddr(testRedisAddr); err == nil {
-		_, err := NewRedis(ctx, RedisConfig{Addrs: []string{testRedisAddr}, Cluster: true}, newRecorder(), nil)
+	if err := redistest.Ping(redistest.Addr); err == nil {
+		_, err := NewRedis(ctx, RedisConfig{Addrs: []string{redistest.Addr}, Cluster: true}, newRecorder(), nil)
 		if err == nil || !strings.Contains(err.Error(), "not a Redis Cluster") {
 			t.Fatalf("Cluster: true on a single Redis: %v", err)
 		}
@@ -287,79 +225,13 @@ func TestParseRedisURL(t *testing.T) {
 	bad("redis://h:1,:2", "bad address")
 }
 
-// redisProc is a redis-server child process owned by a test.
-type redisProc struct {
-	port int
-	args []string
-	cmd  *exec.Cmd
-}
-
-// freePort returns a loopback port that is free, and whose cluster bus
-// port (+10000) is free too when bus is set.
-func freePort(t testing.TB, bus bool) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if !bus {
-			l.Close()
-			return port
-		}
-		if port+10000 < 65536 {
-			if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000)); err == nil {
-				l2.Close()
-				l.Close()
-				return port
-			}
-		}
-		l.Close()
-	}
-	t.Fatal("no free port pair found")
-	return 0
-}
-
-func startRedis(t testing.TB, port int, extra ...string) *redisProc {
-	t.Helper()
-	p := &redisProc{port: port, args: append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
-	}, extra...)}
-	p.start(t)
-	t.Cleanup(p.stop)
-	return p
-}
-
-func (p *redisProc) addr() string { return fmt.Sprintf("127.0.0.1:%d", p.port) }
-
-func (p *redisProc) start(t testing.TB) {
-	t.Helper()
-	cmd := exec.Command("redis-server", p.args...)
-	// The server dies with the test binary even if cleanup never runs.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("cannot start redis-server: %v", err)
-	}
-	p.cmd = cmd
-	checkFor(t, 5*time.Second, func() error { return pingAddr(p.addr()) })
-}
-
-func (p *redisProc) stop() {
-	if p.cmd != nil {
-		p.cmd.Process.Kill()
-		p.cmd.Wait()
-		p.cmd = nil
-	}
-}
-
 // A Redis restart: the broker resubscribes by itself, calls OnReset, and
 // messages published after the restart are delivered.
 func TestRedisReconnect(t *testing.T) {
-	requireRedisServerBinary(t)
-	p := startRedis(t, freePort(t, false))
+	redistest.RequireBinaries(t)
+	p := redistest.Start(t, redistest.FreePort(t, false))
 	r := newRecorder()
-	b := newTestRedis(t, RedisConfig{Addrs: []string{p.addr()}, Prefix: testPrefix(t)}, r)
+	b := newTestRedis(t, RedisConfig{Addrs: []string{p.Addr()}, Prefix: redistest.Prefix(t)}, r)
 	subscribeWait(t, b, "a")
 	subscribeWait(t, b, "b")
 	ctx := context.Background()
@@ -373,7 +245,7 @@ func TestRedisReconnect(t *testing.T) {
 		return nil
 	})
 
-	p.stop()
+	p.Kill()
 	if err := b.Publish(ctx, "a", 2, testFrame("a", 2)); err == nil {
 		t.Fatal("publish with Redis down succeeded")
 	}
@@ -387,7 +259,7 @@ func TestRedisReconnect(t *testing.T) {
 	if err := b.Ping(ctx); err == nil {
 		t.Fatal("Ping with Redis down succeeded")
 	}
-	p.start(t)
+	p.Restart(t)
 
 	checkFor(t, 5*time.Second, func() error {
 		if r.resetCount() < 1 {
@@ -421,56 +293,6 @@ func TestRedisReconnect(t *testing.T) {
 	}
 }
 
-// testCluster is a three-shard Redis Cluster of child processes.
-type testCluster struct {
-	nodes []*redisProc
-}
-
-func (c *testCluster) addrs() []string {
-	var a []string
-	for _, n := range c.nodes {
-		a = append(a, n.addr())
-	}
-	return a
-}
-
-func startCluster(t *testing.T) *testCluster {
-	t.Helper()
-	requireRedisServerBinary(t)
-	dir := t.TempDir()
-	c := &testCluster{}
-	for range 3 {
-		port := freePort(t, true)
-		c.nodes = append(c.nodes, startRedis(t, port,
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
-			"--dir", dir))
-	}
-	args := append(append([]string{"--cluster", "create"}, c.addrs()...), "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	c.waitOK(t)
-	return c
-}
-
-// waitOK waits until every node reports cluster_state:ok.
-func (c *testCluster) waitOK(t testing.TB) {
-	t.Helper()
-	checkFor(t, 10*time.Second, func() error {
-		for _, n := range c.nodes {
-			out, err := exec.Command("redis-cli", "-p", strconv.Itoa(n.port), "cluster", "info").Output()
-			if err != nil {
-				return fmt.Errorf("cluster info on %s: %v", n.addr(), err)
-			}
-			if !strings.Contains(string(out), "cluster_state:ok") {
-				return fmt.Errorf("cluster state on %s is not ok", n.addr())
-			}
-		}
-		return nil
-	})
-}
-
 // keysPerShard returns, for every shard, some keys whose slot it owns.
 func keysPerShard(t *testing.T, b *Redis, perShard int) map[string][]string {
 	t.Helper()
@@ -498,8 +320,12 @@ func keysPerShard(t *testing.T, b *Redis, perShard int) map[string][]string {
 }
 
 func TestRedisCluster(t *testing.T) {
-	c := startCluster(t)
-	cfg, err := ParseRedisURL("redis://" + strings.Join(c.addrs(), ","))
+	c := redistest.StartCluster(t)
+	var addrs []string
+	for _, n := range c {
+		addrs = append(addrs, n.Addr())
+	}
+	cfg, err := ParseRedisURL("redis://" + strings.Join(addrs, ","))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,20 +333,20 @@ func TestRedisCluster(t *testing.T) {
 	t.Run("Contract", func(t *testing.T) {
 		testBrokerContract(t, func(t *testing.T, h Handler) Broker {
 			cfg := cfg
-			cfg.Prefix = testPrefix(t)
+			cfg.Prefix = redistest.Prefix(t)
 			return newTestRedis(t, cfg, h)
 		})
 	})
 
 	t.Run("TwoNodes", func(t *testing.T) {
 		cfg := cfg
-		cfg.Prefix = testPrefix(t)
+		cfg.Prefix = redistest.Prefix(t)
 		testTwoNodes(t, cfg)
 	})
 
 	t.Run("SingleSeed", func(t *testing.T) {
 		// One seed address of a cluster is detected as a cluster.
-		b := newTestRedis(t, RedisConfig{Addrs: c.addrs()[:1], Prefix: testPrefix(t)}, newRecorder())
+		b := newTestRedis(t, RedisConfig{Addrs: addrs[:1], Prefix: redistest.Prefix(t)}, newRecorder())
 		if !b.Cluster() {
 			t.Fatal("one cluster seed not detected as a cluster")
 		}
@@ -528,7 +354,7 @@ func TestRedisCluster(t *testing.T) {
 
 	t.Run("Shards", func(t *testing.T) {
 		cfg := cfg
-		cfg.Prefix = testPrefix(t)
+		cfg.Prefix = redistest.Prefix(t)
 		ra, rb := newRecorder(), newRecorder()
 		a, b := newTestRedis(t, cfg, ra), newTestRedis(t, cfg, rb)
 		if !a.Cluster() {
@@ -578,7 +404,7 @@ func TestRedisCluster(t *testing.T) {
 
 	t.Run("ShardRestart", func(t *testing.T) {
 		cfg := cfg
-		cfg.Prefix = testPrefix(t)
+		cfg.Prefix = redistest.Prefix(t)
 		r := newRecorder()
 		b := newTestRedis(t, cfg, r)
 		shards := keysPerShard(t, b, 1)
@@ -591,10 +417,8 @@ func TestRedisCluster(t *testing.T) {
 		}
 		// Restart one shard's primary; it keeps its slots through its
 		// nodes.conf, well within the cluster node timeout.
-		victim := c.nodes[1]
-		victim.stop()
-		victim.start(t)
-		c.waitOK(t)
+		c[1].Restart(t)
+		redistest.WaitClusterOK(t, c)
 		checkFor(t, 8*time.Second, func() error {
 			if r.resetCount() < 1 {
 				return errors.New("OnReset not called after a shard restart")
@@ -617,7 +441,7 @@ func TestRedisCluster(t *testing.T) {
 
 	t.Run("SlotMigration", func(t *testing.T) {
 		cfg := cfg
-		cfg.Prefix = testPrefix(t)
+		cfg.Prefix = redistest.Prefix(t)
 		r := newRecorder()
 		b := newTestRedis(t, cfg, r)
 		key := "app\x00moving"
@@ -625,22 +449,28 @@ func TestRedisCluster(t *testing.T) {
 		from := ownerOf(t, b, key)
 		slot := strconv.Itoa(int(b.slotOf(key)))
 		var to string
-		for _, a := range c.addrs() {
+		for _, a := range addrs {
 			if a != from {
 				to = a
 				break
 			}
 		}
-		toID := strings.TrimSpace(c.cli(t, to, "cluster", "myid"))
-		fromID := strings.TrimSpace(c.cli(t, from, "cluster", "myid"))
+		cli := func(addr string, args ...string) string {
+			t.Helper()
+			_, port, _ := net.SplitHostPort(addr)
+			p, _ := strconv.Atoi(port)
+			return redistest.CLI(t, p, args...)
+		}
+		toID := strings.TrimSpace(cli(to, "cluster", "myid"))
+		fromID := strings.TrimSpace(cli(from, "cluster", "myid"))
 		// The manual resharding procedure for a slot without keys: Redis
 		// drops the sharded subscriptions of the slot on its old owner.
-		c.cli(t, to, "cluster", "setslot", slot, "importing", fromID)
-		c.cli(t, from, "cluster", "setslot", slot, "migrating", toID)
-		for _, a := range append([]string{to, from}, c.addrs()...) {
-			c.cli(t, a, "cluster", "setslot", slot, "node", toID)
+		cli(to, "cluster", "setslot", slot, "importing", fromID)
+		cli(from, "cluster", "setslot", slot, "migrating", toID)
+		for _, a := range append([]string{to, from}, addrs...) {
+			cli(a, "cluster", "setslot", slot, "node", toID)
 		}
-		c.waitOK(t)
+		redistest.WaitClusterOK(t, c)
 		checkFor(t, 5*time.Second, func() error {
 			if r.resetCount() < 1 {
 				return errors.New("OnReset not called after the slot moved")
@@ -659,17 +489,6 @@ func TestRedisCluster(t *testing.T) {
 			return nil
 		})
 	})
-}
-
-// cli runs redis-cli against one node and returns its output.
-func (c *testCluster) cli(t testing.TB, addr string, args ...string) string {
-	t.Helper()
-	host, port, _ := net.SplitHostPort(addr)
-	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
-	if err != nil || strings.HasPrefix(string(out), "ERR") {
-		t.Fatalf("redis-cli %v on %s: %v %s", args, addr, err, out)
-	}
-	return string(out)
 }
 
 // ownerOf returns the shard address the broker subscribes key on, read on
