@@ -2,6 +2,7 @@ package loop
 
 import (
 	"bytes"
+	"runtime"
 	"fmt"
 	"strings"
 	"sync"
@@ -268,4 +269,14 @@ func TestFramesAnySplit(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	c.expect(map[string]any{"op": "joined", "room": "split"})
+}
+
+// Every gnet loop holds a P while it waits in epoll_wait; the node must
+// leave one for Go's netpoller, or network clients (pgx, rueidis) wait for
+// sysmon (up to 10 ms) on every read.
+func TestSpareProcessorForNetpoller(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.Loops = runtime.GOMAXPROCS(0) })
+	if got := runtime.GOMAXPROCS(0); got <= n.srv.cfg.Loops {
+		t.Fatalf("GOMAXPROCS %d with %d loops: no P left for the netpoller", got, n.srv.cfg.Loops)
+	}
 }
