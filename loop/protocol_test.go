@@ -2,8 +2,8 @@ package loop
 
 import (
 	"bytes"
-	"runtime"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
