@@ -27,91 +27,58 @@ type ServerFrame struct {
 func DecodeServer(payload []byte, f *ServerFrame) error {
 	*f = ServerFrame{}
 	b := payload
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return ErrMalformed
-	}
-	i = skipWS(b, i+1)
-	if i >= len(b) {
+	i, more, ok := objectOpen(b)
+	if !ok {
 		return ErrMalformed
 	}
 	var bad bool
-	if b[i] == '}' {
-		i++
-	} else {
-		for {
-			if b[i] != '"' {
-				return ErrMalformed
+	for more {
+		ks, ke, kesc, vs, ok := memberKey(b, i)
+		if !ok {
+			return ErrMalformed
+		}
+		i = vs
+		if i, ok = skipValue(b, i, 1); !ok {
+			return ErrMalformed
+		}
+		v := b[vs:i]
+		switch fl := keyField(b[ks:ke], kesc); fl {
+		case fieldOp, fieldRoom, fieldID, fieldFrom, fieldCode, fieldRef, fieldMessage:
+			var s []byte
+			if v[0] == '"' {
+				s = v[1 : len(v)-1]
+			} else {
+				bad = true
 			}
-			ks := i + 1
-			ke, kesc, ok := scanString(b, ks)
-			if !ok {
-				return ErrMalformed
+			switch fl {
+			case fieldOp:
+				f.Op = s
+			case fieldRoom:
+				f.Room = s
+			case fieldID:
+				f.ID = s
+			case fieldFrom:
+				f.From = s
+			case fieldCode:
+				f.Code = s
+			case fieldRef:
+				f.Ref = s
+			default:
+				f.Message = s
 			}
-			i = skipWS(b, ke+1)
-			if i >= len(b) || b[i] != ':' {
-				return ErrMalformed
-			}
-			i = skipWS(b, i+1)
-			if i >= len(b) {
-				return ErrMalformed
-			}
-			vs := i
-			if i, ok = skipValue(b, i, 1); !ok {
-				return ErrMalformed
-			}
-			v := b[vs:i]
-			switch fl := keyField(b[ks:ke], kesc); fl {
-			case fieldOp, fieldRoom, fieldID, fieldFrom, fieldCode, fieldRef, fieldMessage:
-				var s []byte
-				if v[0] == '"' {
-					s = v[1 : len(v)-1]
-				} else {
-					bad = true
-				}
-				switch fl {
-				case fieldOp:
-					f.Op = s
-				case fieldRoom:
-					f.Room = s
-				case fieldID:
-					f.ID = s
-				case fieldFrom:
-					f.From = s
-				case fieldCode:
-					f.Code = s
-				case fieldRef:
-					f.Ref = s
-				default:
-					f.Message = s
-				}
-			case fieldBody:
-				f.Body = v
-			case fieldMessages:
-				f.Messages = v
-			case fieldSeq:
-				f.Seq, ok = parseUint(v)
-				bad = bad || !ok
-			case fieldTS:
-				f.TS, ok = parseInt(v)
-				bad = bad || !ok
-			}
-			i = skipWS(b, i)
-			if i >= len(b) {
-				return ErrMalformed
-			}
-			if b[i] == ',' {
-				i = skipWS(b, i+1)
-				if i >= len(b) {
-					return ErrMalformed
-				}
-				continue
-			}
-			if b[i] != '}' {
-				return ErrMalformed
-			}
-			i++
-			break
+		case fieldBody:
+			f.Body = v
+		case fieldMessages:
+			f.Messages = v
+		case fieldSeq:
+			f.Seq, ok = parseUint(v)
+			bad = bad || !ok
+		case fieldTS:
+			f.TS, ok = parseInt(v)
+			bad = bad || !ok
+		}
+		if i, more, ok = memberNext(b, i); !ok {
+			return ErrMalformed
 		}
 	}
 	if skipWS(b, i) != len(b) {

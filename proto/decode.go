@@ -179,142 +179,109 @@ const (
 func Decode(payload []byte, cmd *Command) error {
 	cmd.reset()
 	b := payload
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return ErrMalformed
-	}
-	i = skipWS(b, i+1)
-	if i >= len(b) {
+	i, more, ok := objectOpen(b)
+	if !ok {
 		return ErrMalformed
 	}
 	var op, room, id, body, since, before, limit presence
 	var limitVal uint64
-	if b[i] == '}' {
-		i++
-	} else {
-		for {
+	for more {
+		ks, ke, kesc, vs, ok := memberKey(b, i)
+		if !ok {
+			return ErrMalformed
+		}
+		i = vs
+		switch f := keyField(b[ks:ke], kesc); f {
+		case fieldOp, fieldRoom, fieldID:
 			if b[i] != '"' {
-				return ErrMalformed
+				if i, ok = skipValue(b, i, 1); !ok {
+					return ErrMalformed
+				}
+				switch f {
+				case fieldOp:
+					op, cmd.Op = invalid, OpInvalid
+				case fieldRoom:
+					room, cmd.Room = invalid, nil
+				default:
+					id, cmd.ID = invalid, nil
+				}
+				break
 			}
-			ks := i + 1
-			ke, kesc, ok := scanString(b, ks)
+			ve, esc, ok := scanString(b, i+1)
 			if !ok {
 				return ErrMalformed
 			}
-			i = skipWS(b, ke+1)
-			if i >= len(b) || b[i] != ':' {
-				return ErrMalformed
-			}
-			i = skipWS(b, i+1)
-			if i >= len(b) {
-				return ErrMalformed
-			}
-			vs := i
-			switch f := keyField(b[ks:ke], kesc); f {
-			case fieldOp, fieldRoom, fieldID:
-				if b[i] != '"' {
-					if i, ok = skipValue(b, i, 1); !ok {
-						return ErrMalformed
-					}
-					switch f {
-					case fieldOp:
-						op, cmd.Op = invalid, OpInvalid
-					case fieldRoom:
-						room, cmd.Room = invalid, nil
-					default:
-						id, cmd.ID = invalid, nil
-					}
-					break
+			i = ve + 1
+			raw := b[vs+1 : ve]
+			switch f {
+			case fieldOp:
+				cmd.Op = opOf(raw, esc)
+				op = valid
+				if cmd.Op == OpInvalid {
+					op = invalid
 				}
-				ve, esc, ok := scanString(b, i+1)
-				if !ok {
-					return ErrMalformed
-				}
-				i = ve + 1
-				raw := b[vs+1 : ve]
-				switch f {
-				case fieldOp:
-					cmd.Op = opOf(raw, esc)
-					op = valid
-					if cmd.Op == OpInvalid {
-						op = invalid
+			case fieldRoom:
+				room, cmd.Room = invalid, nil
+				if esc {
+					n, ok := unescape(cmd.roomBuf[:], raw)
+					if !ok {
+						break
 					}
-				case fieldRoom:
-					room, cmd.Room = invalid, nil
-					if esc {
-						n, ok := unescape(cmd.roomBuf[:], raw)
-						if !ok {
-							break
-						}
-						raw = cmd.roomBuf[:n]
-					}
-					if ValidRoom(raw) {
-						room, cmd.Room = valid, raw
-					}
-				default:
-					id, cmd.ID = invalid, nil
-					if esc {
-						n, ok := unescape(cmd.idBuf[:], raw)
-						if !ok {
-							break
-						}
-						raw = cmd.idBuf[:n]
-					}
-					if len(raw) >= 1 && len(raw) <= maxID {
-						id, cmd.ID = valid, raw
-					}
+					raw = cmd.roomBuf[:n]
 				}
-			case fieldSince, fieldBefore, fieldLimit:
-				var v uint64
-				ok := false
-				if c := b[i]; c == '-' || '0' <= c && c <= '9' {
-					if i, ok = scanNumber(b, i); !ok {
-						return ErrMalformed
-					}
-					v, ok = parseUint(b[vs:i])
-				} else if i, ok = skipValue(b, i, 1); !ok {
-					return ErrMalformed
-				} else {
-					ok = false
+				if ValidRoom(raw) {
+					room, cmd.Room = valid, raw
 				}
-				p := invalid
-				if ok {
-					p = valid
-				}
-				switch f {
-				case fieldSince:
-					since, cmd.Since = p, v
-				case fieldBefore:
-					before, cmd.Before = p, v
-				default:
-					limit, limitVal = p, v
-				}
-			case fieldBody:
-				if i, ok = skipValue(b, i, 1); !ok {
-					return ErrMalformed
-				}
-				body, cmd.Body = valid, b[vs:i]
 			default:
-				if i, ok = skipValue(b, i, 1); !ok {
-					return ErrMalformed
+				id, cmd.ID = invalid, nil
+				if esc {
+					n, ok := unescape(cmd.idBuf[:], raw)
+					if !ok {
+						break
+					}
+					raw = cmd.idBuf[:n]
+				}
+				if len(raw) >= 1 && len(raw) <= maxID {
+					id, cmd.ID = valid, raw
 				}
 			}
-			i = skipWS(b, i)
-			if i >= len(b) {
-				return ErrMalformed
-			}
-			if b[i] == ',' {
-				i = skipWS(b, i+1)
-				if i >= len(b) {
+		case fieldSince, fieldBefore, fieldLimit:
+			var v uint64
+			ok := false
+			if c := b[i]; c == '-' || '0' <= c && c <= '9' {
+				if i, ok = scanNumber(b, i); !ok {
 					return ErrMalformed
 				}
-				continue
+				v, ok = parseUint(b[vs:i])
+			} else if i, ok = skipValue(b, i, 1); !ok {
+				return ErrMalformed
+			} else {
+				ok = false
 			}
-			if b[i] != '}' {
+			p := invalid
+			if ok {
+				p = valid
+			}
+			switch f {
+			case fieldSince:
+				since, cmd.Since = p, v
+			case fieldBefore:
+				before, cmd.Before = p, v
+			default:
+				limit, limitVal = p, v
+			}
+		case fieldBody:
+			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
 			}
-			i++
-			break
+			body, cmd.Body = valid, b[vs:i]
+		default:
+			if i, ok = skipValue(b, i, 1); !ok {
+				return ErrMalformed
+			}
+		}
+		if i, more, ok = memberNext(b, i); !ok {
+			return ErrMalformed
 		}
 	}
 	if skipWS(b, i) != len(b) {

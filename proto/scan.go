@@ -417,3 +417,62 @@ func appendRune(dst []byte, r rune) int {
 		return 4
 	}
 }
+
+// The top-level object walk that Decode and DecodeServer share; ok=false
+// means the input is not one well-formed JSON object (ErrMalformed). A walk
+// is objectOpen, then per member memberKey, the caller's own handling of the
+// value (leaving i just past it), and memberNext; then only whitespace may
+// follow.
+
+// objectOpen reads the opening brace of a top-level object. more reports
+// that a member follows at i; otherwise the object was {} and i is past it.
+func objectOpen(b []byte) (i int, more, ok bool) {
+	i = skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return i, false, false
+	}
+	i = skipWS(b, i+1)
+	if i >= len(b) {
+		return i, false, false
+	}
+	if b[i] == '}' {
+		return i + 1, false, true
+	}
+	return i, true, true
+}
+
+// memberKey reads `"key" :` at b[i]: the key's raw content b[ks:ke],
+// whether it holds escapes, and where the value starts (within b).
+func memberKey(b []byte, i int) (ks, ke int, esc bool, vs int, ok bool) {
+	if i >= len(b) || b[i] != '"' {
+		return 0, 0, false, i, false
+	}
+	ks = i + 1
+	ke, esc, ok = scanString(b, ks)
+	if !ok {
+		return ks, ke, esc, i, false
+	}
+	i = skipWS(b, ke+1)
+	if i >= len(b) || b[i] != ':' {
+		return ks, ke, esc, i, false
+	}
+	vs = skipWS(b, i+1)
+	return ks, ke, esc, vs, vs < len(b)
+}
+
+// memberNext reads what follows a member's value: a comma (more: the next
+// member starts at next) or the closing brace (next is past it).
+func memberNext(b []byte, i int) (next int, more, ok bool) {
+	i = skipWS(b, i)
+	if i >= len(b) {
+		return i, false, false
+	}
+	if b[i] == ',' {
+		i = skipWS(b, i+1)
+		return i, true, i < len(b)
+	}
+	if b[i] != '}' {
+		return i, false, false
+	}
+	return i + 1, false, true
+}
