@@ -1,7 +1,5 @@
 package fanout
 
-import "unsafe"
-
 // Member is a connection's side of fan-out: its live room memberships and
 // its pending output. The loop embeds one in each connection; every field is
 // owned by that loop.
@@ -348,10 +346,6 @@ func (t *Table) TakeSlow() []*Member {
 	t.slow = t.slow[:0]
 	return s
 }
-
-// SizeofMember is the fixed per-connection cost of fan-out state, for the
-// memory budget in docs/benchmarks.md.
-const SizeofMember = unsafe.Sizeof(Member{})
 
 // HasSlow reports whether a member passed the outbound limit since the last
 // TakeSlow.

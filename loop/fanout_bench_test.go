@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -69,7 +70,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 		tb.Cleanup(func() { syscall.Close(fds[0]); peer.Close() })
 	}
 	// A 100-byte body, as in the issue's fan-out figure.
-	body := []byte(`"` + string(make([]byte, 0)) + `0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456"`)
+	body := []byte(`"` + strings.Repeat("x", 98) + `"`)
 	rig.frame = proto.AppendMsgFrame(nil, "room", 1, []byte("m-1"), "alice", 1764484800123, body)
 	return rig
 }

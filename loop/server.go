@@ -29,7 +29,6 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
-	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/tuning"
 )
 
@@ -575,7 +574,6 @@ func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error("gnet fatal: " + fmt.
 
 var _ fanout.Loops = (*Server)(nil)
 var _ persist.Sink = (*Server)(nil)
-var _ = proto.OpJoin
 
 // rebroadcast is a committed message whose broker publish failed.
 type rebroadcast struct {
