@@ -719,3 +719,30 @@ func TestMetricsWithRedis(t *testing.T) {
 		t.Errorf("/readyz with Redis up: %s", resp.Status)
 	}
 }
+
+// serve refuses a database whose schema is behind the binary, naming the
+// fix; --migrate brings it up to date and serves.
+func TestServeRefusesOutdatedSchema(t *testing.T) {
+	url := pgtest.NewDB(t) // empty: no migration applied
+	logs := &syncBuffer{}
+	sig := make(chan os.Signal, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- serve([]string{"--insecure", "--listen", "127.0.0.1:0", "--admin", "off", "--database-url", url}, io.Discard, logs, sig)
+	}()
+	var code int
+	select {
+	case code = <-done:
+	case <-time.After(10 * time.Second):
+		sig <- syscall.SIGTERM
+		<-done
+		t.Fatalf("serve ran on an unmigrated database:\n%s", logs)
+	}
+	if code != 1 || !strings.Contains(logs.String(), "roost migrate") || !strings.Contains(logs.String(), "--migrate") {
+		t.Fatalf("exit %d, want 1 naming roost migrate and --migrate:\n%s", code, logs)
+	}
+	addr, _ := inProcessNode(t, "--database-url", url, "--migrate")
+	if addr == "" {
+		t.Fatal("node with --migrate did not serve")
+	}
+}
