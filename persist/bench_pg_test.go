@@ -72,15 +72,7 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	}
 	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
 	froms := []string{"u0", "u1", "u2", "u3", "u4", "u5", "u6"}
-	submit := func(i int) {
-		r := GetRequest()
-		r.Key, r.From = keys[i%rooms], froms[i%len(froms)]
-		r.ID = strconvAppend(r.ID, i)
-		r.Body = append(r.Body, body...)
-		for p.Submit(r) != nil {
-			time.Sleep(20 * time.Microsecond)
-		}
-	}
+	submit := func(i int) { submitBench(p, keys[i%rooms], froms[i%len(froms)], i, body, nil) }
 	// Warm up: create the rooms and every worker's connection.
 	for i := 0; i < rooms; i++ {
 		submit(1<<40 + i)
@@ -147,15 +139,8 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 	}
 	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
 	submit := func(i int) {
-		r := GetRequest()
-		r.Key, r.From = keys[i%rooms], "user"
-		r.ID = strconvAppend(r.ID, i)
-		r.Body = append(r.Body, body...)
-		r.Origin = i
 		lat.start[i] = time.Now().UnixNano()
-		for p.Submit(r) != nil {
-			time.Sleep(20 * time.Microsecond)
-		}
+		submitBench(p, keys[i%rooms], "user", i, body, i)
 	}
 	for i := 0; i < rooms; i++ {
 		submit(b.N + i)
