@@ -637,6 +637,23 @@ func joinFrame(room []byte, mask [4]byte) []byte {
 func (l *loop) frames(c *conn, b []byte, now int64) []byte {
 	var f proto.ServerFrame
 	for len(b) > 0 {
+		// nearly every frame is a whole unmasked text frame under 64 KiB:
+		// two or four header bytes read here, not a full header parse
+		if len(b) >= 4 && b[0] == 0x80|byte(ws.OpText) && b[1] <= 126 {
+			hn, n := 2, int(b[1])
+			if n == 126 {
+				hn, n = 4, int(b[2])<<8|int(b[3])
+			}
+			if len(b)-hn < n {
+				return b
+			}
+			l.text(c, b[hn:hn+n], now, &f)
+			b = b[hn+n:]
+			if c.state == stClosed {
+				return nil
+			}
+			continue
+		}
 		h, hn, err := proto.ParseFrameHeader(b)
 		if err != nil || h.Masked {
 			l.st.Errors["bad_frame"]++
@@ -650,23 +667,14 @@ func (l *loop) frames(c *conn, b []byte, now int64) []byte {
 		b = b[hn+int(h.Length):]
 		switch h.OpCode {
 		case ws.OpText:
-			l.textFrames++
 			if !h.Fin {
 				// the protocol has the node send whole frames only
+				l.textFrames++
 				l.st.Errors["fragmented"]++
 				l.nerr++
 				continue
 			}
-			if seq, stamp, ok := msgFast(payload); ok {
-				l.onMsg(c, seq, stamp, now)
-				continue
-			}
-			if err := proto.DecodeServer(payload, &f); err != nil {
-				l.st.Errors["undecodable"]++
-				l.nerr++
-				continue
-			}
-			l.onFrame(c, &f, now)
+			l.text(c, payload, now, &f)
 		case ws.OpPing:
 			c.out = proto.AppendClientFrame(c.out, ws.OpPong, l.mask(), payload)
 			l.markDirty(c)
@@ -687,6 +695,21 @@ func (l *loop) frames(c *conn, b []byte, now int64) []byte {
 		}
 	}
 	return b
+}
+
+// text handles one whole text frame; f is scratch for the slow path.
+func (l *loop) text(c *conn, payload []byte, now int64, f *proto.ServerFrame) {
+	l.textFrames++
+	if seq, stamp, ok := msgFast(payload, c.room); ok {
+		l.onMsg(c, seq, stamp, now)
+		return
+	}
+	if err := proto.DecodeServer(payload, f); err != nil {
+		l.st.Errors["undecodable"]++
+		l.nerr++
+		return
+	}
+	l.onFrame(c, f, now)
 }
 
 func (l *loop) inWindow(t int64) bool {
@@ -828,7 +851,7 @@ func (l *loop) owed() {
 	}
 }
 
-// appendPub appends one pub frame whose body is {"t":NOW,"p":"xx…"} padded
+// appendPub appends one pub frame whose body is {"p":"xx…","t":NOW} padded
 // to the configured size, and remembers its send time for the ack.
 func (l *loop) appendPub(c *conn, now int64) {
 	c.nextID++
@@ -845,8 +868,10 @@ func (l *loop) appendPub(c *conn, now int64) {
 	ids := strconv.AppendUint(num[:0], id, 10)
 	var tsb [20]byte
 	ts := strconv.AppendInt(tsb[:0], now, 10)
-	const pre, mid, bodyPre, bodyMid, end = `{"op":"pub","room":"`, `","id":"`, `","body":{"t":`, `,"p":"`, `"}}`
-	pad := size - (len(`{"t":`) + len(ts) + len(bodyMid) + len(`"}`))
+	// the stamp goes last so the receive path finds it at the frame's end
+	// without walking the body (see msgFast)
+	const pre, mid, bodyPre, bodyMid, end = `{"op":"pub","room":"`, `","id":"`, `","body":{"p":"`, `","t":`, `}}`
+	pad := size - (len(`{"p":"`) + len(bodyMid) + len(ts) + len(`}`))
 	if pad < 0 {
 		pad = 0
 	}
@@ -856,11 +881,11 @@ func (l *loop) appendPub(c *conn, now int64) {
 	p = append(p, mid...)
 	p = append(p, ids...)
 	p = append(p, bodyPre...)
-	p = append(p, ts...)
-	p = append(p, bodyMid...)
 	for i := 0; i < pad; i++ {
 		p = append(p, 'x')
 	}
+	p = append(p, bodyMid...)
+	p = append(p, ts...)
 	p = append(p, end...)
 	l.scratch = p
 	c.out = proto.AppendClientFrame(c.out, ws.OpText, l.mask(), p)

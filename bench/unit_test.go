@@ -155,7 +155,7 @@ func testLoop(t testing.TB) (*loop, *conn) {
 // from seq first, each body stamped with ts.
 func serverStream(first uint64, n int, ts int64) []byte {
 	var b []byte
-	body := []byte(`{"t":` + itoa(ts) + `,"p":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}`)
+	body := []byte(`{"p":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx","t":` + itoa(ts) + `}`)
 	for i := 0; i < n; i++ {
 		b = proto.AppendMsgFrame(b, "r0", first+uint64(i), []byte("7"), "u1", ts/1e6, body)
 	}
@@ -411,22 +411,46 @@ func TestPlotIsWellFormedSVG(t *testing.T) {
 }
 
 func TestMsgFastMatchesProto(t *testing.T) {
-	for _, body := range []string{`{"t":1764484800123456789,"p":"xx"}`, `{"t":5}`, `[1,2]`, `"s"`, `{"p":"x","t":3}`} {
-		frame := proto.AppendMsgFrame(nil, "room-1:a.b_c", 987654321, []byte("42"), "u7", 1764484800123, []byte(body))
+	bodies := []string{`{"p":"xx","t":1764484800123456789}`, `{"t":5}`, `{"p":"x","t":-3}`, `[1,2]`, `"s"`, `{"x":{"t":5}}`,
+		`{"t":1764484800123456789,"p":"xx"}`, `{}`, `7`, `{"p":"x","t":12345678901234567890}`, `null`}
+	const room = "room-1:a.b_c"
+	for _, body := range bodies {
+		frame := proto.AppendMsgFrame(nil, room, 987654321, []byte("42"), "u\"7", 1764484800123, []byte(body))
 		_, hn, _ := proto.ParseFrameHeader(frame)
 		payload := frame[hn:]
 		var f proto.ServerFrame
 		if err := proto.DecodeServer(payload, &f); err != nil {
 			t.Fatal(err)
 		}
-		seq, stamp, ok := msgFast(payload)
-		if !ok || seq != f.Seq || stamp != bodyStamp(f.Body) {
-			t.Fatalf("body %s: fast %d %d %v, slow %d %d", body, seq, stamp, ok, f.Seq, bodyStamp(f.Body))
+		// the connection's room, a shorter and a longer one: the seq must
+		// be found whatever room the connection thinks it is in
+		for _, connRoom := range []string{room, "r", room + "-longer"} {
+			seq, stamp, ok := msgFast(payload, []byte(connRoom))
+			if !ok || seq != f.Seq || stamp != bodyStamp(f.Body) {
+				t.Fatalf("body %s, room %s: fast %d %d %v, slow %d %d", body, connRoom, seq, stamp, ok, f.Seq, bodyStamp(f.Body))
+			}
 		}
 	}
-	for _, p := range []string{`{"op":"ack","id":"1","room":"r","seq":1}`, `{"room":"r","op":"msg","seq":1}`, `{"op":"msg","room":"r","seq":x}`, `{"op":"msg","room":"r`} {
-		if _, _, ok := msgFast([]byte(p)); ok {
+	for _, p := range []string{`{"op":"ack","id":"1","room":"r","seq":1}`, `{"room":"r","op":"msg","seq":1}`, `{"op":"msg","room":"r","seq":x}`,
+		`{"op":"msg","room":"r`, `{"op":"msg","room":"r","seq":1`, `{"op":"msg","room":"r\"x","seq":1,"id":"1"}`} {
+		if _, _, ok := msgFast([]byte(p), []byte("r")); ok {
 			t.Fatalf("fast path took %s", p)
+		}
+	}
+}
+
+func TestBodyStamp(t *testing.T) {
+	for _, v := range []int64{0, 7, 12345678, 123456789, 1764484800123456789, 9223372036854775807, 10000000, 99999999, 1000000000000000000} {
+		for _, head := range []string{`{"p":"xx",`, `{`, `{"a":"t",`} {
+			body := head + `"t":` + itoa(v) + `}`
+			if got := bodyStamp([]byte(body)); got != v {
+				t.Fatalf("%s: got %d", body, got)
+			}
+		}
+	}
+	for _, body := range []string{`{"t":x}`, `{"p":1}`, `{"t":}`, `[1]`, `{"t":1234567890123456789`, `{"t":1}}`, `"t":5}`[1:], `{"t":12345678901234567x9}`, ``, `}`} {
+		if got := bodyStamp([]byte(body)); got != 0 {
+			t.Fatalf("%s: got %d, want 0", body, got)
 		}
 	}
 }
