@@ -3,7 +3,8 @@
 // (no goroutine per connection), speaks protocol v1 to one or more nodes,
 // and measures what operators compare nodes by: offered against achieved
 // publish rate, delivery, latency from the publisher's send timestamp to each
-// receiver's receipt (log-linear histograms, never samples), ack latency,
+// receiver's receipt (the time its kernel queued the bytes; log-linear
+// histograms, never samples), ack latency,
 // per-room sequence integrity, closes by code, and the CPU the node, the
 // database and the bench itself spend per frame. --procs coordinates several
 // worker processes of itself (open files are capped per process) and merges

@@ -398,6 +398,7 @@ type loop struct {
 	scratch []byte // one pub payload before framing
 	rx      rx
 	conns   map[int]*conn
+	byFd    []*conn // the same connections indexed by descriptor: one load per event, not a map lookup
 	pubs    []*conn
 	dirty   []*conn
 	rng     uint64
@@ -466,7 +467,10 @@ func (l *loop) run() {
 		}
 		for i := 0; i < n; i++ {
 			ev := l.events[i]
-			c := l.conns[int(ev.Fd)]
+			var c *conn
+			if fd := int(ev.Fd); fd < len(l.byFd) {
+				c = l.byFd[fd]
+			}
 			if c == nil {
 				continue
 			}
@@ -510,6 +514,10 @@ func (l *loop) takeIncoming() {
 	l.mu.Unlock()
 	for _, c := range in {
 		l.conns[c.fd] = c
+		for c.fd >= len(l.byFd) {
+			l.byFd = append(l.byFd, nil)
+		}
+		l.byFd[c.fd] = c
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(c.fd)}
 		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
 			l.abort(c, fmt.Errorf("cannot register with epoll: %w", err))
@@ -535,6 +543,9 @@ func (l *loop) drop(c *conn) {
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
 	unix.Close(c.fd)
 	delete(l.conns, c.fd)
+	if c.fd < len(l.byFd) {
+		l.byFd[c.fd] = nil
+	}
 	c.in, c.out = nil, nil
 }
 
