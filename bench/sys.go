@@ -6,9 +6,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The receive loop makes one read(2) per node write per socket: ~75,000 a
-// second in the 300-member room at 1,000 msg/s. Through unix.Read each one
-// also runs the scheduler's entersyscall/exitsyscall, and sysmon, seeing a
+// The receive loop makes one recvmsg(2) per node write per socket: ~75,000 a
+// second in the 300-member room at 1,000 msg/s. Through the syscall package each
+// also ran the scheduler's entersyscall/exitsyscall, and sysmon, seeing a
 // P in syscalls all the time, woke every 20 µs to retake it: 9% of the
 // bench's CPU at that load was sysmon alone. The sockets are non-blocking,
 // so these calls never block and can go straight to the kernel, as gnet's

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/xml"
 	"math"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gobwas/ws"
+	"golang.org/x/sys/unix"
 
 	"github.com/roost-chat/roost/proto"
 )
@@ -451,6 +453,50 @@ func TestBodyStamp(t *testing.T) {
 	for _, body := range []string{`{"t":x}`, `{"p":1}`, `{"t":}`, `[1]`, `{"t":1234567890123456789`, `{"t":1}}`, `"t":5}`[1:], `{"t":12345678901234567x9}`, ``, `}`} {
 		if got := bodyStamp([]byte(body)); got != 0 {
 			t.Fatalf("%s: got %d, want 0", body, got)
+		}
+	}
+}
+
+// TestRecvStamp checks that a read on a bench socket carries the kernel's
+// receive time, which the latency figures rest on.
+func TestRecvStamp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+		t.Fatal(err)
+	}
+	sa := &unix.SockaddrInet4{Port: ln.Addr().(*net.TCPAddr).Port, Addr: [4]byte{127, 0, 0, 1}}
+	if err := unix.Connect(fd, sa); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	var x rx
+	buf := make([]byte, 64)
+	for i := 0; i < 3; i++ {
+		before := time.Now().UnixNano()
+		if _, err := peer.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // the stamp is the arrival, not the read
+		after := time.Now().UnixNano()
+		n, ts, err := x.recv(fd, buf)
+		if err != nil || string(buf[:n]) != "hello" {
+			t.Fatalf("read %q, %v", buf[:n], err)
+		}
+		if ts < before || ts > after-int64(4*time.Millisecond) {
+			t.Fatalf("stamp %d not at arrival: sent after %d, read at %d", ts, before, after)
 		}
 	}
 }
