@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -78,6 +79,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err := p.validate(); err != nil {
 		fmt.Fprintf(stderr, "roost bench %s: %v\n", sc.name, err)
 		return 2
+	}
+	// A loop keeps its P through raw syscalls and its paced sleep (sys.go),
+	// so the runtime (timers, the progress line, the coordinator) gets one
+	// of its own unless GOMAXPROCS was set by hand.
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < p.loops+1 {
+		runtime.GOMAXPROCS(p.loops + 1)
 	}
 	var targets []target
 	for _, u := range splitList(p.urls) {
