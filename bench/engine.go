@@ -543,7 +543,7 @@ func (l *loop) drop(c *conn) {
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
 	unix.Close(c.fd)
 	delete(l.conns, c.fd)
-	if c.fd < len(l.byFd) {
+	if c.fd >= 0 && c.fd < len(l.byFd) {
 		l.byFd[c.fd] = nil
 	}
 	c.in, c.out = nil, nil
