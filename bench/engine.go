@@ -622,6 +622,9 @@ func (l *loop) read(c *conn) (more bool) {
 	}
 	more = n+r == len(l.buf)
 	if now == 0 {
+		// no stamp: the kernel enables receive timestamps for the machine
+		// from a work queue, so the first segments after the first socket
+		// asked (the upgrade, at worst a run's first frames) carry none
 		now = time.Now().UnixNano()
 	}
 	b := l.buf[:n+r]

@@ -484,6 +484,23 @@ func TestRecvStamp(t *testing.T) {
 	defer peer.Close()
 	var x rx
 	buf := make([]byte, 64)
+	// The kernel turns receive timestamps on for the machine from a work
+	// queue, so the first segments after the first socket asks can carry
+	// none (the engine then takes the time itself): wait for a stamped one.
+	for i := 0; ; i++ {
+		if _, err := peer.Write([]byte("w")); err != nil {
+			t.Fatal(err)
+		}
+		if _, ts, err := x.recv(fd, buf); err != nil {
+			t.Fatal(err)
+		} else if ts != 0 {
+			break
+		}
+		if i == 200 {
+			t.Fatal("no receive timestamp after 2 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	for i := 0; i < 3; i++ {
 		before := time.Now().UnixNano()
 		if _, err := peer.Write([]byte("hello")); err != nil {
