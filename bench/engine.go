@@ -397,8 +397,7 @@ type loop struct {
 	buf     []byte
 	scratch []byte // one pub payload before framing
 	rx      rx
-	conns   map[int]*conn
-	byFd    []*conn // the same connections indexed by descriptor: one load per event, not a map lookup
+	byFd    []*conn // the loop's connections by descriptor (nil: none); descriptors are small and dense
 	pubs    []*conn
 	dirty   []*conn
 	rng     uint64
@@ -428,7 +427,7 @@ func newLoop(e *engine, seed uint64) (*loop, error) {
 		return nil, fmt.Errorf("cannot create epoll: %w", err)
 	}
 	return &loop{e: e, epfd: fd, events: make([]unix.EpollEvent, 512), buf: make([]byte, readBufSize),
-		conns: map[int]*conn{}, rng: seed | 1, st: newLevelStats(), snap: make(chan *levelStats, 1)}, nil
+		rng: seed | 1, st: newLevelStats(), snap: make(chan *levelStats, 1)}, nil
 }
 
 func (l *loop) add(c *conn) {
@@ -513,7 +512,6 @@ func (l *loop) takeIncoming() {
 	l.incoming = nil
 	l.mu.Unlock()
 	for _, c := range in {
-		l.conns[c.fd] = c
 		for c.fd >= len(l.byFd) {
 			l.byFd = append(l.byFd, nil)
 		}
@@ -542,7 +540,6 @@ func (l *loop) drop(c *conn) {
 	c.state = stClosed
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
 	unix.Close(c.fd)
-	delete(l.conns, c.fd)
 	if c.fd >= 0 && c.fd < len(l.byFd) {
 		l.byFd[c.fd] = nil
 	}
@@ -1006,8 +1003,8 @@ func (l *loop) publishLive(now int64) {
 func (l *loop) handOver() {
 	st := l.st
 	st.TotalSent, st.TotalFrames = l.sent, l.textFrames
-	for _, c := range l.conns {
-		if c.state != stReady {
+	for _, c := range l.byFd {
+		if c == nil || c.state != stReady {
 			continue
 		}
 		st.Gaps += c.ck.Gaps
@@ -1040,8 +1037,10 @@ func (l *loop) handOver() {
 }
 
 func (l *loop) closeAll() {
-	for _, c := range l.conns {
-		unix.Close(c.fd)
+	for _, c := range l.byFd {
+		if c != nil {
+			unix.Close(c.fd)
+		}
 	}
 	l.mu.Lock()
 	for _, c := range l.incoming {
@@ -1049,6 +1048,6 @@ func (l *loop) closeAll() {
 	}
 	l.incoming = nil
 	l.mu.Unlock()
-	l.conns = nil
+	l.byFd = nil
 	unix.Close(l.epfd)
 }

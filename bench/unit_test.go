@@ -145,7 +145,7 @@ func testLoop(t testing.TB) (*loop, *conn) {
 	e := &engine{rooms: []string{"r0"}, sizeFn: func(*uint64) int { return 100 }}
 	e.winStart.Store(0)
 	e.winEnd.Store(math.MaxInt64)
-	l := &loop{e: e, buf: make([]byte, readBufSize), conns: map[int]*conn{}, rng: 1, st: newLevelStats(),
+	l := &loop{e: e, buf: make([]byte, readBufSize), rng: 1, st: newLevelStats(),
 		snap: make(chan *levelStats, 1)}
 	spec := &connSpec{room: 0, join: true, publish: true, receivers: 1}
 	c := &conn{fd: -1, state: stReady, spec: spec, room: []byte("r0"), inflight: make([]sendSlot, 16)}
