@@ -3,7 +3,6 @@ package loop
 import (
 	"encoding/binary"
 	"errors"
-	"time"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -533,6 +532,12 @@ func (c *conn) pub(cmd *proto.Command) {
 		c.sendErr(cmd.ID, proto.CodeOverloaded, "node is draining: publish elsewhere")
 		return
 	}
+	if l.shedding() {
+		l.srv.Stats.Overloaded.Add(1)
+		l.srv.Stats.Shed.Add(1)
+		c.sendErr(cmd.ID, proto.CodeOverloaded, "node overloaded: retry later with the same id")
+		return
+	}
 	req := persist.GetRequest()
 	req.Key = l.intern(l.roomKey(c, cmd.Room))
 	req.From = c.user
@@ -541,7 +546,7 @@ func (c *conn) pub(cmd *proto.Command) {
 	req.Origin = l.stamp(c)
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.pool.Submit(req); err != nil {
-		l.unstamp(req)
+		l.unstamp(req, false)
 		persist.PutRequest(req)
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(cmd.ID, proto.CodeOverloaded, "publish queue full: retry later")
@@ -551,7 +556,7 @@ func (c *conn) pub(cmd *proto.Command) {
 // ack answers a publish once the pool has committed it (or failed to).
 func (l *loopState) ack(t *task) {
 	c, req := t.conn, t.req
-	t0 := l.unstamp(req)
+	waited := l.unstamp(req, true)
 	defer persist.PutRequest(req)
 	if c.closed || c.state != stateOpen {
 		return
@@ -567,7 +572,7 @@ func (l *loopState) ack(t *task) {
 		return
 	}
 	l.srv.Stats.Acks.Add(1)
-	l.srv.Stats.AckLatency.Observe((time.Since(monoEpoch) - t0).Seconds())
+	l.srv.Stats.AckLatency.Observe(waited.Seconds())
 	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, t.seq)))
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
@@ -69,15 +70,17 @@ type loopState struct {
 
 	needFlush atomic.Bool
 
-	conns    []*conn // every connection of the loop, for the sweep
-	cmd      proto.Command
-	keyBuf   []byte
-	scratch  []byte
-	iov      [iovMax]unix.Iovec
-	interns  map[string]string
-	gaps     []*fanout.Room
-	draining bool
-	stamps   []*pubStamp // free list of publish stamps (server.go)
+	conns     []*conn // every connection of the loop, for the sweep
+	cmd       proto.Command
+	keyBuf    []byte
+	scratch   []byte
+	iov       [iovMax]unix.Iovec
+	interns   map[string]string
+	gaps      []*fanout.Room
+	draining  bool
+	stamps    []*pubStamp   // free list of publish stamps (server.go)
+	inflight  int           // publishes of this loop submitted and not yet answered
+	commitLag time.Duration // smoothed read-to-answer time of its publishes (shedding)
 
 	// tails are rooms whose newest messages must be read from the store
 	// because the broker may have lost some (reset). At most maxTailReads

@@ -47,7 +47,10 @@ type Config struct {
 	GapWindow      time.Duration // how long a missing seq may be awaited before repair
 	RetryMin       time.Duration // jittered reconnect hint of 1013 closes: [RetryMin, RetryMax)
 	RetryMax       time.Duration
-	Apps           map[string][]byte // app id -> HS256 secret (production mode)
+	// ShedAfter: while a loop's publishes take longer than this from read
+	// to commit (smoothed), it answers new ones err overloaded (0: never).
+	ShedAfter time.Duration
+	Apps      map[string][]byte // app id -> HS256 secret (production mode)
 	// NodeID names this node to operators and clients: it is sent as the
 	// X-Roost-Node header of every upgrade response, so a client (or a
 	// support engineer with its logs) can tell which node it is on.
@@ -69,6 +72,7 @@ func Defaults() Config {
 		GapWindow:      250 * time.Millisecond,
 		RetryMin:       500 * time.Millisecond,
 		RetryMax:       5 * time.Second,
+		ShedAfter:      time.Second,
 	}
 }
 
@@ -139,6 +143,7 @@ type Stats struct {
 	Rebroadcasts  atomic.Uint64 // failed broadcasts that a retry delivered
 	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
 	Overloaded    atomic.Uint64
+	Shed          atomic.Uint64 // of Overloaded: publishes refused by ShedAfter
 	UpgradeErrors atomic.Uint64
 	Joined        atomic.Int64 // live room memberships, all connections
 	InFlight      atomic.Int64 // publishes submitted and not yet answered
@@ -188,19 +193,37 @@ func (l *loopState) stamp(c *conn) *pubStamp {
 		ps = new(pubStamp)
 	}
 	ps.c, ps.t0 = c, time.Since(monoEpoch)
+	l.inflight++
 	l.srv.Stats.InFlight.Add(1)
 	return ps
 }
 
-// unstamp recycles the stamp of req and returns when its frame was read.
-// Loop only; req.Origin must not be used afterwards.
-func (l *loopState) unstamp(req *persist.PubRequest) time.Duration {
+// unstamp recycles the stamp of req and returns how long ago its frame was
+// read; with answered it also feeds that into commitLag. Loop only;
+// req.Origin must not be used afterwards.
+func (l *loopState) unstamp(req *persist.PubRequest, answered bool) time.Duration {
 	ps := req.Origin.(*pubStamp)
-	t0 := ps.t0
+	d := time.Since(monoEpoch) - ps.t0
 	ps.c = nil
 	l.stamps = append(l.stamps, ps)
+	l.inflight--
 	l.srv.Stats.InFlight.Add(-1)
-	return t0
+	if answered {
+		l.commitLag += (d - l.commitLag) / 8
+	}
+	return d
+}
+
+// shedding reports whether the loop should refuse a publish: its recent
+// publishes took longer than ShedAfter from read to commit and some are
+// still waiting. Under CPU overload that is where the backlog builds (the
+// publish pool shares the CPU with the loop's fan-out; docs/multinode.md),
+// and every publish taken adds a fan-out the node cannot serve. Once the
+// loop's publishes have all been answered it takes one again, so the
+// smoothed lag falls as soon as commits are quick.
+func (l *loopState) shedding() bool {
+	sa := l.srv.cfg.ShedAfter
+	return sa > 0 && l.inflight > 0 && l.commitLag > sa
 }
 
 // AppConns calls fn for every app with its open WebSocket connections
@@ -261,6 +284,8 @@ func (c *Config) validate() error {
 		return errors.New("readers must be positive: set --readers")
 	case c.RetryMax <= c.RetryMin:
 		return errors.New("retry window empty: RetryMax must exceed RetryMin")
+	case c.ShedAfter < 0 || (c.ShedAfter > 0 && c.ShedAfter < 10*time.Millisecond):
+		return fmt.Errorf("shed-after %s out of range: set --shed-after to 0 (never) or at least 10ms", c.ShedAfter)
 	}
 	if c.Insecure {
 		host, _, err := net.SplitHostPort(c.Listen)
