@@ -48,7 +48,12 @@ type joinState struct {
 	since      uint64
 	hasSince   bool
 	catchingUp bool
-	after      uint64 // catch-up cursor: everything <= after has been sent
+	// ahead: since is past the room's newest seq on this loop (the client
+	// saw newer messages on another node than have reached this one); it
+	// goes live when the room gets there (promoteAhead), not before, or it
+	// would receive those messages a second time.
+	ahead bool
+	after uint64 // catch-up cursor: everything <= after has been sent
 }
 
 // OnOpen registers a new connection with its loop.
@@ -425,7 +430,7 @@ func (c *conn) join(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "room limit of this connection reached")
 		return
 	}
-	if r != nil && r.Active && (!cmd.HasSince || cmd.Since >= r.Last) {
+	if r != nil && r.Active && (!cmd.HasSince || cmd.Since == r.Last) {
 		// Fast path: the room is live on this loop and there is nothing
 		// to replay: a member at once, nothing allocated.
 		l.table.Join(r, &c.m)
@@ -454,12 +459,17 @@ func (c *conn) sendJoined(r *fanout.Room) {
 // startJoin runs once the room is active on this loop: joined goes out with
 // the room's newest seq, then (with since) the stored messages after since
 // are replayed a page at a time; the member goes live when the replay has
-// reached the room's newest seq, so it sees no gap and no duplicate.
+// reached the room's newest seq, so it sees no gap and no duplicate. A
+// since past the room's newest seq here waits for the room to reach it.
 func (c *conn) startJoin(j *joinState) {
 	r := j.room
 	c.sendJoined(r)
-	if !j.hasSince || j.since >= r.Last {
+	if !j.hasSince || j.since == r.Last {
 		c.goLive(j)
+		return
+	}
+	if j.since > r.Last {
+		j.ahead, j.after = true, j.since
 		return
 	}
 	j.catchingUp = true

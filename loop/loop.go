@@ -458,10 +458,39 @@ func (l *loopState) deliver(r *fanout.Room, seq uint64, frame []byte) {
 		// Fast path: in order, nothing held.
 		l.table.Deliver(r, frame)
 		r.Last = seq
+		if len(r.Joiners) > 0 {
+			l.promoteAhead(r)
+		}
 		return
 	}
 	r.Held = insertHeld(r.Held, seq, frame)
 	l.releaseHeld(r)
+}
+
+// promoteAhead makes live each joiner of r whose since was ahead of this
+// loop once the room has reached it: the next seq delivered is the first it
+// has not seen. Deliveries advance r.Last one seq at a time, so equality
+// catches it; only a gap given up on jumps past, and then the joiner is
+// closed like the room's members.
+func (l *loopState) promoteAhead(r *fanout.Room) {
+	// backwards: goLive swaps the last joiner into the removed slot
+	for i := len(r.Joiners) - 1; i >= 0; i-- {
+		if i >= len(r.Joiners) {
+			continue
+		}
+		c := r.Joiners[i].Owner.(*conn)
+		j := c.findJoin(r)
+		if j == nil || !j.ahead || j.after > r.Last {
+			continue
+		}
+		if j.after == r.Last {
+			c.goLive(j)
+			continue
+		}
+		r.RemoveJoiner(&c.m)
+		c.dropJoin(r)
+		c.closeWith(proto.CloseTryAgain, l.retryReason())
+	}
 }
 
 func (l *loopState) releaseHeld(r *fanout.Room) {
@@ -476,6 +505,9 @@ func (l *loopState) releaseHeld(r *fanout.Room) {
 		}
 		l.table.Deliver(r, h.Frame)
 		r.Last = h.Seq
+		if len(r.Joiners) > 0 {
+			l.promoteAhead(r)
+		}
 	}
 	if i > 0 {
 		n := copy(r.Held, r.Held[i:])
@@ -582,6 +614,9 @@ func (l *loopState) repaired(r *fanout.Room, held []fanout.Held, upto uint64, ta
 		c.closeWith(proto.CloseTryAgain, l.retryReason())
 	})
 	r.Last = r.Held[0].Seq - 1
+	if len(r.Joiners) > 0 {
+		l.promoteAhead(r)
+	}
 	l.releaseHeld(r)
 }
 
