@@ -31,12 +31,6 @@ func epollWait(epfd int, events []unix.EpollEvent, msec int) (int, error) {
 	if e == 0 && r > 0 {
 		return int(r), nil
 	}
-	if msec == 0 {
-		if e != 0 {
-			return 0, e
-		}
-		return 0, nil
-	}
 	return unix.EpollWait(epfd, events, msec)
 }
 
