@@ -254,6 +254,14 @@ func writeTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "; postgres CPU %.2fs (%.2f µs per publish)", r.PGCPU, r.PGUsPerPublish)
 	}
 	fmt.Fprintln(w)
+	if len(r.Nodes) > 1 || (len(r.Nodes) == 1 && rep.Scenario != "density") {
+		var rss int64
+		for _, n := range r.Nodes {
+			fmt.Fprintf(w, "node %d: CPU %.1f%% of a core, RSS %.1f MiB\n", n.PID, n.CPUPct, float64(n.RSS)/(1<<20))
+			rss += n.RSS
+		}
+		fmt.Fprintf(w, "nodes together: RSS %.1f MiB\n", float64(rss)/(1<<20))
+	}
 	if rep.HighestSustained > 0 {
 		fmt.Fprintf(w, "highest sustained rate: %.0f publishes/s\n", rep.HighestSustained)
 	}

@@ -252,6 +252,27 @@ func TestMixed(t *testing.T) {
 	checkNodeCounters(t, n, rep)
 }
 
+func TestChat(t *testing.T) {
+	a, b := startNode(t), startNode(t)
+	// the same node twice in --url exercises the round-robin split (nodes
+	// sharing rooms need PostgreSQL and Redis: the scripts' runs); b only
+	// shows that --pid reports each node on its own
+	rep := runBench(t, "chat", "--url", a.url+","+a.url, "--rooms=8", "--room-size=12", "--active=0.25",
+		"--interval=500ms", "--sizes=100:80,2048:15,4000:5", "--procs=2", "--pid", strconv.Itoa(a.pid)+","+strconv.Itoa(b.pid))
+	if rep.Connections != 96 || rep.Publishers != 24 || rep.Procs != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+	r := rep.Levels[0]
+	checkLevel(t, r, 12)
+	if !r.Sustained {
+		t.Errorf("not sustained: %s", r.Broken)
+	}
+	if len(r.Nodes) != 2 || r.Nodes[0].PID != a.pid || r.Nodes[0].RSS <= 0 || r.Nodes[0].CPU <= 0 || r.Nodes[1].RSS <= 0 {
+		t.Errorf("node usage %+v", r.Nodes)
+	}
+	checkNodeCounters(t, a, rep)
+}
+
 func TestSoak(t *testing.T) {
 	n := startNode(t)
 	rep := runBench(t, "soak", "--url", n.url, "--rooms=3", "--members=5", "--publishers=2", "--rate=150")

@@ -3,6 +3,7 @@ package bench
 import (
 	"flag"
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"strings"
@@ -21,7 +22,7 @@ type params struct {
 	drain          time.Duration
 	hold           time.Duration
 	connectTimeout time.Duration
-	pid            int
+	pids           pidList // the nodes under test
 	pg             bool
 	jsonOut        bool
 	plot           string
@@ -42,6 +43,8 @@ type params struct {
 	longShare, active                                  float64
 	interval                                           time.Duration
 	pubJoin                                            bool
+	sizes                                              string
+	sizeMix                                            []sizeWeight // parsed --sizes
 
 	// set by the parent for worker processes
 	workerIndex, workerCount int
@@ -89,6 +92,13 @@ var scenarios = []scenario{
 		fs.IntVar(&p.longSize, "long", 2048, "long body size in bytes")
 		fs.Float64Var(&p.longShare, "long-share", 0.1, "share of long messages")
 	}},
+	{"chat", "many rooms: --active share of --rooms x --room-size users each sending every --interval, bodies mixed by --sizes", func(fs *flag.FlagSet, p *params) {
+		fs.IntVar(&p.rooms, "rooms", 1000, "rooms")
+		fs.IntVar(&p.roomSize, "room-size", 100, "users per room, one connection each, spread round-robin over --url")
+		fs.Float64Var(&p.active, "active", 0.1, "share of each room's users that publish")
+		fs.DurationVar(&p.interval, "interval", 5*time.Second, "time between two messages of an active user")
+		fs.StringVar(&p.sizes, "sizes", "100:90,2048:10", "body sizes in bytes with their weights, SIZE:WEIGHT,...")
+	}},
 	{"soak", "a fixed load for a long time, checking every seq for gaps and duplicates and every ack against receipts", func(fs *flag.FlagSet, p *params) {
 		fs.IntVar(&p.rooms, "rooms", 10, "rooms")
 		fs.IntVar(&p.members, "members", 30, "receivers per room")
@@ -122,7 +132,7 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.DurationVar(&p.duration, "duration", defDur, "measurement window")
 	fs.DurationVar(&p.drain, "drain", 2*time.Second, "longest wait after the window for acks and deliveries")
 	fs.DurationVar(&p.connectTimeout, "connect-timeout", 2*time.Minute, "longest wait for every connection to be joined")
-	fs.IntVar(&p.pid, "pid", 0, "node PID: report its CPU per frame and publish (and RSS for density)")
+	fs.Var(&p.pids, "pid", "node PIDs, comma-separated: report their CPU per frame and publish and each one's CPU and RSS (and RSS per connection for density)")
 	fs.BoolVar(&p.pg, "pg", false, "report the CPU of all processes named postgres")
 	fs.BoolVar(&p.jsonOut, "json", false, "print the report as JSON")
 	fs.StringVar(&p.plot, "plot", "", "write latency against offered rate of a --step run to this SVG file")
@@ -201,6 +211,15 @@ func (p *params) validate() error {
 		if p.users < 1 || p.roomSize < 1 || p.active <= 0 || p.active > 1 || p.interval <= 0 || p.longShare < 0 || p.longShare > 1 {
 			return usagef("mixed needs --users >= 1, --room-size >= 1, 0 < --active <= 1, --interval > 0, 0 <= --long-share <= 1")
 		}
+	case "chat":
+		if p.rooms < 1 || p.roomSize < 1 || p.active <= 0 || p.active > 1 || p.interval <= 0 {
+			return usagef("chat needs --rooms >= 1, --room-size >= 1, 0 < --active <= 1, --interval > 0")
+		}
+		mix, err := parseSizes(p.sizes)
+		if err != nil {
+			return err
+		}
+		p.sizeMix = mix
 	case "soak":
 		if p.rooms < 1 || p.members < 0 || p.publishers < 1 {
 			return usagef("soak needs --rooms >= 1, --members >= 0, --publishers >= 1")
@@ -290,6 +309,25 @@ func (p *params) buildPlan(ntargets, nsrcs int) *plan {
 		for i := 0; i < p.conns; i++ {
 			add(connSpec{target: -1, room: room(i % p.rooms), join: true})
 		}
+	case "chat":
+		// A room's users are consecutive, so that round-robin over the
+		// nodes (and over --procs) spreads every room over all of them;
+		// every --active-th user of a room publishes.
+		every := max(1, int(1/p.active+0.5))
+		for r := 0; r < p.rooms; r++ {
+			rr := room(r)
+			var ps []*connSpec
+			for k := 0; k < p.roomSize; k++ {
+				s := add(connSpec{target: -1, room: rr, join: true, publish: k%every == 0})
+				if s.publish {
+					ps = append(ps, s)
+				}
+			}
+			for _, s := range ps {
+				s.receivers = p.roomSize
+			}
+		}
+		pl.rate = float64(pl.publishers) / p.interval.Seconds()
 	case "mixed":
 		nrooms := (p.users + p.roomSize - 1) / p.roomSize
 		every := int(1/p.active + 0.5)
@@ -330,6 +368,9 @@ func (pl *plan) share(index, count int) []*connSpec {
 
 // sizeFunc returns the body size chooser of the scenario.
 func (p *params) sizeFunc() func(*uint64) int {
+	if len(p.sizeMix) > 0 {
+		return mixFunc(p.sizeMix)
+	}
 	if p.scenario != "mixed" {
 		size := p.size
 		return func(*uint64) int { return size }
@@ -345,4 +386,97 @@ func (p *params) sizeFunc() func(*uint64) int {
 		}
 		return short
 	}
+}
+
+// sizeWeight is one entry of --sizes; cum is the running total of the
+// weights up to and including this one, scaled to 1e6.
+type sizeWeight struct {
+	size int
+	cum  uint64
+}
+
+// parseSizes reads SIZE:WEIGHT,... (weights need not add up to 100).
+func parseSizes(s string) ([]sizeWeight, error) {
+	var sizes []int
+	var weights []float64
+	total := 0.0
+	for _, f := range splitList(s) {
+		sz, w, ok := strings.Cut(f, ":")
+		if !ok {
+			w = "1"
+		}
+		n, err := strconv.Atoi(sz)
+		if err != nil || n < 0 || n > 60000 {
+			return nil, usagef("--sizes: bad size %q (want 0..60000 bytes)", sz)
+		}
+		v, err := strconv.ParseFloat(w, 64)
+		if err != nil || v <= 0 || math.IsInf(v, 0) {
+			return nil, usagef("--sizes: bad weight %q of size %d (want a positive number)", w, n)
+		}
+		sizes = append(sizes, n)
+		weights = append(weights, v)
+		total += v
+	}
+	if len(sizes) == 0 {
+		return nil, usagef("--sizes is empty (want SIZE:WEIGHT,...)")
+	}
+	out := make([]sizeWeight, len(sizes))
+	run := 0.0
+	for i := range sizes {
+		run += weights[i]
+		out[i] = sizeWeight{size: sizes[i], cum: uint64(run / total * 1e6)}
+	}
+	out[len(out)-1].cum = 1e6
+	return out, nil
+}
+
+func mixFunc(mix []sizeWeight) func(*uint64) int {
+	return func(rng *uint64) int {
+		*rng ^= *rng << 13
+		*rng ^= *rng >> 7
+		*rng ^= *rng << 17
+		v := *rng % 1000000
+		for _, m := range mix {
+			if v < m.cum {
+				return m.size
+			}
+		}
+		return mix[len(mix)-1].size
+	}
+}
+
+// pidList is --pid: one PID or several, comma-separated; 0 means none.
+type pidList []int
+
+func (l *pidList) String() string {
+	if l == nil {
+		return ""
+	}
+	parts := make([]string, len(*l))
+	for i, v := range *l {
+		parts[i] = strconv.Itoa(v)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *pidList) Set(s string) error {
+	*l = nil
+	for _, f := range splitList(s) {
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 0 {
+			return fmt.Errorf("bad PID %q", f)
+		}
+		if v > 0 {
+			*l = append(*l, v)
+		}
+	}
+	return nil
+}
+
+// first is the first PID, 0 when there is none.
+func (l pidList) first() int {
+	if len(l) == 0 {
+		return 0
+	}
+	return l[0]
 }

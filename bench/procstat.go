@@ -114,24 +114,38 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// sampler reads the CPU of the node and PostgreSQL at window edges.
+// sampler reads the CPU of the nodes and PostgreSQL at window edges.
 type sampler struct {
-	pid int
-	pg  bool
+	pids []int
+	pg   bool
 }
 
 type cpuSample struct {
-	node time.Duration
-	pg   time.Duration
-	err  error
+	node  time.Duration   // all nodes together
+	nodes []time.Duration // each node, in --pid order
+	rss   []int64         // each node's RSS at the sample
+	pg    time.Duration
+	err   error
 }
 
 func (s sampler) sample() cpuSample {
 	var c cpuSample
-	if s.pid > 0 {
-		c.node, c.err = procCPU(s.pid)
+	for _, pid := range s.pids {
+		d, err := procCPU(pid)
+		if err != nil {
+			c.err = err
+			return c
+		}
+		rss, err := procRSS(pid)
+		if err != nil {
+			c.err = err
+			return c
+		}
+		c.node += d
+		c.nodes = append(c.nodes, d)
+		c.rss = append(c.rss, rss)
 	}
-	if s.pg && c.err == nil {
+	if s.pg {
 		c.pg, _, c.err = commCPU("postgres")
 	}
 	return c

@@ -162,9 +162,19 @@ type LevelResult struct {
 	PGMeasured       bool    `json:"pg_measured,omitempty"`
 	PGCPU            float64 `json:"pg_cpu_s,omitempty"`
 	PGUsPerPublish   float64 `json:"pg_cpu_us_per_publish,omitempty"`
+	// each --pid over the window: where the CPU went, and memory at its end
+	Nodes []NodeUsage `json:"nodes,omitempty"`
 
 	Sustained bool   `json:"sustained"`
 	Broken    string `json:"broken,omitempty"` // why not sustained
+}
+
+// NodeUsage is one node process over one window.
+type NodeUsage struct {
+	PID    int     `json:"pid"`
+	CPU    float64 `json:"cpu_s"`
+	CPUPct float64 `json:"cpu_pct"` // of one core, over the window
+	RSS    int64   `json:"rss_bytes"`
 }
 
 // Report is a whole run.
@@ -218,7 +228,11 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 			r.AckedNotReceived++
 		}
 	}
-	if p.pid > 0 && s0.err == nil && s1.err == nil {
+	if len(p.pids) > 0 && s0.err == nil && s1.err == nil {
+		for i, pid := range p.pids {
+			cpu := (s1.nodes[i] - s0.nodes[i]).Seconds()
+			r.Nodes = append(r.Nodes, NodeUsage{PID: pid, CPU: cpu, CPUPct: 100 * cpu / w, RSS: s1.rss[i]})
+		}
 		node := s1.node - s0.node
 		r.NodeCPU = node.Seconds()
 		if st.RecvFrames > 0 {
@@ -260,10 +274,10 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 
 // execute runs the scenario through d and fills rep.
 func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) error {
-	smp := sampler{pid: p.pid, pg: p.pg}
+	smp := sampler{pids: p.pids, pg: p.pg}
 	var rss0 int64
-	if p.scenario == "density" && p.pid > 0 {
-		v, err := procRSS(p.pid)
+	if p.scenario == "density" && p.pids.first() > 0 {
+		v, err := procRSS(p.pids.first())
 		if err != nil {
 			return err
 		}
@@ -281,8 +295,8 @@ func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) er
 		}
 		time.Sleep(p.hold)
 		rep.HeldFor = p.hold.Seconds()
-		if p.pid > 0 {
-			v, err := procRSS(p.pid)
+		if p.pids.first() > 0 {
+			v, err := procRSS(p.pids.first())
 			if err != nil {
 				return err
 			}

@@ -359,6 +359,66 @@ func TestPlans(t *testing.T) {
 	}
 }
 
+func TestChatPlanSpreadsEveryRoom(t *testing.T) {
+	p := &params{scenario: "chat", rooms: 12, roomSize: 10, active: 0.2, interval: 2 * time.Second, runID: "x"}
+	pl := p.buildPlan(3, 0)
+	if len(pl.specs) != 120 || len(pl.rooms) != 12 || pl.publishers != 24 || pl.rate != 12 {
+		t.Fatalf("chat: %d specs %d rooms %d publishers rate %v", len(pl.specs), len(pl.rooms), pl.publishers, pl.rate)
+	}
+	nodes := map[int32]map[int]bool{}
+	procs := map[int32]map[int]bool{}
+	for i, s := range pl.specs {
+		if !s.join {
+			t.Fatalf("spec %d does not join", i)
+		}
+		if s.publish && s.receivers != 10 {
+			t.Fatalf("receivers %d", s.receivers)
+		}
+		if nodes[s.room] == nil {
+			nodes[s.room], procs[s.room] = map[int]bool{}, map[int]bool{}
+		}
+		nodes[s.room][s.target] = true
+		procs[s.room][i%2] = true
+	}
+	for r := range nodes {
+		// each room is on every node and in every process, so that
+		// delivery crosses the broker and the workers' merge
+		if len(nodes[r]) != 3 || len(procs[r]) != 2 {
+			t.Fatalf("room %d on nodes %v procs %v", r, nodes[r], procs[r])
+		}
+	}
+}
+
+func TestSizesMix(t *testing.T) {
+	mix, err := parseSizes("100:90, 2048:10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := mixFunc(mix)
+	rng, n := uint64(7), map[int]int{}
+	for i := 0; i < 20000; i++ {
+		n[fn(&rng)]++
+	}
+	if len(n) != 2 || n[2048] < 1700 || n[2048] > 2300 {
+		t.Fatalf("mix %v", n)
+	}
+	if mix, err := parseSizes("500"); err != nil || mixFunc(mix)(&rng) != 500 {
+		t.Fatalf("one size: %v %v", mix, err)
+	}
+	for _, bad := range []string{"", "x:1", "100:0", "100:-1", "70000:1", "100:inf", "100:y"} {
+		if _, err := parseSizes(bad); err == nil {
+			t.Errorf("--sizes %q accepted", bad)
+		}
+	}
+	var pl pidList
+	if err := pl.Set("12, 0,34"); err != nil || len(pl) != 2 || pl.first() != 12 || pl.String() != "12,34" {
+		t.Fatalf("pid list %v %v", pl, err)
+	}
+	if err := pl.Set("12,x"); err == nil {
+		t.Fatal("bad pid accepted")
+	}
+}
+
 func TestUsage(t *testing.T) {
 	run := func(args ...string) (int, string, string) {
 		var out, errb bytes.Buffer
@@ -382,6 +442,12 @@ func TestUsage(t *testing.T) {
 	}
 	if code, _, errs := run("delivery", "--url", "http://x"); code != 2 || !strings.Contains(errs, "ws://") {
 		t.Fatalf("bad url: %d %q", code, errs)
+	}
+	if code, _, errs := run("chat", "--sizes", "100:0"); code != 2 || !strings.Contains(errs, "--sizes") {
+		t.Fatalf("bad sizes: %d %q", code, errs)
+	}
+	if code, _, errs := run("chat", "--active", "0"); code != 2 || !strings.Contains(errs, "--active") {
+		t.Fatalf("bad active: %d %q", code, errs)
 	}
 	if code, _, errs := run("density", "extra"); code != 2 || !strings.Contains(errs, "extra") {
 		t.Fatalf("stray arg: %d %q", code, errs)
