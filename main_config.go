@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/loop"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
 	"github.com/roost-chat/roost/tuning"
 )
@@ -367,7 +368,7 @@ func validate(c *config) []error {
 		n.Apps = map[string][]byte{}
 		for _, kv := range strings.Split(c.appSecrets, ",") {
 			id, sec, ok := strings.Cut(strings.TrimSpace(kv), "=")
-			if !ok || !loop.ValidAppID([]byte(id)) || sec == "" {
+			if !ok || !proto.ValidAppID([]byte(id)) || sec == "" {
 				bad("invalid --app-secret entry %q: want APP=SECRET with APP matching [A-Za-z0-9_.-]{1,64}", maskAppSecrets(kv))
 				continue
 			}

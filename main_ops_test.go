@@ -31,6 +31,7 @@ import (
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
@@ -641,7 +642,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	msgs, err := st.History(context.Background(), persist.RoomKey("dr", "r"), 0, 1000)
+	msgs, err := st.History(context.Background(), proto.RoomKey("dr", "r"), 0, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,19 +54,6 @@ func (a *apps) get(id []byte) *app {
 	return p
 }
 
-// ValidAppID reports whether id can name an app: [A-Za-z0-9_.-]{1,64}.
-func ValidAppID(id []byte) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for _, ch := range id {
-		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '_' || ch == '.' || ch == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // roomClaims are the `rooms` of a token: exact names or `prefix*`.
 type roomClaims struct{ patterns []string }
 
@@ -109,7 +96,7 @@ func (c *conn) identify(query []byte) *proto.HTTPError {
 			return c.verify(tok)
 		}
 		user, ok := proto.QueryValue(query, "user", buf[:0])
-		if !ok || len(user) == 0 || len(user) > 128 {
+		if !ok || !proto.ValidUser(user) {
 			return errNoUser
 		}
 		c.user = string(user)
@@ -117,7 +104,7 @@ func (c *conn) identify(query []byte) *proto.HTTPError {
 		if !ok || len(appID) == 0 {
 			appID = []byte("demo")
 		}
-		if !ValidAppID(appID) {
+		if !proto.ValidAppID(appID) {
 			return errBadAppID
 		}
 		c.app = s.apps.get(appID)

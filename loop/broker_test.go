@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/persist"
-	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
 )
 
@@ -49,15 +48,5 @@ func TestFailedBroadcastIsRetried(t *testing.T) {
 	checkFor(t, 2*time.Second, func() bool { return n.srv.Stats.Rebroadcasts.Load() == 1 })
 	if got := n.srv.Stats.BrokerErrors.Load(); got != 1 {
 		t.Fatalf("broker errors %d, want 1", got)
-	}
-}
-
-func TestFrameTS(t *testing.T) {
-	f := proto.AppendMsgFrame(nil, "r", 64, []byte(`a,"ts":1`), `b",ts":2`, 1764484800123, []byte(`{"ts":5}`))
-	if ts, ok := frameTS(f); !ok || ts != 1764484800123 {
-		t.Fatalf("ts %d %v from %q", ts, ok, f)
-	}
-	if _, ok := frameTS([]byte(`{"op":"msg"}`)); ok {
-		t.Fatal("ts found where there is none")
 	}
 }

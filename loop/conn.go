@@ -3,6 +3,7 @@ package loop
 import (
 	"encoding/binary"
 	"errors"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -109,7 +110,8 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 
 // OnTraffic reads whatever arrived: the upgrade request first, then
 // frames. Every complete frame in the buffer is handled in this call
-// (gnet fires again only on new bytes, GNET-NOTES 2).
+// (gnet calls OnTraffic again only when new bytes arrive, so a frame left
+// in the buffer would wait for the peer's next write).
 func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	c, _ := gc.Context().(*conn)
 	if c == nil || c.closed {
@@ -554,6 +556,7 @@ func (c *conn) pub(cmd *proto.Command) {
 	req.ID = append(req.ID[:0], cmd.ID...)
 	req.Body = append(req.Body[:0], cmd.Body...)
 	req.Origin = l.stamp(c)
+	req.Entered = time.Since(monoEpoch)
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.pool.Submit(req); err != nil {
 		l.unstamp(req, false)
@@ -575,7 +578,7 @@ func (l *loopState) ack(t *task) {
 	a := l.arena
 	if t.err != nil {
 		code, msg := proto.CodeOverloaded, "not stored: retry with the same id"
-		if !errors.Is(t.err, persist.ErrOverloaded) && !errors.Is(t.err, persist.ErrClosed) {
+		if !errors.Is(t.err, proto.ErrOverloaded) && !errors.Is(t.err, proto.ErrClosed) {
 			code, msg = proto.CodeInternal, "not stored: internal error"
 		}
 		c.sendErr(req.ID, code, msg)

@@ -54,7 +54,7 @@ func (l *memLoop) Execute(_ context.Context, _ gnet.Runnable) error { l.pending 
 
 type refuseSubmit struct{}
 
-func (refuseSubmit) Submit(*persist.PubRequest) error { return persist.ErrOverloaded }
+func (refuseSubmit) Submit(*proto.PubRequest) error { return proto.ErrOverloaded }
 
 // fuzzNode is a server with one in-memory loop and no goroutines of its own.
 func fuzzNode(tb testing.TB) (*Server, *memLoop) {

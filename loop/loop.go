@@ -11,11 +11,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roost-chat/roost/fanout"
-	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
-// iovMax is the kernel's IOV_MAX: gnet does not split writev (GNET-NOTES 7).
+// iovMax is the kernel's IOV_MAX: a writev of more iovecs fails with EINVAL
+// and gnet does not split one, so the write path does.
 const iovMax = 1024
 
 type taskKind uint8
@@ -45,7 +45,7 @@ type task struct {
 	n     uint64
 	frame []byte
 	held  []fanout.Held
-	req   *persist.PubRequest
+	req   *proto.PubRequest
 	err   error
 	done  func()
 }
@@ -143,8 +143,8 @@ func (l *loopState) drain(context.Context) error {
 }
 
 // settle runs after each unit of loop work: slow consumers are closed, a
-// member past flushAt is written now (bounding what one wake-up can queue,
-// GNET-NOTES 5), and the ticker is told there is something to flush.
+// member past flushAt is written now (bounding the memory and the latency
+// one wake-up can build up), and the ticker is told there is something to flush.
 func (l *loopState) settle() {
 	if l.table.HasSlow() {
 		l.closeSlow()
@@ -672,7 +672,7 @@ func (l *loopState) readTails() {
 
 // roomName is the room part of a key.
 func roomName(key string) []byte {
-	_, room := persist.SplitKey(key)
+	_, room := proto.SplitKey(key)
 	return unsafe.Slice(unsafe.StringData(room), len(room))
 }
 

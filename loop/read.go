@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/fanout"
-	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -47,7 +46,7 @@ func (s *Server) read(j readJob) {
 	case s.reads <- j:
 	default:
 		s.Stats.Overloaded.Add(1)
-		j.loop.push(j.failed(persist.ErrOverloaded))
+		j.loop.push(j.failed(proto.ErrOverloaded))
 	}
 }
 
@@ -116,7 +115,7 @@ func (s *Server) doRead(j *readJob) task {
 		if err != nil {
 			return j.failed(err)
 		}
-		_, room := persist.SplitKey(j.key)
+		_, room := proto.SplitKey(j.key)
 		return task{kind: tHistory, conn: j.conn, key: j.key, frame: proto.AppendHistoryFrame(nil, []byte(room), msgs)}
 	case rRepair:
 		upto := j.upto

@@ -11,7 +11,6 @@
 package loop
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/tuning"
 )
 
@@ -83,7 +83,7 @@ type Publisher interface {
 
 // Submitter takes publishes to commit (persist.Pool fits).
 type Submitter interface {
-	Submit(req *persist.PubRequest) error
+	Submit(req *proto.PubRequest) error
 }
 
 // Server is the client side of a node: gnet engine, loops, and the glue
@@ -201,7 +201,7 @@ func (l *loopState) stamp(c *conn) *pubStamp {
 // unstamp recycles the stamp of req and returns how long ago its frame was
 // read; with answered it also feeds that into commitLag. Loop only;
 // req.Origin must not be used afterwards.
-func (l *loopState) unstamp(req *persist.PubRequest, answered bool) time.Duration {
+func (l *loopState) unstamp(req *proto.PubRequest, answered bool) time.Duration {
 	ps := req.Origin.(*pubStamp)
 	d := time.Since(monoEpoch) - ps.t0
 	ps.c = nil
@@ -528,9 +528,8 @@ func (s *Server) retryMS() int {
 // Committed is called by the publish pool's workers (persist.Sink), in seq
 // order per room: the frame goes to the broker first, then the ack to the
 // publisher's loop, so an ack always means "stored and on its way".
-func (s *Server) Committed(req *persist.PubRequest, res *persist.PubResult) {
-	ps := req.Origin.(*pubStamp)
-	s.Stats.PublishLatency.Observe((time.Since(monoEpoch) - ps.t0).Seconds())
+func (s *Server) Committed(req *proto.PubRequest, res *proto.PubResult) {
+	s.Stats.PublishLatency.Observe((time.Since(monoEpoch) - req.Entered).Seconds())
 	if res.Err == nil && !res.Duplicate {
 		t0 := time.Now()
 		err := s.bus.Publish(context.Background(), req.Key, res.Seq, res.Frame)
@@ -543,6 +542,12 @@ func (s *Server) Committed(req *persist.PubRequest, res *persist.PubResult) {
 			s.rebroadcastLater(req.Key, res.Seq, res.Frame, err)
 		}
 	}
+	req.Origin.Published(req, res)
+}
+
+// Published hands the outcome of a publish to its connection's loop
+// (proto.Origin).
+func (ps *pubStamp) Published(req *proto.PubRequest, res *proto.PubResult) {
 	c := ps.c
 	c.l.push(task{kind: tAck, conn: c, req: req, seq: res.Seq, err: res.Err})
 }
@@ -552,7 +557,7 @@ func (s *Server) Deliver(i int, key string, seq uint64, frame []byte) {
 	if i == 0 && seq%64 == 0 {
 		// Sampled: a message reaches each holding loop, so measure on
 		// loop 0's copy only, one message in 64.
-		if ts, ok := frameTS(frame); ok {
+		if ts, ok := proto.FrameTS(frame); ok {
 			s.Stats.DeliveryLag.Observe(float64(time.Now().UnixMilli()-ts) / 1000)
 		}
 	}
@@ -587,8 +592,8 @@ func (s *Server) Snapshot() Snapshot {
 }
 
 // gnetLogger routes gnet's log lines into slog. gnet logs one harmless
-// "stale connection" line per reset peer (GNET-NOTES 9), so it is held at
-// error level.
+// "stale connection" line per reset peer, harmless and frequent, so it is
+// held at error level.
 type gnetLogger struct{ l *slog.Logger }
 
 func (g gnetLogger) Debugf(f string, a ...any) {}
@@ -676,21 +681,4 @@ func (s *Server) rebroadcaster() {
 			pending = keep
 		}
 	}
-}
-
-// frameTS reads the commit time out of a pre-encoded msg frame without
-// decoding it. The bytes `,"ts":` cannot occur inside the escaped id or
-// from strings before it (a quote in a string is always escaped), so the
-// first match is the field.
-func frameTS(frame []byte) (int64, bool) {
-	i := bytes.Index(frame, []byte(`,"ts":`))
-	if i < 0 {
-		return 0, false
-	}
-	var ts int64
-	j := i + len(`,"ts":`)
-	for ; j < len(frame) && frame[j] >= '0' && frame[j] <= '9'; j++ {
-		ts = ts*10 + int64(frame[j]-'0')
-	}
-	return ts, j > i+len(`,"ts":`)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
 )
 
 // slowStore holds every commit for delay first: a node whose publishes wait
@@ -16,7 +17,7 @@ type slowStore struct {
 	delay atomic.Int64
 }
 
-func (s *slowStore) CommitBatch(ctx context.Context, reqs []*persist.PubRequest, res []persist.PubResult) error {
+func (s *slowStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	time.Sleep(time.Duration(s.delay.Load()))
 	return s.Store.CommitBatch(ctx, reqs, res)
 }

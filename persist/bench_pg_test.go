@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/proto"
 )
 
 // pgCPU returns the CPU time (user+system) spent so far by the given
@@ -68,7 +70,7 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	p := NewPool(st, sink, cfg)
 	keys := make([]string, rooms)
 	for i := range keys {
-		keys[i] = RoomKey("bench", fmt.Sprint("room", i))
+		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
 	}
 	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
 	froms := []string{"u0", "u1", "u2", "u3", "u4", "u5", "u6"}
@@ -135,12 +137,12 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 	p := NewPool(ts, lat, PoolConfig{})
 	keys := make([]string, rooms)
 	for i := range keys {
-		keys[i] = RoomKey("bench", fmt.Sprint("room", i))
+		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
 	}
 	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
 	submit := func(i int) {
 		lat.start[i] = time.Now().UnixNano()
-		submitBench(p, keys[i%rooms], "user", i, body, i)
+		submitBench(p, keys[i%rooms], "user", i, body, benchOrigin(i))
 	}
 	for i := 0; i < rooms; i++ {
 		submit(b.N + i)
@@ -184,7 +186,7 @@ type timedStore struct {
 	durs []int64
 }
 
-func (t *timedStore) CommitBatch(ctx context.Context, reqs []*PubRequest, res []PubResult) error {
+func (t *timedStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	start := time.Now()
 	err := t.Store.CommitBatch(ctx, reqs, res)
 	d := time.Since(start)
@@ -201,8 +203,8 @@ type latencySink struct {
 	n     atomic.Int64
 }
 
-func (s *latencySink) Committed(req *PubRequest, res *PubResult) {
-	d := time.Now().UnixNano() - s.start[req.Origin.(int)]
+func (s *latencySink) Committed(req *proto.PubRequest, res *proto.PubResult) {
+	d := time.Now().UnixNano() - s.start[req.Origin.(benchOrigin)]
 	s.mu.Lock()
 	s.lat = append(s.lat, d)
 	s.mu.Unlock()

@@ -85,10 +85,10 @@ func (m *Memory) shard(key string) *memShard {
 
 // CommitBatch implements Store. It never fails except on a done context,
 // which it checks before storing anything, so all-or-nothing holds.
-func (m *Memory) CommitBatch(ctx context.Context, reqs []*PubRequest, res []PubResult) error {
+func (m *Memory) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	if err := ctx.Err(); err != nil {
 		for i := range reqs {
-			res[i] = PubResult{Err: ErrOverloaded}
+			res[i] = proto.PubResult{Err: proto.ErrOverloaded}
 		}
 		return err
 	}
@@ -102,7 +102,7 @@ func (m *Memory) CommitBatch(ctx context.Context, reqs []*PubRequest, res []PubR
 	return nil
 }
 
-func (m *Memory) commitLocked(sh *memShard, r *PubRequest, ts int64) PubResult {
+func (m *Memory) commitLocked(sh *memShard, r *proto.PubRequest, ts int64) proto.PubResult {
 	room := sh.rooms[r.Key]
 	if room == nil {
 		room = &memRoom{idem: make(map[memKey]uint64)}
@@ -110,7 +110,7 @@ func (m *Memory) commitLocked(sh *memShard, r *PubRequest, ts int64) PubResult {
 	}
 	// Lookup with a borrowed string: no allocation for the duplicate check.
 	if seq, ok := room.idem[memKey{r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}]; ok {
-		return PubResult{Seq: seq, TS: room.entry(m.keep, seq).ts, Duplicate: true}
+		return proto.PubResult{Seq: seq, TS: room.entry(m.keep, seq).ts, Duplicate: true}
 	}
 	// One allocation per stored message: the id and the body together.
 	buf := make([]byte, len(r.ID)+len(r.Body))
@@ -130,7 +130,7 @@ func (m *Memory) commitLocked(sh *memShard, r *PubRequest, ts int64) PubResult {
 	}
 	room.n++
 	room.idem[memKey{e.from, e.id()}] = e.seq
-	return PubResult{Seq: e.seq, TS: ts}
+	return proto.PubResult{Seq: e.seq, TS: ts}
 }
 
 // entry returns the kept entry of seq; the caller checks that seq is kept.
@@ -202,7 +202,7 @@ func (m *Memory) History(_ context.Context, key string, before uint64, limit int
 // messages copies out lo..hi (all kept). The byte slices alias the stored,
 // immutable buffers.
 func (r *memRoom) messages(keep int, key string, lo, hi uint64) []proto.Message {
-	_, name := SplitKey(key)
+	_, name := proto.SplitKey(key)
 	out := make([]proto.Message, 0, hi-lo+1)
 	for seq := lo; seq <= hi; seq++ {
 		e := r.entry(keep, seq)

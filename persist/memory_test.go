@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/roost-chat/roost/proto"
 )
 
 func TestMemoryContract(t *testing.T) {
@@ -13,7 +15,7 @@ func TestMemoryContract(t *testing.T) {
 func TestMemoryKeepWindow(t *testing.T) {
 	ctx := context.Background()
 	st := NewMemory(3)
-	k := RoomKey("app1", "r")
+	k := proto.RoomKey("app1", "r")
 	fill(t, st, k, 5) // keeps m3..m5
 	msgs, err := st.Range(ctx, k, 0, 10, 10)
 	if err != nil {

@@ -17,7 +17,7 @@ type PoolConfig struct {
 	Workers  int           // goroutines, each owning a shard of rooms; default 4
 	MaxBatch int           // publishes per CommitBatch; default 256
 	Window   time.Duration // after the first publish, wait up to this for more; default 1ms, <0 means do not wait
-	QueueLen int           // queued publishes per worker before Submit says ErrOverloaded; default 8192
+	QueueLen int           // queued publishes per worker before Submit says proto.ErrOverloaded; default 8192
 	Timeout  time.Duration // per CommitBatch; default 5s
 }
 
@@ -49,7 +49,7 @@ type PoolStats struct {
 	Requests     uint64 // publishes answered (committed, duplicate or failed)
 	Duplicates   uint64 // publishes answered as duplicates
 	CommitErrors uint64 // CommitBatch calls that failed
-	Rejected     uint64 // Submit calls refused with ErrOverloaded (queue full)
+	Rejected     uint64 // Submit calls refused with proto.ErrOverloaded (queue full)
 	// BatchSizes[i] counts committed batches of size <= BatchBuckets[i]
 	// (and > the previous bound); the last element counts larger ones.
 	BatchSizes [len(BatchBuckets) + 1]uint64
@@ -61,7 +61,7 @@ type PoolStats struct {
 // order of Submit calls for it, and a room's CommitBatch calls never run
 // concurrently on one node.
 //
-// Results reach the Sink in batch order per worker. The *PubResult passed to
+// Results reach the Sink in batch order per worker. The *proto.PubResult passed to
 // Committed points into the worker's scratch and is valid during the call
 // only; its Frame is immutable and may be kept and shared forever. A
 // result with Err set never carries a seq or a frame: nothing was
@@ -92,9 +92,9 @@ type Pool struct {
 
 type worker struct {
 	p     *Pool
-	q     chan *PubRequest
-	batch []*PubRequest
-	res   []PubResult
+	q     chan *proto.PubRequest
+	batch []*proto.PubRequest
+	res   []proto.PubResult
 	arena []byte // current frame chunk: frames are carved from arena[len:cap]
 }
 
@@ -107,9 +107,9 @@ func NewPool(st Store, sink Sink, cfg PoolConfig) *Pool {
 	for i := range p.workers {
 		w := &worker{
 			p:     p,
-			q:     make(chan *PubRequest, cfg.QueueLen),
-			batch: make([]*PubRequest, 0, cfg.MaxBatch),
-			res:   make([]PubResult, cfg.MaxBatch),
+			q:     make(chan *proto.PubRequest, cfg.QueueLen),
+			batch: make([]*proto.PubRequest, 0, cfg.MaxBatch),
+			res:   make([]proto.PubResult, cfg.MaxBatch),
 		}
 		p.workers[i] = w
 		p.wg.Add(1)
@@ -120,13 +120,13 @@ func NewPool(st Store, sink Sink, cfg PoolConfig) *Pool {
 
 // Submit queues req for its room's worker without blocking. On success the
 // pool owns req until it hands it to Sink.Committed; on error the caller
-// keeps it. ErrOverloaded: that worker's queue is full. ErrClosed: Close was
+// keeps it. proto.ErrOverloaded: that worker's queue is full. proto.ErrClosed: Close was
 // called.
-func (p *Pool) Submit(req *PubRequest) error {
+func (p *Pool) Submit(req *proto.PubRequest) error {
 	p.submitting.Add(1)
 	defer p.submitting.Add(-1)
 	if p.closed.Load() {
-		return ErrClosed
+		return proto.ErrClosed
 	}
 	w := p.workers[hashKey(req.Key)%uint32(len(p.workers))]
 	select {
@@ -134,7 +134,7 @@ func (p *Pool) Submit(req *PubRequest) error {
 		return nil
 	default:
 		p.rejected.Add(1)
-		return ErrOverloaded
+		return proto.ErrOverloaded
 	}
 }
 
@@ -172,7 +172,7 @@ func (p *Pool) Stats() PoolStats {
 
 // Backoff after a failed commit, so an unreachable database is not
 // hammered while the queued publishes wait (new ones are refused with
-// ErrOverloaded once the queue is full).
+// proto.ErrOverloaded once the queue is full).
 const (
 	minBackoff = 10 * time.Millisecond
 	maxBackoff = 500 * time.Millisecond
@@ -184,7 +184,7 @@ func (w *worker) run() {
 	timer.Stop()
 	backoff := time.Duration(0)
 	for {
-		var first *PubRequest
+		var first *proto.PubRequest
 		select {
 		case first = <-w.q:
 		case <-w.p.stop:
@@ -212,7 +212,7 @@ func (w *worker) run() {
 
 // gather fills w.batch: first, whatever is queued, then whatever arrives
 // within the window, up to MaxBatch.
-func (w *worker) gather(first *PubRequest, timer *time.Timer) {
+func (w *worker) gather(first *proto.PubRequest, timer *time.Timer) {
 	limit := w.p.cfg.MaxBatch
 	w.batch = append(w.batch[:0], first)
 queued:
@@ -256,7 +256,7 @@ func (w *worker) commit() bool {
 		p.commitErrors.Add(1)
 		// Never acknowledge what the store did not confirm, whatever it
 		// left in res.
-		rerr := ErrOverloaded
+		rerr := proto.ErrOverloaded
 		if !isOverload(err) {
 			rerr = err
 		}
@@ -265,7 +265,7 @@ func (w *worker) commit() bool {
 			if e == nil {
 				e = rerr
 			}
-			res[i] = PubResult{Err: e}
+			res[i] = proto.PubResult{Err: e}
 		}
 	} else {
 		p.batches.Add(1)
@@ -292,7 +292,7 @@ func (w *worker) commit() bool {
 }
 
 func isOverload(err error) bool {
-	return errors.Is(err, ErrOverloaded) || errors.Is(err, context.DeadlineExceeded) ||
+	return errors.Is(err, proto.ErrOverloaded) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, context.Canceled)
 }
 
@@ -319,8 +319,8 @@ const (
 	frameOverhead = 160
 )
 
-func (w *worker) encode(req *PubRequest, res *PubResult) []byte {
-	_, room := SplitKey(req.Key)
+func (w *worker) encode(req *proto.PubRequest, res *proto.PubResult) []byte {
+	_, room := proto.SplitKey(req.Key)
 	// JSON escaping grows a string at most 6× (\u00XX); room names are
 	// plain, the body is copied verbatim.
 	need := frameOverhead + len(room) + 6*(len(req.ID)+len(req.From)) + len(req.Body)
@@ -342,20 +342,20 @@ func (w *worker) encode(req *PubRequest, res *PubResult) []byte {
 }
 
 // requestPool recycles PubRequests with their ID and Body buffers.
-var requestPool = sync.Pool{New: func() any { return new(PubRequest) }}
+var requestPool = sync.Pool{New: func() any { return new(proto.PubRequest) }}
 
 // maxPooledBody caps the Body capacity kept by PutRequest so one huge
 // publish does not pin its buffer in the pool forever.
 const maxPooledBody = 64 << 10
 
-// GetRequest returns an empty PubRequest, with ID and Body capacity from an
+// GetRequest returns an empty proto.PubRequest, with ID and Body capacity from an
 // earlier use when there is one.
-func GetRequest() *PubRequest { return requestPool.Get().(*PubRequest) }
+func GetRequest() *proto.PubRequest { return requestPool.Get().(*proto.PubRequest) }
 
 // PutRequest resets r and returns it to the pool. The caller must not use r
 // (nor its ID or Body) afterwards; frames never alias them, so a frame may
 // outlive the request.
-func PutRequest(r *PubRequest) {
+func PutRequest(r *proto.PubRequest) {
 	r.Key = ""
 	r.From = ""
 	r.ID = r.ID[:0]

@@ -10,14 +10,16 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/proto"
 )
 
 // ackSink records what the pool hands over, checks per-room seq order of
 // new messages, and recycles requests the way the loop does.
 type ackSink struct {
 	mu      sync.Mutex
-	acks    map[string]PubResult // key + "|" + from + "|" + id → first result
-	lastNew map[string]uint64    // room → newest seq delivered
+	acks    map[string]proto.PubResult // key + "|" + from + "|" + id → first result
+	lastNew map[string]uint64          // room → newest seq delivered
 	errs    int
 	bad     []string
 	n       atomic.Int64
@@ -26,16 +28,16 @@ type ackSink struct {
 }
 
 func newAckSink() *ackSink {
-	return &ackSink{acks: map[string]PubResult{}, lastNew: map[string]uint64{}, frames: map[string][]byte{}}
+	return &ackSink{acks: map[string]proto.PubResult{}, lastNew: map[string]uint64{}, frames: map[string][]byte{}}
 }
 
-func (s *ackSink) Committed(req *PubRequest, res *PubResult) {
+func (s *ackSink) Committed(req *proto.PubRequest, res *proto.PubResult) {
 	s.mu.Lock()
 	id := req.Key + "|" + req.From + "|" + string(req.ID)
 	switch {
 	case res.Err != nil:
 		s.errs++
-		if res.Frame != nil || res.Seq != 0 && !errors.Is(res.Err, ErrOverloaded) {
+		if res.Frame != nil || res.Seq != 0 && !errors.Is(res.Err, proto.ErrOverloaded) {
 			s.bad = append(s.bad, fmt.Sprintf("%s: error result %+v", id, res))
 		}
 	case res.Duplicate:
@@ -78,7 +80,7 @@ func (s *ackSink) check(t *testing.T) {
 	}
 }
 
-func newReq(key, from, id, body string) *PubRequest {
+func newReq(key, from, id, body string) *proto.PubRequest {
 	r := GetRequest()
 	r.Key, r.From = key, from
 	r.ID = append(r.ID, id...)
@@ -99,7 +101,7 @@ func TestPoolOrderAndFrames(t *testing.T) {
 			for i := 0; i < per; i++ {
 				for r := 0; r < rooms; r++ {
 					// Each goroutine publishes every key; 3 of 4 are retries.
-					k := RoomKey("app", fmt.Sprint("room", r))
+					k := proto.RoomKey("app", fmt.Sprint("room", r))
 					for p.Submit(newReq(k, "u", fmt.Sprint(i), fmt.Sprintf(`{"i":%d}`, i))) != nil {
 						time.Sleep(time.Millisecond)
 					}
@@ -114,7 +116,7 @@ func TestPoolOrderAndFrames(t *testing.T) {
 		t.Fatalf("%d results, want %d", got, 4*rooms*per)
 	}
 	for r := 0; r < rooms; r++ {
-		if got := sink.lastNew[RoomKey("app", fmt.Sprint("room", r))]; got != per {
+		if got := sink.lastNew[proto.RoomKey("app", fmt.Sprint("room", r))]; got != per {
 			t.Fatalf("room%d: last seq %d, want %d", r, got, per)
 		}
 	}
@@ -141,7 +143,7 @@ func TestPoolOrderAndFrames(t *testing.T) {
 	if sum != s.Batches {
 		t.Fatalf("histogram sums to %d, batches %d", sum, s.Batches)
 	}
-	if err := p.Submit(newReq("a/b", "u", "x", "1")); !errors.Is(err, ErrClosed) {
+	if err := p.Submit(newReq("a/b", "u", "x", "1")); !errors.Is(err, proto.ErrClosed) {
 		t.Fatalf("Submit after Close: %v", err)
 	}
 }
@@ -155,7 +157,7 @@ type gateStore struct {
 	fail atomic.Pointer[error]
 }
 
-func (g *gateStore) CommitBatch(ctx context.Context, reqs []*PubRequest, res []PubResult) error {
+func (g *gateStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	<-g.gate
 	if e := g.fail.Load(); e != nil {
 		err := *e
@@ -169,11 +171,11 @@ func (g *gateStore) CommitBatch(ctx context.Context, reqs []*PubRequest, res []P
 
 func TestPoolOverloadAndErrors(t *testing.T) {
 	g := &gateStore{Memory: NewMemory(0), gate: make(chan struct{})}
-	failErr := fmt.Errorf("cannot commit: %w", ErrOverloaded)
+	failErr := fmt.Errorf("cannot commit: %w", proto.ErrOverloaded)
 	g.fail.Store(&failErr)
 	sink := newAckSink()
 	p := NewPool(g, sink, PoolConfig{Workers: 1, MaxBatch: 4, QueueLen: 8, Window: -1})
-	k := RoomKey("a", "r")
+	k := proto.RoomKey("a", "r")
 	accepted := 0
 	var err error
 	for i := 0; i < 100 && err == nil; i++ {
@@ -181,7 +183,7 @@ func TestPoolOverloadAndErrors(t *testing.T) {
 			accepted++
 		}
 	}
-	if !errors.Is(err, ErrOverloaded) || accepted < 8 || accepted > 13 {
+	if !errors.Is(err, proto.ErrOverloaded) || accepted < 8 || accepted > 13 {
 		t.Fatalf("after %d accepted: %v", accepted, err)
 	}
 	close(g.gate) // every batch fails now
@@ -215,7 +217,7 @@ func TestPoolCloseDrains(t *testing.T) {
 	sink := newAckSink()
 	p := NewPool(st, sink, PoolConfig{Workers: 2, Window: 50 * time.Millisecond})
 	for i := 0; i < 1000; i++ {
-		if err := p.Submit(newReq(RoomKey("a", fmt.Sprint(i%7)), "u", fmt.Sprint(i), "1")); err != nil {
+		if err := p.Submit(newReq(proto.RoomKey("a", fmt.Sprint(i%7)), "u", fmt.Sprint(i), "1")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -260,7 +262,7 @@ func BenchmarkPoolMemory(b *testing.B) {
 			p := NewPool(st, sink, PoolConfig{})
 			keys := make([]string, rooms)
 			for i := range keys {
-				keys[i] = RoomKey("bench", fmt.Sprint("room", i))
+				keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
 			}
 			body := []byte(`{"text":"hello, this is a chat message"}`)
 			b.ReportAllocs()
@@ -298,7 +300,7 @@ type countSink struct {
 	errs atomic.Int64
 }
 
-func (s *countSink) Committed(req *PubRequest, res *PubResult) {
+func (s *countSink) Committed(req *proto.PubRequest, res *proto.PubResult) {
 	if res.Err != nil {
 		s.errs.Add(1)
 	}
@@ -313,10 +315,10 @@ type seqStore struct {
 	seq uint64
 }
 
-func (s *seqStore) CommitBatch(_ context.Context, reqs []*PubRequest, res []PubResult) error {
+func (s *seqStore) CommitBatch(_ context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	for i := range reqs {
 		s.seq++
-		res[i] = PubResult{Seq: s.seq, TS: 1764484800123}
+		res[i] = proto.PubResult{Seq: s.seq, TS: 1764484800123}
 	}
 	return nil
 }
@@ -337,9 +339,14 @@ func BenchmarkPoolOnly(b *testing.B) {
 	}
 }
 
+// benchOrigin numbers a benchmark publish, for its latency.
+type benchOrigin int
+
+func (benchOrigin) Published(*proto.PubRequest, *proto.PubResult) {}
+
 // submitBench submits publish number i to p, waiting while the pool's queue
 // is full: a benchmark offers publishes faster than any store takes them.
-func submitBench(p *Pool, key, from string, i int, body []byte, origin any) {
+func submitBench(p *Pool, key, from string, i int, body []byte, origin proto.Origin) {
 	r := GetRequest()
 	r.Key, r.From, r.Origin = key, from, origin
 	r.ID = strconvAppend(r.ID, i)

@@ -151,7 +151,7 @@ func (p *Postgres) ensureRooms(ctx context.Context, keys []string) error {
 	apps := make([]string, len(keys))
 	names := make([]string, len(keys))
 	for i, k := range keys {
-		apps[i], names[i] = SplitKey(k)
+		apps[i], names[i] = proto.SplitKey(k)
 	}
 	// The no-op DO UPDATE makes RETURNING report rooms that already exist.
 	rows, err := p.pool.Query(ctx, `
@@ -171,7 +171,7 @@ RETURNING id, app, name`, apps, names)
 		if err := rows.Scan(&id, &app, &name); err != nil {
 			return err
 		}
-		p.cacheRoom(RoomKey(app, name), id)
+		p.cacheRoom(proto.RoomKey(app, name), id)
 	}
 	return rows.Err()
 }
@@ -182,7 +182,7 @@ func (p *Postgres) roomID(ctx context.Context, key string) (id int64, ok bool, e
 	if id, ok := p.cachedRoom(key); ok {
 		return id, true, nil
 	}
-	app, name := SplitKey(key)
+	app, name := proto.SplitKey(key)
 	err = p.pool.QueryRow(ctx, `SELECT id FROM rooms WHERE app = $1 AND name = $2`, app, name).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
@@ -299,12 +299,12 @@ const commitAttempts = 3
 // rooms (waiting out the old transaction if its backend still runs it) and
 // looks the batch's keys up. A row carrying this batch's token proves the
 // commit: the batch is answered as a success, and the pool delivers it, so
-// no subscriber sees a gap. No such row proves the rollback: ErrOverloaded,
+// no subscriber sees a gap. No such row proves the rollback: proto.ErrOverloaded,
 // nothing stored. Only if PostgreSQL stays unreachable for ResolveTimeout
-// is the outcome unknown; the batch is then answered ErrOverloaded (never an
+// is the outcome unknown; the batch is then answered proto.ErrOverloaded (never an
 // ack) and logged, and a retry of the same key returns the stored seq if it
 // did commit.
-func (p *Postgres) CommitBatch(ctx context.Context, reqs []*PubRequest, res []PubResult) error {
+func (p *Postgres) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	s := p.scratchPool.Get().(*pgScratch)
 	defer func() {
 		s.reset(0) // drop the references to the batch's requests
@@ -314,19 +314,19 @@ func (p *Postgres) CommitBatch(ctx context.Context, reqs []*PubRequest, res []Pu
 	err := p.commit(ctx, s, reqs, res)
 	if err != nil {
 		rerr := err
-		if errors.Is(err, ErrOverloaded) {
-			rerr = ErrOverloaded
+		if errors.Is(err, proto.ErrOverloaded) {
+			rerr = proto.ErrOverloaded
 		}
 		for i := range res {
-			res[i] = PubResult{Err: rerr}
+			res[i] = proto.PubResult{Err: rerr}
 		}
 	}
 	return err
 }
 
-func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*PubRequest, res []PubResult) error {
+func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	if p.closed.Load() {
-		return ErrClosed
+		return proto.ErrClosed
 	}
 	if err := p.prepare(ctx, s, reqs); err != nil {
 		return err
@@ -365,7 +365,7 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*PubRequest,
 
 // prepare resolves the batch's room ids and fills the statement's arrays
 // with its distinct publishes.
-func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*PubRequest) error {
+func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest) error {
 	if err := p.resolveRooms(ctx, s, reqs); err != nil {
 		return err
 	}
@@ -390,7 +390,7 @@ func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*PubRequest
 }
 
 // resolveRooms fills s.ids, creating the rooms not cached yet.
-func (p *Postgres) resolveRooms(ctx context.Context, s *pgScratch, reqs []*PubRequest) error {
+func (p *Postgres) resolveRooms(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest) error {
 	for i, r := range reqs {
 		id, ok := p.cachedRoom(r.Key)
 		if !ok {
@@ -429,7 +429,7 @@ func containsString(list []string, s string) bool {
 }
 
 // runCommit executes commitSQL and fills res for the distinct publishes.
-func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, res []PubResult, token int64) error {
+func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, res []proto.PubResult, token int64) error {
 	rows, err := conn.Query(ctx, commitSQL, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
 	if err != nil {
 		return err
@@ -444,7 +444,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScrat
 			return err
 		}
 		if kind == 0 {
-			res[a] = PubResult{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
+			res[a] = proto.PubResult{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
 			s.isOld[a] = true
 		} else {
 			s.base[a] = uint64(b)
@@ -466,13 +466,13 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScrat
 		}
 		base++
 		s.base[room] = base
-		res[ord] = PubResult{Seq: base, TS: freshTS}
+		res[ord] = proto.PubResult{Seq: base, TS: freshTS}
 	}
 	return nil
 }
 
 // resolve settles a commit whose outcome is unknown (see CommitBatch).
-func (p *Postgres) resolve(s *pgScratch, reqs []*PubRequest, res []PubResult, token int64, cause error) error {
+func (p *Postgres) resolve(s *pgScratch, reqs []*proto.PubRequest, res []proto.PubResult, token int64, cause error) error {
 	deadline := time.Now().Add(p.cfg.ResolveTimeout)
 	backoff := 10 * time.Millisecond
 	for {
@@ -506,7 +506,7 @@ func (p *Postgres) resolve(s *pgScratch, reqs []*PubRequest, res []PubResult, to
 
 // resolveOnce reports whether the batch with token committed and, if so,
 // fills res for its distinct publishes.
-func (p *Postgres) resolveOnce(s *pgScratch, res []PubResult, token int64, deadline time.Time) (bool, error) {
+func (p *Postgres) resolveOnce(s *pgScratch, res []proto.PubResult, token int64, deadline time.Time) (bool, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	tx, err := p.pool.Begin(ctx)
@@ -538,7 +538,7 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 			return false, err
 		}
 		found++
-		res[ord] = PubResult{Seq: uint64(seq), TS: ts.UnixMilli(), Duplicate: batch != token}
+		res[ord] = proto.PubResult{Seq: uint64(seq), TS: ts.UnixMilli(), Duplicate: batch != token}
 		if batch == token {
 			ours++
 		}
@@ -557,7 +557,7 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 		return false, fmt.Errorf("BUG: batch %d committed but %d of %d keys have no row", token, len(s.uOrd)-found, len(s.uOrd))
 	}
 	for _, ord := range s.uOrd {
-		res[ord] = PubResult{}
+		res[ord] = proto.PubResult{}
 	}
 	return false, nil
 }
@@ -632,7 +632,7 @@ func clampSeq(s uint64) int64 { return int64(min(s, math.MaxInt64)) }
 
 func scanMessages(rows pgx.Rows, key string, capHint int) ([]proto.Message, error) {
 	defer rows.Close()
-	_, name := SplitKey(key)
+	_, name := proto.SplitKey(key)
 	msgs := make([]proto.Message, 0, capHint)
 	for rows.Next() {
 		var seq int64
@@ -649,11 +649,11 @@ func scanMessages(rows pgx.Rows, key string, capHint int) ([]proto.Message, erro
 
 // --- errors ---
 
-// wrap maps connectivity failures to ErrOverloaded (the client gets `err`
+// wrap maps connectivity failures to proto.ErrOverloaded (the client gets `err`
 // `overloaded` and may retry) and keeps others as internal errors.
 func (p *Postgres) wrap(what string, err error) error {
 	if isConnError(err) {
-		return fmt.Errorf("cannot %s: %w: %w", what, ErrOverloaded, err)
+		return fmt.Errorf("cannot %s: %w: %w", what, proto.ErrOverloaded, err)
 	}
 	return fmt.Errorf("cannot %s: %w", what, err)
 }
@@ -682,7 +682,7 @@ func isRetryable(err error) bool {
 // statement: no connection, a terminated or broken one, a timeout,
 // PostgreSQL shutting down or out of connections.
 func isConnError(err error) bool {
-	if errors.Is(err, ErrOverloaded) || errors.Is(err, context.DeadlineExceeded) ||
+	if errors.Is(err, proto.ErrOverloaded) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, context.Canceled) || pgconn.Timeout(err) {
 		return true
 	}

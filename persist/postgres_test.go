@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 )
 
 func adminURL() string { return pgtest.AdminURL() }
@@ -81,18 +82,18 @@ func TestMigrate(t *testing.T) {
 type publisher struct {
 	p     *Pool
 	mu    sync.Mutex
-	acks  map[string]PubResult // key|from|id → acknowledged result
-	fails map[string]int       // key|from|id → error answers
+	acks  map[string]proto.PubResult // key|from|id → acknowledged result
+	fails map[string]int             // key|from|id → error answers
 	bad   []string
-	wait  map[*PubRequest]chan PubResult
+	wait  map[*proto.PubRequest]chan proto.PubResult
 	errs  atomic.Int64
 }
 
 func newPublisher() *publisher {
-	return &publisher{acks: map[string]PubResult{}, fails: map[string]int{}, wait: map[*PubRequest]chan PubResult{}}
+	return &publisher{acks: map[string]proto.PubResult{}, fails: map[string]int{}, wait: map[*proto.PubRequest]chan proto.PubResult{}}
 }
 
-func (pb *publisher) Committed(req *PubRequest, res *PubResult) {
+func (pb *publisher) Committed(req *proto.PubRequest, res *proto.PubResult) {
 	pb.mu.Lock()
 	id := req.Key + "|" + req.From + "|" + string(req.ID)
 	if res.Err != nil {
@@ -103,7 +104,7 @@ func (pb *publisher) Committed(req *PubRequest, res *PubResult) {
 			pb.bad = append(pb.bad, fmt.Sprintf("%s: acked seq %d then %+v", id, prev.Seq, *res))
 		}
 	} else {
-		pb.acks[id] = PubResult{Seq: res.Seq, TS: res.TS, Duplicate: res.Duplicate}
+		pb.acks[id] = proto.PubResult{Seq: res.Seq, TS: res.TS, Duplicate: res.Duplicate}
 	}
 	ch := pb.wait[req]
 	delete(pb.wait, req)
@@ -112,10 +113,10 @@ func (pb *publisher) Committed(req *PubRequest, res *PubResult) {
 }
 
 // publish submits until acknowledged and returns the result.
-func (pb *publisher) publish(key, from, id, body string) PubResult {
+func (pb *publisher) publish(key, from, id, body string) proto.PubResult {
 	for {
 		r := newReq(key, from, id, body)
-		ch := make(chan PubResult, 1)
+		ch := make(chan proto.PubResult, 1)
 		pb.mu.Lock()
 		pb.wait[r] = ch
 		pb.mu.Unlock()
@@ -123,8 +124,8 @@ func (pb *publisher) publish(key, from, id, body string) PubResult {
 			pb.mu.Lock()
 			delete(pb.wait, r)
 			pb.mu.Unlock()
-			if errors.Is(err, ErrClosed) {
-				return PubResult{Err: err}
+			if errors.Is(err, proto.ErrClosed) {
+				return proto.PubResult{Err: err}
 			}
 			time.Sleep(time.Millisecond)
 			continue
@@ -221,7 +222,7 @@ func TestPostgresExactlyOnceConcurrent(t *testing.T) {
 				// twice, concurrently, like a client retrying on a new
 				// connection.
 				for r := 0; r < rooms; r++ {
-					key := RoomKey("app", fmt.Sprint("room", r))
+					key := proto.RoomKey("app", fmt.Sprint("room", r))
 					pb.publish(key, fmt.Sprint("user", g/2), fmt.Sprint("m", i), fmt.Sprintf(`{"g":%d,"i":%d}`, g, i))
 				}
 			}
@@ -248,7 +249,7 @@ func TestPostgresRestart(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; !stop.Load(); i++ {
-				res := pb.publish(RoomKey("app", fmt.Sprint("r", g%2)), fmt.Sprint("u", g), fmt.Sprint(i), `"x"`)
+				res := pb.publish(proto.RoomKey("app", fmt.Sprint("r", g%2)), fmt.Sprint("u", g), fmt.Sprint(i), `"x"`)
 				if res.Err != nil {
 					return // the pool closed under us
 				}
@@ -269,19 +270,19 @@ func TestPostgresRestart(t *testing.T) {
 	defer st2.Close()
 	checkRows(t, st2, pb)
 	pb.mu.Lock()
-	acks := make(map[string]PubResult, len(pb.acks))
+	acks := make(map[string]proto.PubResult, len(pb.acks))
 	for k, v := range pb.acks {
 		acks[k] = v
 	}
 	pb.mu.Unlock()
-	var reqs []*PubRequest
-	var want []PubResult
+	var reqs []*proto.PubRequest
+	var want []proto.PubResult
 	for id, ack := range acks {
 		parts := strings.SplitN(id, "|", 3)
 		reqs = append(reqs, req(parts[0], parts[1], parts[2], `"again"`))
 		want = append(want, ack)
 	}
-	res := make([]PubResult, len(reqs))
+	res := make([]proto.PubResult, len(reqs))
 	if err := st2.CommitBatch(ctx, reqs, res); err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestPostgresTerminateBackends(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < per; i++ {
-				pb.publish(RoomKey("app", fmt.Sprint("r", g%rooms)), fmt.Sprint("u", g), fmt.Sprint(i), fmt.Sprint(i))
+				pb.publish(proto.RoomKey("app", fmt.Sprint("r", g%rooms)), fmt.Sprint("u", g), fmt.Sprint(i), fmt.Sprint(i))
 			}
 		}()
 	}
@@ -350,7 +351,7 @@ WHERE datname = $1 AND pid <> pg_backend_pid()) t`, dbname).Scan(&n); err != nil
 func TestPostgresRetention(t *testing.T) {
 	ctx := context.Background()
 	st := newPG(t)
-	k1, k2 := RoomKey("counted", "r"), RoomKey("aged", "r")
+	k1, k2 := proto.RoomKey("counted", "r"), proto.RoomKey("aged", "r")
 	fill(t, st, k1, 2500)
 	fill(t, st, k2, 10)
 	if err := st.SetRetention(ctx, "counted", 0, 100); err != nil {
@@ -385,17 +386,17 @@ WHERE room_id = (SELECT id FROM rooms WHERE app = 'aged') AND seq <= 4`); err !=
 func TestPostgresResolveInDoubt(t *testing.T) {
 	ctx := context.Background()
 	st := newPG(t)
-	k := RoomKey("app", "r")
+	k := proto.RoomKey("app", "r")
 	commit(t, st, req(k, "u", "old", `0`))
 	cause := errors.New("connection reset during COMMIT")
 
-	run := func(reqs []*PubRequest, token int64, execute bool) ([]PubResult, error) {
+	run := func(reqs []*proto.PubRequest, token int64, execute bool) ([]proto.PubResult, error) {
 		s := st.scratchPool.Get().(*pgScratch)
 		s.reset(len(reqs))
 		if err := st.prepare(ctx, s, reqs); err != nil {
 			t.Fatal(err)
 		}
-		res := make([]PubResult, len(reqs))
+		res := make([]proto.PubResult, len(reqs))
 		if execute {
 			conn, err := st.pool.Acquire(ctx)
 			if err != nil {
@@ -412,23 +413,23 @@ func TestPostgresResolveInDoubt(t *testing.T) {
 
 	// Committed: new messages are answered as new (they get delivered),
 	// the old key and the in-batch repeat as duplicates.
-	res, err := run([]*PubRequest{req(k, "u", "a", `1`), req(k, "u", "old", `x`), req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 42, true)
+	res, err := run([]*proto.PubRequest{req(k, "u", "a", `1`), req(k, "u", "old", `x`), req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 42, true)
 	if err != nil {
 		t.Fatalf("committed batch: %v", err)
 	}
-	want := []PubResult{{Seq: 2}, {Seq: 1, Duplicate: true}, {Seq: 2, Duplicate: true}, {Seq: 3}}
+	want := []proto.PubResult{{Seq: 2}, {Seq: 1, Duplicate: true}, {Seq: 2, Duplicate: true}, {Seq: 3}}
 	for i := range want {
 		if res[i].Seq != want[i].Seq || res[i].Duplicate != want[i].Duplicate || res[i].TS == 0 {
 			t.Fatalf("committed: res[%d] = %+v, want %+v", i, res[i], want[i])
 		}
 	}
 	// Rolled back: nothing stored, overloaded.
-	_, err = run([]*PubRequest{req(k, "u", "c", `3`), req(k, "u", "a", `1`)}, 43, false)
-	if !errors.Is(err, ErrOverloaded) && !strings.Contains(err.Error(), "rolled back") {
+	_, err = run([]*proto.PubRequest{req(k, "u", "c", `3`), req(k, "u", "a", `1`)}, 43, false)
+	if !errors.Is(err, proto.ErrOverloaded) && !strings.Contains(err.Error(), "rolled back") {
 		t.Fatalf("rolled back batch: %v", err)
 	}
 	// Every key stored before: duplicates, whatever the outcome.
-	res, err = run([]*PubRequest{req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 44, false)
+	res, err = run([]*proto.PubRequest{req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 44, false)
 	if err != nil || !res[0].Duplicate || res[0].Seq != 2 || !res[1].Duplicate || res[1].Seq != 3 {
 		t.Fatalf("all-duplicate batch: %+v, %v", res, err)
 	}

@@ -23,13 +23,13 @@ func testStoreContract(t *testing.T, newStore storeFactory) {
 	t.Run("UnknownRoom", func(t *testing.T) { testUnknownRoom(t, newStore(t)) })
 }
 
-func req(key, from, id, body string) *PubRequest {
-	return &PubRequest{Key: key, From: from, ID: []byte(id), Body: []byte(body)}
+func req(key, from, id, body string) *proto.PubRequest {
+	return &proto.PubRequest{Key: key, From: from, ID: []byte(id), Body: []byte(body)}
 }
 
-func commit(t *testing.T, st Store, reqs ...*PubRequest) []PubResult {
+func commit(t *testing.T, st Store, reqs ...*proto.PubRequest) []proto.PubResult {
 	t.Helper()
-	res := make([]PubResult, len(reqs))
+	res := make([]proto.PubResult, len(reqs))
 	if err := st.CommitBatch(context.Background(), reqs, res); err != nil {
 		t.Fatalf("CommitBatch: %v", err)
 	}
@@ -47,7 +47,7 @@ func commit(t *testing.T, st Store, reqs ...*PubRequest) []PubResult {
 // fill stores n messages m1..mn in key, in batches of 7.
 func fill(t *testing.T, st Store, key string, n int) {
 	t.Helper()
-	var batch []*PubRequest
+	var batch []*proto.PubRequest
 	for i := 1; i <= n; i++ {
 		batch = append(batch, req(key, "u", fmt.Sprintf("m%d", i), fmt.Sprintf(`{"n":%d}`, i)))
 		if len(batch) == 7 || i == n {
@@ -74,8 +74,8 @@ func wantSeqs(t *testing.T, what string, msgs []proto.Message, lo, hi uint64) {
 
 func testSeqFromOne(t *testing.T, st Store) {
 	ctx := context.Background()
-	a, b := RoomKey("app1", "a"), RoomKey("app1", "b")
-	var reqs []*PubRequest
+	a, b := proto.RoomKey("app1", "a"), proto.RoomKey("app1", "b")
+	var reqs []*proto.PubRequest
 	for i := 0; i < 10; i++ {
 		reqs = append(reqs, req(a, "alice", fmt.Sprintf("a%d", i), fmt.Sprintf(`{"i":%d}`, i)))
 		reqs = append(reqs, req(b, "bob", fmt.Sprintf("b%d", i), fmt.Sprintf(`"\u00e9 %d"`, i)))
@@ -116,10 +116,10 @@ func testSeqFromOne(t *testing.T, st Store) {
 }
 
 func testDuplicates(t *testing.T, st Store) {
-	k := RoomKey("app1", "r")
+	k := proto.RoomKey("app1", "r")
 	first := commit(t, st, req(k, "alice", "x", `1`), req(k, "alice", "y", `2`))
 	again := commit(t, st, req(k, "alice", "y", `changed`), req(k, "bob", "y", `3`),
-		req(RoomKey("app1", "other"), "alice", "y", `4`), req(RoomKey("app2", "r"), "alice", "y", `5`))
+		req(proto.RoomKey("app1", "other"), "alice", "y", `4`), req(proto.RoomKey("app2", "r"), "alice", "y", `5`))
 	if !again[0].Duplicate || again[0].Seq != first[1].Seq || again[0].TS != first[1].TS {
 		t.Fatalf("re-publish: %+v, want duplicate of %+v", again[0], first[1])
 	}
@@ -139,7 +139,7 @@ func testDuplicates(t *testing.T, st Store) {
 }
 
 func testInBatchDuplicates(t *testing.T, st Store) {
-	k, k2 := RoomKey("app1", "r"), RoomKey("app1", "s")
+	k, k2 := proto.RoomKey("app1", "r"), proto.RoomKey("app1", "s")
 	commit(t, st, req(k, "u", "old", `0`))
 	res := commit(t, st,
 		req(k, "u", "a", `1`), req(k2, "u", "a", `x`), req(k, "u", "b", `2`), req(k, "u", "a", `1b`),
@@ -163,7 +163,7 @@ func testInBatchDuplicates(t *testing.T, st Store) {
 
 func testRangeBounds(t *testing.T, st Store) {
 	ctx := context.Background()
-	k := RoomKey("app1", "r")
+	k := proto.RoomKey("app1", "r")
 	fill(t, st, k, 20)
 	for _, c := range []struct {
 		after, upto uint64
@@ -191,7 +191,7 @@ func testRangeBounds(t *testing.T, st Store) {
 
 func testHistoryBounds(t *testing.T, st Store) {
 	ctx := context.Background()
-	k := RoomKey("app1", "r")
+	k := proto.RoomKey("app1", "r")
 	fill(t, st, k, 20)
 	for _, c := range []struct {
 		before uint64
@@ -217,7 +217,7 @@ func testHistoryBounds(t *testing.T, st Store) {
 
 func testUnknownRoom(t *testing.T, st Store) {
 	ctx := context.Background()
-	k := RoomKey("app1", "nobody")
+	k := proto.RoomKey("app1", "nobody")
 	if last, err := st.LastSeq(ctx, k); err != nil || last != 0 {
 		t.Fatalf("LastSeq = %d, %v", last, err)
 	}

@@ -25,7 +25,7 @@ type Handler interface {
 }
 
 // Broker carries committed messages from the publishing node to every node
-// with members in the room (key is persist.RoomKey(app, room)).
+// with members in the room (key is proto.RoomKey(app, room)).
 type Broker interface {
 	// Publish hands one committed message to every node subscribed to key,
 	// this one included. For one room it is called in seq order by one
