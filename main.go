@@ -127,6 +127,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		c.node.Loops = min(runtime.GOMAXPROCS(0), fanout.MaxLoops)
 	}
 	log.Info("tuned", "report", rep, "loops", c.node.Loops, "took", time.Since(t0))
+	if err := connBudget(&c, rep.NoFileSoft, rep.NoFileErr, log); err != nil {
+		return fatal(err)
+	}
 
 	ctx := context.Background()
 	var store persist.Store
@@ -219,6 +222,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
+		ln = newLimitListener(ln, adminMaxConns)
 		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, pool: pool, redis: redis, ready: &ready}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
@@ -246,7 +250,25 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 		stop = sig
 	}
-	got := <-stop
+	var got os.Signal
+	select {
+	case got = <-stop:
+	case <-srv.Stopped():
+		// A loop or the listener failed: gnet has ended every loop and
+		// closed their connections. Nothing here can bring them back;
+		// exit non-zero so the supervisor starts a fresh node, after
+		// committing what was submitted.
+		ready.Store(false)
+		log.Error("client listener stopped: exiting so that the supervisor restarts the node", "cause", srv.DeathCause())
+		pool.Close()
+		_ = srv.Stop(context.Background())
+		_ = broker.Close()
+		closeStore()
+		if adminSrv != nil {
+			_ = adminSrv.Close()
+		}
+		return 1
+	}
 	stopping := time.Now()
 	log.Info("draining", "signal", got.String(), "window", c.drain, "conns", srv.Stats.Conns.Load())
 

@@ -39,11 +39,21 @@ func adminMux(a *admin) *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		// Liveness: the process answers. Dependencies are /readyz's job, so
-		// a Redis outage does not get every node restarted at once.
+		// a Redis outage does not get every node restarted at once. Loops
+		// that are gone are this process's own failure: never a green
+		// zombie.
+		if a.srv.Dead() {
+			http.Error(w, "not alive: client listener stopped: "+a.srv.DeathCause(), http.StatusServiceUnavailable)
+			return
+		}
 		sn := a.srv.Snapshot()
 		_, _ = io.WriteString(w, "ok node="+a.srv.NodeID()+" conns="+strconv.FormatInt(sn.Conns, 10)+" rooms="+strconv.FormatInt(sn.Rooms, 10)+" loops="+strconv.Itoa(sn.Loops)+"\n")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if a.srv.Dead() {
+			http.Error(w, "not ready: client listener stopped: "+a.srv.DeathCause(), http.StatusServiceUnavailable)
+			return
+		}
 		if !a.ready.Load() {
 			http.Error(w, "not ready: starting or draining", http.StatusServiceUnavailable)
 			return
@@ -92,6 +102,9 @@ func writeMetrics(w io.Writer, a *admin) error {
 	g("roost_upgrading_connections", "TCP connections still in the HTTP upgrade.", st.Upgrading.Load())
 	c("roost_accepted_total", "TCP connections accepted.", st.Accepted.Load())
 	c("roost_upgrade_errors_total", "Connections refused before the upgrade (HTTP 4xx).", st.UpgradeErrors.Load())
+	m.Counter("roost_connections_refused_total", "Connections closed at accept: past the connection budget (--max-conns) or the per-address cap (--max-conns-per-ip).", float64(st.RefusedBudget.Load()), "reason", "budget")
+	m.Counter("roost_connections_refused_total", "Connections closed at accept: past the connection budget (--max-conns) or the per-address cap (--max-conns-per-ip).", float64(st.RefusedPerIP.Load()), "reason", "per_ip")
+	g("roost_connection_budget", "The connection budget (--max-conns, or derived from the open-file limit); 0: none.", int64(a.srv.MaxConns()))
 	g("roost_room_memberships", "Live room memberships: joined rooms summed over connections.", st.Joined.Load())
 	g("roost_rooms", "Rooms this node is subscribed to (at least one member or joiner).", sn.Rooms)
 

@@ -92,6 +92,9 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.FlushInterval, "flush", d.FlushInterval, "outbound batching tick: frames for a connection are written once per tick")
 	fs.DurationVar(&c.node.UpgradeTimeout, "upgrade-timeout", d.UpgradeTimeout, "time allowed for the HTTP upgrade")
 	fs.IntVar(&c.node.MaxRooms, "max-rooms", d.MaxRooms, "rooms one connection may join")
+	fs.IntVar(&c.node.MaxConns, "max-conns", 0, "client connections held at once, upgraded or not; past it a connection is closed at accept (default: the open-file limit minus a reserve for the store, broker, admin listener and files)")
+	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; leave 0 behind a proxy or load balancer)")
+	fs.BoolVar(&c.node.ReusePort, "reuse-port", false, "share the client port with other processes (SO_REUSEPORT); without it a port in use fails the start with \"address already in use\"")
 	fs.IntVar(&c.node.Readers, "readers", d.Readers, "goroutines doing store reads (join catch-up, history, gap repair)")
 	fs.DurationVar(&c.node.GapWindow, "gap-window", d.GapWindow, "how long a missing seq is awaited before it is read from the store")
 	fs.DurationVar(&c.node.RetryMin, "retry-min", d.RetryMin, "shortest reconnect hint (retry=MS) of 1013 and drain closes")
@@ -343,6 +346,12 @@ func validate(c *config) []error {
 	if n.MaxRooms < 1 {
 		bad("invalid --max-rooms %d: want at least 1", n.MaxRooms)
 	}
+	if n.MaxConns < 0 {
+		bad("invalid --max-conns %d: want 0 (from the open-file limit) or more", n.MaxConns)
+	}
+	if n.MaxConnsPerIP < 0 {
+		bad("invalid --max-conns-per-ip %d: want 0 (no cap) or more", n.MaxConnsPerIP)
+	}
 	if n.Readers < 1 || n.Readers > 1024 {
 		bad("invalid --readers %d: want 1 to 1024", n.Readers)
 	}
@@ -516,6 +525,9 @@ func bindValues(c *config, into map[string]string) {
 		"flush":             d(n.FlushInterval),
 		"upgrade-timeout":   d(n.UpgradeTimeout),
 		"max-rooms":         strconv.Itoa(n.MaxRooms),
+		"max-conns":         strconv.Itoa(n.MaxConns),
+		"max-conns-per-ip":  strconv.Itoa(n.MaxConnsPerIP),
+		"reuse-port":        strconv.FormatBool(n.ReusePort),
 		"readers":           strconv.Itoa(n.Readers),
 		"gap-window":        d(n.GapWindow),
 		"retry-min":         d(n.RetryMin),

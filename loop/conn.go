@@ -3,6 +3,8 @@ package loop
 import (
 	"encoding/binary"
 	"errors"
+	"net"
+	"net/netip"
 	"time"
 	"unicode/utf8"
 
@@ -31,11 +33,12 @@ type conn struct {
 	user     string
 	rooms    *roomClaims // allowed rooms from the token; nil = every room
 	joins    []*joinState
-	frag     []byte // a fragmented message being assembled; nil otherwise
-	opened   int64  // Unix ms
-	lastRead int64  // Unix ms of the last input (ticker resolution)
-	exp      int64  // token expiry, Unix s; 0 = none
-	pos      int32  // index in l.conns
+	frag     []byte     // a fragmented message being assembled; nil otherwise
+	opened   int64      // Unix ms
+	lastRead int64      // Unix ms of the last input (ticker resolution)
+	exp      int64      // token expiry, Unix s; 0 = none
+	pos      int32      // index in l.conns
+	ip       netip.Addr // source address counted against MaxConnsPerIP; zero when not counted
 	fragOp   ws.OpCode
 	state    uint8
 	pinged   bool
@@ -57,20 +60,69 @@ type joinState struct {
 	after uint64 // catch-up cursor: everything <= after has been sent
 }
 
-// OnOpen registers a new connection with its loop.
+// OnOpen registers a new connection with its loop, or closes it at once
+// when it is past the connection budget or its address's cap: a refused
+// connection costs its descriptor for this call only, and the kernel's
+// backlog, not the node, holds whoever waits.
 func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	l := s.loopFor(gc.EventLoop())
+	s.Stats.Accepted.Add(1)
+	if max := s.cfg.MaxConns; max > 0 && s.open.Load() >= int64(max) {
+		s.Stats.RefusedBudget.Add(1)
+		return nil, gnet.Close
+	}
+	var ip netip.Addr
+	if s.cfg.MaxConnsPerIP > 0 {
+		if ip = sourceAddr(gc); ip.IsValid() && !s.admitIP(ip) {
+			s.Stats.RefusedPerIP.Add(1)
+			return nil, gnet.Close
+		}
+	}
+	s.open.Add(1)
 	now := l.now()
-	c := &conn{gc: gc, l: l, opened: now, lastRead: now, pos: int32(len(l.conns))}
+	c := &conn{gc: gc, l: l, opened: now, lastRead: now, pos: int32(len(l.conns)), ip: ip}
 	c.m.Owner = c
 	l.conns = append(l.conns, c)
 	gc.SetContext(c)
-	s.Stats.Accepted.Add(1)
 	s.Stats.Upgrading.Add(1)
 	if l.draining {
 		return nil, gnet.Close
 	}
 	return nil, gnet.None
+}
+
+// sourceAddr is the connection's peer address (IPv4-mapped ones as IPv4).
+func sourceAddr(gc gnet.Conn) netip.Addr {
+	ta, ok := gc.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}
+	}
+	a, _ := netip.AddrFromSlice(ta.IP)
+	return a.Unmap()
+}
+
+// admitIP counts one more connection of ip unless it is at the cap.
+// Any loop; accept is not the hot path, one short lock is fine.
+func (s *Server) admitIP(ip netip.Addr) bool {
+	p := &s.perIP
+	p.Lock()
+	defer p.Unlock()
+	if int(p.n[ip]) >= s.cfg.MaxConnsPerIP {
+		return false
+	}
+	p.n[ip]++
+	return true
+}
+
+func (s *Server) releaseIP(ip netip.Addr) {
+	p := &s.perIP
+	p.Lock()
+	defer p.Unlock()
+	if p.n[ip] <= 1 {
+		delete(p.n, ip) // the map holds only addresses with connections
+		return
+	}
+	p.n[ip]--
 }
 
 // OnClose forgets a connection: rooms, pending joins, pending output.
@@ -80,6 +132,10 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		return gnet.None
 	}
 	l := c.l
+	s.open.Add(-1)
+	if c.ip.IsValid() {
+		s.releaseIP(c.ip)
+	}
 	if c.state == stateUpgrading || c.app == nil {
 		// Never upgraded: refused, timed out, or a plain HTTP request.
 		s.Stats.Upgrading.Add(-1)

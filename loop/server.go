@@ -17,10 +17,13 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -51,6 +54,18 @@ type Config struct {
 	// to commit (smoothed), it answers new ones err overloaded (0: never).
 	ShedAfter time.Duration
 	Apps      map[string][]byte // app id -> HS256 secret (production mode)
+	// MaxConns is the connection budget: TCP connections the client
+	// listener holds at once, upgraded or not (0: no budget). main derives
+	// it from RLIMIT_NOFILE minus a reserve, so that accept never meets
+	// EMFILE. A connection past it is closed at once and counted.
+	MaxConns int
+	// MaxConnsPerIP caps the connections of one source address (0: no
+	// cap), so that one host cannot take the whole budget.
+	MaxConnsPerIP int
+	// ReusePort lets several processes share the listen port
+	// (SO_REUSEPORT across processes). Off, a port already in use fails
+	// Start with "address already in use".
+	ReusePort bool
 	// NodeID names this node to operators and clients: it is sent as the
 	// X-Roost-Node header of every upgrade response, so a client (or a
 	// support engineer with its logs) can tell which node it is on.
@@ -113,6 +128,19 @@ type Server struct {
 
 	draining atomic.Bool // set by Drain; loops created later start draining
 
+	// open counts the TCP connections admitted against MaxConns; perIP
+	// those of each source address (only with MaxConnsPerIP).
+	open  atomic.Int64
+	perIP struct {
+		sync.Mutex
+		n map[netip.Addr]int32
+	}
+	// stopping is set by Stop: the engine ending before that is a death
+	// (Dead), not a shutdown. gnetErrs are gnet's latest error lines,
+	// which name the cause.
+	stopping atomic.Bool
+	gnetErrs *errLines
+
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
 
 	reads    chan readJob
@@ -145,8 +173,10 @@ type Stats struct {
 	Overloaded    atomic.Uint64
 	Shed          atomic.Uint64 // of Overloaded: publishes refused by ShedAfter
 	UpgradeErrors atomic.Uint64
-	Joined        atomic.Int64 // live room memberships, all connections
-	InFlight      atomic.Int64 // publishes submitted and not yet answered
+	RefusedBudget atomic.Uint64 // connections closed at accept: MaxConns reached
+	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
+	Joined        atomic.Int64  // live room memberships, all connections
+	InFlight      atomic.Int64  // publishes submitted and not yet answered
 
 	// Histograms, built by New. Observe takes no lock and allocates nothing.
 	WriteFrames    *tuning.Histogram // frames per writev: the batch size of one write
@@ -251,7 +281,10 @@ func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
 		reads:   make(chan readJob, 4096),
 		retries: make(chan rebroadcast, 8192),
 		done:    make(chan struct{}),
+
+		gnetErrs: new(errLines),
 	}
+	s.perIP.n = make(map[netip.Addr]int32)
 	s.Stats.WriteFrames = tuning.NewHistogram(WriteFramesBuckets...)
 	s.Stats.PublishLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.Stats.AckLatency = tuning.NewHistogram(LatencyBuckets...)
@@ -284,6 +317,10 @@ func (c *Config) validate() error {
 		return errors.New("readers must be positive: set --readers")
 	case c.RetryMax <= c.RetryMin:
 		return errors.New("retry window empty: RetryMax must exceed RetryMin")
+	case c.MaxConns < 0:
+		return errors.New("connection budget must not be negative: set --max-conns")
+	case c.MaxConnsPerIP < 0:
+		return errors.New("per-address cap must not be negative: set --max-conns-per-ip")
 	case c.ShedAfter < 0 || (c.ShedAfter > 0 && c.ShedAfter < 10*time.Millisecond):
 		return fmt.Errorf("shed-after %s out of range: set --shed-after to 0 (never) or at least 10ms", c.ShedAfter)
 	}
@@ -336,6 +373,11 @@ func (s *Server) Start() error {
 		return err
 	}
 	s.addr = addr
+	if !s.cfg.ReusePort {
+		if err := probePort(addr); err != nil {
+			return err
+		}
+	}
 	if n := runtime.GOMAXPROCS(0); n <= s.cfg.Loops {
 		// Each gnet loop blocks in its own epoll_wait while holding a P.
 		// With every P held that way nobody polls Go's own netpoller (pgx,
@@ -360,7 +402,7 @@ func (s *Server) Start() error {
 			gnet.WithNumEventLoop(s.cfg.Loops),
 			gnet.WithReusePort(true),
 			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-			gnet.WithLogger(gnetLogger{s.log}),
+			gnet.WithLogger(gnetLogger{s.log, s.gnetErrs}),
 			gnet.WithLogLevel(logging.ErrorLevel),
 		)
 	}()
@@ -370,6 +412,24 @@ func (s *Server) Start() error {
 	case <-s.stopped:
 		return fmt.Errorf("cannot listen on %s: %w", addr, s.runErr)
 	}
+}
+
+// probePort fails when another socket listens on addr. gnet binds one
+// SO_REUSEPORT listener per loop, and the kernel lets any other process of
+// the same user that sets SO_REUSEPORT join the port: two nodes would
+// split the clients between two stores without a word. A plain bind (no
+// SO_REUSEPORT) is refused while anyone listens there, so it tells. The
+// probe closes before gnet binds; two nodes started within that instant
+// can still both pass, which a supervisor starting one node does not do.
+func probePort(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("cannot listen on %s: address already in use (another process listens there; give --reuse-port only to share the port on purpose)", addr)
+		}
+		return fmt.Errorf("cannot listen on %s: %w", addr, err)
+	}
+	return ln.Close()
 }
 
 // resolveListen turns port 0 into a concrete free port: with SO_REUSEPORT
@@ -413,15 +473,19 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 func (s *Server) Drain(code int, window time.Duration) {
 	start := time.Now()
 	s.draining.Store(true)
-	s.eachLoop(task{kind: tDrain}) // n = 0: refuse, close nothing yet
-	for s.Stats.InFlight.Load() > 0 && time.Since(start) < window/2 {
+	if !s.eachLoop(task{kind: tDrain}) { // n = 0: refuse, close nothing yet
+		return // the loops are gone, and their connections with them
+	}
+	for s.Stats.InFlight.Load() > 0 && time.Since(start) < window/2 && !s.Dead() {
 		time.Sleep(2 * time.Millisecond) // off the hot path: once per shutdown
 	}
 	rest := window - time.Since(start)
 	rounds := max(1, min(int(rest/(100*time.Millisecond)), 50))
 	step := rest / time.Duration(rounds)
 	for r := rounds; r >= 1; r-- {
-		s.eachLoop(task{kind: tDrain, n: uint64(code), seq: uint64(r)})
+		if !s.eachLoop(task{kind: tDrain, n: uint64(code), seq: uint64(r)}) {
+			return
+		}
 		if s.Stats.Conns.Load()+s.Stats.Upgrading.Load() == 0 {
 			return // nobody left: do not sit out the window
 		}
@@ -431,8 +495,10 @@ func (s *Server) Drain(code int, window time.Duration) {
 	}
 }
 
-// eachLoop runs t on every loop and waits until all have run it.
-func (s *Server) eachLoop(t task) {
+// eachLoop runs t on every loop and waits until all have run it. It
+// reports false, without waiting, when the engine has stopped: a task
+// pushed to a loop that no longer runs never runs.
+func (s *Server) eachLoop(t task) bool {
 	n := int(s.nloops.Load())
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -440,7 +506,41 @@ func (s *Server) eachLoop(t task) {
 		t.done = wg.Done
 		s.loops[i].Load().push(t)
 	}
-	wg.Wait()
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+		return true
+	case <-s.stopped:
+		return false
+	}
+}
+
+// Dead reports whether the engine stopped without Stop: a loop or the
+// listener failed (gnet ends every loop when one fails). The node is then
+// of no use to clients: readiness fails and main exits non-zero.
+func (s *Server) Dead() bool {
+	select {
+	case <-s.stopped:
+		return !s.stopping.Load()
+	default:
+		return false
+	}
+}
+
+// Stopped is closed when the engine has stopped, by Stop or by a failure.
+func (s *Server) Stopped() <-chan struct{} { return s.stopped }
+
+// DeathCause is gnet's latest error lines: why the engine stopped, when
+// Dead.
+func (s *Server) DeathCause() string {
+	if c := s.gnetErrs.String(); c != "" {
+		return c
+	}
+	if s.runErr != nil {
+		return s.runErr.Error()
+	}
+	return "the event loops stopped"
 }
 
 // Stop stops the engine, the ticker and the readers.
@@ -448,6 +548,7 @@ func (s *Server) eachLoop(t task) {
 func (s *Server) Stop(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
+		s.stopping.Store(true)
 		close(s.done)
 		select {
 		case <-s.booted:
@@ -594,13 +695,45 @@ func (s *Server) Snapshot() Snapshot {
 // gnetLogger routes gnet's log lines into slog. gnet logs one harmless
 // "stale connection" line per reset peer, harmless and frequent, so it is
 // held at error level.
-type gnetLogger struct{ l *slog.Logger }
+// The latest error lines are kept as the cause of a failure: the first
+// names it (accept: too many open files), the next are the loops exiting.
+type gnetLogger struct {
+	l    *slog.Logger
+	errs *errLines
+}
 
 func (g gnetLogger) Debugf(f string, a ...any) {}
 func (g gnetLogger) Infof(f string, a ...any)  {}
 func (g gnetLogger) Warnf(f string, a ...any)  {}
-func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error("gnet: " + fmt.Sprintf(f, a...)) }
-func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error("gnet fatal: " + fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Errorf(f string, a ...any) { g.keep("gnet: " + fmt.Sprintf(f, a...)) }
+func (g gnetLogger) Fatalf(f string, a ...any) { g.keep("gnet fatal: " + fmt.Sprintf(f, a...)) }
+
+func (g gnetLogger) keep(msg string) {
+	g.l.Error(msg)
+	g.errs.add(msg)
+}
+
+// errLines keeps the latest few lines.
+type errLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (e *errLines) add(msg string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.lines) == 4 {
+		copy(e.lines, e.lines[1:])
+		e.lines = e.lines[:3]
+	}
+	e.lines = append(e.lines, msg)
+}
+
+func (e *errLines) String() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return strings.Join(e.lines, "; ")
+}
 
 var _ fanout.Loops = (*Server)(nil)
 var _ persist.Sink = (*Server)(nil)
@@ -682,3 +815,6 @@ func (s *Server) rebroadcaster() {
 		}
 	}
 }
+
+// MaxConns is the connection budget in force (0: none).
+func (s *Server) MaxConns() int { return s.cfg.MaxConns }

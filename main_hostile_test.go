@@ -1,0 +1,395 @@
+package main
+
+// Tests of the real binary under hostile input and bad luck: descriptor
+// exhaustion, a second instance on the port, bad identities, a memory
+// store filled by one connection. Each checks that bystanders keep their
+// connection and their latency, that no acked message is lost, and that
+// the node stays ready or exits non-zero: never a green zombie.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
+)
+
+// plainNode starts `roost serve` on the memory store and the in-process
+// broker, with the open-file limit set to nofile (0: inherited) by the
+// shell that execs it. It waits until /readyz answers unless noWait.
+func plainNode(t *testing.T, nofile int, noWait bool, extra ...string) *roostNode {
+	t.Helper()
+	bin := roostBinary(t)
+	n := &roostNode{
+		name:   "node",
+		addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+		logf:   filepath.Join(t.TempDir(), "node.log"),
+		exited: make(chan struct{}),
+	}
+	return startPlain(t, n, bin, nofile, noWait, extra)
+}
+
+func startPlain(t *testing.T, n *roostNode, bin string, nofile int, noWait bool, extra []string) *roostNode {
+	t.Helper()
+	args := append([]string{"serve", "--insecure", "--listen", n.addr, "--admin", n.admin,
+		"--loops", "1", "--drain", "200ms", "--flush", "1ms"}, extra...)
+	lf, err := os.Create(n.logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	if nofile > 0 {
+		// ulimit in the shell that execs the node: the limit is the
+		// node's from its first instruction, as under systemd's LimitNOFILE.
+		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$1" && shift && exec "$0" "$@"`, bin, strconv.Itoa(nofile)}, args...)...)
+	}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ROOST_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.cmd = cmd
+	go func() {
+		_ = cmd.Wait()
+		lf.Close()
+		close(n.exited)
+	}()
+	t.Cleanup(func() {
+		n.stop()
+		if t.Failed() {
+			t.Logf("--- log of %s (%s) ---\n%s", n.name, n.addr, n.logTail(60))
+		}
+	})
+	if !noWait {
+		if err := n.waitReady(15 * time.Second); err != nil {
+			t.Fatalf("node not ready: %v\n%s", err, n.logTail(40))
+		}
+	}
+	return n
+}
+
+// exitCode waits up to d for the node to exit and returns its code.
+func (n *roostNode) exitCode(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-n.exited:
+		return n.cmd.ProcessState.ExitCode()
+	case <-time.After(d):
+		t.Fatalf("node still running after %s\n%s", d, n.logTail(30))
+		return 0
+	}
+}
+
+// readyz is the /readyz status (0 when the admin listener does not answer).
+func (n *roostNode) readyz() int {
+	resp, err := httpClient.Get("http://" + n.admin + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// dialFrom is dialOps from a chosen source address.
+func dialFrom(t testing.TB, src, addr, query string) (*opsClient, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d := ws.Dialer{NetDial: func(ctx context.Context, network, a string) (net.Conn, error) {
+		nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		return nd.DialContext(ctx, network, a)
+	}}
+	conn, br, _, err := d.Dial(ctx, "ws://"+addr+"/ws?"+query)
+	if err != nil {
+		return nil, err
+	}
+	if br == nil {
+		br = bufio.NewReader(conn)
+	}
+	c := &opsClient{t: t, conn: conn, frames: make(chan opsFrame, 4096)}
+	go c.read(br)
+	t.Cleanup(func() { conn.Close() })
+	return c, nil
+}
+
+// bystanders is a publisher and two members of one room, who must keep
+// their connections and their latency whatever else happens.
+type bystanders struct {
+	t        *testing.T
+	pub      *opsClient
+	members  []*opsClient
+	room     string
+	next     int
+	acked    []uint64
+	baseline time.Duration
+}
+
+func newBystanders(t *testing.T, src, addr string) *bystanders {
+	t.Helper()
+	b := &bystanders{t: t, room: "bystanders"}
+	for i := 0; i < 3; i++ {
+		c, err := dialFrom(t, src, addr, fmt.Sprintf("user=by%d&app=demo", i))
+		if err != nil {
+			t.Fatalf("bystander %d: %v", i, err)
+		}
+		if i == 0 {
+			b.pub = c
+			continue
+		}
+		if err := c.send(`{"op":"join","room":"` + b.room + `"}`); err != nil {
+			t.Fatal(err)
+		}
+		c.expect("joined")
+		b.members = append(b.members, c)
+	}
+	var worst time.Duration
+	for i := 0; i < 5; i++ {
+		worst = max(worst, b.roundTrip())
+	}
+	b.baseline = worst
+	return b
+}
+
+// roundTrip publishes one message and waits for its ack and for its msg
+// at every member; it returns the slowest of those.
+func (b *bystanders) roundTrip() time.Duration {
+	b.t.Helper()
+	b.next++
+	id := "m-" + strconv.Itoa(b.next)
+	t0 := time.Now()
+	if err := b.pub.send(`{"op":"pub","room":"` + b.room + `","id":"` + id + `","body":{"n":` + strconv.Itoa(b.next) + `}}`); err != nil {
+		b.t.Fatalf("bystander publish: %v", err)
+	}
+	ack := b.pub.expect("ack")
+	if ack.json["id"] != id {
+		b.t.Fatalf("ack for %v, want %s", ack.json["id"], id)
+	}
+	seq := uint64(ack.json["seq"].(float64))
+	b.acked = append(b.acked, seq)
+	for _, m := range b.members {
+		f := m.expect("msg")
+		if uint64(f.json["seq"].(float64)) != seq {
+			b.t.Fatalf("member got seq %v, want %d", f.json["seq"], seq)
+		}
+	}
+	return time.Since(t0)
+}
+
+// check: still connected, every acked message in history, latency within
+// bound of the baseline.
+func (b *bystanders) check(what string, bound time.Duration) {
+	b.t.Helper()
+	var worst time.Duration
+	for i := 0; i < 5; i++ {
+		worst = max(worst, b.roundTrip())
+	}
+	if worst > bound {
+		b.t.Errorf("%s: bystander round trip %s, baseline %s (bound %s)", what, worst, b.baseline, bound)
+	}
+	if err := b.pub.send(`{"op":"history","room":"` + b.room + `","limit":1000}`); err != nil {
+		b.t.Fatal(err)
+	}
+	h := b.pub.expect("history")
+	var got []uint64
+	for _, m := range h.json["messages"].([]any) {
+		got = append(got, uint64(m.(map[string]any)["seq"].(float64)))
+	}
+	if fmt.Sprint(got) != fmt.Sprint(b.acked) {
+		b.t.Errorf("%s: history holds %v, acked %v", what, got, b.acked)
+	}
+}
+
+// idleConns opens n TCP connections to addr from src that send nothing
+// and returns them with how many the node closed at once.
+func idleConns(t *testing.T, src, addr string, n int) (conns []net.Conn, refused int) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	for i := 0; i < n; i++ {
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("attacker connection %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	// A refused connection is closed by the node right after accept: its
+	// read ends at once. An admitted one stays silent.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			var b [1]byte
+			_, err := c.Read(b[:])
+			var ne net.Error
+			if !(errors.As(err, &ne) && ne.Timeout()) {
+				mu.Lock()
+				refused++
+				mu.Unlock()
+			}
+			_ = c.SetReadDeadline(time.Time{})
+		}()
+	}
+	wg.Wait()
+	return conns, refused
+}
+
+// Case 1: with the open-file limit at 1,100, 1,150 idle connections no
+// longer take the listener down: past the budget they are closed at once
+// and counted, bystanders keep their connection and latency, the node
+// stays ready, new clients get in once the attacker leaves, and SIGTERM
+// drains and exits 0.
+func TestDescriptorExhaustionUnderUlimit(t *testing.T) {
+	n := plainNode(t, 1100, false, "--upgrade-timeout", "60s")
+	by := newBystanders(t, "127.0.0.2", n.addr)
+	budget := int(n.metrics(t)["roost_connection_budget"])
+	if budget <= 0 || budget >= 1100 {
+		t.Fatalf("connection budget %d, want between 0 and the limit 1100", budget)
+	}
+	conns, refused := idleConns(t, "127.0.0.1", n.addr, 1150)
+	if want := 1150 + 3 - budget; refused < want-2 || refused > want+2 {
+		t.Errorf("%d of 1150 idle connections refused, want about %d (budget %d, 3 bystanders)", refused, want, budget)
+	}
+	if code := n.readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz %d under the attack, want 200\n%s", code, n.logTail(20))
+	}
+	by.check("under 1150 idle connections", max(10*by.baseline, 250*time.Millisecond))
+	m := n.metrics(t)
+	if got := m[`roost_connections_refused_total{reason="budget"}`]; int(got) < refused {
+		t.Errorf("roost_connections_refused_total{reason=\"budget\"} = %v, want at least %d", got, refused)
+	}
+	// A newcomer while the budget is full is closed at once, not queued.
+	if _, err := dialFrom(t, "127.0.0.3", n.addr, "user=late&app=demo"); err == nil {
+		t.Errorf("a client got in past a full budget")
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := dialFrom(t, "127.0.0.3", n.addr, "user=late&app=demo")
+		if err == nil {
+			c.conn.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new client admitted after the attacker left: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	by.check("after the attack", max(10*by.baseline, 250*time.Millisecond))
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	if code := n.exitCode(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM, want 0\n%s", code, n.logTail(20))
+	}
+}
+
+// The per-address cap: one address cannot take the budget, others connect.
+func TestPerAddressConnectionCap(t *testing.T) {
+	n := plainNode(t, 0, false, "--upgrade-timeout", "60s", "--max-conns-per-ip", "40")
+	by := newBystanders(t, "127.0.0.2", n.addr)
+	_, refused := idleConns(t, "127.0.0.1", n.addr, 100)
+	if refused != 60 {
+		t.Errorf("%d of 100 connections of one address refused, want 60 (cap 40)", refused)
+	}
+	if got := n.metrics(t)[`roost_connections_refused_total{reason="per_ip"}`]; got != 60 {
+		t.Errorf("roost_connections_refused_total{reason=\"per_ip\"} = %v, want 60", got)
+	}
+	c, err := dialFrom(t, "127.0.0.3", n.addr, "user=other&app=demo")
+	if err != nil {
+		t.Fatalf("a client of another address was refused: %v", err)
+	}
+	c.conn.Close()
+	by.check("with one address at its cap", max(10*by.baseline, 250*time.Millisecond))
+}
+
+// When the listener dies anyway (here: a --max-conns above what the
+// open-file limit allows), the node says why and exits non-zero instead of
+// answering /healthz with its loops gone.
+func TestListenerDeathExitsNonZero(t *testing.T) {
+	n := plainNode(t, 256, false, "--upgrade-timeout", "60s", "--max-conns", "5000")
+	conns := make([]net.Conn, 0, 300)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	d := net.Dialer{Timeout: time.Second}
+	for i := 0; i < 300; i++ {
+		c, err := d.Dial("tcp", n.addr)
+		if err != nil {
+			break // the listener is gone
+		}
+		conns = append(conns, c)
+	}
+	code := n.exitCode(t, 15*time.Second)
+	if code == 0 {
+		t.Fatalf("node exited 0 after its listener died")
+	}
+	log := n.logTail(40)
+	if !strings.Contains(log, "client listener stopped") || !strings.Contains(log, "too many open files") {
+		t.Errorf("log does not say why the node exits:\n%s", log)
+	}
+}
+
+// Case 5: a second node on the same port fails with "address already in
+// use"; with --reuse-port on both, sharing is the operator's choice.
+func TestSecondInstanceOnPortRefused(t *testing.T) {
+	a := plainNode(t, 0, false)
+	b := &roostNode{name: "second", addr: a.addr,
+		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+		logf:   filepath.Join(t.TempDir(), "second.log"),
+		exited: make(chan struct{}),
+	}
+	startPlain(t, b, roostBinary(t), 0, true, nil)
+	if code := b.exitCode(t, 15*time.Second); code == 0 {
+		t.Fatalf("second node on %s exited 0", a.addr)
+	}
+	if log := b.logTail(10); !strings.Contains(log, "address already in use") {
+		t.Errorf("second node's log does not say the address is in use:\n%s", log)
+	}
+	if code := a.readyz(); code != http.StatusOK {
+		t.Errorf("first node /readyz %d after the second one failed", code)
+	}
+
+	// Sharing on purpose: both with --reuse-port start.
+	p := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
+	for i := 0; i < 2; i++ {
+		n := &roostNode{name: fmt.Sprintf("shared%d", i), addr: p,
+			admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+			logf:   filepath.Join(t.TempDir(), "shared.log"),
+			exited: make(chan struct{}),
+		}
+		startPlain(t, n, roostBinary(t), 0, false, []string{"--reuse-port"})
+	}
+}
+
+var _ = io.EOF
+var _ = json.Valid
