@@ -159,11 +159,15 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			pg.Close()
 			return fatal(errors.New("database schema is outdated: run `roost migrate` or start with --migrate"))
 		}
-		pg.StartRetention(ctx, time.Minute)
+		pg.SetRetentionPolicy(c.retention)
+		pg.StartRetention(ctx, c.retInterval)
 		store = pg
 		log.Info("store: postgresql", "took", time.Since(t0))
 	} else {
-		store = persist.NewMemory(c.keep)
+		mem := persist.NewMemory(c.keep)
+		mem.SetRetentionPolicy(c.retention)
+		mem.StartRetention(ctx, c.retInterval)
+		store = mem
 		log.Info("store: memory (no --database-url)", "keep", c.keep, "took", time.Since(t0))
 	}
 	closeStore := func() {
@@ -223,7 +227,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
 		ln = newLimitListener(ln, adminMaxConns)
-		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, pool: pool, redis: redis, ready: &ready}), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, store: store, pool: pool, redis: redis, ready: &ready}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}

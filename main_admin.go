@@ -23,6 +23,7 @@ import (
 // readiness. redis is nil with the in-process broker.
 type admin struct {
 	srv   *loop.Server
+	store persist.Store
 	pool  *persist.Pool
 	redis *pubsub.Redis
 	ready *atomic.Bool
@@ -136,6 +137,12 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_store_errors_total", "Group commits that failed (their publishes were answered with err).", ps.CommitErrors)
 	c("roost_publish_rejected_total", "Publishes refused because the publish queue was full.", ps.Rejected)
 	g("roost_publish_queue_depth", "Publishes waiting in the publish workers' queues.", int64(ps.QueueDepth))
+
+	rs := a.store.RetentionStats()
+	m.Counter("roost_retention_deleted_total", "Messages removed by retention, by rule: age (max age) or count (max count; the memory store's --keep too).", float64(rs.DeletedByAge), "rule", "age")
+	m.Counter("roost_retention_deleted_total", "Messages removed by retention, by rule: age (max age) or count (max count; the memory store's --keep too).", float64(rs.DeletedByCount), "rule", "count")
+	c("roost_retention_runs_total", "Retention rounds completed (every --retention-interval).", rs.Runs)
+	c("roost_retention_errors_total", "Retention rounds that failed (retried at the next round; the log says why).", rs.Errors)
 
 	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", st.SlowCloses.Load())
 	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", st.Repairs.Load())

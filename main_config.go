@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/loop"
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
 	"github.com/roost-chat/roost/tuning"
@@ -34,6 +35,11 @@ type config struct {
 	// runs in development mode without --insecure having been given.
 	impliedInsecure bool
 	keep            int
+	retMaxAge       time.Duration
+	retMaxCount     int
+	appRetention    string
+	retInterval     time.Duration
+	retention       persist.RetentionPolicy // parsed from the four above
 	databaseURL     string
 	migrate         bool
 	pgMaxConns      int
@@ -103,7 +109,11 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
 	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`")
-	fs.IntVar(&c.keep, "keep", 1000, "memory store: newest messages kept per room for since and history")
+	fs.IntVar(&c.keep, "keep", 1000, "memory store's retention: newest messages kept per room for since and history (the retention flags may keep fewer)")
+	fs.DurationVar(&c.retMaxAge, "retention-max-age", 0, "delete messages older than this, in every app without its own --app-retention (0: no age limit)")
+	fs.IntVar(&c.retMaxCount, "retention-max-count", 0, "keep only the newest N messages per room, in every app without its own --app-retention (0: no count limit)")
+	fs.StringVar(&c.appRetention, "app-retention", "", "per-app retention, `APP=MAXAGE/MAXCOUNT[,...]` (e.g. chat=720h/0,audit=0/100000; 0: no limit of that kind); overrides the defaults above for APP")
+	fs.DurationVar(&c.retInterval, "retention-interval", time.Minute, "how often retention runs")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL `url`; empty keeps messages in memory")
 	fs.BoolVar(&c.migrate, "migrate", false, "apply pending schema migrations before serving")
 	fs.IntVar(&c.pgMaxConns, "pg-max-conns", 0, "PostgreSQL connections (default: publish workers + 4)")
@@ -397,6 +407,32 @@ func validate(c *config) []error {
 	if c.keep < 1 {
 		bad("invalid --keep %d: want at least 1", c.keep)
 	}
+	if c.retMaxAge < 0 || (c.retMaxAge > 0 && c.retMaxAge < time.Second) {
+		bad("invalid --retention-max-age %s: want 0 (no limit) or at least 1s", c.retMaxAge)
+	}
+	if c.retMaxCount < 0 {
+		bad("invalid --retention-max-count %d: want 0 (no limit) or more", c.retMaxCount)
+	}
+	if c.retInterval < time.Second {
+		bad("invalid --retention-interval %s: want at least 1s", c.retInterval)
+	}
+	c.retention = persist.RetentionPolicy{Default: persist.Retention{MaxAge: c.retMaxAge, MaxCount: c.retMaxCount}}
+	if c.appRetention != "" {
+		c.retention.Apps = map[string]persist.Retention{}
+		for _, kv := range strings.Split(c.appRetention, ",") {
+			kv = strings.TrimSpace(kv)
+			ret, err := parseAppRetention(kv)
+			if err != nil {
+				bad("invalid --app-retention entry %q: %v", kv, err)
+				continue
+			}
+			id, _, _ := strings.Cut(kv, "=")
+			if _, dup := c.retention.Apps[id]; dup {
+				bad("invalid --app-retention: app %q given twice", id)
+			}
+			c.retention.Apps[id] = ret
+		}
+	}
 	if c.databaseURL != "" && strings.Contains(c.databaseURL, "://") {
 		if u, err := url.Parse(c.databaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 			bad("invalid --database-url %q: want postgres://USER@HOST:PORT/DB", maskURLs(c.databaseURL))
@@ -448,6 +484,33 @@ func validate(c *config) []error {
 		bad("invalid --connections %d: want at least 1", c.connTarget)
 	}
 	return errs
+}
+
+// parseAppRetention reads APP=MAXAGE/MAXCOUNT.
+func parseAppRetention(kv string) (persist.Retention, error) {
+	const want = "want APP=MAXAGE/MAXCOUNT such as chat=720h/0 (0: no limit of that kind)"
+	id, v, ok := strings.Cut(kv, "=")
+	if !ok || !proto.ValidAppID([]byte(id)) {
+		return persist.Retention{}, errors.New(want + ", APP matching [A-Za-z0-9_.-]{1,64}")
+	}
+	age, count, ok := strings.Cut(v, "/")
+	if !ok {
+		return persist.Retention{}, errors.New(want)
+	}
+	var r persist.Retention
+	if age != "0" {
+		d, err := time.ParseDuration(age)
+		if err != nil || d < time.Second {
+			return persist.Retention{}, fmt.Errorf("max age %q: want 0 or a duration of at least 1s", age)
+		}
+		r.MaxAge = d
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil || n < 0 {
+		return persist.Retention{}, fmt.Errorf("max count %q: want 0 or a whole number", count)
+	}
+	r.MaxCount = n
+	return r, nil
 }
 
 var (
@@ -515,42 +578,46 @@ func bindValues(c *config, into map[string]string) {
 	n := &c.node
 	d := func(x time.Duration) string { return x.String() }
 	for k, v := range map[string]string{
-		"config":            c.configFile,
-		"listen":            n.Listen,
-		"insecure":          strconv.FormatBool(n.Insecure),
-		"max-frame":         strconv.Itoa(n.MaxFrame),
-		"outbound-limit":    strconv.Itoa(n.OutboundLimit),
-		"idle":              d(n.IdleInterval),
-		"loops":             strconv.Itoa(n.Loops),
-		"flush":             d(n.FlushInterval),
-		"upgrade-timeout":   d(n.UpgradeTimeout),
-		"max-rooms":         strconv.Itoa(n.MaxRooms),
-		"max-conns":         strconv.Itoa(n.MaxConns),
-		"max-conns-per-ip":  strconv.Itoa(n.MaxConnsPerIP),
-		"reuse-port":        strconv.FormatBool(n.ReusePort),
-		"readers":           strconv.Itoa(n.Readers),
-		"gap-window":        d(n.GapWindow),
-		"retry-min":         d(n.RetryMin),
-		"retry-max":         d(n.RetryMax),
-		"shed-after":        d(n.ShedAfter),
-		"node-id":           n.NodeID,
-		"admin":             c.admin,
-		"app-secret":        c.appSecrets,
-		"keep":              strconv.Itoa(c.keep),
-		"database-url":      c.databaseURL,
-		"migrate":           strconv.FormatBool(c.migrate),
-		"pg-max-conns":      strconv.Itoa(c.pgMaxConns),
-		"statement-timeout": d(c.stmtTimeout),
-		"publish-workers":   strconv.Itoa(c.workers),
-		"batch-max":         strconv.Itoa(c.batchMax),
-		"batch-window":      d(c.batchWindow),
-		"publish-queue":     strconv.Itoa(c.queueLen),
-		"redis-url":         c.redisURL,
-		"drain":             d(c.drain),
-		"log-level":         c.logLevel,
-		"log-format":        c.logFormat,
-		"memory-limit":      c.memLimit,
-		"connections":       strconv.Itoa(c.connTarget),
+		"config":              c.configFile,
+		"listen":              n.Listen,
+		"insecure":            strconv.FormatBool(n.Insecure),
+		"max-frame":           strconv.Itoa(n.MaxFrame),
+		"outbound-limit":      strconv.Itoa(n.OutboundLimit),
+		"idle":                d(n.IdleInterval),
+		"loops":               strconv.Itoa(n.Loops),
+		"flush":               d(n.FlushInterval),
+		"upgrade-timeout":     d(n.UpgradeTimeout),
+		"max-rooms":           strconv.Itoa(n.MaxRooms),
+		"max-conns":           strconv.Itoa(n.MaxConns),
+		"max-conns-per-ip":    strconv.Itoa(n.MaxConnsPerIP),
+		"reuse-port":          strconv.FormatBool(n.ReusePort),
+		"readers":             strconv.Itoa(n.Readers),
+		"gap-window":          d(n.GapWindow),
+		"retry-min":           d(n.RetryMin),
+		"retry-max":           d(n.RetryMax),
+		"shed-after":          d(n.ShedAfter),
+		"node-id":             n.NodeID,
+		"admin":               c.admin,
+		"app-secret":          c.appSecrets,
+		"keep":                strconv.Itoa(c.keep),
+		"retention-max-age":   d(c.retMaxAge),
+		"retention-max-count": strconv.Itoa(c.retMaxCount),
+		"app-retention":       c.appRetention,
+		"retention-interval":  d(c.retInterval),
+		"database-url":        c.databaseURL,
+		"migrate":             strconv.FormatBool(c.migrate),
+		"pg-max-conns":        strconv.Itoa(c.pgMaxConns),
+		"statement-timeout":   d(c.stmtTimeout),
+		"publish-workers":     strconv.Itoa(c.workers),
+		"batch-max":           strconv.Itoa(c.batchMax),
+		"batch-window":        d(c.batchWindow),
+		"publish-queue":       strconv.Itoa(c.queueLen),
+		"redis-url":           c.redisURL,
+		"drain":               d(c.drain),
+		"log-level":           c.logLevel,
+		"log-format":          c.logFormat,
+		"memory-limit":        c.memLimit,
+		"connections":         strconv.Itoa(c.connTarget),
 	} {
 		into[k] = v
 	}

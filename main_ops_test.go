@@ -642,7 +642,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	msgs, err := st.History(context.Background(), proto.RoomKey("dr", "r"), 0, 1000)
+	msgs, _, err := st.History(context.Background(), proto.RoomKey("dr", "r"), 0, persist.Bounds{Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

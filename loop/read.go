@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -94,7 +95,7 @@ func (s *Server) doRead(j *readJob) task {
 		}
 		return task{kind: tRoomSeq, room: j.room, seq: seq}
 	case rReplay:
-		msgs, err := s.store.Range(ctx, j.key, j.after, j.upto, replayPage)
+		msgs, more, err := s.store.Range(ctx, j.key, j.after, j.upto, persist.Bounds{Limit: replayPage})
 		if err != nil {
 			return j.failed(err)
 		}
@@ -106,12 +107,12 @@ func (s *Server) doRead(j *readJob) task {
 		// The cursor moves to the last message read, or to upto when the
 		// page was not full (nothing more is stored up to upto).
 		cursor := j.upto
-		if len(msgs) == replayPage {
+		if more {
 			cursor = msgs[len(msgs)-1].Seq
 		}
 		return task{kind: tReplay, conn: j.conn, room: j.room, frame: buf, seq: cursor}
 	case rHistory:
-		msgs, err := s.store.History(ctx, j.key, j.before, j.limit)
+		msgs, _, err := s.store.History(ctx, j.key, j.before, persist.Bounds{Limit: j.limit})
 		if err != nil {
 			return j.failed(err)
 		}
@@ -129,7 +130,7 @@ func (s *Server) doRead(j *readJob) task {
 		if upto <= j.after {
 			return task{kind: tRepair, room: j.room, seq: upto, n: j.tailFlag()}
 		}
-		msgs, err := s.store.Range(ctx, j.key, j.after, upto, int(min(upto-j.after, 10000)))
+		msgs, _, err := s.store.Range(ctx, j.key, j.after, upto, persist.Bounds{Limit: int(min(upto-j.after, 10000))})
 		if err != nil {
 			return j.failed(err)
 		}

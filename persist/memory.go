@@ -2,7 +2,11 @@ package persist
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/base32"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -21,18 +25,33 @@ const DefaultMemoryKeep = 1000
 // a ring, with the idempotency keys of exactly those messages. A key is
 // forgotten when its message leaves the ring, so a re-publish older than the
 // window is stored again (the window is the memory store's exactly-once
-// horizon). Nothing survives a restart.
+// horizon). keep is the memory store's retention by count; a retention
+// policy may keep fewer per app, and drop messages by age. Nothing survives
+// a restart: every store starts with epochs of its own, so a client holding
+// seqs of an earlier process is told they are gone.
 type Memory struct {
 	keep   int
-	shards [memShards]memShard
+	policy RetentionPolicy
+	// epochBase is random per store; each room adds its creation number,
+	// so a room dropped and made again (if the store ever drops rooms)
+	// gets a new epoch too.
+	epochBase string
+	roomGen   atomic.Uint64
+	shards    [memShards]memShard
+	ret       retentionCounters
+
+	stopMu  sync.Mutex
+	stop    context.CancelFunc
+	stopped chan struct{}
 }
 
 var _ Store = (*Memory)(nil)
 
 type memShard struct {
-	mu    sync.Mutex
-	rooms map[string]*memRoom
-	_     [40]byte // keep neighbouring shard locks off one cache line
+	mu      sync.Mutex
+	rooms   map[string]*memRoom
+	evicted uint64   // messages pushed out of full rings (retention by count), under mu
+	_       [32]byte // keep neighbouring shard locks off one cache line
 }
 
 type memKey struct {
@@ -41,10 +60,13 @@ type memKey struct {
 }
 
 type memRoom struct {
-	last uint64     // newest seq
-	ring []memEntry // ring[(seq-1)%keep] holds seq while it is kept
-	n    int        // kept messages: seqs last-n+1 .. last
-	idem map[memKey]uint64
+	last   uint64     // newest seq
+	ring   []memEntry // ring[(seq-1)%cap] holds seq while it is kept
+	n      int        // kept messages: seqs last-n+1 .. last
+	cap    int        // messages kept at most: keep, or the app's max count if lower
+	maxAge int64      // ms; 0: no age limit
+	epoch  string
+	idem   map[memKey]uint64
 }
 
 type memEntry struct {
@@ -73,10 +95,36 @@ func NewMemory(keep int) *Memory {
 		keep = DefaultMemoryKeep
 	}
 	m := &Memory{keep: keep}
+	var seed [10]byte
+	_, _ = crand.Read(seed[:])
+	m.epochBase = base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(seed[:])
 	for i := range m.shards {
 		m.shards[i].rooms = make(map[string]*memRoom)
 	}
 	return m
+}
+
+// SetRetentionPolicy sets the per-app retention on top of keep. Call it
+// before the store is used: rooms take their app's limits when they are
+// made.
+func (m *Memory) SetRetentionPolicy(p RetentionPolicy) { m.policy = p }
+
+// room returns key's room, making it if needed. Caller holds sh.mu.
+func (m *Memory) roomLocked(sh *memShard, key string) *memRoom {
+	if room := sh.rooms[key]; room != nil {
+		return room
+	}
+	app, _ := proto.SplitKey(key)
+	ret, _ := m.policy.For(app)
+	room := &memRoom{cap: m.keep, idem: make(map[memKey]uint64)}
+	if ret.MaxCount > 0 && ret.MaxCount < room.cap {
+		room.cap = ret.MaxCount
+	}
+	room.maxAge = ret.MaxAge.Milliseconds()
+	// base (16) + "." + creation number: at most 16+1+13 bytes.
+	room.epoch = m.epochBase + "." + strconv.FormatUint(m.roomGen.Add(1), 36)
+	sh.rooms[key] = room
+	return room
 }
 
 func (m *Memory) shard(key string) *memShard {
@@ -103,39 +151,42 @@ func (m *Memory) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res 
 }
 
 func (m *Memory) commitLocked(sh *memShard, r *proto.PubRequest, ts int64) proto.PubResult {
-	room := sh.rooms[r.Key]
-	if room == nil {
-		room = &memRoom{idem: make(map[memKey]uint64)}
-		sh.rooms[r.Key] = room
-	}
+	room := m.roomLocked(sh, r.Key)
 	// Lookup with a borrowed string: no allocation for the duplicate check.
 	if seq, ok := room.idem[memKey{r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}]; ok {
-		return proto.PubResult{Seq: seq, TS: room.entry(m.keep, seq).ts, Duplicate: true}
+		return proto.PubResult{Seq: seq, TS: room.entry(seq).ts, Duplicate: true}
 	}
 	// One allocation per stored message: the id and the body together.
 	buf := make([]byte, len(r.ID)+len(r.Body))
 	copy(buf, r.ID)
 	copy(buf[len(r.ID):], r.Body)
+	if room.n == room.cap {
+		room.dropOldest()
+		sh.evicted++
+	}
 	room.last++
 	e := memEntry{seq: room.last, ts: ts, from: r.From, buf: buf, idLen: len(r.ID)}
-	if room.n == m.keep {
-		old := room.entry(m.keep, room.last-uint64(m.keep))
-		delete(room.idem, memKey{old.from, old.id()})
-		room.n--
-	}
-	if len(room.ring) < m.keep { // filling up: seq-1 == len(ring)
+	if len(room.ring) < room.cap { // filling up: seq-1 == len(ring)
 		room.ring = append(room.ring, e)
 	} else {
-		room.ring[(room.last-1)%uint64(m.keep)] = e
+		room.ring[(room.last-1)%uint64(room.cap)] = e
 	}
 	room.n++
 	room.idem[memKey{e.from, e.id()}] = e.seq
 	return proto.PubResult{Seq: e.seq, TS: ts}
 }
 
+// dropOldest forgets the oldest kept message and its idempotency key.
+func (r *memRoom) dropOldest() {
+	old := r.entry(r.first())
+	delete(r.idem, memKey{old.from, old.id()})
+	*old = memEntry{}
+	r.n--
+}
+
 // entry returns the kept entry of seq; the caller checks that seq is kept.
-func (r *memRoom) entry(keep int, seq uint64) *memEntry {
-	return &r.ring[(seq-1)%uint64(keep)]
+func (r *memRoom) entry(seq uint64) *memEntry {
+	return &r.ring[(seq-1)%uint64(r.cap)]
 }
 
 // first returns the oldest kept seq (last+1 when nothing is kept).
@@ -152,60 +203,109 @@ func (m *Memory) LastSeq(_ context.Context, key string) (uint64, error) {
 	return 0, nil
 }
 
+// Head implements Store.
+func (m *Memory) Head(_ context.Context, key string) (Head, error) {
+	sh := m.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	room := m.roomLocked(sh, key)
+	return Head{Last: room.last, Epoch: room.epoch}, nil
+}
+
 // Range implements Store. Messages older than the keep window are gone, so
 // the result starts at the oldest kept seq above after.
-func (m *Memory) Range(_ context.Context, key string, after, upto uint64, limit int) ([]proto.Message, error) {
+func (m *Memory) Range(_ context.Context, key string, after, upto uint64, b Bounds) ([]proto.Message, bool, error) {
 	sh := m.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	room := sh.rooms[key]
-	if room == nil || limit <= 0 {
-		return nil, nil
+	if room == nil || b.Limit <= 0 {
+		return nil, false, nil
 	}
 	lo := max(after+1, room.first())
 	hi := min(upto, room.last)
 	if lo > hi {
-		return nil, nil
+		return nil, false, nil
 	}
-	if hi-lo+1 > uint64(limit) {
-		hi = lo + uint64(limit) - 1
+	more := false
+	if hi-lo+1 > uint64(b.Limit) {
+		hi = lo + uint64(b.Limit) - 1
+		more = true
 	}
-	return room.messages(m.keep, key, lo, hi), nil
+	if n := room.fit(lo, hi, 1, b.MaxBytes, key); n < hi-lo+1 {
+		hi = lo + n - 1
+		more = true
+	}
+	return room.messages(key, lo, hi), more, nil
 }
 
 // History implements Store.
-func (m *Memory) History(_ context.Context, key string, before uint64, limit int) ([]proto.Message, error) {
+func (m *Memory) History(_ context.Context, key string, before uint64, b Bounds) ([]proto.Message, bool, error) {
 	sh := m.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	room := sh.rooms[key]
-	if room == nil || limit <= 0 {
-		return nil, nil
+	if room == nil || b.Limit <= 0 {
+		return nil, false, nil
 	}
 	hi := room.last
 	if before != 0 {
 		if before <= 1 {
-			return nil, nil
+			return nil, false, nil
 		}
 		hi = min(hi, before-1)
 	}
 	lo := room.first()
 	if lo > hi {
-		return nil, nil
+		return nil, false, nil
 	}
-	if hi-lo+1 > uint64(limit) {
-		lo = hi - uint64(limit) + 1
+	more := false
+	if hi-lo+1 > uint64(b.Limit) {
+		lo = hi - uint64(b.Limit) + 1
+		more = true
 	}
-	return room.messages(m.keep, key, lo, hi), nil
+	if n := room.fit(hi, lo, -1, b.MaxBytes, key); n < hi-lo+1 {
+		lo = hi - n + 1
+		more = true
+	}
+	return room.messages(key, lo, hi), more, nil
+}
+
+// fit counts the messages from seq from towards to (step +1 or -1, both
+// kept) that fit in maxBytes, always at least one.
+func (r *memRoom) fit(from, to uint64, step int, maxBytes int, key string) uint64 {
+	total := to - from + 1
+	if step < 0 {
+		total = from - to + 1
+	}
+	if maxBytes <= 0 {
+		return total
+	}
+	_, name := proto.SplitKey(key)
+	size := 0
+	seq := from
+	for n := uint64(0); n < total; n++ {
+		e := r.entry(seq)
+		size += len(e.buf) + len(e.from) + len(name) + msgOverhead
+		if n > 0 && size > maxBytes {
+			return n
+		}
+		if step > 0 {
+			seq++
+		} else {
+			seq--
+		}
+	}
+	return total
 }
 
 // messages copies out lo..hi (all kept). The byte slices alias the stored,
 // immutable buffers.
-func (r *memRoom) messages(keep int, key string, lo, hi uint64) []proto.Message {
+func (r *memRoom) messages(key string, lo, hi uint64) []proto.Message {
 	_, name := proto.SplitKey(key)
 	out := make([]proto.Message, 0, hi-lo+1)
 	for seq := lo; seq <= hi; seq++ {
-		e := r.entry(keep, seq)
+		e := r.entry(seq)
 		out = append(out, proto.Message{
 			Room: name,
 			Seq:  e.seq,
@@ -218,8 +318,86 @@ func (r *memRoom) messages(keep int, key string, lo, hi uint64) []proto.Message 
 	return out
 }
 
-// Close implements Store; the memory store holds nothing to release.
-func (m *Memory) Close() {}
+// EnforceRetention removes, once, the messages older than their app's max
+// age, and returns how many. (The count limit holds at every commit.)
+func (m *Memory) EnforceRetention(now time.Time) int {
+	nowMS := now.UnixMilli()
+	removed := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, room := range sh.rooms {
+			if room.maxAge <= 0 {
+				continue
+			}
+			// Seq order is commit order: the expired ones are the oldest.
+			for room.n > 0 && room.entry(room.first()).ts < nowMS-room.maxAge {
+				room.dropOldest()
+				removed++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	m.ret.byAge.Add(uint64(removed))
+	m.ret.runs.Add(1)
+	return removed
+}
+
+// StartRetention runs EnforceRetention every interval until ctx is done or
+// the store is closed; without an age limit in the policy there is nothing
+// to run. Call it once.
+func (m *Memory) StartRetention(ctx context.Context, every time.Duration) {
+	aged := m.policy.Default.MaxAge > 0
+	for _, r := range m.policy.Apps {
+		aged = aged || r.MaxAge > 0
+	}
+	if !aged {
+		return
+	}
+	m.stopMu.Lock()
+	defer m.stopMu.Unlock()
+	if m.stop != nil {
+		return
+	}
+	ctx, m.stop = context.WithCancel(ctx)
+	m.stopped = make(chan struct{})
+	go func() {
+		defer close(m.stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				m.EnforceRetention(now)
+			}
+		}
+	}()
+}
+
+// RetentionStats implements Store.
+func (m *Memory) RetentionStats() RetentionStats {
+	st := m.ret.stats()
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		st.DeletedByCount += sh.evicted
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// Close implements Store: it stops the retention job.
+func (m *Memory) Close() {
+	m.stopMu.Lock()
+	defer m.stopMu.Unlock()
+	if m.stop != nil {
+		m.stop()
+		<-m.stopped
+		m.stop = nil
+	}
+}
 
 // hashKey is FNV-1a over the room key: cheap, allocation-free and stable,
 // used both for store shards and for the pool's room → worker mapping.

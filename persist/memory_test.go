@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/roost-chat/roost/proto"
 )
@@ -17,14 +18,14 @@ func TestMemoryKeepWindow(t *testing.T) {
 	st := NewMemory(3)
 	k := proto.RoomKey("app1", "r")
 	fill(t, st, k, 5) // keeps m3..m5
-	msgs, err := st.Range(ctx, k, 0, 10, 10)
+	msgs, _, err := st.Range(ctx, k, 0, 10, Bounds{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantSeqs(t, "Range", msgs, 3, 5)
-	msgs, _ = st.History(ctx, k, 0, 10)
+	msgs, _, _ = st.History(ctx, k, 0, Bounds{Limit: 10})
 	wantSeqs(t, "History", msgs, 3, 5)
-	msgs, _ = st.History(ctx, k, 4, 10)
+	msgs, _, _ = st.History(ctx, k, 4, Bounds{Limit: 10})
 	wantSeqs(t, "History(4)", msgs, 3, 3)
 
 	res := commit(t, st, req(k, "u", "m4", `dup`), req(k, "u", "m1", `again`))
@@ -52,5 +53,64 @@ func TestMemoryKeepWindow(t *testing.T) {
 				t.Fatalf("room holds %d keys, %d entries; want 3", len(r.idem), len(r.ring))
 			}
 		}
+	}
+}
+
+// TestMemoryRetention: per-app count and age limits on top of keep, and
+// the counters of what they removed.
+func TestMemoryRetention(t *testing.T) {
+	ctx := context.Background()
+	st := NewMemory(10)
+	st.SetRetentionPolicy(RetentionPolicy{
+		Default: Retention{MaxAge: time.Hour},
+		Apps:    map[string]Retention{"small": {MaxCount: 3}, "forever": {}},
+	})
+	small, def, forever := proto.RoomKey("small", "r"), proto.RoomKey("def", "r"), proto.RoomKey("forever", "r")
+	fill(t, st, small, 5)
+	fill(t, st, def, 12)
+	fill(t, st, forever, 4)
+	msgs, _, _ := st.Range(ctx, small, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "small", msgs, 3, 5)
+	msgs, _, _ = st.Range(ctx, def, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "def (keep 10)", msgs, 3, 12)
+	if rs := st.RetentionStats(); rs.DeletedByCount != 2+2 || rs.DeletedByAge != 0 {
+		t.Fatalf("stats after count eviction: %+v", rs)
+	}
+	// Two hours later the default app's messages are gone, the others stay.
+	if n := st.EnforceRetention(time.Now().Add(2 * time.Hour)); n != 10 {
+		t.Fatalf("EnforceRetention removed %d, want 10", n)
+	}
+	if msgs, _, _ = st.History(ctx, def, 0, Bounds{Limit: 100}); len(msgs) != 0 {
+		t.Fatalf("aged room still has %d messages", len(msgs))
+	}
+	msgs, _, _ = st.Range(ctx, forever, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "forever", msgs, 1, 4)
+	if rs := st.RetentionStats(); rs.DeletedByAge != 10 || rs.Runs != 1 {
+		t.Fatalf("stats after age: %+v", rs)
+	}
+	// The sequence goes on after everything was removed, and the ring
+	// still indexes correctly.
+	res := commit(t, st, req(def, "u", "after", `1`), req(def, "u", "after2", `2`))
+	if res[0].Seq != 13 || res[1].Seq != 14 {
+		t.Fatalf("after age: %+v", res)
+	}
+	msgs, _, _ = st.Range(ctx, def, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "def after", msgs, 13, 14)
+	if h, _ := st.Head(ctx, def); h.Last != 14 {
+		t.Fatalf("Head = %+v", h)
+	}
+	st.StartRetention(ctx, 10*time.Millisecond)
+	st.Close()
+}
+
+// TestMemoryEpochPerStore: a new store (a restarted process) gives the
+// same room another epoch.
+func TestMemoryEpochPerStore(t *testing.T) {
+	ctx := context.Background()
+	k := proto.RoomKey("app1", "r")
+	a, _ := NewMemory(0).Head(ctx, k)
+	b, _ := NewMemory(0).Head(ctx, k)
+	if a.Epoch == b.Epoch || a.Epoch == "" || len(a.Epoch) > MaxEpoch {
+		t.Fatalf("epochs %q and %q", a.Epoch, b.Epoch)
 	}
 }

@@ -51,6 +51,9 @@ type Postgres struct {
 	// Commits whose outcome was unknown, by how they were settled.
 	resolvedCommitted, resolvedRolledBack, unresolved atomic.Uint64
 
+	policy RetentionPolicy
+	ret    retentionCounters
+
 	closed      atomic.Bool
 	stopRetain  context.CancelFunc
 	retainDone  chan struct{}
@@ -577,74 +580,133 @@ func (p *Postgres) LastSeq(ctx context.Context, key string) (uint64, error) {
 	return uint64(last), nil
 }
 
+// Head implements Store: the room is created here if it does not exist
+// yet, so that its epoch is fixed before its first message.
+func (p *Postgres) Head(ctx context.Context, key string) (Head, error) {
+	if p.closed.Load() {
+		return Head{}, proto.ErrClosed
+	}
+	id, ok := p.cachedRoom(key)
+	if !ok {
+		if err := p.ensureRooms(ctx, []string{key}); err != nil {
+			return Head{}, p.wrap("create room", err)
+		}
+		if id, ok = p.cachedRoom(key); !ok {
+			panic("BUG: room " + key + " not cached after ensureRooms")
+		}
+	}
+	var h Head
+	var last int64
+	if err := p.pool.QueryRow(ctx, `SELECT last_seq, epoch FROM rooms WHERE id = $1`, id).Scan(&last, &h.Epoch); err != nil {
+		return Head{}, p.wrap("read room head", err)
+	}
+	h.Last = uint64(last)
+	return h, nil
+}
+
+// boundedSQL reads one page of a room within Bounds in one index scan. fits
+// marks the rows inside the limit ($4) that, with the rows before them, stay
+// within the byte bound ($5; each row counts its id, sender and body plus
+// $6, as MsgSize does). The first row always fits: one message too big for
+// a page is still read. The first row that does not fit is returned too,
+// without its body, to tell that the read stopped early; the rows after it
+// are not. ORDER is the scan direction.
+const boundedSQL = `
+SELECT seq, idem_key, sender, ts, CASE WHEN fits THEN body END, fits FROM (
+	SELECT *, lag(fits, 1, true) OVER (ORDER BY seq ORDER_DIR) AS prev_fits FROM (
+		SELECT seq, idem_key, sender, ts, body,
+			row_number() OVER w <= $4 AND ($5 <= 0 OR row_number() OVER w = 1 OR
+				sum(octet_length(body) + octet_length(idem_key) + octet_length(sender) + $6) OVER (w ROWS UNBOUNDED PRECEDING) <= $5) AS fits
+		FROM messages WHERE room_id = $1 AND seq > $2 AND seq <= $3
+		WINDOW w AS (ORDER BY seq ORDER_DIR)
+		ORDER BY seq ORDER_DIR LIMIT $4 + 1
+	) a
+) b WHERE prev_fits ORDER BY seq ORDER_DIR`
+
+var (
+	rangeSQL   = strings.ReplaceAll(boundedSQL, "ORDER_DIR", "")
+	historySQL = strings.ReplaceAll(boundedSQL, "ORDER_DIR", "DESC")
+)
+
 // Range implements Store (primary key range scan).
-func (p *Postgres) Range(ctx context.Context, key string, after, upto uint64, limit int) ([]proto.Message, error) {
-	if limit <= 0 || upto <= after {
-		return nil, nil
+func (p *Postgres) Range(ctx context.Context, key string, after, upto uint64, b Bounds) ([]proto.Message, bool, error) {
+	if b.Limit <= 0 || upto <= after {
+		return nil, false, nil
 	}
 	id, ok, err := p.roomID(ctx, key)
 	if err != nil || !ok {
-		return nil, err
+		return nil, false, err
 	}
-	rows, err := p.pool.Query(ctx, `
-SELECT seq, idem_key, sender, ts, body FROM messages
-WHERE room_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4`,
-		id, clampSeq(after), clampSeq(upto), limit)
+	_, name := proto.SplitKey(key)
+	rows, err := p.pool.Query(ctx, rangeSQL, id, clampSeq(after), clampSeq(upto), b.Limit, b.MaxBytes, msgOverhead+len(name))
 	if err != nil {
-		return nil, p.wrap("read range", err)
+		return nil, false, p.wrap("read range", err)
 	}
-	msgs, err := scanMessages(rows, key, min(limit, int(min(upto-after, 1024))))
+	msgs, more, err := scanMessages(rows, name, min(b.Limit, int(min(upto-after, 1024))))
 	if err != nil {
-		return nil, p.wrap("read range", err)
+		return nil, false, p.wrap("read range", err)
 	}
-	return msgs, nil
+	return msgs, more, nil
 }
 
 // History implements Store (primary key backward scan).
-func (p *Postgres) History(ctx context.Context, key string, before uint64, limit int) ([]proto.Message, error) {
-	if limit <= 0 {
-		return nil, nil
+func (p *Postgres) History(ctx context.Context, key string, before uint64, b Bounds) ([]proto.Message, bool, error) {
+	if b.Limit <= 0 {
+		return nil, false, nil
 	}
 	id, ok, err := p.roomID(ctx, key)
 	if err != nil || !ok {
-		return nil, err
+		return nil, false, err
 	}
-	if before == 0 {
-		before = math.MaxInt64
+	upto := uint64(math.MaxInt64)
+	if before != 0 {
+		if before <= 1 {
+			return nil, false, nil
+		}
+		upto = before - 1
 	}
-	rows, err := p.pool.Query(ctx, `
-SELECT seq, idem_key, sender, ts, body FROM messages
-WHERE room_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3`, id, clampSeq(before), limit)
+	_, name := proto.SplitKey(key)
+	rows, err := p.pool.Query(ctx, historySQL, id, int64(0), clampSeq(upto), b.Limit, b.MaxBytes, msgOverhead+len(name))
 	if err != nil {
-		return nil, p.wrap("read history", err)
+		return nil, false, p.wrap("read history", err)
 	}
-	msgs, err := scanMessages(rows, key, min(limit, 1024))
+	msgs, more, err := scanMessages(rows, name, min(b.Limit, 1024))
 	if err != nil {
-		return nil, p.wrap("read history", err)
+		return nil, false, p.wrap("read history", err)
 	}
 	for i, j := 0, len(msgs)-1; i < j; i, j = i+1, j-1 {
 		msgs[i], msgs[j] = msgs[j], msgs[i]
 	}
-	return msgs, nil
+	return msgs, more, nil
 }
+
+// RetentionStats implements Store.
+func (p *Postgres) RetentionStats() RetentionStats { return p.ret.stats() }
 
 func clampSeq(s uint64) int64 { return int64(min(s, math.MaxInt64)) }
 
-func scanMessages(rows pgx.Rows, key string, capHint int) ([]proto.Message, error) {
+// scanMessages reads the rows of boundedSQL; a row that did not fit ends
+// the page and reports more.
+func scanMessages(rows pgx.Rows, name string, capHint int) ([]proto.Message, bool, error) {
 	defer rows.Close()
-	_, name := proto.SplitKey(key)
 	msgs := make([]proto.Message, 0, capHint)
+	more := false
 	for rows.Next() {
 		var seq int64
 		var id, body []byte
 		var from string
 		var ts time.Time
-		if err := rows.Scan(&seq, &id, &from, &ts, &body); err != nil {
-			return nil, err
+		var fits bool
+		if err := rows.Scan(&seq, &id, &from, &ts, &body, &fits); err != nil {
+			return nil, false, err
+		}
+		if !fits {
+			more = true
+			continue
 		}
 		msgs = append(msgs, proto.Message{Room: name, Seq: uint64(seq), ID: string(id), From: from, TS: ts.UnixMilli(), Body: body})
 	}
-	return msgs, rows.Err()
+	return msgs, more, rows.Err()
 }
 
 // --- errors ---

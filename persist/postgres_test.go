@@ -369,9 +369,9 @@ WHERE room_id = (SELECT id FROM rooms WHERE app = 'aged') AND seq <= 4`); err !=
 	if err != nil || n != 2400+4 {
 		t.Fatalf("EnforceRetention = %d, %v; want 2404", n, err)
 	}
-	msgs, _ := st.History(ctx, k1, 0, 1000)
+	msgs, _, _ := st.History(ctx, k1, 0, Bounds{Limit: 1000})
 	wantSeqs(t, "counted", msgs, 2401, 2500)
-	msgs, _ = st.Range(ctx, k2, 0, 100, 100)
+	msgs, _, _ = st.Range(ctx, k2, 0, 100, Bounds{Limit: 100})
 	wantSeqs(t, "aged", msgs, 5, 10)
 	// Retention keeps publishing going: seqs continue.
 	if res := commit(t, st, req(k1, "u", "new", `1`)); res[0].Seq != 2501 {
@@ -473,5 +473,109 @@ func TestPostgresCommitPlan(t *testing.T) {
 	text := strings.Join(plan, "\n")
 	if strings.Contains(text, "Seq Scan on messages") || !strings.Contains(text, "Index Scan using messages_room_id_sender_idem_key_key") {
 		t.Fatalf("generic commit plan does not probe messages by index:\n%s", text)
+	}
+}
+
+// TestPostgresRetentionPolicy: the operator's policy (flags) comes first
+// for the apps it names, then an app's own limits in the database, then
+// the policy's default; the stats count what each rule removed.
+func TestPostgresRetentionPolicy(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	named, stored, def := proto.RoomKey("named", "r"), proto.RoomKey("stored", "r"), proto.RoomKey("def", "r")
+	for _, k := range []string{named, stored, def} {
+		fill(t, st, k, 30)
+	}
+	if err := st.SetRetention(ctx, "named", 0, 5); err != nil { // overridden by the policy
+		t.Fatal(err)
+	}
+	if err := st.SetRetention(ctx, "stored", 0, 10); err != nil {
+		t.Fatal(err)
+	}
+	st.SetRetentionPolicy(RetentionPolicy{
+		Default: Retention{MaxCount: 20},
+		Apps:    map[string]Retention{"named": {MaxCount: 25}},
+	})
+	if _, err := st.pool.Exec(ctx, `UPDATE messages SET ts = ts - interval '2 hours'
+WHERE room_id = (SELECT id FROM rooms WHERE app = 'def') AND seq <= 12`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.EnforceRetention(ctx)
+	if err != nil || n != 5+20+10 {
+		t.Fatalf("EnforceRetention = %d, %v; want 35", n, err)
+	}
+	for k, lo := range map[string]uint64{named: 6, stored: 21, def: 11} {
+		msgs, _, _ := st.Range(ctx, k, 0, 100, Bounds{Limit: 100})
+		wantSeqs(t, k, msgs, lo, 30)
+	}
+	st.SetRetentionPolicy(RetentionPolicy{Default: Retention{MaxAge: time.Hour}})
+	// def loses 11 and 12 to age; named, no longer in the policy, falls
+	// back to its own count of 5.
+	if n, err := st.EnforceRetention(ctx); err != nil || n != 2+20 {
+		t.Fatalf("EnforceRetention by age = %d, %v; want 22", n, err)
+	}
+	rs := st.RetentionStats()
+	if rs.DeletedByCount != 35+20 || rs.DeletedByAge != 2 || rs.Runs != 2 || rs.Errors != 0 {
+		t.Fatalf("stats %+v", rs)
+	}
+}
+
+// TestPostgresEpoch: a room's epoch exists before its first message,
+// survives a restart, and a room deleted and made again gets a new one.
+func TestPostgresEpoch(t *testing.T) {
+	ctx := context.Background()
+	url := newTestDB(t)
+	st := openTestPG(t, url, PGConfig{})
+	k := proto.RoomKey("app", "r")
+	h0, err := st.Head(ctx, k)
+	if err != nil || h0.Last != 0 || h0.Epoch == "" || len(h0.Epoch) > MaxEpoch {
+		t.Fatalf("Head = %+v, %v", h0, err)
+	}
+	fill(t, st, k, 3)
+	st.Close()
+	st = openTestPG(t, url, PGConfig{})
+	defer st.Close()
+	if h, err := st.Head(ctx, k); err != nil || h.Last != 3 || h.Epoch != h0.Epoch {
+		t.Fatalf("after restart: %+v, %v; want last 3 epoch %q", h, err, h0.Epoch)
+	}
+	if _, err := st.pool.Exec(ctx, `DELETE FROM messages WHERE room_id = (SELECT id FROM rooms WHERE name = 'r');
+DELETE FROM rooms WHERE name = 'r'`); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st = openTestPG(t, url, PGConfig{})
+	defer st.Close()
+	h, err := st.Head(ctx, k)
+	if err != nil || h.Last != 0 || h.Epoch == h0.Epoch {
+		t.Fatalf("made again: %+v, %v; want a new epoch", h, err)
+	}
+}
+
+// TestMigrateEpochOfExistingRooms: rooms made before the epoch column get
+// one each.
+func TestMigrateEpochOfExistingRooms(t *testing.T) {
+	ctx := context.Background()
+	url := newTestDB(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	ms, _ := migrations()
+	if _, err := conn.PgConn().Exec(ctx, ms[0].sql).ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+INSERT INTO schema_migrations (version, name) VALUES (1, '0001_init.sql');
+INSERT INTO apps (id) VALUES ('a');
+INSERT INTO rooms (app, name, last_seq) VALUES ('a', 'x', 7), ('a', 'y', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	var n, distinct int
+	if err := conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT epoch) FROM rooms WHERE epoch <> ''`).Scan(&n, &distinct); err != nil || n != 2 || distinct != 2 {
+		t.Fatalf("epochs of existing rooms: %d rows, %d distinct, %v", n, distinct, err)
 	}
 }

@@ -3,18 +3,63 @@ package persist
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
+
+// Retention bounds how much of a room's history is kept.
+type Retention struct {
+	MaxAge   time.Duration // messages older than this are removed; 0: no age limit
+	MaxCount int           // only the newest MaxCount per room are kept; 0: no count limit
+}
+
+// IsZero reports a retention that keeps everything.
+func (r Retention) IsZero() bool { return r.MaxAge <= 0 && r.MaxCount <= 0 }
+
+// RetentionPolicy is the operator's retention: Default for every app,
+// Apps for the apps that have their own.
+type RetentionPolicy struct {
+	Default Retention
+	Apps    map[string]Retention
+}
+
+// For returns the retention of app and whether the policy names app itself.
+func (p *RetentionPolicy) For(app string) (Retention, bool) {
+	if r, ok := p.Apps[app]; ok {
+		return r, true
+	}
+	return p.Default, false
+}
+
+// RetentionStats counts what retention removed, by rule, since the store
+// was opened; a member that rejoins behind what was removed is told so
+// (recovered false), and these counters say how often that can happen.
+type RetentionStats struct {
+	DeletedByAge   uint64 // messages older than their app's max age
+	DeletedByCount uint64 // messages beyond their app's max count (memory store: beyond --keep)
+	Runs           uint64 // retention rounds completed
+	Errors         uint64 // retention rounds that failed (retried next round)
+}
+
+// retentionCounters are the atomics behind RetentionStats.
+type retentionCounters struct {
+	byAge, byCount, runs, errors atomic.Uint64
+}
+
+func (c *retentionCounters) stats() RetentionStats {
+	return RetentionStats{DeletedByAge: c.byAge.Load(), DeletedByCount: c.byCount.Load(), Runs: c.runs.Load(), Errors: c.errors.Load()}
+}
 
 // retentionBatch bounds the rows one DELETE removes, so each statement is
 // short and holds its row locks briefly; publishes never wait on retention
 // (it deletes the oldest rows, they insert the newest).
 const retentionBatch = 1000
 
-// SetRetention sets an app's limits, creating the app if needed: messages
-// older than maxAge (0: no age limit) and beyond the newest maxCount per
-// room (0: no count limit) are deleted by the retention job. A deleted
-// message's idempotency key is forgotten with it.
+// SetRetention stores an app's own limits in the database, creating the app
+// if needed (0: no limit of that kind; both 0 clears them). They apply
+// where the retention policy (SetRetentionPolicy) does not name the app:
+// the policy's per-app entries come first, then these, then the policy's
+// default. A deleted message's idempotency key is forgotten with it.
 func (p *Postgres) SetRetention(ctx context.Context, app string, maxAge time.Duration, maxCount int) error {
 	var age *string
 	if maxAge > 0 {
@@ -33,6 +78,14 @@ ON CONFLICT (id) DO UPDATE SET max_age = EXCLUDED.max_age, max_count = EXCLUDED.
 		return p.wrap("set retention", err)
 	}
 	return nil
+}
+
+// SetRetentionPolicy sets the operator's retention (flags). Call it before
+// StartRetention.
+func (p *Postgres) SetRetentionPolicy(pol RetentionPolicy) {
+	p.retainMu.Lock()
+	p.policy = pol
+	p.retainMu.Unlock()
 }
 
 // StartRetention runs EnforceRetention every interval until ctx is done or
@@ -71,26 +124,46 @@ func (p *Postgres) StartRetention(ctx context.Context, every time.Duration) {
 // EnforceRetention deletes, once, the messages beyond each app's limits,
 // oldest first, in batches of retentionBatch rows per statement. It returns
 // the number of messages deleted.
-func (p *Postgres) EnforceRetention(ctx context.Context) (int64, error) {
+func (p *Postgres) EnforceRetention(ctx context.Context) (n int64, err error) {
+	defer func() {
+		if err != nil {
+			p.ret.errors.Add(1)
+		} else {
+			p.ret.runs.Add(1)
+		}
+	}()
+	p.retainMu.Lock()
+	pol := p.policy
+	p.retainMu.Unlock()
 	type appLimit struct {
-		id       string
-		ageSecs  *float64
-		maxCount *int64
+		id  string
+		ret Retention
 	}
-	rows, err := p.pool.Query(ctx, `
-SELECT id, extract(epoch FROM max_age)::float8, max_count::int8 FROM apps
-WHERE max_age IS NOT NULL OR max_count IS NOT NULL`)
+	rows, err := p.pool.Query(ctx, `SELECT id, (extract(epoch FROM max_age) * 1000)::int8, max_count::int8 FROM apps`)
 	if err != nil {
 		return 0, p.wrap("list app retention", err)
 	}
 	var apps []appLimit
 	for rows.Next() {
-		var a appLimit
-		if err := rows.Scan(&a.id, &a.ageSecs, &a.maxCount); err != nil {
+		var id string
+		var ageMS, count *int64
+		if err := rows.Scan(&id, &ageMS, &count); err != nil {
 			rows.Close()
 			return 0, p.wrap("list app retention", err)
 		}
-		apps = append(apps, a)
+		ret, named := pol.For(id)
+		if !named && (ageMS != nil || count != nil) {
+			ret = Retention{}
+			if ageMS != nil {
+				ret.MaxAge = time.Duration(*ageMS) * time.Millisecond
+			}
+			if count != nil {
+				ret.MaxCount = int(*count)
+			}
+		}
+		if !ret.IsZero() {
+			apps = append(apps, appLimit{id, ret})
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -98,7 +171,7 @@ WHERE max_age IS NOT NULL OR max_count IS NOT NULL`)
 	}
 	var deleted int64
 	for _, a := range apps {
-		n, err := p.retainApp(ctx, a.id, a.ageSecs, a.maxCount)
+		n, err := p.retainApp(ctx, a.id, a.ret)
 		deleted += n
 		if err != nil {
 			return deleted, err
@@ -107,7 +180,7 @@ WHERE max_age IS NOT NULL OR max_count IS NOT NULL`)
 	return deleted, nil
 }
 
-func (p *Postgres) retainApp(ctx context.Context, app string, ageSecs *float64, maxCount *int64) (int64, error) {
+func (p *Postgres) retainApp(ctx context.Context, app string, ret Retention) (int64, error) {
 	type room struct{ id, last int64 }
 	rows, err := p.pool.Query(ctx, `SELECT id, last_seq FROM rooms WHERE app = $1`, app)
 	if err != nil {
@@ -128,26 +201,28 @@ func (p *Postgres) retainApp(ctx context.Context, app string, ageSecs *float64, 
 	}
 	var deleted int64
 	for _, r := range rooms {
-		if maxCount != nil && r.last > *maxCount {
+		if ret.MaxCount > 0 && r.last > int64(ret.MaxCount) {
 			// Both scans walk the primary key from the room's oldest row.
 			n, err := p.deleteLoop(ctx, `
 DELETE FROM messages WHERE room_id = $1 AND seq IN (
 	SELECT seq FROM messages WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`,
-				r.id, r.last-*maxCount)
+				r.id, r.last-int64(ret.MaxCount))
 			deleted += n
+			p.ret.byCount.Add(uint64(n))
 			if err != nil {
 				return deleted, err
 			}
 		}
-		if ageSecs != nil {
+		if ret.MaxAge > 0 {
 			// Seq order is commit order, so the expired rows are the oldest
 			// ones: stop at the first batch that is not all expired.
 			n, err := p.deleteLoop(ctx, `
 DELETE FROM messages WHERE room_id = $1 AND seq IN (
 	SELECT seq FROM messages WHERE room_id = $1 ORDER BY seq LIMIT $3)
 AND ts < now() - make_interval(secs => $2)`,
-				r.id, *ageSecs)
+				r.id, ret.MaxAge.Seconds())
 			deleted += n
+			p.ret.byAge.Add(uint64(n))
 			if err != nil {
 				return deleted, err
 			}

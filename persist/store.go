@@ -12,6 +12,40 @@ import (
 	"github.com/roost-chat/roost/proto"
 )
 
+// Head is what a join needs to know of a room before it answers.
+type Head struct {
+	// Last is the newest committed seq (0: nothing stored yet).
+	Last uint64
+	// Epoch names the history the room's seqs refer to: an opaque string
+	// of at most MaxEpoch bytes. Two reads that see the same epoch see the
+	// same numbering; it changes only when that history is gone (a memory
+	// store started afresh, a room deleted and made again), so a client
+	// holding seqs of an older epoch knows they mean nothing here.
+	Epoch string
+}
+
+// MaxEpoch bounds an epoch's length (the wire contract allows 32).
+const MaxEpoch = 32
+
+// Bounds limit one read: at most Limit messages and, past the first one,
+// at most MaxBytes of MsgSize (0: no byte bound). A read always returns the
+// first message it finds, whatever its size, so that a reader paging
+// through a room always makes progress.
+type Bounds struct {
+	Limit    int
+	MaxBytes int
+}
+
+// msgOverhead approximates the bytes a msg frame adds to a message's id,
+// sender and body (field names, seq, ts, room, WebSocket header).
+const msgOverhead = 96
+
+// MsgSize is what a message counts against Bounds.MaxBytes: close to the
+// size of its msg frame (JSON escapes in the id or sender aside).
+func MsgSize(m *proto.Message) int {
+	return len(m.Body) + len(m.ID) + len(m.From) + len(m.Room) + msgOverhead
+}
+
 // Store is where messages live. Implementations: Memory (embedded default)
 // and Postgres. Every method may be called from any goroutine.
 type Store interface {
@@ -25,12 +59,22 @@ type Store interface {
 	CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error
 	// LastSeq returns the newest committed seq of a room (0 if none).
 	LastSeq(ctx context.Context, key string) (uint64, error)
-	// Range returns stored messages with after < seq <= upto in seq order,
-	// at most limit of them (the oldest first).
-	Range(ctx context.Context, key string, after, upto uint64, limit int) ([]proto.Message, error)
+	// Head returns the room's newest seq and its epoch, creating the room
+	// if it does not exist yet: a member that joins a room before its
+	// first message must already see the epoch that message will belong
+	// to.
+	Head(ctx context.Context, key string) (Head, error)
+	// Range returns stored messages with after < seq <= upto in seq order
+	// (the oldest first) within b. more reports that it stopped at b with
+	// messages up to upto left to read. A message that retention removed is
+	// simply absent: the caller compares seqs to notice.
+	Range(ctx context.Context, key string, after, upto uint64, b Bounds) (msgs []proto.Message, more bool, err error)
 	// History returns the newest stored messages with seq < before (before
-	// == 0 means no bound), at most limit, newest last.
-	History(ctx context.Context, key string, before uint64, limit int) ([]proto.Message, error)
+	// == 0 means no bound) within b, newest last. more reports that it
+	// stopped at b with older messages left.
+	History(ctx context.Context, key string, before uint64, b Bounds) (msgs []proto.Message, more bool, err error)
+	// RetentionStats counts what retention removed.
+	RetentionStats() RetentionStats
 	// Close releases the store's resources.
 	Close()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/roost-chat/roost/proto"
@@ -21,6 +22,8 @@ func testStoreContract(t *testing.T, newStore storeFactory) {
 	t.Run("RangeBounds", func(t *testing.T) { testRangeBounds(t, newStore(t)) })
 	t.Run("HistoryBounds", func(t *testing.T) { testHistoryBounds(t, newStore(t)) })
 	t.Run("UnknownRoom", func(t *testing.T) { testUnknownRoom(t, newStore(t)) })
+	t.Run("Head", func(t *testing.T) { testHead(t, newStore(t)) })
+	t.Run("ByteBounds", func(t *testing.T) { testByteBounds(t, newStore(t)) })
 }
 
 func req(key, from, id, body string) *proto.PubRequest {
@@ -102,7 +105,7 @@ func testSeqFromOne(t *testing.T, st Store) {
 			t.Fatalf("LastSeq(%s) = %d, %v; want %d", key, last, err, n)
 		}
 	}
-	msgs, err := st.Range(ctx, b, 0, 100, 100)
+	msgs, _, err := st.Range(ctx, b, 0, 100, Bounds{Limit: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +131,7 @@ func testDuplicates(t *testing.T, st Store) {
 			t.Fatalf("again[%d] = %+v, want new seq %d", i+1, r, want)
 		}
 	}
-	msgs, err := st.Range(context.Background(), k, 0, 10, 10)
+	msgs, _, err := st.Range(context.Background(), k, 0, 10, Bounds{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +184,7 @@ func testRangeBounds(t *testing.T, st Store) {
 		{10, 5, 5, 0, 0},
 		{0, 20, 0, 0, 0},
 	} {
-		msgs, err := st.Range(ctx, k, c.after, c.upto, c.limit)
+		msgs, _, err := st.Range(ctx, k, c.after, c.upto, Bounds{Limit: c.limit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,7 +210,7 @@ func testHistoryBounds(t *testing.T, st Store) {
 		{100, 3, 18, 20},
 		{0, 0, 0, 0},
 	} {
-		msgs, err := st.History(ctx, k, c.before, c.limit)
+		msgs, _, err := st.History(ctx, k, c.before, Bounds{Limit: c.limit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,10 +224,100 @@ func testUnknownRoom(t *testing.T, st Store) {
 	if last, err := st.LastSeq(ctx, k); err != nil || last != 0 {
 		t.Fatalf("LastSeq = %d, %v", last, err)
 	}
-	if msgs, err := st.Range(ctx, k, 0, 10, 10); err != nil || len(msgs) != 0 {
+	if msgs, _, err := st.Range(ctx, k, 0, 10, Bounds{Limit: 10}); err != nil || len(msgs) != 0 {
 		t.Fatalf("Range = %v, %v", msgs, err)
 	}
-	if msgs, err := st.History(ctx, k, 0, 10); err != nil || len(msgs) != 0 {
+	if msgs, _, err := st.History(ctx, k, 0, Bounds{Limit: 10}); err != nil || len(msgs) != 0 {
 		t.Fatalf("History = %v, %v", msgs, err)
+	}
+}
+
+// testHead: a room has its epoch before its first message, keeps it while
+// messages are stored, and rooms do not share one.
+func testHead(t *testing.T, st Store) {
+	ctx := context.Background()
+	k, other := proto.RoomKey("app1", "r"), proto.RoomKey("app1", "other")
+	h0, err := st.Head(ctx, k)
+	if err != nil || h0.Last != 0 || h0.Epoch == "" || len(h0.Epoch) > MaxEpoch {
+		t.Fatalf("Head of a new room = %+v, %v", h0, err)
+	}
+	fill(t, st, k, 3)
+	h1, err := st.Head(ctx, k)
+	if err != nil || h1.Last != 3 || h1.Epoch != h0.Epoch {
+		t.Fatalf("Head after 3 messages = %+v, %v; want last 3, epoch %q", h1, err, h0.Epoch)
+	}
+	if last, err := st.LastSeq(ctx, k); err != nil || last != 3 {
+		t.Fatalf("LastSeq = %d, %v", last, err)
+	}
+	fill(t, st, other, 1)
+	if h2, err := st.Head(ctx, other); err != nil || h2.Last != 1 || h2.Epoch == h0.Epoch {
+		t.Fatalf("Head of another room = %+v, %v; its epoch must be its own", h2, err)
+	}
+}
+
+// testByteBounds: a read stops at the byte bound (but always returns its
+// first message) and at the limit, and says so.
+func testByteBounds(t *testing.T, st Store) {
+	ctx := context.Background()
+	k := proto.RoomKey("app1", "big")
+	body := func(n int) string { return `"` + strings.Repeat("x", n) + `"` }
+	var reqs []*proto.PubRequest
+	for i := 1; i <= 10; i++ {
+		reqs = append(reqs, req(k, "u", fmt.Sprintf("m%02d", i), body(1000)))
+	}
+	commit(t, st, reqs...)
+	one := MsgSize(&proto.Message{Room: "big", ID: "m10", From: "u", Body: []byte(body(1000))})
+	for _, c := range []struct {
+		after, upto uint64
+		b           Bounds
+		lo, hi      uint64
+		more        bool
+	}{
+		{0, 10, Bounds{Limit: 100}, 1, 10, false},
+		{0, 10, Bounds{Limit: 100, MaxBytes: 3 * one}, 1, 3, true},
+		{0, 10, Bounds{Limit: 100, MaxBytes: 3*one - 1}, 1, 2, true},
+		{0, 10, Bounds{Limit: 100, MaxBytes: 1}, 1, 1, true}, // the first always comes
+		{0, 10, Bounds{Limit: 4}, 1, 4, true},
+		{0, 4, Bounds{Limit: 4}, 1, 4, false},
+		{7, 10, Bounds{Limit: 100, MaxBytes: 3 * one}, 8, 10, false},
+		{0, 10, Bounds{Limit: 100, MaxBytes: 100 * one}, 1, 10, false},
+	} {
+		msgs, more, err := st.Range(ctx, k, c.after, c.upto, c.b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		what := fmt.Sprintf("Range(%d,%d,%+v)", c.after, c.upto, c.b)
+		wantSeqs(t, what, msgs, c.lo, c.hi)
+		if more != c.more {
+			t.Fatalf("%s: more %v, want %v", what, more, c.more)
+		}
+	}
+	for _, c := range []struct {
+		before uint64
+		b      Bounds
+		lo, hi uint64
+		more   bool
+	}{
+		{0, Bounds{Limit: 100}, 1, 10, false},
+		{0, Bounds{Limit: 100, MaxBytes: 3 * one}, 8, 10, true},
+		{0, Bounds{Limit: 100, MaxBytes: 1}, 10, 10, true},
+		{5, Bounds{Limit: 100, MaxBytes: 2 * one}, 3, 4, true},
+		{4, Bounds{Limit: 100, MaxBytes: 3 * one}, 1, 3, false},
+		{0, Bounds{Limit: 2}, 9, 10, true},
+	} {
+		msgs, more, err := st.History(ctx, k, c.before, c.b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		what := fmt.Sprintf("History(%d,%+v)", c.before, c.b)
+		wantSeqs(t, what, msgs, c.lo, c.hi)
+		if more != c.more {
+			t.Fatalf("%s: more %v, want %v", what, more, c.more)
+		}
+		for _, m := range msgs {
+			if string(m.Body) != body(1000) || m.ID == "" {
+				t.Fatalf("%s: message %+v", what, m)
+			}
+		}
 	}
 }
