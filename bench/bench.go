@@ -160,18 +160,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		writeTable(stdout, rep)
 	}
 	if p.plot != "" {
-		if err := os.WriteFile(p.plot, plotSVG(rep), 0o644); err != nil {
+		svg := plotSVG(rep)
+		if len(rep.Series) > 0 {
+			svg = plotSeries(rep)
+		}
+		if err := os.WriteFile(p.plot, svg, 0o644); err != nil {
 			fmt.Fprintf(stderr, "roost bench %s: cannot write --plot: %v\n", sc.name, err)
 			return 1
 		}
 	}
-	if sc.name == "soak" && len(rep.Levels) > 0 {
-		r := rep.Levels[len(rep.Levels)-1]
-		if r.Gaps+r.Duplicates+r.Reordered > 0 || r.AckedNotReceived > 0 || r.Delivered < r.Expected {
-			fmt.Fprintf(stderr, "roost bench soak: integrity errors: %d gaps, %d duplicates, %d reordered, %d rooms with acked messages not received, %d of %d deliveries\n",
-				r.Gaps, r.Duplicates, r.Reordered, r.AckedNotReceived, r.Delivered, r.Expected)
-			return 1
-		}
+	if v := rep.Verdict; v != nil && !v.OK {
+		fmt.Fprintf(stderr, "roost bench %s: integrity errors: %s\n", sc.name, strings.Join(v.Reasons, "; "))
+		return 1
 	}
 	return 0
 }
@@ -264,6 +264,28 @@ func writeTable(w io.Writer, rep *Report) {
 	}
 	if rep.HighestSustained > 0 {
 		fmt.Fprintf(w, "highest sustained rate: %.0f publishes/s\n", rep.HighestSustained)
+	}
+	if r.Rejoins+r.Resent+r.Away > 0 || rep.Verdict != nil {
+		fmt.Fprintf(w, "reconnections: %d rejoined (%d told recovered:false, %d seqs announced lost), %d publishes sent again, %d deliveries as catch-up, %d not back at the end\n",
+			r.Rejoins, r.Unrecov, r.ToldLost, r.Resent, r.Replayed, r.Away)
+	}
+	for _, ev := range rep.Windows {
+		fmt.Fprintf(w, "window %6.1fs-%6.1fs %-28s ack p50 %.2fms p95 %.2fms p99 %.2fms; live p99 %.2fms; %d closes, %d rejoined (peak %.0f/s, p99 %.0fms, max %.0fms)\n",
+			ev.T, ev.Until, ev.Name, ev.AckP50, ev.AckP95, ev.AckP99, ev.LatP99, ev.Closes, ev.Rejoined, ev.RejoinPerS, ev.RejoinP99, ev.RejoinMax)
+	}
+	for _, g := range rep.RSSTail {
+		note := ""
+		if g.Restarted {
+			note = " (restarted inside the stretch)"
+		}
+		fmt.Fprintf(w, "RSS of %s from %.0fs: %.1f -> %.1f MiB (%+.1f%%)%s\n", g.Name, g.From, g.FirstMiB, g.LastMiB, g.GrowthPct, note)
+	}
+	if v := rep.Verdict; v != nil {
+		if v.OK {
+			fmt.Fprintln(w, "verdict: every window publish acked, every delivery received once and in order, every connection back")
+		} else {
+			fmt.Fprintf(w, "verdict: FAILED: %s\n", strings.Join(v.Reasons, "; "))
+		}
 	}
 }
 

@@ -41,13 +41,14 @@ func (c *SeqChecker) Last() uint64 {
 	return c.next - 1
 }
 
-// Observe records one received seq.
-func (c *SeqChecker) Observe(seq uint64) {
+// Observe records one received seq and reports whether it was new (not a
+// duplicate).
+func (c *SeqChecker) Observe(seq uint64) bool {
 	c.Received++
 	if !c.started {
 		c.started = true
 		c.next = seq + 1
-		return
+		return true
 	}
 	switch {
 	case seq == c.next:
@@ -63,8 +64,10 @@ func (c *SeqChecker) Observe(seq uint64) {
 			c.Missing--
 		} else {
 			c.Duplicates++
+			return false
 		}
 	}
+	return true
 }
 
 func (c *SeqChecker) addMissing(r seqRange) {

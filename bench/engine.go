@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,14 @@ const (
 	stJoining
 	stReady
 	stClosed
+	stAway // closed by the node or the network, waiting to reconnect (--reconnect)
+)
+
+// reconnect policies
+const (
+	reconnectOff  = iota
+	reconnectSame // back to the node it was on
+	reconnectNext // each attempt to the next --url: a killed node's clients move over
 )
 
 // target is one node URL.
@@ -103,26 +112,39 @@ type connSpec struct {
 
 // conn is one bench connection; only its loop touches it after add.
 type conn struct {
-	fd    int
-	state uint8
-	dirty bool
-	spec  *connSpec
-	room  []byte
-	in    []byte
-	out   []byte
-	ck    SeqChecker
+	fd     int
+	state  uint8
+	dirty  bool
+	spec   *connSpec
+	target int // the --url this socket went to (the spec's, unless a reconnect moved it)
+	room   []byte
+	in     []byte
+	out    []byte
+	ck     SeqChecker
+
+	// reconnection (--reconnect): the conn struct outlives its sockets, so
+	// that its checker and its unacked publishes carry over
+	away     bool  // lost its first socket: handshake failures retry instead of failing the run
+	closedAt int64 // when the last socket was lost
+	retryAt  int64
+	attempts int
+	joinSent int64 // when the last join was sent: older messages are catch-up
+	epoch    []byte
 
 	// publisher state
-	tokens   float64
-	lastFill int64
-	nextID   uint64
-	inflight []sendSlot // ring indexed by id, grown when a slot is still in flight
-	ackMax   uint64
+	resendIDs []uint64
+	resendAt  int64
+	tokens    float64
+	lastFill  int64
+	nextID    uint64
+	inflight  []sendSlot // ring indexed by id, grown when a slot is still in flight
+	ackMax    uint64
 }
 
 type sendSlot struct {
-	id uint64
-	t  int64
+	id   uint64
+	t    int64
+	size int32
 }
 
 // levelStats is what one loop (or one process) counted in one level. It is
@@ -149,6 +171,15 @@ type levelStats struct {
 	TotalSent   uint64           `json:"total_sent"`
 	TotalFrames uint64           `json:"total_frames"` // text frames received
 	LastMin     map[int32]uint64 `json:"last_min,omitempty"`
+
+	// reconnection, since connect
+	Rejoins  uint64 `json:"rejoins"`   // connections joined again after losing their socket
+	Unrecov  uint64 `json:"unrecov"`   // rejoins told recovered:false
+	ToldLost uint64 `json:"told_lost"` // seqs those rejoins said will not follow
+	Resent   uint64 `json:"resent"`    // publishes sent again (same id) after a lost socket or an err
+	Away     uint64 `json:"away"`      // connections not joined when the level ended
+	Replayed uint64 `json:"replayed"`  // window deliveries that arrived as catch-up
+	Series   []slot `json:"-"`
 }
 
 func newLevelStats() *levelStats {
@@ -176,6 +207,13 @@ func (s *levelStats) merge(o *levelStats) {
 	s.Missing += o.Missing
 	s.Duplicates += o.Duplicates
 	s.Reordered += o.Reordered
+	s.Rejoins += o.Rejoins
+	s.Unrecov += o.Unrecov
+	s.ToldLost += o.ToldLost
+	s.Resent += o.Resent
+	s.Away += o.Away
+	s.Replayed += o.Replayed
+	s.Series = mergeSlots(s.Series, o.Series)
 	for r, v := range o.AckMax {
 		if s.AckMax == nil {
 			s.AckMax = map[int32]uint64{}
@@ -218,6 +256,13 @@ type engine struct {
 	stop     atomic.Bool
 
 	sizeFn func(rng *uint64) int // body size of the next publish
+
+	reconnect          int
+	retryMin, retryMax int64 // ns: the jitter of a reconnect without a node's hint
+
+	// --series: set before the snapshot that starts a level
+	serStart, serStep atomic.Int64
+	serLen            atomic.Int64
 
 	wg sync.WaitGroup
 }
@@ -268,7 +313,7 @@ func (e *engine) connect(specs []*connSpec, timeout time.Duration) error {
 				e.fail(err)
 				continue
 			}
-			c := &conn{fd: fd, spec: s}
+			c := &conn{fd: fd, spec: s, target: s.target}
 			if s.room >= 0 {
 				c.room = []byte(e.rooms[s.room])
 			}
@@ -290,7 +335,9 @@ func (e *engine) connect(specs []*connSpec, timeout time.Duration) error {
 	return nil
 }
 
-func (e *engine) dial(s *connSpec) (int, error) {
+func (e *engine) dial(s *connSpec) (int, error) { return e.dialTo(s, s.target) }
+
+func (e *engine) dialTo(s *connSpec, target int) (int, error) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("cannot create socket: %w", err)
@@ -311,10 +358,10 @@ func (e *engine) dial(s *connSpec) (int, error) {
 			return -1, fmt.Errorf("cannot bind source %v: %w", net.IP(sa.Addr[:]), err)
 		}
 	}
-	ta := e.targets[s.target].addr
+	ta := e.targets[target].addr
 	if err := unix.Connect(fd, &ta); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		unix.Close(fd)
-		return -1, fmt.Errorf("cannot connect to %s: %w", e.targets[s.target].host, err)
+		return -1, fmt.Errorf("cannot connect to %s: %w", e.targets[target].host, err)
 	}
 	return fd, nil
 }
@@ -391,16 +438,20 @@ func (e *engine) close() {
 
 // loop is one epoll event loop.
 type loop struct {
-	e       *engine
-	epfd    int
-	events  []unix.EpollEvent
-	buf     []byte
-	scratch []byte // one pub payload before framing
-	rx      rx
-	byFd    []*conn // the loop's connections by descriptor (nil: none); descriptors are small and dense
-	pubs    []*conn
-	dirty   []*conn
-	rng     uint64
+	e                 *engine
+	epfd              int
+	events            []unix.EpollEvent
+	buf               []byte
+	scratch           []byte // one pub payload before framing
+	rx                rx
+	byFd              []*conn // the loop's connections by descriptor (nil: none); descriptors are small and dense
+	pubs              []*conn
+	dirty             []*conn
+	away              []*conn // waiting to reconnect
+	spare             []*conn // the other buffer of away, for redial
+	resendq           []*conn // publishers with publishes refused for now (err overloaded, internal)
+	rng               uint64
+	serStart, serStep int64
 
 	mu       sync.Mutex
 	incoming []*conn
@@ -476,6 +527,8 @@ func (l *loop) run() {
 			l.handle(c, ev.Events)
 		}
 		now := time.Now().UnixNano()
+		l.redial(now)
+		l.resendDue(now)
 		if l.e.pubOn.Load() {
 			l.publish(now)
 			l.publishing = true
@@ -523,17 +576,180 @@ func (l *loop) takeIncoming() {
 	}
 }
 
-// abort fails a connection that never became ready.
+// abort fails a connection that never became ready; one that had been
+// ready and lost its socket tries again later.
 func (l *loop) abort(c *conn, err error) {
-	if c.state == stClosed {
+	if c.state == stClosed || c.state == stAway {
 		return
 	}
 	wasReady := c.state == stReady
 	l.drop(c)
+	if c.away {
+		l.st.Errors["reconnect_failed"]++
+		l.goAway(c, 0)
+		return
+	}
 	if !wasReady {
 		<-l.e.sem
 		l.e.fail(err)
 	}
+}
+
+// goAway schedules a reconnection: after the node's hint when it gave one,
+// else a jittered delay that doubles with each failed attempt.
+func (l *loop) goAway(c *conn, hint int64) {
+	now := time.Now().UnixNano()
+	if !c.away || c.attempts == 0 {
+		c.closedAt = now
+	}
+	c.away = true
+	d := hint
+	if d <= 0 {
+		lo, hi := l.e.retryMin, l.e.retryMax
+		if c.attempts > 0 {
+			lo = min(lo<<min(c.attempts, 6), hi)
+		}
+		d = lo
+		if hi > lo {
+			d += int64(l.rand() % uint64(hi-lo))
+		}
+	}
+	c.attempts++
+	c.state = stAway
+	c.retryAt = now + d
+	c.lastFill = 0 // the bucket starts afresh when it is back: no catch-up burst
+	l.away = append(l.away, c)
+}
+
+// redial opens a new socket for every away connection whose time came.
+func (l *loop) redial(now int64) {
+	if len(l.away) == 0 {
+		return
+	}
+	list := l.away
+	l.away = l.spare[:0]
+	for _, c := range list {
+		if c.retryAt > now || l.e.stop.Load() {
+			l.away = append(l.away, c)
+			continue
+		}
+		target := c.spec.target
+		if l.e.reconnect == reconnectNext {
+			target = (target + c.attempts) % len(l.e.targets)
+		}
+		fd, err := l.e.dialTo(c.spec, target)
+		if err != nil {
+			l.st.Errors["reconnect_failed"]++
+			l.goAway(c, 0)
+			continue
+		}
+		c.fd, c.state, c.target = fd, stConnecting, target
+		for c.fd >= len(l.byFd) {
+			l.byFd = append(l.byFd, nil)
+		}
+		l.byFd[c.fd] = c
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(c.fd)}
+		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
+			l.drop(c)
+			l.goAway(c, 0)
+		}
+	}
+	l.spare = list[:0]
+}
+
+// rejoined is a reconnection joined again: the time it took, and every
+// publish not acked on the lost socket sent again with its id, so that
+// the node stores it once whether or not the first one reached it.
+func (l *loop) rejoined(c *conn) {
+	now := time.Now().UnixNano()
+	l.st.Rejoins++
+	if s := l.slotAt(now); s != nil {
+		s.Rejoined++
+		s.RejoinTime.record(now - c.closedAt)
+	}
+	c.attempts = 0
+	c.resendIDs = c.resendIDs[:0]
+	if !c.spec.publish {
+		return
+	}
+	var ids []uint64
+	for _, s := range c.inflight {
+		if s.id != 0 {
+			ids = append(ids, s.id)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		s := &c.inflight[id&uint64(len(c.inflight)-1)]
+		l.appendPubFrame(c, id, s.t, int(s.size))
+		l.st.Resent++
+	}
+	if len(ids) > 0 {
+		l.markDirty(c)
+	}
+}
+
+// pubFailed handles an err answering one of c's publishes: one the node
+// could not take now (overloaded, internal: its database went away) is
+// sent again with the same id after a short jittered wait, as a client
+// would; others are counted and given up.
+func (l *loop) pubFailed(c *conn, f *proto.ServerFrame) {
+	if !c.spec.publish || l.e.reconnect == reconnectOff {
+		return
+	}
+	switch string(f.Code) {
+	case "overloaded", "internal", "rate_limited":
+	default:
+		return
+	}
+	id, ok := parseUint(f.Ref)
+	if !ok || c.inflight[id&uint64(len(c.inflight)-1)].id != id {
+		return
+	}
+	c.resendIDs = append(c.resendIDs, id)
+	if c.resendAt == 0 {
+		c.resendAt = time.Now().UnixNano() + int64(100*time.Millisecond) + int64(l.rand()%uint64(200*time.Millisecond))
+		l.resendq = append(l.resendq, c)
+	}
+}
+
+// resendDue sends again the refused publishes whose wait is over.
+func (l *loop) resendDue(now int64) {
+	if len(l.resendq) == 0 {
+		return
+	}
+	keep := l.resendq[:0]
+	for _, c := range l.resendq {
+		if c.resendAt > now {
+			keep = append(keep, c)
+			continue
+		}
+		c.resendAt = 0
+		if c.state != stReady {
+			continue // a rejoin sends every unacked publish again
+		}
+		for _, id := range c.resendIDs {
+			if s := &c.inflight[id&uint64(len(c.inflight)-1)]; s.id == id {
+				l.appendPubFrame(c, id, s.t, int(s.size))
+				l.st.Resent++
+			}
+		}
+		c.resendIDs = c.resendIDs[:0]
+		l.markDirty(c)
+	}
+	l.resendq = keep
+}
+
+// slotAt is the --series slot of time t, nil when there is none.
+func (l *loop) slotAt(t int64) *slot {
+	if l.serStep <= 0 || t < l.serStart {
+		return nil
+	}
+	i := (t - l.serStart) / l.serStep
+	if i >= int64(len(l.st.Series)) {
+		return nil
+	}
+	return &l.st.Series[i]
 }
 
 func (l *loop) drop(c *conn) {
@@ -546,19 +762,32 @@ func (l *loop) drop(c *conn) {
 	c.in, c.out = nil, nil
 }
 
-// closed records a ready connection the node closed.
-func (l *loop) closed(c *conn, code int) {
+// closed records a ready connection the node closed; hint is the node's
+// reconnect delay (ns) from the close reason, 0 for none.
+func (l *loop) closed(c *conn, code int, hint int64) {
 	if c.state != stReady {
 		l.abort(c, fmt.Errorf("connection closed during handshake (code %d)", code))
 		return
 	}
 	l.st.Closes[code]++
 	l.nerr++
+	if s := l.slotAt(time.Now().UnixNano()); s != nil {
+		s.Closes++
+	}
 	l.drop(c)
+	if l.e.reconnect != reconnectOff && !l.e.stop.Load() {
+		c.attempts = 0
+		c.away = false
+		l.goAway(c, hint)
+	}
 }
 
 func (l *loop) becameReady(c *conn) {
 	c.state = stReady
+	if c.away {
+		l.rejoined(c)
+		return
+	}
 	if c.spec.publish {
 		c.inflight = make([]sendSlot, 16)
 		c.tokens = float64(l.rand()%1000) / 1000 // spread the first sends
@@ -577,12 +806,12 @@ func (l *loop) handle(c *conn, events uint32) {
 			if err == nil {
 				err = unix.Errno(v)
 			}
-			l.abort(c, fmt.Errorf("cannot connect to %s: %w", l.e.targets[c.spec.target].host, err))
+			l.abort(c, fmt.Errorf("cannot connect to %s: %w", l.e.targets[c.target].host, err))
 			return
 		}
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(c.fd)}
 		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, c.fd, &ev)
-		t := &l.e.targets[c.spec.target]
+		t := &l.e.targets[c.target]
 		c.out = appendUpgrade(c.out, t.host, t.pathQuery+"user="+c.spec.user+"&app="+l.e.app)
 		c.state = stUpgrading
 		l.markDirty(c)
@@ -609,12 +838,12 @@ func (l *loop) read(c *conn) (more bool) {
 			return true
 		}
 		if !errors.Is(err, unix.EAGAIN) {
-			l.closed(c, 1006)
+			l.closed(c, 1006, 0)
 		}
 		return false
 	}
 	if r == 0 {
-		l.closed(c, 1006)
+		l.closed(c, 1006, 0)
 		return false
 	}
 	more = n+r == len(l.buf)
@@ -641,7 +870,12 @@ func (l *loop) read(c *conn) (more bool) {
 		}
 		b = b[hn:]
 		if c.spec.join {
-			c.out = append(c.out, joinFrame(c.room, l.mask())...)
+			c.joinSent = now
+			if c.away {
+				c.out = append(c.out, rejoinFrame(c.room, c.ck.Last(), c.epoch, l.mask())...)
+			} else {
+				c.out = append(c.out, joinFrame(c.room, l.mask())...)
+			}
 			l.markDirty(c)
 			c.state = stJoining
 		} else {
@@ -653,7 +887,7 @@ func (l *loop) read(c *conn) (more bool) {
 		return false
 	}
 	if len(rest) > len(l.buf)/2 {
-		l.closed(c, 1009)
+		l.closed(c, 1009, 0)
 		return false
 	}
 	c.in = append(c.in[:0], rest...)
@@ -667,6 +901,23 @@ func indexCRLF(b []byte) int {
 		}
 	}
 	return -1
+}
+
+// rejoinFrame asks for every message after since, in the history epoch
+// names.
+func rejoinFrame(room []byte, since uint64, epoch []byte, mask [4]byte) []byte {
+	p := make([]byte, 0, 64+len(room)+len(epoch))
+	p = append(p, `{"op":"join","room":"`...)
+	p = append(p, room...)
+	p = append(p, `","since":`...)
+	p = strconv.AppendUint(p, since, 10)
+	if len(epoch) > 0 {
+		p = append(p, `,"epoch":"`...)
+		p = append(p, epoch...)
+		p = append(p, '"')
+	}
+	p = append(p, '}')
+	return proto.AppendClientFrame(nil, ws.OpText, mask, p)
 }
 
 func joinFrame(room []byte, mask [4]byte) []byte {
@@ -703,7 +954,7 @@ func (l *loop) frames(c *conn, b []byte, now int64) []byte {
 		h, hn, err := proto.ParseFrameHeader(b)
 		if err != nil || h.Masked {
 			l.st.Errors["bad_frame"]++
-			l.closed(c, 1002)
+			l.closed(c, 1002, 0)
 			return nil
 		}
 		if hn == 0 || int64(len(b)-hn) < h.Length {
@@ -726,10 +977,12 @@ func (l *loop) frames(c *conn, b []byte, now int64) []byte {
 			l.markDirty(c)
 		case ws.OpClose:
 			code := 1005
+			var hint int64
 			if len(payload) >= 2 {
 				code = int(payload[0])<<8 | int(payload[1])
+				hint = retryHint(payload[2:])
 			}
-			l.closed(c, code)
+			l.closed(c, code, hint)
 			return nil
 		case ws.OpPong:
 		default:
@@ -755,7 +1008,7 @@ func (l *loop) text(c *conn, payload []byte, now int64, f *proto.ServerFrame) {
 		l.nerr++
 		return
 	}
-	l.onFrame(c, f, now)
+	l.onFrame(c, f, payload, now)
 }
 
 func (l *loop) inWindow(t int64) bool {
@@ -765,20 +1018,39 @@ func (l *loop) inWindow(t int64) bool {
 // onMsg counts one received msg: its seq in order, its latency when it was
 // published in the window.
 func (l *loop) onMsg(c *conn, seq uint64, stamp int64, now int64) {
-	c.ck.Observe(seq)
+	fresh := c.ck.Observe(seq)
 	l.recv++
 	if l.inWindow(now) {
 		l.st.RecvFrames++
 	}
-	if stamp != 0 && l.inWindow(stamp) {
+	s := l.slotAt(now)
+	if s != nil {
+		s.Frames++
+	}
+	if !fresh || stamp == 0 {
+		return
+	}
+	live := stamp >= c.joinSent
+	if s != nil {
+		if live {
+			s.Live++
+			s.Lat.record(now - stamp)
+		} else {
+			s.Replayed++
+		}
+	}
+	if l.inWindow(stamp) {
 		l.st.Delivered++
 		l.winDel++
+		if !live {
+			l.st.Replayed++
+		}
 		l.st.Lat.Record(now - stamp)
 		l.sec.Record(now - stamp)
 	}
 }
 
-func (l *loop) onFrame(c *conn, f *proto.ServerFrame, now int64) {
+func (l *loop) onFrame(c *conn, f *proto.ServerFrame, payload []byte, now int64) {
 	switch string(f.Op) {
 	case "msg":
 		l.onMsg(c, f.Seq, bodyStamp(f.Body), now)
@@ -801,17 +1073,45 @@ func (l *loop) onFrame(c *conn, f *proto.ServerFrame, now int64) {
 			l.winAcked++
 			l.st.AckLat.Record(now - s.t)
 		}
+		if sl := l.slotAt(now); sl != nil {
+			sl.Acked++
+			sl.AckLat.record(now - s.t)
+		}
 	case "joined":
 		if c.state == stJoining {
-			c.ck.Start(f.Seq)
+			if !c.away {
+				c.ck.Start(f.Seq)
+				c.epoch, _, _ = joinedResume(payload)
+				c.epoch = append([]byte(nil), c.epoch...)
+			} else {
+				epoch, lost, from := joinedResume(payload)
+				c.epoch = append(c.epoch[:0], epoch...)
+				if lost {
+					// the node says which seqs will not follow: the member
+					// was told, so they are not gaps
+					l.st.Unrecov++
+					if s := l.slotAt(now); s != nil {
+						s.Unrecov++
+					}
+					if last := c.ck.Last(); from > last+1 {
+						l.st.ToldLost += from - last - 1
+					}
+					c.ck.Start(from - 1)
+				}
+			}
 			l.becameReady(c)
 		}
 	case "err":
 		l.st.Errors[string(f.Code)]++
 		l.nerr++
+		if s := l.slotAt(now); s != nil {
+			s.ErrFrames++
+		}
 		if c.state == stJoining {
 			l.abort(c, fmt.Errorf("join refused: %s", f.Code))
+			return
 		}
+		l.pubFailed(c, f)
 	case "pong", "left":
 	default:
 		l.st.Errors["unexpected_op"]++
@@ -871,6 +1171,9 @@ func (l *loop) publish(now int64) {
 				l.st.Expected += uint64(c.spec.receivers)
 				l.winExp += uint64(c.spec.receivers)
 			}
+			if s := l.slotAt(now); s != nil {
+				s.Sent++
+			}
 			l.sent++
 		}
 		l.markDirty(c)
@@ -907,9 +1210,13 @@ func (l *loop) appendPub(c *conn, now int64) {
 		c.growInflight()
 		slot = &c.inflight[id&uint64(len(c.inflight)-1)]
 	}
-	*slot = sendSlot{id: id, t: now}
-
 	size := l.e.sizeFn(&l.rng)
+	*slot = sendSlot{id: id, t: now, size: int32(size)}
+	l.appendPubFrame(c, id, now, size)
+}
+
+// appendPubFrame appends the pub frame of publish id, sent at now.
+func (l *loop) appendPubFrame(c *conn, id uint64, now int64, size int) {
 	var num [20]byte
 	ids := strconv.AppendUint(num[:0], id, 10)
 	var tsb [20]byte
@@ -952,7 +1259,7 @@ func (l *loop) flush() {
 	keep := l.dirty[:0]
 	for _, c := range l.dirty {
 		c.dirty = false
-		if c.state == stClosed || c.state == stConnecting || len(c.out) == 0 {
+		if c.state == stClosed || c.state == stAway || c.state == stConnecting || len(c.out) == 0 {
 			continue
 		}
 		n, err := rawWrite(c.fd, c.out)
@@ -962,7 +1269,7 @@ func (l *loop) flush() {
 				keep = append(keep, c)
 				continue
 			}
-			l.closed(c, 1006)
+			l.closed(c, 1006, 0)
 			continue
 		}
 		if n < len(c.out) {
@@ -1003,14 +1310,27 @@ func (l *loop) publishLive(now int64) {
 func (l *loop) handOver() {
 	st := l.st
 	st.TotalSent, st.TotalFrames = l.sent, l.textFrames
+	for _, c := range l.away {
+		st.Away++
+		st.Gaps += c.ck.Gaps
+		st.Missing += c.ck.Missing
+		st.Duplicates += c.ck.Duplicates
+		st.Reordered += c.ck.Reordered
+	}
 	for _, c := range l.byFd {
-		if c == nil || c.state != stReady {
+		if c == nil {
 			continue
 		}
 		st.Gaps += c.ck.Gaps
 		st.Missing += c.ck.Missing
 		st.Duplicates += c.ck.Duplicates
 		st.Reordered += c.ck.Reordered
+		if c.state != stReady {
+			if c.away {
+				st.Away++
+			}
+			continue
+		}
 		if !l.verify.Load() || c.spec.room < 0 {
 			continue
 		}
@@ -1032,6 +1352,10 @@ func (l *loop) handOver() {
 		}
 	}
 	l.st = newLevelStats()
+	l.serStart, l.serStep = l.e.serStart.Load(), l.e.serStep.Load()
+	if n := l.e.serLen.Load(); n > 0 && l.serStep > 0 {
+		l.st.Series = make([]slot, n)
+	}
 	l.winSent, l.winAcked, l.winExp, l.winDel = 0, 0, 0, 0
 	l.snap <- st
 }

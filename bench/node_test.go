@@ -111,8 +111,16 @@ func checkNodeCounters(t *testing.T, n testNode, rep *Report) {
 // startNode runs `roost serve --insecure` and waits until it accepts.
 func startNode(t *testing.T, extra ...string) testNode {
 	t.Helper()
-	bin := nodeBinary(t)
 	port, admin := redistest.FreePort(t, false), redistest.FreePort(t, false)
+	n, _ := startNodeAt(t, port, admin, extra...)
+	return n
+}
+
+// startNodeAt runs a node on the given ports; the process is returned so
+// that a test can kill it (the cleanup stops it otherwise).
+func startNodeAt(t *testing.T, port, admin int, extra ...string) (testNode, *os.Process) {
+	t.Helper()
+	bin := nodeBinary(t)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	args := append([]string{"serve", "--insecure", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin)}, extra...)
 	cmd := exec.Command(bin, args...)
@@ -127,7 +135,7 @@ func startNode(t *testing.T, extra ...string) testNode {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
-		case <-time.After(10 * time.Second):
+		case <-time.After(15 * time.Second):
 			_ = cmd.Process.Kill()
 			<-exited
 		}
@@ -152,7 +160,7 @@ func startNode(t *testing.T, extra ...string) testNode {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return testNode{url: "ws://" + addr + "/ws", pid: cmd.Process.Pid, admin: "127.0.0.1:" + strconv.Itoa(admin)}
+	return testNode{url: "ws://" + addr + "/ws", pid: cmd.Process.Pid, admin: "127.0.0.1:" + strconv.Itoa(admin)}, cmd.Process
 }
 
 // runBench runs one scenario in its short form and returns the report.

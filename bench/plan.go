@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -22,7 +23,13 @@ type params struct {
 	drain          time.Duration
 	hold           time.Duration
 	connectTimeout time.Duration
-	pids           pidList // the nodes under test
+	pids, watch    procList // the nodes under test, and other processes to report on
+	series         time.Duration
+	events         string
+	rssTail        time.Duration
+	reconnect      string
+	retryMin       time.Duration
+	retryMax       time.Duration
 	pg             bool
 	jsonOut        bool
 	plot           string
@@ -132,7 +139,14 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.DurationVar(&p.duration, "duration", defDur, "measurement window")
 	fs.DurationVar(&p.drain, "drain", 2*time.Second, "longest wait after the window for acks and deliveries")
 	fs.DurationVar(&p.connectTimeout, "connect-timeout", 2*time.Minute, "longest wait for every connection to be joined")
-	fs.Var(&p.pids, "pid", "node PIDs, comma-separated: report their CPU per frame and publish and each one's CPU and RSS (and RSS per connection for density)")
+	fs.Var(&p.pids, "pid", "node PIDs ([NAME=]PID or [NAME=]@PIDFILE, comma-separated): their CPU per frame and publish, each one's CPU and RSS (and RSS per connection for density)")
+	fs.Var(&p.watch, "watch", "other processes to report CPU and RSS of (Redis, …): NAME=PID or NAME=@PIDFILE, comma-separated")
+	fs.DurationVar(&p.series, "series", 0, "keep rates, latencies and --pid/--watch CPU and RSS per step of this length over the run (0: off)")
+	fs.StringVar(&p.events, "events", "", "file of \"UNIX_NS NAME\" lines (faults) to mark on the --series plot and to give latencies per window of")
+	fs.DurationVar(&p.rssTail, "rss-tail", 10*time.Minute, "with --series: report each process's RSS growth over this last stretch of the run")
+	fs.StringVar(&p.reconnect, "reconnect", "", "a connection the node or the network closed comes back after its retry delay and rejoins with since (unacked publishes sent again with their ids): same (the node it was on) or next (the next --url at each attempt); empty: it stays closed")
+	fs.DurationVar(&p.retryMin, "retry-min", 500*time.Millisecond, "with --reconnect: shortest jittered delay when the close carries no retry=MS hint")
+	fs.DurationVar(&p.retryMax, "retry-max", 3*time.Second, "with --reconnect: longest such delay (also the cap of the doubling after failed attempts)")
 	fs.BoolVar(&p.pg, "pg", false, "report the CPU of all processes named postgres")
 	fs.BoolVar(&p.jsonOut, "json", false, "print the report as JSON")
 	fs.StringVar(&p.plot, "plot", "", "write latency against offered rate of a --step run to this SVG file")
@@ -194,6 +208,16 @@ func (p *params) validate() error {
 		return usagef("--step needs --step-factor > 1 or --step-add > 0")
 	case p.workerCount < 1 || p.workerIndex < 0 || p.workerIndex >= p.workerCount:
 		return usagef("bad worker index")
+	case p.reconnect != "" && p.reconnect != "same" && p.reconnect != "next":
+		return usagef("--reconnect is same, next or empty")
+	case p.retryMin <= 0 || p.retryMax < p.retryMin:
+		return usagef("--retry-min must be positive and at most --retry-max")
+	case p.series < 0 || (p.series > 0 && p.series < 100*time.Millisecond):
+		return usagef("--series must be 0 or at least 100ms")
+	case p.series > 0 && p.step:
+		return usagef("--series applies to a run of one level, not --step")
+	case p.events != "" && p.series == 0:
+		return usagef("--events needs --series")
 	}
 	switch p.scenario {
 	case "delivery", "hotroom":
@@ -445,38 +469,86 @@ func mixFunc(mix []sizeWeight) func(*uint64) int {
 	}
 }
 
-// pidList is --pid: one PID or several, comma-separated; 0 means none.
-type pidList []int
+// procRef is one process to watch: a PID, or a file holding the PID of a
+// process that may be restarted during the run (read at every sample).
+type procRef struct {
+	name string
+	pid  int
+	file string
+}
 
-func (l *pidList) String() string {
+// resolve returns the process's PID now, 0 when there is none.
+func (r procRef) resolve() int {
+	if r.file == "" {
+		return r.pid
+	}
+	b, err := os.ReadFile(r.file)
+	if err != nil {
+		return 0
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || v <= 0 {
+		return 0
+	}
+	return v
+}
+
+// procList is --pid and --watch: [NAME=]PID or [NAME=]@PIDFILE,
+// comma-separated; a PID of 0 means none.
+type procList []procRef
+
+func (l *procList) String() string {
 	if l == nil {
 		return ""
 	}
 	parts := make([]string, len(*l))
-	for i, v := range *l {
-		parts[i] = strconv.Itoa(v)
+	for i, r := range *l {
+		v := strconv.Itoa(r.pid)
+		if r.file != "" {
+			v = "@" + r.file
+		}
+		if r.name != "" {
+			v = r.name + "=" + v
+		}
+		parts[i] = v
 	}
 	return strings.Join(parts, ",")
 }
 
-func (l *pidList) Set(s string) error {
+func (l *procList) Set(s string) error {
 	*l = nil
 	for _, f := range splitList(s) {
-		v, err := strconv.Atoi(f)
-		if err != nil || v < 0 {
-			return fmt.Errorf("bad PID %q", f)
+		var r procRef
+		if name, v, ok := strings.Cut(f, "="); ok {
+			r.name, f = name, v
 		}
-		if v > 0 {
-			*l = append(*l, v)
+		if strings.HasPrefix(f, "@") && len(f) > 1 {
+			r.file = f[1:]
+		} else {
+			v, err := strconv.Atoi(f)
+			if err != nil || v < 0 {
+				return fmt.Errorf("bad PID %q (want [NAME=]PID or [NAME=]@PIDFILE)", f)
+			}
+			if v == 0 {
+				continue
+			}
+			r.pid = v
 		}
+		if r.name == "" {
+			r.name = "pid" + strconv.Itoa(r.pid)
+			if r.file != "" {
+				r.name = r.file
+			}
+		}
+		*l = append(*l, r)
 	}
 	return nil
 }
 
-// first is the first PID, 0 when there is none.
-func (l pidList) first() int {
+// first is the first process's PID, 0 when there is none.
+func (l procList) first() int {
 	if len(l) == 0 {
 		return 0
 	}
-	return l[0]
+	return l[0].resolve()
 }

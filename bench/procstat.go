@@ -116,13 +116,14 @@ func selfCPU() time.Duration {
 
 // sampler reads the CPU of the nodes and PostgreSQL at window edges.
 type sampler struct {
-	pids []int
+	pids []procRef
 	pg   bool
 }
 
 type cpuSample struct {
 	node  time.Duration   // all nodes together
 	nodes []time.Duration // each node, in --pid order
+	pid   []int           // the PID each was read from
 	rss   []int64         // each node's RSS at the sample
 	pg    time.Duration
 	err   error
@@ -130,23 +131,67 @@ type cpuSample struct {
 
 func (s sampler) sample() cpuSample {
 	var c cpuSample
-	for _, pid := range s.pids {
-		d, err := procCPU(pid)
-		if err != nil {
-			c.err = err
-			return c
-		}
-		rss, err := procRSS(pid)
-		if err != nil {
-			c.err = err
-			return c
+	for _, r := range s.pids {
+		pid := r.resolve()
+		var d time.Duration
+		var rss int64
+		if pid > 0 {
+			var err error
+			if d, err = procCPU(pid); err == nil {
+				rss, err = procRSS(pid)
+			}
+			if err != nil && r.file == "" {
+				// a fixed PID that went away is an error; a PID file's
+				// process may be between a kill and its restart
+				c.err = err
+				return c
+			}
 		}
 		c.node += d
 		c.nodes = append(c.nodes, d)
+		c.pid = append(c.pid, pid)
 		c.rss = append(c.rss, rss)
 	}
 	if s.pg {
 		c.pg, _, c.err = commCPU("postgres")
 	}
 	return c
+}
+
+// cpuDelta is the CPU a process spent between two samples; when its PID
+// changed (a restart), the new process's whole CPU.
+func cpuDelta(a, b cpuSample, i int) time.Duration {
+	if a.pid[i] != b.pid[i] {
+		return b.nodes[i]
+	}
+	return b.nodes[i] - a.nodes[i]
+}
+
+// procSample is every watched process at one step of a --series.
+type procSample struct {
+	pid    []int
+	rss    []int64
+	cpuPct []float64 // over the step before
+}
+
+// sampleSeries samples every step from start until stop is closed.
+func sampleSeries(s sampler, start time.Time, step time.Duration, stop chan struct{}) []procSample {
+	var out []procSample
+	prev := s.sample()
+	for k := 1; ; k++ {
+		select {
+		case <-stop:
+			return out
+		case <-time.After(time.Until(start.Add(time.Duration(k) * step))):
+		}
+		cur := s.sample()
+		ps := procSample{pid: cur.pid, rss: cur.rss}
+		for i := range cur.nodes {
+			if i < len(prev.nodes) {
+				ps.cpuPct = append(ps.cpuPct, 100*cpuDelta(prev, cur, i).Seconds()/step.Seconds())
+			}
+		}
+		out = append(out, ps)
+		prev = cur
+	}
 }

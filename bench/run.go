@@ -41,13 +41,26 @@ func (d *localDriver) connect() error {
 	if err != nil {
 		return err
 	}
+	switch d.p.reconnect {
+	case "same":
+		e.reconnect = reconnectSame
+	case "next":
+		e.reconnect = reconnectNext
+	}
+	e.retryMin, e.retryMax = int64(d.p.retryMin), int64(d.p.retryMax)
 	d.e = e
 	return e.connect(d.specs, d.p.connectTimeout)
 }
 
 func (d *localDriver) level(rate float64, verify bool, start time.Time, mark func(bool)) (*levelStats, time.Duration, error) {
 	e := d.e
+	if d.p.series > 0 {
+		e.serStart.Store(start.UnixNano())
+		e.serStep.Store(int64(d.p.series))
+		e.serLen.Store(int64((d.p.warmup+d.p.duration+d.p.drain)/d.p.series) + 1)
+	}
 	e.snapshot(false) // what happened before this level is not measured
+	e.serLen.Store(0) // the snapshot that ends the level needs no new series
 	time.Sleep(time.Until(start))
 	ws := start.Add(d.p.warmup)
 	we := ws.Add(d.p.duration)
@@ -142,6 +155,14 @@ type LevelResult struct {
 	FramesPerSec float64 `json:"frames_per_s"`
 	BenchDropped uint64  `json:"bench_dropped"`
 
+	// --reconnect
+	Rejoins  uint64 `json:"rejoins,omitempty"`
+	Unrecov  uint64 `json:"recovered_false,omitempty"`
+	ToldLost uint64 `json:"told_lost,omitempty"`
+	Resent   uint64 `json:"resent,omitempty"`
+	Away     uint64 `json:"away_at_end,omitempty"`
+	Replayed uint64 `json:"replayed,omitempty"`
+
 	Latency    Percentiles `json:"latency"`
 	AckLatency Percentiles `json:"ack_latency"`
 
@@ -163,7 +184,8 @@ type LevelResult struct {
 	PGCPU            float64 `json:"pg_cpu_s,omitempty"`
 	PGUsPerPublish   float64 `json:"pg_cpu_us_per_publish,omitempty"`
 	// each --pid over the window: where the CPU went, and memory at its end
-	Nodes []NodeUsage `json:"nodes,omitempty"`
+	Nodes   []NodeUsage `json:"nodes,omitempty"`
+	Watched []NodeUsage `json:"watched,omitempty"` // --watch
 
 	Sustained bool   `json:"sustained"`
 	Broken    string `json:"broken,omitempty"` // why not sustained
@@ -171,6 +193,7 @@ type LevelResult struct {
 
 // NodeUsage is one node process over one window.
 type NodeUsage struct {
+	Name   string  `json:"name"`
 	PID    int     `json:"pid"`
 	CPU    float64 `json:"cpu_s"`
 	CPUPct float64 `json:"cpu_pct"` // of one core, over the window
@@ -195,6 +218,14 @@ type Report struct {
 	TotalSent   uint64 `json:"total_sent"`
 	TotalFrames uint64 `json:"total_frames_received"`
 
+	// --series
+	SeriesStep  float64           `json:"series_step_s,omitempty"`
+	SeriesNames []string          `json:"series_processes,omitempty"` // --pid then --watch, the order of rss_bytes and cpu_pct
+	Series      []SeriesPoint     `json:"series,omitempty"`
+	Windows     []EventWindow     `json:"event_windows,omitempty"`
+	RSSTail     []RSSGrowth       `json:"rss_tail,omitempty"`
+	Verdict     *IntegrityVerdict `json:"verdict,omitempty"`
+
 	// density
 	RSSBefore     int64          `json:"node_rss_before_bytes,omitempty"`
 	RSSAfter      int64          `json:"node_rss_after_bytes,omitempty"`
@@ -214,6 +245,7 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 		Closes: st.Closes, Errors: st.Errors,
 		Gaps: st.Gaps, Missing: st.Missing, Duplicates: st.Duplicates, Reordered: st.Reordered,
 		BenchCPU: benchCPU.Seconds(),
+		Rejoins:  st.Rejoins, Unrecov: st.Unrecov, ToldLost: st.ToldLost, Resent: st.Resent, Away: st.Away, Replayed: st.Replayed,
 	}
 	if st.Expected > 0 {
 		r.DeliveryPct = 100 * float64(st.Delivered) / float64(st.Expected)
@@ -229,11 +261,19 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 		}
 	}
 	if len(p.pids) > 0 && s0.err == nil && s1.err == nil {
-		for i, pid := range p.pids {
-			cpu := (s1.nodes[i] - s0.nodes[i]).Seconds()
-			r.Nodes = append(r.Nodes, NodeUsage{PID: pid, CPU: cpu, CPUPct: 100 * cpu / w, RSS: s1.rss[i]})
+		for i, ref := range p.pids {
+			cpu := cpuDelta(s0, s1, i).Seconds()
+			r.Nodes = append(r.Nodes, NodeUsage{Name: ref.name, PID: s1.pid[i], CPU: cpu, CPUPct: 100 * cpu / w, RSS: s1.rss[i]})
 		}
-		node := s1.node - s0.node
+		for i, ref := range p.watch {
+			j := len(p.pids) + i
+			cpu := cpuDelta(s0, s1, j).Seconds()
+			r.Watched = append(r.Watched, NodeUsage{Name: ref.name, PID: s1.pid[j], CPU: cpu, CPUPct: 100 * cpu / w, RSS: s1.rss[j]})
+		}
+		var node time.Duration
+		for i := range p.pids {
+			node += cpuDelta(s0, s1, i)
+		}
 		r.NodeCPU = node.Seconds()
 		if st.RecvFrames > 0 {
 			r.NodeUsPerFrame = float64(node.Nanoseconds()) / 1e3 / float64(st.RecvFrames)
@@ -274,7 +314,7 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 
 // execute runs the scenario through d and fills rep.
 func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) error {
-	smp := sampler{pids: p.pids, pg: p.pg}
+	smp := sampler{pids: append(append([]procRef(nil), p.pids...), p.watch...), pg: p.pg}
 	var rss0 int64
 	if p.scenario == "density" && p.pids.first() > 0 {
 		v, err := procRSS(p.pids.first())
@@ -329,12 +369,30 @@ func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) er
 		last := !p.step
 		// the lead time lets every worker read the command before the start
 		start := time.Now().Add(100 * time.Millisecond)
-		st, benchCPU, err := d.level(perPub(rate), last || p.scenario == "soak", start, mark)
+		var samples []procSample
+		stopSeries, seriesDone := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(seriesDone)
+			if p.series > 0 {
+				samples = sampleSeries(smp, start, p.series, stopSeries)
+			}
+		}()
+		st, benchCPU, err := d.level(perPub(rate), last || p.scenario == "soak" || p.reconnect != "", start, mark)
+		close(stopSeries)
+		<-seriesDone
 		if err != nil {
 			return err
 		}
+		if p.series > 0 {
+			if err := p.fillSeries(rep, st, samples, start); err != nil {
+				return err
+			}
+		}
 		r := p.result(st, rate, pl.publishers, benchCPU, s0, s1)
 		rep.Levels = append(rep.Levels, r)
+		if p.reconnect != "" || p.scenario == "soak" {
+			rep.Verdict = verdict(r)
+		}
 		rep.TotalSent, rep.TotalFrames = st.TotalSent, st.TotalFrames
 		if !p.step {
 			return nil
@@ -366,4 +424,66 @@ func sustainedWord(r LevelResult) string {
 		return "sustained"
 	}
 	return "not sustained: " + r.Broken
+}
+
+// fillSeries puts the level's slots, the process samples and the event
+// windows into the report.
+func (p *params) fillSeries(rep *Report, st *levelStats, samples []procSample, start time.Time) error {
+	rep.SeriesStep = p.series.Seconds()
+	for _, r := range p.pids {
+		rep.SeriesNames = append(rep.SeriesNames, r.name)
+	}
+	for _, r := range p.watch {
+		rep.SeriesNames = append(rep.SeriesNames, r.name)
+	}
+	// the slots past the last sample (the drain) are dropped when empty
+	slots := st.Series
+	for len(slots) > 0 {
+		s := &slots[len(slots)-1]
+		if s.Sent+s.Acked+s.Frames+s.Closes+s.Rejoined > 0 {
+			break
+		}
+		slots = slots[:len(slots)-1]
+	}
+	rep.Series = points(slots, p.series, samples)
+	rep.RSSTail = rssGrowth(rep.SeriesNames, rep.Series, samples, p.rssTail, p.series)
+	if p.events != "" {
+		evs, err := readEvents(p.events, start)
+		if err != nil {
+			return err
+		}
+		rep.Windows = windows(slots, p.series, evs)
+	}
+	return nil
+}
+
+// IntegrityVerdict is the judgement of a run with faults: every publish of
+// the window acked, every acked message received by every member once and
+// in order (or the member told which seqs will not follow), every
+// connection back at the end.
+type IntegrityVerdict struct {
+	OK      bool     `json:"ok"`
+	Reasons []string `json:"reasons,omitempty"`
+}
+
+func verdict(r LevelResult) *IntegrityVerdict {
+	v := &IntegrityVerdict{}
+	add := func(format string, a ...any) { v.Reasons = append(v.Reasons, fmt.Sprintf(format, a...)) }
+	if r.Gaps+r.Duplicates+r.Reordered > 0 {
+		add("%d gaps (%d missing), %d duplicates, %d reordered", r.Gaps, r.Missing, r.Duplicates, r.Reordered)
+	}
+	if r.AckedNotReceived > 0 {
+		add("%d rooms with acked messages not received", r.AckedNotReceived)
+	}
+	if r.Acked < r.Sent {
+		add("%d of %d window publishes never acked", r.Sent-r.Acked, r.Sent)
+	}
+	if r.Delivered+r.ToldLost < r.Expected {
+		add("%d of %d deliveries (%d seqs announced lost by recovered:false)", r.Delivered, r.Expected, r.ToldLost)
+	}
+	if r.Away > 0 {
+		add("%d connections not back at the end", r.Away)
+	}
+	v.OK = len(v.Reasons) == 0
+	return v
 }

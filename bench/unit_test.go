@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -410,9 +411,17 @@ func TestSizesMix(t *testing.T) {
 			t.Errorf("--sizes %q accepted", bad)
 		}
 	}
-	var pl pidList
-	if err := pl.Set("12, 0,34"); err != nil || len(pl) != 2 || pl.first() != 12 || pl.String() != "12,34" {
+	var pl procList
+	if err := pl.Set("12, 0,b=34"); err != nil || len(pl) != 2 || pl.first() != 12 || pl.String() != "pid12=12,b=34" {
 		t.Fatalf("pid list %v %v", pl, err)
+	}
+	pf := filepath.Join(t.TempDir(), "pid")
+	if err := pl.Set("n=@" + pf); err != nil || pl.first() != 0 {
+		t.Fatalf("missing pid file: %v %v", pl, err)
+	}
+	os.WriteFile(pf, []byte("4321\n"), 0o644)
+	if pl.first() != 4321 || pl[0].name != "n" {
+		t.Fatalf("pid file: %v", pl)
 	}
 	if err := pl.Set("12,x"); err == nil {
 		t.Fatal("bad pid accepted")
@@ -581,5 +590,109 @@ func TestRecvStamp(t *testing.T) {
 		if ts < before || ts > after-int64(4*time.Millisecond) {
 			t.Fatalf("stamp %d not at arrival: sent after %d, read at %d", ts, before, after)
 		}
+	}
+}
+
+func TestReceivePathWithSeriesDoesNotAllocate(t *testing.T) {
+	l, c := testLoop(t)
+	now := time.Now().UnixNano()
+	l.serStart, l.serStep = now-int64(time.Second), int64(time.Second)
+	l.st.Series = make([]slot, 4)
+	stream := serverStream(1, 100, now-int64(time.Millisecond))
+	n := testing.AllocsPerRun(200, func() {
+		c.ck.Start(0)
+		l.frames(c, stream, now)
+	})
+	if n != 0 {
+		t.Fatalf("%v allocs per 100 received frames", n)
+	}
+	s := l.st.Series[1]
+	if s.Frames == 0 || s.Frames != s.Live || s.Lat.N != s.Live || s.Replayed != 0 {
+		t.Fatalf("slot %+v", s)
+	}
+	if p := s.Lat.quantile(0.99); p < 900*time.Microsecond || p > 1100*time.Microsecond {
+		t.Fatalf("slot p99 %v, want about 1ms", p)
+	}
+}
+
+func TestSlotHist(t *testing.T) {
+	for _, v := range []uint64{0, 1023, 1024, 1500, 1 << 20, 123456789, 1 << 36, 1 << 40} {
+		i := slotIndex(v)
+		if i < 0 || i >= slotBuckets || (v >= 1<<slotMinExp && v < 1<<slotMaxExp+1 && (slotLow(i) > v || slotLow(i+1) <= v)) {
+			t.Fatalf("value %d in bucket %d [%d, %d)", v, i, slotLow(i), slotLow(i+1))
+		}
+	}
+	var a, b slotHist
+	for i := 1; i <= 1000; i++ {
+		a.record(int64(i) * int64(time.Microsecond))
+		b.record(int64(i) * int64(time.Millisecond))
+	}
+	if p := a.quantile(0.99); p < 930*time.Microsecond || p > 1050*time.Microsecond {
+		t.Fatalf("p99 %v", p)
+	}
+	a.merge(&b)
+	if a.N != 2000 || a.Max != int64(time.Second) {
+		t.Fatalf("merged n %d max %d", a.N, a.Max)
+	}
+	if p := a.quantile(0.5); p > 1100*time.Microsecond {
+		t.Fatalf("merged p50 %v", p)
+	}
+	// the wire form between processes keeps every count and the maximum
+	s := []slot{{Sent: 3, Acked: 2, Frames: 9, Closes: 1, Rejoined: 1, Lat: a}, {}}
+	back := unpackSlots(packSlots(s))
+	if len(back) != 2 || back[0].Lat != a || back[0].Sent != 3 || back[0].Rejoined != 1 {
+		t.Fatalf("round trip %+v", back[0])
+	}
+	m := mergeSlots(nil, back)
+	m = mergeSlots(m, back)
+	if m[0].Sent != 6 || m[0].Lat.N != 4000 {
+		t.Fatalf("merge %+v", m[0])
+	}
+}
+
+func TestEventsAndWindows(t *testing.T) {
+	start := time.Unix(1000, 0)
+	path := filepath.Join(t.TempDir(), "ev")
+	os.WriteFile(path, []byte("# faults\n1003000000000 redis restart\n1001000000000 warm\n\n"), 0o644)
+	evs, err := readEvents(path, start)
+	if err != nil || len(evs) != 2 || evs[0].Name != "warm" || evs[0].T != 1 || evs[1].T != 3 {
+		t.Fatalf("events %+v %v", evs, err)
+	}
+	slots := make([]slot, 5)
+	for i := range slots {
+		slots[i].Sent = uint64(i + 1)
+		slots[i].AckLat.record(int64(i+1) * int64(time.Millisecond))
+	}
+	ws := windows(slots, time.Second, evs)
+	if len(ws) != 2 || ws[0].Sent != 2+3 || ws[1].Sent != 4+5 || ws[1].Until != 5 || ws[1].AckP99 < 4.5 {
+		t.Fatalf("windows %+v", ws)
+	}
+	os.WriteFile(path, []byte("soon restart\n"), 0o644)
+	if _, err := readEvents(path, start); err == nil {
+		t.Fatal("bad line accepted")
+	}
+}
+
+func TestResumeWire(t *testing.T) {
+	epoch, lost, from := joinedResume([]byte(`{"op":"joined","room":"r","seq":9,"epoch":"e1x","recovered":false,"from":4}`))
+	if string(epoch) != "e1x" || !lost || from != 4 {
+		t.Fatalf("recovered:false: %q %v %d", epoch, lost, from)
+	}
+	if epoch, lost, _ := joinedResume([]byte(`{"op":"joined","room":"r","seq":9,"epoch":"E","recovered":true}`)); string(epoch) != "E" || lost {
+		t.Fatalf("recovered:true: %q %v", epoch, lost)
+	}
+	if retryHint([]byte("retry=1234")) != 1234e6 || retryHint([]byte("shutting down")) != 0 || retryHint([]byte("retry=")) != 0 {
+		t.Fatal("retry hint")
+	}
+	f := rejoinFrame([]byte("r0"), 41, []byte("E7"), [4]byte{1, 2, 3, 4})
+	h, hn, err := proto.ParseFrameHeader(f)
+	if err != nil || !h.Masked {
+		t.Fatal(err)
+	}
+	payload := append([]byte(nil), f[hn:]...)
+	proto.Unmask(payload, h.Mask)
+	var cmd proto.Command
+	if err := proto.Decode(payload, &cmd); err != nil || cmd.Op != proto.OpJoin || !cmd.HasSince || cmd.Since != 41 || !bytes.Contains(payload, []byte(`"epoch":"E7"`)) {
+		t.Fatalf("node reads %s as %+v: %v", payload, cmd, err)
 	}
 }

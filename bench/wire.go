@@ -168,3 +168,48 @@ func skipString(p []byte, i int) int {
 func keyAt(p []byte, i int, key string) bool {
 	return i >= 0 && len(p)-i >= len(key) && string(p[i:i+len(key)]) == key
 }
+
+// joinedResume reads what a joined frame says about a rejoin with since:
+// the room's epoch, and whether every message after since follows
+// (recovered absent or true) or only those from seq from on. The node
+// writes its frames compactly, and this runs once per join, not per
+// message, so a search for the keys does.
+func joinedResume(p []byte) (epoch []byte, lost bool, from uint64) {
+	if i := bytes.Index(p, []byte(`"epoch":"`)); i >= 0 {
+		rest := p[i+len(`"epoch":"`):]
+		if j := bytes.IndexByte(rest, '"'); j >= 0 {
+			epoch = rest[:j]
+		}
+	}
+	if !bytes.Contains(p, []byte(`"recovered":false`)) {
+		return epoch, false, 0
+	}
+	if i := bytes.Index(p, []byte(`"from":`)); i >= 0 {
+		rest := p[i+len(`"from":`):]
+		j := 0
+		for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+			j++
+		}
+		from, _ = parseUint(rest[:j])
+	}
+	return epoch, true, from
+}
+
+// retryHint reads the jittered reconnect delay a node puts in the reason
+// of its 1013 and 1001 closes ("retry=MS"); 0 when there is none.
+func retryHint(reason []byte) int64 {
+	i := bytes.Index(reason, []byte("retry="))
+	if i < 0 {
+		return 0
+	}
+	rest := reason[i+len("retry="):]
+	j := 0
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	v, ok := parseUint(rest[:j])
+	if !ok || j == 0 {
+		return 0
+	}
+	return int64(v) * 1e6
+}

@@ -34,11 +34,12 @@ type workerMsg struct {
 	Lat      *histJSON   `json:"lat,omitempty"`
 	AckLat   *histJSON   `json:"ack_lat,omitempty"`
 	BenchCPU int64       `json:"bench_cpu_ns,omitempty"`
+	Series   []slotJSON  `json:"series,omitempty"`
 }
 
 func statsMsg(st *levelStats, cpu time.Duration) workerMsg {
 	lat, ack := st.Lat.toJSON(), st.AckLat.toJSON()
-	return workerMsg{Stats: st, Lat: &lat, AckLat: &ack, BenchCPU: int64(cpu)}
+	return workerMsg{Stats: st, Lat: &lat, AckLat: &ack, BenchCPU: int64(cpu), Series: packSlots(st.Series)}
 }
 
 func runWorker(p *params, pl *plan, targets []target, sources []unix.SockaddrInet4, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -194,6 +195,7 @@ func (d *procsDriver) merge(msgs []workerMsg) (*levelStats, time.Duration) {
 		if m.AckLat != nil {
 			m.Stats.AckLat.fromJSON(*m.AckLat)
 		}
+		m.Stats.Series = unpackSlots(m.Series)
 		if m.Stats.Closes == nil {
 			m.Stats.Closes = map[int]uint64{}
 		}
