@@ -226,20 +226,20 @@ type Event struct {
 // EventWindow is what happened from one event to the next (or the end).
 type EventWindow struct {
 	Event
-	Until      float64     `json:"until_s"`
-	Sent       uint64      `json:"sent"`
-	Acked      uint64      `json:"acked"`
-	Closes     uint64      `json:"closes"`
-	Rejoined   uint64      `json:"rejoined"`
-	Unrecov    uint64      `json:"recovered_false"`
-	Replayed   uint64      `json:"replayed"`
-	AckP50     float64     `json:"ack_p50_ms"`
-	AckP95     float64     `json:"ack_p95_ms"`
-	AckP99     float64     `json:"ack_p99_ms"`
-	LatP99     float64     `json:"p99_ms"`
-	RejoinP99  float64     `json:"rejoin_p99_ms,omitempty"`
-	RejoinMax  float64     `json:"rejoin_max_ms,omitempty"`
-	RejoinPerS float64     `json:"rejoined_per_s_peak,omitempty"`
+	Until      float64 `json:"until_s"`
+	Sent       uint64  `json:"sent"`
+	Acked      uint64  `json:"acked"`
+	Closes     uint64  `json:"closes"`
+	Rejoined   uint64  `json:"rejoined"`
+	Unrecov    uint64  `json:"recovered_false"`
+	Replayed   uint64  `json:"replayed"`
+	AckP50     float64 `json:"ack_p50_ms"`
+	AckP95     float64 `json:"ack_p95_ms"`
+	AckP99     float64 `json:"ack_p99_ms"`
+	LatP99     float64 `json:"p99_ms"`
+	RejoinP99  float64 `json:"rejoin_p99_ms,omitempty"`
+	RejoinMax  float64 `json:"rejoin_max_ms,omitempty"`
+	RejoinPerS float64 `json:"rejoined_per_s_peak,omitempty"`
 }
 
 // readEvents reads --events: lines of "UNIX_NS NAME..." ('#' starts a
