@@ -211,7 +211,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if window == 0 || c.databaseURL == "" {
 		window = -1
 	}
-	pool := persist.NewPool(store, srv, persist.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout})
+	pool := persist.NewPool(store, srv, persist.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log})
 	srv.Attach(hub, broker, pool)
 	loop.DemoPage = demoPage
 

@@ -135,6 +135,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_commit_batches_total", "Group commits that succeeded.", ps.Batches)
 	c("roost_commit_duplicates_total", "Publishes answered as duplicates (same user, room and id).", ps.Duplicates)
 	c("roost_store_errors_total", "Group commits that failed (their publishes were answered with err).", ps.CommitErrors)
+	c("roost_publishes_refused_total", "Publishes the store refused on their own (a failed group commit split until the bad one stood alone); each is logged.", ps.Refused)
 	c("roost_publish_rejected_total", "Publishes refused because the publish queue was full.", ps.Rejected)
 	g("roost_publish_queue_depth", "Publishes waiting in the publish workers' queues.", int64(ps.QueueDepth))
 

@@ -82,7 +82,8 @@ var (
 	errUnknown  = &proto.HTTPError{Status: 401, Reason: "unknown app"}
 	errClaims   = &proto.HTTPError{Status: 401, Reason: "token lacks app, sub or exp"}
 	errAlg      = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256"}
-	errNoUser   = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME (1 to 128 bytes)"}
+	errNoUser   = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME: 1 to 128 characters of UTF-8, no control characters"}
+	errBadSub   = &proto.HTTPError{Status: 401, Reason: "token sub must be 1 to 128 characters of UTF-8, no control characters"}
 	errBadAppID = &proto.HTTPError{Status: 400, Reason: "app must match [A-Za-z0-9_.-]{1,64}"}
 )
 
@@ -170,6 +171,9 @@ func (c *conn) verify(tok []byte) *proto.HTTPError {
 	}
 	if time.Now().Unix() >= cl.Exp {
 		return errExpired
+	}
+	if !proto.ValidUser([]byte(cl.Sub)) {
+		return errBadSub
 	}
 	c.app = a
 	c.user = cl.Sub

@@ -651,6 +651,14 @@ func (c *conn) history(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
 		return
 	}
+	if cmd.HasBefore && cmd.Before <= 1 {
+		// before is exclusive and seqs start at 1: nothing is older than
+		// 0 or 1. (The store reads before 0 as "no bound", which is what a
+		// request without before gets.)
+		a := l.arena
+		c.send(a.Keep(proto.AppendHistoryFrame(a.Space(64+len(cmd.Room)), cmd.Room, nil)))
+		return
+	}
 	key := l.intern(l.roomKey(c, cmd.Room))
 	before := uint64(0)
 	if cmd.HasBefore {

@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,9 @@ type PoolConfig struct {
 	Window   time.Duration // after the first publish, wait up to this for more; default 1ms, <0 means do not wait
 	QueueLen int           // queued publishes per worker before Submit says proto.ErrOverloaded; default 8192
 	Timeout  time.Duration // per CommitBatch; default 5s
+	// Logger gets failed commits and refused publishes, at most one line
+	// of each a second; default slog.Default().
+	Logger *slog.Logger
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -37,6 +41,9 @@ func (c *PoolConfig) setDefaults() {
 	if c.Timeout <= 0 {
 		c.Timeout = 5 * time.Second
 	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 }
 
 // BatchBuckets are the upper bounds of the batch-size histogram in
@@ -49,7 +56,10 @@ type PoolStats struct {
 	Requests     uint64 // publishes answered (committed, duplicate or failed)
 	Duplicates   uint64 // publishes answered as duplicates
 	CommitErrors uint64 // CommitBatch calls that failed
-	Rejected     uint64 // Submit calls refused with proto.ErrOverloaded (queue full)
+	// Refused: publishes the store refused on their own: a failed group
+	// commit was split until the failing publish stood alone.
+	Refused  uint64
+	Rejected uint64 // Submit calls refused with proto.ErrOverloaded (queue full)
 	// BatchSizes[i] counts committed batches of size <= BatchBuckets[i]
 	// (and > the previous bound); the last element counts larger ones.
 	BatchSizes [len(BatchBuckets) + 1]uint64
@@ -86,8 +96,14 @@ type Pool struct {
 	requests     atomic.Uint64
 	duplicates   atomic.Uint64
 	commitErrors atomic.Uint64
+	refused      atomic.Uint64
 	rejected     atomic.Uint64
-	batchSizes   [len(BatchBuckets) + 1]atomic.Uint64
+
+	// Unix ns of the latest log line of each kind (throttle), and what
+	// was not logged since.
+	errLogged, refusedLogged atomic.Int64
+	errQuiet, refusedQuiet   atomic.Uint64
+	batchSizes               [len(BatchBuckets) + 1]atomic.Uint64
 }
 
 type worker struct {
@@ -159,6 +175,7 @@ func (p *Pool) Stats() PoolStats {
 		Requests:     p.requests.Load(),
 		Duplicates:   p.duplicates.Load(),
 		CommitErrors: p.commitErrors.Load(),
+		Refused:      p.refused.Load(),
 		Rejected:     p.rejected.Load(),
 	}
 	for i := range p.batchSizes {
@@ -243,34 +260,12 @@ queued:
 }
 
 // commit stores w.batch, answers every request in order, and reports
-// whether the commit succeeded.
+// whether the store could be reached (false: back off before the next).
 func (w *worker) commit() bool {
 	p := w.p
 	n := len(w.batch)
 	res := w.res[:n]
-	clear(res)
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
-	err := p.st.CommitBatch(ctx, w.batch, res)
-	cancel()
-	if err != nil {
-		p.commitErrors.Add(1)
-		// Never acknowledge what the store did not confirm, whatever it
-		// left in res.
-		rerr := proto.ErrOverloaded
-		if !isOverload(err) {
-			rerr = err
-		}
-		for i := range res {
-			e := res[i].Err
-			if e == nil {
-				e = rerr
-			}
-			res[i] = proto.PubResult{Err: e}
-		}
-	} else {
-		p.batches.Add(1)
-		p.batchSizes[bucketOf(n)].Add(1)
-	}
+	ok := w.store(w.batch, res)
 	dups := 0
 	for i, req := range w.batch {
 		r := &res[i]
@@ -288,7 +283,84 @@ func (w *worker) commit() bool {
 	if dups > 0 {
 		p.duplicates.Add(uint64(dups))
 	}
-	return err == nil
+	return ok
+}
+
+// store commits reqs and fills res. A store that cannot be reached fails
+// them all (overloaded: nothing was stored, the clients retry). A store
+// that refuses the statement itself (PostgreSQL: a value it cannot take)
+// would fail everybody's publishes for one bad request, so the batch is
+// split in halves, committed in order (per room, seqs keep the batch's
+// order), until the request that fails stands alone: it alone gets the
+// error, logged with the reason. Each bad request costs about 2·log2(batch)
+// extra commits. It reports false only when the store was unreachable.
+func (w *worker) store(reqs []*proto.PubRequest, res []proto.PubResult) bool {
+	p := w.p
+	clear(res)
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
+	err := p.st.CommitBatch(ctx, reqs, res)
+	cancel()
+	if err == nil {
+		p.batches.Add(1)
+		p.batchSizes[bucketOf(len(reqs))].Add(1)
+		return true
+	}
+	p.commitErrors.Add(1)
+	overload := isOverload(err) || errors.Is(err, proto.ErrClosed)
+	if !overload && len(reqs) > 1 {
+		h := len(reqs) / 2
+		a := w.store(reqs[:h], res[:h])
+		b := w.store(reqs[h:], res[h:])
+		return a && b
+	}
+	// Never acknowledge what the store did not confirm, whatever it left
+	// in res.
+	rerr := proto.ErrOverloaded
+	if !overload {
+		rerr = err
+	}
+	for i := range res {
+		e := res[i].Err
+		if e == nil {
+			e = rerr
+		}
+		res[i] = proto.PubResult{Err: e}
+	}
+	if overload {
+		p.logCommitError(len(reqs), err)
+		return false
+	}
+	p.refused.Add(1)
+	p.logRefused(reqs[0], err)
+	return true
+}
+
+// throttled reports whether a line may be logged now (one a second per
+// kind); quiet counts the ones that were not.
+func throttled(last *atomic.Int64, quiet *atomic.Uint64) (ok bool, skipped uint64) {
+	now := time.Now().UnixNano()
+	l := last.Load()
+	if now-l < int64(time.Second) || !last.CompareAndSwap(l, now) {
+		quiet.Add(1)
+		return false, 0
+	}
+	return true, quiet.Swap(0)
+}
+
+func (p *Pool) logCommitError(n int, err error) {
+	if ok, skipped := throttled(&p.errLogged, &p.errQuiet); ok {
+		p.cfg.Logger.Warn("persist: group commit failed; its publishes were answered overloaded and are retried by their clients",
+			"requests", n, "err", err, "failed_total", p.commitErrors.Load(), "not_logged", skipped)
+	}
+}
+
+func (p *Pool) logRefused(req *proto.PubRequest, err error) {
+	if ok, skipped := throttled(&p.refusedLogged, &p.refusedQuiet); ok {
+		app, room := proto.SplitKey(req.Key)
+		p.cfg.Logger.Warn("persist: the store refused a publish; only it failed (err internal), the rest of its batch was committed",
+			"app", app, "room", room, "from", req.From, "id", string(req.ID),
+			"err", err, "refused_total", p.refused.Load(), "not_logged", skipped)
+	}
 }
 
 func isOverload(err error) bool {

@@ -24,7 +24,7 @@ var (
 	ErrMissingRoom = &Error{CodeBadRequest, "missing room"}
 	ErrBadRoom     = &Error{CodeBadRequest, "room must match [A-Za-z0-9_.:-]{1,128}"}
 	ErrMissingID   = &Error{CodeBadRequest, "missing id"}
-	ErrBadID       = &Error{CodeBadRequest, "id must be a string of 1 to 64 bytes"}
+	ErrBadID       = &Error{CodeBadRequest, "id must be a string of 1 to 64 characters"}
 	ErrMissingBody = &Error{CodeBadRequest, "missing body"}
 	ErrBadNumber   = &Error{CodeBadRequest, "since, before and limit must be non-negative integers"}
 	ErrBadLimit    = &Error{CodeBadRequest, "limit must be at least 1"}
@@ -241,7 +241,7 @@ func Decode(payload []byte, cmd *Command) error {
 					}
 					raw = cmd.idBuf[:n]
 				}
-				if len(raw) >= 1 && len(raw) <= maxID {
+				if ValidID(raw) {
 					id, cmd.ID = valid, raw
 				}
 			}

@@ -70,8 +70,12 @@ func TestDecode(t *testing.T) {
 		{`{"op":"join","room":null}`, want{err: ErrBadRoom, op: OpJoin}},
 		{`{"op":"pub","room":"r","id":"` + long("x", 64) + `","body":1}`, want{op: OpPub, room: "r", id: long("x", 64), body: "1"}},
 		{`{"op":"pub","room":"r","id":"` + long("x", 65) + `","body":1}`, want{err: ErrBadID, op: OpPub, room: "r", body: "1"}},
-		{`{"op":"pub","room":"r","id":"` + long(`\u00e9`, 32) + `","body":1}`, want{op: OpPub, room: "r", id: long("é", 32), body: "1"}},
-		{`{"op":"pub","room":"r","id":"` + long(`\u00e9`, 33) + `","body":1}`, want{err: ErrBadID, op: OpPub, room: "r", body: "1"}},
+		// 64 characters, not 64 bytes: escaped or raw, in 2 and 4 bytes each.
+		{`{"op":"pub","room":"r","id":"` + long(`\u00e9`, 64) + `","body":1}`, want{op: OpPub, room: "r", id: long("é", 64), body: "1"}},
+		{`{"op":"pub","room":"r","id":"` + long(`\u00e9`, 65) + `","body":1}`, want{err: ErrBadID, op: OpPub, room: "r", body: "1"}},
+		{`{"op":"pub","room":"r","id":"` + long(`\ud83d\ude00`, 64) + `","body":1}`, want{op: OpPub, room: "r", id: long("😀", 64), body: "1"}},
+		{`{"op":"pub","room":"r","id":"` + long("😀", 64) + `","body":1}`, want{op: OpPub, room: "r", id: long("😀", 64), body: "1"}},
+		{`{"op":"pub","room":"r","id":"` + long("😀", 65) + `","body":1}`, want{err: ErrBadID, op: OpPub, room: "r", body: "1"}},
 		{`{"op":"pub","room":"r","id":"","body":1}`, want{err: ErrBadID, op: OpPub, room: "r", body: "1"}},
 		{`{"op":"pub","room":"r","id":7,"body":1}`, want{err: ErrBadID, op: OpPub, room: "r", body: "1"}},
 

@@ -49,21 +49,13 @@ func ValidAppID(id []byte) bool {
 	return true
 }
 
-// MaxUser is the longest user id (the `sub` of a token, or ?user= in
-// insecure mode), in bytes.
-const MaxUser = 128
-
-// ValidUser reports whether user can name a publisher: 1 to MaxUser bytes.
-// It is copied into every msg frame as JSON-escaped text, so any bytes do.
-func ValidUser(user []byte) bool { return len(user) > 0 && len(user) <= MaxUser }
-
 // PubRequest is one publish on its way to the store. Every field is owned by
 // the request (copied out of the source's read buffer), so a worker may hold
 // it across goroutines.
 type PubRequest struct {
 	Key  string // RoomKey(app, room)
 	From string // user id of the publisher
-	ID   []byte // client idempotency key, 1..64 bytes
+	ID   []byte // client idempotency key, 1 to 64 characters (MaxID)
 	Body []byte // the publisher's exact JSON bytes
 	// Origin is whoever submitted the publish: it hears the outcome. Opaque
 	// to the store, handed back untouched.

@@ -1,6 +1,9 @@
 package proto
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestFrameTS(t *testing.T) {
 	f := AppendMsgFrame(nil, "r", 64, []byte(`a,"ts":1`), `b",ts":2`, 1764484800123, []byte(`{"ts":5}`))
@@ -30,7 +33,40 @@ func TestValidAppIDAndUser(t *testing.T) {
 			t.Fatalf("ValidAppID(%q) != %v", id, ok)
 		}
 	}
-	if ValidUser(nil) || !ValidUser([]byte("u")) || ValidUser(make([]byte, MaxUser+1)) || !ValidUser(make([]byte, MaxUser)) {
-		t.Fatal("ValidUser bounds")
+	for user, ok := range map[string]bool{
+		"":                             false,
+		"u":                            true,
+		strings.Repeat("a", MaxUser):   true,
+		strings.Repeat("a", MaxUser+1): false,
+		strings.Repeat("é", MaxUser):   true, // characters, not bytes
+		strings.Repeat("é", MaxUser+1): false,
+		strings.Repeat("😀", MaxUser):   true,
+		"ev\x00il":                     false,
+		"ev\xffil":                     false, // not UTF-8
+		"\xed\xa0\x80":                 false, // a surrogate in UTF-8
+		"tab\tin":                      false,
+		"del\x7f":                      false,
+		"c1\u0085":                     false,
+		"alice@example.com":            true,
+		"Zoë Smith":                    true,
+		"日本語":                          true,
+	} {
+		if ValidUser([]byte(user)) != ok {
+			t.Errorf("ValidUser(%q) = %v, want %v", user, !ok, ok)
+		}
+	}
+	for id, ok := range map[string]bool{
+		"":                           false,
+		"m-1":                        true,
+		strings.Repeat("x", MaxID):   true,
+		strings.Repeat("x", MaxID+1): false,
+		strings.Repeat("ü", MaxID):   true,
+		strings.Repeat("ü", MaxID+1): false,
+		strings.Repeat("😀", MaxID):   true,
+		"nul\x00ok":                  true, // stored as bytes, escaped on the wire
+	} {
+		if ValidID([]byte(id)) != ok {
+			t.Errorf("ValidID(%q) = %v, want %v", id, !ok, ok)
+		}
 	}
 }

@@ -25,7 +25,7 @@ const (
 type Command struct {
 	Op   Op
 	Room []byte // "room", validated against [A-Za-z0-9_.:-]{1,128}
-	ID   []byte // "id" (pub), 1..64 bytes, raw JSON string content unescaped
+	ID   []byte // "id" (pub), 1 to 64 characters, raw JSON string content unescaped
 	Body []byte // "body" (pub): the raw JSON value bytes exactly as sent
 
 	Since     uint64 // "since" (join), valid if HasSince
@@ -39,7 +39,7 @@ type Command struct {
 	// then point here instead of into the payload, so Decode stays
 	// allocation-free. A copied Command still points into the original.
 	roomBuf [maxRoom]byte
-	idBuf   [maxID]byte
+	idBuf   [maxID * 4]byte // 64 characters of up to 4 bytes
 }
 
 // Message is a stored message as the wire shows it (the room name without
