@@ -1,0 +1,189 @@
+// Type declarations of roost.js, the browser client of a roost node.
+
+export declare const VERSION: string;
+
+/** An error of the node (err frame, close, HTTP refusal) or of the client. */
+export declare class RoostError extends Error {
+  /**
+   * The node's err codes (bad_request, forbidden, not_found, too_large,
+   * rate_limited, overloaded, internal) or the client's own: closed,
+   * unauthorized, token_refused, token_callback, policy, outbox_full,
+   * timeout, gap, unsupported, bad_url.
+   */
+  code: string;
+  message: string;
+  /** The command the node's err answered (a publish id or a room). */
+  ref?: string;
+  /** The HTTP status of a refused connection. */
+  status?: number;
+  constructor(code: string, message: string, extra?: object);
+}
+
+export type State = "connecting" | "open" | "reconnecting" | "closed";
+
+/** A Storage-like place for positions (sessionStorage by default). */
+export interface PositionStorage {
+  getItem(key: string): string | null;
+  setItem(key: string, value: string): void;
+  removeItem(key: string): void;
+}
+
+export interface Message<Body = unknown> {
+  room: string;
+  /** Per room: 1, 2, 3, ... with no gap and no duplicate. */
+  seq: number;
+  /** The publisher's idempotency key. */
+  id: string;
+  /** The publishing user. */
+  from: string;
+  /** Commit time, Unix milliseconds. */
+  ts: number;
+  body: Body;
+}
+
+export interface ResetInfo {
+  room: string;
+  /** The position the client resumed from. */
+  since: number | undefined;
+  /** The first seq that follows; everything in (since, from) is lost to this client. */
+  from: number;
+  /** The room's newest seq at the join. */
+  seq: number;
+  epoch: string | undefined;
+  previousEpoch: string | undefined;
+}
+
+export interface PresenceDiff {
+  room: string;
+  joined: string[];
+  left: string[];
+}
+
+export interface RoomOptions<Body = unknown> {
+  /** Every message, in seq order, each exactly once. */
+  onMessage?(msg: Message<Body>): void;
+  /** The node said recovered:false: messages were lost to this client; reload the view. */
+  onReset?(info: ResetInfo): void;
+  /** Subscribe to presence changes of the room. */
+  presence?: boolean;
+  onPresence?(diff: PresenceDiff): void;
+  /** Each join's answer. */
+  onJoined?(info: { room: string; seq: number; epoch?: string; recovered?: boolean }): void;
+  /** The node refused the join (forbidden, bad_request, ...); the room is not retried. */
+  onError?(err: RoostError): void;
+  /** Where to start when no position is stored (0: every stored message). */
+  since?: number;
+  /** false: ignore (and do not use) a stored position for the first join. */
+  resume?: boolean;
+}
+
+export interface Ack {
+  seq: number;
+  id: string;
+  room: string;
+}
+
+export interface PublishOptions {
+  /** The idempotency key (1 to 64 characters); default: unique per client. */
+  id?: string;
+}
+
+export declare class Room<Body = unknown> {
+  readonly client: Roost;
+  readonly name: string;
+  /** seq of the last message given to onMessage. */
+  readonly seq: number | undefined;
+  readonly epoch: string | undefined;
+  readonly joined: boolean;
+  /** Resolves once the node has stored the message; rejects with a RoostError. */
+  publish(body: Body, opts?: PublishOptions): Promise<Ack>;
+  history(opts?: { before?: number; limit?: number }): Promise<{ room: string; messages: Message<Body>[]; more?: boolean }>;
+  presence(): Promise<{ room: string; count: number; users: string[]; more?: boolean }>;
+  leave(): void;
+}
+
+export interface OutboxEntry {
+  id: string;
+  room: string;
+  body: unknown;
+  /** Sent on the current connection and awaiting its ack. */
+  sent: boolean;
+}
+
+export interface CloseInfo {
+  code: number;
+  reason: string;
+  /** The node's retry=MS hint, if it gave one. */
+  retry: number | null;
+  /** The connection had opened (false: it never got through). */
+  wasOpen: boolean;
+}
+
+export interface RoostOptions {
+  /** A JWT, or a function returning one (called again to refresh it before expiry). */
+  token?: string | (() => string | Promise<string>);
+  /** Insecure (development) nodes: the user and app to connect as. */
+  user?: string;
+  app?: string;
+  /** Positions store; null for none. Default sessionStorage (memory when unavailable). */
+  storage?: PositionStorage | null;
+  /** Scope of the stored positions; default node URL + app + user. */
+  storageKey?: string;
+  /** Allow the listen-only Server-Sent Events fallback when WebSocket cannot be opened. */
+  sse?: boolean;
+  /** false: do not connect until connect() is called. */
+  connect?: boolean;
+  backoffMin?: number;
+  backoffMax?: number;
+  stableAfter?: number;
+  connectTimeout?: number;
+  pingInterval?: number;
+  pongTimeout?: number;
+  requestTimeout?: number;
+  maxInFlight?: number;
+  maxOutbox?: number;
+  maxFrame?: number;
+  refreshMargin?: number;
+  sseAfter?: number;
+  wsProbeInterval?: number;
+  /** Test hooks: replace the environment's classes, clock and randomness. */
+  WebSocket?: unknown;
+  EventSource?: unknown;
+  fetch?: unknown;
+  clock?: { setTimeout(fn: () => void, ms: number): unknown; clearTimeout(id: unknown): void; now(): number };
+  random?: () => number;
+}
+
+export interface RoostEvents {
+  state: State;
+  open: { transport: "websocket" | "sse" };
+  close: CloseInfo;
+  error: RoostError;
+  reset: ResetInfo;
+  outbox: OutboxEntry[];
+  message: Message;
+}
+
+export declare class Roost {
+  constructor(url: string, options: RoostOptions);
+  readonly url: string;
+  readonly state: State;
+  readonly transport: "websocket" | "sse" | null;
+  readonly outbox: OutboxEntry[];
+  readonly rooms: Map<string, Room>;
+  /** The error that stopped the client, if one did. */
+  readonly error: RoostError | null;
+  room<Body = unknown>(name: string, opts?: RoomOptions<Body>): Room<Body>;
+  /** Publish to a room without joining it. */
+  publish(room: string, body: unknown, opts?: PublishOptions): Promise<Ack>;
+  on<E extends keyof RoostEvents>(event: E, fn: (arg: RoostEvents[E]) => void): () => void;
+  off<E extends keyof RoostEvents>(event: E, fn: (arg: RoostEvents[E]) => void): void;
+  connect(): void;
+  close(): void;
+}
+
+/** A Storage-like object in memory. */
+export declare function memoryStorage(): PositionStorage;
+
+/** Where exceptions thrown by app callbacks go (default: reportError). */
+export declare function setErrorReporter(fn: (err: unknown) => void): void;
