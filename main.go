@@ -176,6 +176,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Info("store closed", "took", time.Since(t0))
 	}
 
+	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
 	srv, err := loop.New(c.node, store, log)
 	if err != nil {
 		closeStore()
@@ -213,7 +214,6 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	pool := persist.NewPool(store, srv, persist.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log})
 	srv.Attach(hub, broker, pool)
-	loop.DemoPage = demoPage
 
 	var ready atomic.Bool
 	var adminSrv *http.Server

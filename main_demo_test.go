@@ -3,7 +3,9 @@ package main
 // The demo page driven in headless Chromium over the DevTools protocol (a
 // WebSocket from Go, no npm): two pages join a room, one publishes, the
 // other shows the message with its seq; a reconnect resumes with since;
-// a drain shows its close code and retry hint.
+// a drain shows its close code and retry hint. The client's own tests
+// (client/test, with Node's runner and playwright-core) are run by
+// client_test.go.
 
 import (
 	"bufio"
@@ -211,38 +213,50 @@ func (b *browser) waitTrue(session, what, expr string) {
 
 const pageMessages = `[...document.querySelectorAll("#messages li")].map(li => li.dataset.seq + " " + li.textContent).join("\n")`
 
+// TestDemoPageInChromium drives the demo page, which runs on the embedded
+// /roost.js: two pages in a room, a publish acknowledged and shown with its
+// seq, a disconnect and connect that resumes from the tab's stored
+// position, and a drain whose close code and retry hint the page shows
+// while the client waits to reconnect.
 func TestDemoPageInChromium(t *testing.T) {
 	b := startBrowser(t)
 	addr, _, stop := inProcessNodeStop(t, "--drain", "300ms", "--retry-min", "20s", "--retry-max", "30s")
 	page := func(q url.Values) string { return "http://" + addr + "/?" + q.Encode() }
 
 	alice := b.open(page(url.Values{"user": {"alice"}, "app": {"demo"}, "room": {"lobby"}, "autojoin": {"1"}}))
-	b.waitTrue(alice, "alice joined", `window.roost !== undefined && roost.state.joined.has("lobby")`)
+	b.waitTrue(alice, "alice joined", `window.demo !== undefined && demo.client !== null && demo.client.rooms.get("lobby").joined`)
 	bob := b.open(page(url.Values{"user": {"bob"}, "app": {"demo"}, "room": {"lobby"}, "autojoin": {"1"}, "autopub": {"hello from bob"}}))
-	b.waitTrue(bob, "bob's publish acknowledged", `Object.values(roost.state.acks).includes(1)`)
+	b.waitTrue(bob, "bob's publish acknowledged", `Object.values(demo.acks).includes(1)`)
 	b.waitTrue(alice, "alice shows bob's message with seq 1",
 		pageMessages+` === "1 #1 lobby bob: hello from bob"`)
 
-	// Reconnect with since: alice misses a message while away and gets it,
-	// once, when she comes back.
-	if _, err := b.eval(alice, `roost.disconnect()`); err != nil {
+	// Disconnect and connect again: a new client resumes from the position
+	// the tab stored, so alice gets what she missed, once.
+	if _, err := b.eval(alice, `demo.disconnect()`); err != nil {
 		t.Fatal(err)
 	}
-	b.waitTrue(alice, "alice disconnected", `document.body.dataset.status === "closed"`)
-	if _, err := b.eval(bob, `roost.publish("while you were out")`); err != nil {
+	b.waitTrue(alice, "alice disconnected", `document.body.dataset.state === "closed"`)
+	if _, err := b.eval(bob, `demo.publish("while you were out")`); err != nil {
 		t.Fatal(err)
 	}
-	b.waitTrue(bob, "bob's second publish acknowledged", `Object.values(roost.state.acks).includes(2)`)
-	if _, err := b.eval(alice, `roost.connect()`); err != nil {
+	b.waitTrue(bob, "bob's second publish acknowledged", `Object.values(demo.acks).includes(2)`)
+	if _, err := b.eval(alice, `demo.connect()`); err != nil {
 		t.Fatal(err)
 	}
 	b.waitTrue(alice, "alice rejoined with since and caught up",
 		pageMessages+` === "1 #1 lobby bob: hello from bob\n2 #2 lobby bob: while you were out"`+
 			` && document.getElementById("log").innerText.includes("join lobby since 1")`)
 
-	// A drain closes both pages with 1001 and a retry hint they show.
+	// A publish while the node is gone waits in the outbox, shown on the
+	// page. A drain closes both pages with 1001 and a retry hint they show.
 	stop()
 	b.waitTrue(alice, "alice shows the drain close and its retry hint",
-		`roost.state.closes.length > 0 && roost.state.closes.at(-1).code === 1001 && roost.state.closes.at(-1).retry >= 20000`+
-			` && /closed 1001 .*retry hint \d+ ms/.test(document.getElementById("log").innerText)`)
+		`demo.closes.length > 0 && demo.closes.at(-1).code === 1001 && demo.closes.at(-1).retry >= 20000`+
+			` && /closed 1001 .*retry hint \d+ ms/.test(document.getElementById("log").innerText)`+
+			` && document.body.dataset.state === "reconnecting"`)
+	if _, err := b.eval(alice, `demo.publish("queued"), true`); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTrue(alice, "the outbox shows the queued publish",
+		`demo.client.outbox.length === 1 && document.getElementById("outbox").innerText.includes("waiting for a connection")`)
 }

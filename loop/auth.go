@@ -196,19 +196,3 @@ func SignToken(secret []byte, appID, sub string, exp time.Time, rooms []string) 
 	mac.Write([]byte(msg))
 	return msg + "." + enc.EncodeToString(mac.Sum(nil))
 }
-
-// serveHTTP answers plain HTTP requests on the client listener (the demo
-// page in insecure mode). It reports whether it answered.
-func (s *Server) serveHTTP(c *conn, req *proto.Request) bool {
-	if !s.cfg.Insecure || string(req.Path) != "/" || DemoPage == nil {
-		return false
-	}
-	out := proto.AppendHTTPResponse(nil, 200, "text/html; charset=utf-8", DemoPage)
-	_, _ = c.gc.Write(out)
-	c.state = stateClosing
-	_ = c.gc.Close()
-	return true
-}
-
-// DemoPage is served at / in insecure mode when set (main embeds it).
-var DemoPage []byte

@@ -227,6 +227,14 @@ func (c *conn) upgrade() bool {
 		return false
 	}
 	if !req.Upgrade {
+		// Identity first: a browser cannot read why its upgrade was
+		// refused, so a client asks the same URL over plain HTTP and gets
+		// the 401 and its reason; 426 then means the identity is fine.
+		if he := c.identify(req.Query); he != nil {
+			c.refuse(he)
+			return false
+		}
+		c.app = nil // never upgraded: OnClose counts it as such
 		c.refuse(&proto.HTTPError{Status: 426, Reason: "upgrade required: /ws speaks WebSocket only"})
 		return false
 	}

@@ -70,6 +70,10 @@ type Config struct {
 	// X-Roost-Node header of every upgrade response, so a client (or a
 	// support engineer with its logs) can tell which node it is on.
 	NodeID string
+	// ClientScript is served at /roost.js in every mode and DemoPage at /
+	// in insecure mode (main embeds both; nil serves nothing).
+	ClientScript []byte
+	DemoPage     []byte
 }
 
 // Defaults returns the documented defaults.
@@ -115,6 +119,8 @@ type Server struct {
 	apps  *apps
 	// nodeHeader ends every 101 response: "X-Roost-Node: ID\r\n\r\n".
 	nodeHeader []byte
+	// script and demo are the files of Config.ClientScript and DemoPage.
+	script, demo *staticFile
 
 	addr    string // resolved listen address
 	eng     gnet.Engine
@@ -294,6 +300,10 @@ func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
 	if cfg.NodeID != "" {
 		s.nodeHeader = []byte("X-Roost-Node: " + cfg.NodeID + "\r\n\r\n")
 	}
+	// A new node version may bring a new client: browsers revalidate
+	// (cheaply, by ETag) after five minutes.
+	s.script = newStaticFile(cfg.ClientScript, "text/javascript; charset=utf-8", "public, max-age=300")
+	s.demo = newStaticFile(cfg.DemoPage, "text/html; charset=utf-8", "no-cache")
 	return s, nil
 }
 

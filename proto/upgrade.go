@@ -42,6 +42,9 @@ type Request struct {
 	// Connection header holds the upgrade token; Key and the version are
 	// then checked.
 	Upgrade bool
+	// IfNoneMatch is the If-None-Match header of a plain GET (the ETag a
+	// browser revalidates a cached file with).
+	IfNoneMatch []byte
 }
 
 var crlfcrlf = []byte("\r\n\r\n")
@@ -149,7 +152,7 @@ func ParseRequest(b []byte, r *Request) (n int, err error) {
 		// Switch on the length first: most headers (Host, User-Agent,
 		// Accept-*) then cost one comparison.
 		switch len(name) {
-		case len("Upgrade"), len("Connection"), len("Sec-WebSocket-Key"), len("Sec-WebSocket-Version"):
+		case len("Upgrade"), len("Connection"), len("Sec-WebSocket-Key"), len("Sec-WebSocket-Version"), len("If-None-Match"):
 		default:
 			continue
 		}
@@ -162,6 +165,8 @@ func ParseRequest(b []byte, r *Request) (n int, err error) {
 			r.Key = val
 		case bytes.EqualFold(name, []byte("Sec-WebSocket-Version")):
 			wsVersion, haveVersion = val, true
+		case bytes.EqualFold(name, []byte("If-None-Match")):
+			r.IfNoneMatch = val
 		}
 	}
 	if string(r.Method) != "GET" {
@@ -328,6 +333,8 @@ func statusText(status int) string {
 		return "OK"
 	case 204:
 		return "No Content"
+	case 304:
+		return "Not Modified"
 	case 400:
 		return "Bad Request"
 	case 401:
@@ -357,17 +364,29 @@ func statusText(status int) string {
 // AppendHTTPResponse appends a complete HTTP/1.1 response that closes the
 // connection. An empty contentType leaves the header out.
 func AppendHTTPResponse(dst []byte, status int, contentType string, body []byte) []byte {
-	dst = appendHTTPHead(dst, status, contentType, "", len(body))
+	return AppendHTTPResponseHeaders(dst, status, contentType, "", body)
+}
+
+// AppendHTTPResponseHeaders is AppendHTTPResponse with extra header lines,
+// each ending in CRLF. A 304 carries no body and no Content-Length.
+func AppendHTTPResponseHeaders(dst []byte, status int, contentType, extra string, body []byte) []byte {
+	dst = appendHTTPHead(dst, status, contentType, extra, len(body))
+	if status == 304 {
+		return dst
+	}
 	return append(dst, body...)
 }
 
 // AppendHTTPError appends the response refusing a request with e: a
 // text/plain body giving the reason, plus Sec-WebSocket-Version: 13 on 426
-// so the client knows the version to retry with (RFC 6455 4.4).
+// so the client knows the version to retry with (RFC 6455 4.4). Any origin
+// may read the reason: a browser hides why its WebSocket failed, and a
+// client asks again over fetch to learn it (a refusal reveals nothing).
 func AppendHTTPError(dst []byte, e *HTTPError) []byte {
-	extra := ""
+	const cors = "Access-Control-Allow-Origin: *\r\n"
+	extra := cors
 	if e.Status == 426 {
-		extra = "Sec-WebSocket-Version: 13\r\n"
+		extra = cors + "Sec-WebSocket-Version: 13\r\n"
 	}
 	dst = appendHTTPHead(dst, e.Status, "text/plain; charset=utf-8", extra, len(e.Reason)+1)
 	dst = append(dst, e.Reason...)
@@ -386,7 +405,10 @@ func appendHTTPHead(dst []byte, status int, contentType, extra string, bodyLen i
 		dst = append(dst, "\r\n"...)
 	}
 	dst = append(dst, extra...)
-	dst = append(dst, "Content-Length: "...)
-	dst = strconv.AppendInt(dst, int64(bodyLen), 10)
-	return append(dst, "\r\nConnection: close\r\n\r\n"...)
+	if status != 304 {
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(bodyLen), 10)
+		dst = append(dst, "\r\n"...)
+	}
+	return append(dst, "Connection: close\r\n\r\n"...)
 }

@@ -190,6 +190,19 @@ func TestHTTPResponses(t *testing.T) {
 	}
 }
 
+func TestNotModifiedAndIfNoneMatch(t *testing.T) {
+	var r Request
+	in := "GET /roost.js HTTP/1.1\r\nHost: x\r\nIf-None-Match:  \"abc\" \r\n\r\n"
+	if n, err := ParseRequest([]byte(in), &r); err != nil || n != len(in) || string(r.IfNoneMatch) != `"abc"` {
+		t.Fatalf("n %d err %v If-None-Match %q", n, err, r.IfNoneMatch)
+	}
+	got := AppendHTTPResponseHeaders(nil, 304, "text/javascript", "ETag: \"abc\"\r\n", []byte("body"))
+	want := "HTTP/1.1 304 Not Modified\r\nContent-Type: text/javascript\r\nETag: \"abc\"\r\nConnection: close\r\n\r\n"
+	if string(got) != want {
+		t.Fatalf("got %q", got)
+	}
+}
+
 func TestQueryValue(t *testing.T) {
 	tests := []struct {
 		query, name, want string

@@ -1,0 +1,69 @@
+package main
+
+// The browser client's own tests, run as part of `go test ./...`: the unit
+// tests of its state machine with Node's test runner, and the end-to-end
+// tests in headless Chromium (playwright-core, installed by `npm ci` in
+// client/) against real roost processes. Without node, chromium or
+// client/node_modules they skip, and fail with CI=true.
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// needTool finds a program or skips (fails with CI=true).
+func needTool(t *testing.T, name, hint string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		msg := name + " not installed: " + hint
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return p
+}
+
+// runNode runs `node --test` on files of client/test with env, and fails
+// with the runner's output when a test fails.
+func runNode(t *testing.T, timeout time.Duration, env []string, files ...string) {
+	t.Helper()
+	node := needTool(t, "node", "apt-get install -y nodejs (Node 20 or later)")
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	args := append([]string{"--test", "--test-reporter=spec"}, files...)
+	cmd := exec.CommandContext(ctx, node, args...)
+	cmd.Dir = "client"
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("node --test %v did not finish within %s:\n%s", files, timeout, out.String())
+	}
+	if err != nil {
+		t.Fatalf("node --test %v: %v\n%s", files, err, out.String())
+	}
+	t.Logf("node --test %v:\n%s", files, out.String())
+}
+
+func TestClientUnit(t *testing.T) {
+	runNode(t, 2*time.Minute, nil, "test/roost.test.mjs")
+}
+
+// The node serves the very bytes of client/roost.js.
+func TestClientScriptEmbedded(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("client", "roost.js"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(src, clientScript) {
+		t.Fatal("the embedded client differs from client/roost.js")
+	}
+}
