@@ -83,6 +83,7 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	c := &conn{gc: gc, l: l, opened: now, lastRead: now, pos: int32(len(l.conns)), ip: ip}
 	c.m.Owner = c
 	l.conns = append(l.conns, c)
+	l.armSweep()
 	gc.SetContext(c)
 	s.Stats.Upgrading.Add(1)
 	if l.draining {
@@ -197,6 +198,7 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 		_, _ = gc.Discard(used)
 	}
 	c.l.settle()
+	c.l.kick()
 	return gnet.None
 }
 
@@ -415,7 +417,8 @@ func (c *conn) message(p []byte) {
 	}
 }
 
-// send queues a frame for this connection (flushed at the next tick).
+// send queues a frame for this connection (written when the loop's wake-up
+// ends, or at the next tick if one is running).
 func (c *conn) send(frame []byte) {
 	c.l.table.Enqueue(&c.m, frame)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gobwas/ws"
@@ -33,9 +34,10 @@ func (c *memConn) Peek(n int) ([]byte, error) {
 	}
 	return c.in[:n], nil
 }
-func (c *memConn) Discard(n int) (int, error)  { c.in = c.in[n:]; return n, nil }
-func (c *memConn) InboundBuffered() int        { return len(c.in) }
-func (c *memConn) OutboundBuffered() int       { return 0 }
+func (c *memConn) Discard(n int) (int, error) { c.in = c.in[n:]; return n, nil }
+func (c *memConn) InboundBuffered() int       { return len(c.in) }
+func (c *memConn) OutboundBuffered() int      { return 1 } // never the writev fast path: no fd
+
 func (c *memConn) Write(p []byte) (int, error) { c.out = append(c.out, p...); return len(p), nil }
 func (c *memConn) Close() error                { c.closed = true; return nil }
 func (c *memConn) Context() any                { return c.ctx }
@@ -44,13 +46,17 @@ func (c *memConn) EventLoop() gnet.EventLoop   { return c.el }
 func (c *memConn) Fd() int                     { return -1 }
 
 // memLoop stands in for a gnet loop: Execute only records that the inbox
-// wants draining; the harness drains on its own goroutine.
+// wants draining; the harness drains on its own goroutine. Atomic: the
+// loop's flush and sweep timers push from their own goroutines.
 type memLoop struct {
 	gnet.EventLoop
-	pending bool
+	pending atomic.Bool
 }
 
-func (l *memLoop) Execute(_ context.Context, _ gnet.Runnable) error { l.pending = true; return nil }
+func (l *memLoop) Execute(_ context.Context, _ gnet.Runnable) error {
+	l.pending.Store(true)
+	return nil
+}
 
 type refuseSubmit struct{}
 
@@ -110,8 +116,7 @@ func FuzzClientInput(f *testing.F) {
 		for i := 0; i < len(data) && !gc.closed; i += step {
 			gc.in = append(gc.in, data[i:min(i+step, len(data))]...)
 			s.OnTraffic(gc)
-			for el.pending {
-				el.pending = false
+			for el.pending.Swap(false) {
 				_ = l.drain(context.Background())
 			}
 		}

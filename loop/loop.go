@@ -3,7 +3,6 @@ package loop
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -29,7 +28,7 @@ const (
 	tHistory                        // conn, frame or err
 	tRepair                         // room, held: messages read from the store to fill a gap
 	tReset                          // the broker may have lost messages
-	tFlush                          // write pending output
+	tFlush                          // the flush tick: write pending output
 	tSweep                          // idle pings, timeouts, token expiry
 	tDrain                          // n = 0: refuse new work; else close 1/seq of the connections with code n
 )
@@ -51,7 +50,7 @@ type task struct {
 }
 
 // loopState is everything one gnet loop owns. Only that loop's goroutine
-// touches it, except the inbox and needFlush.
+// touches it, except the inbox and the timers' callbacks (which only push).
 type loopState struct {
 	srv   *Server
 	el    gnet.EventLoop
@@ -68,7 +67,19 @@ type loopState struct {
 	spare  []task
 	drainF gnet.RunnableFunc
 
-	needFlush atomic.Bool
+	// Output leaves at once when the loop has written nothing for a tick,
+	// else at the next tick: at most one write per connection per
+	// FlushInterval, and no wait after a quiet tick. ticking: a flush tick
+	// is armed or queued; it re-arms only while it finds work, so an idle
+	// loop has no timer running (see kick and tick).
+	ticking  bool
+	flushT   *time.Timer
+	onFlushT func()
+	// sweeping: the sweep timer is armed or queued; it runs only while the
+	// loop has connections.
+	sweeping bool
+	sweepT   *time.Timer
+	onSweepT func()
 
 	conns     []*conn // every connection of the loop, for the sweep
 	cmd       proto.Command
@@ -104,7 +115,19 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 		interns: make(map[string]string),
 	}
 	l.drainF = l.drain
+	l.onFlushT = func() { l.push(task{kind: tFlush}) }
+	l.onSweepT = func() { l.push(task{kind: tSweep}) }
+	l.flushT = time.AfterFunc(time.Hour, l.onFlushT)
+	l.flushT.Stop()
+	l.sweepT = time.AfterFunc(time.Hour, l.onSweepT)
+	l.sweepT.Stop()
 	return l
+}
+
+// stopTimers is for Server.Stop, after the loops have ended.
+func (l *loopState) stopTimers() {
+	l.flushT.Stop()
+	l.sweepT.Stop()
 }
 
 // push hands t to the loop. Any goroutine.
@@ -139,12 +162,13 @@ func (l *loopState) drain(context.Context) error {
 	}
 	clear(q)
 	l.spare = q[:0]
+	l.kick()
 	return nil
 }
 
-// settle runs after each unit of loop work: slow consumers are closed, a
-// member past flushAt is written now (bounding the memory and the latency
-// one wake-up can build up), and the ticker is told there is something to flush.
+// settle runs after each unit of loop work: slow consumers are closed,
+// and a member past flushAt is written now (bounding the memory and the
+// latency one wake-up can build up).
 func (l *loopState) settle() {
 	if l.table.HasSlow() {
 		l.closeSlow()
@@ -152,11 +176,51 @@ func (l *loopState) settle() {
 	if u := l.table.TakeUrgent(); len(u) > 0 {
 		l.flushMembers(u)
 	}
-	// A held gap is checked at each flush tick: ask for one even when
-	// nothing is queued, or a quiet room would wait for the next sweep.
-	if (l.table.HasDirty() || len(l.gaps) > 0) && !l.needFlush.Load() {
-		l.needFlush.Store(true)
+}
+
+// kick runs at the end of each wake-up of the loop (an inbox drain, a read
+// event). With no tick armed the loop has written nothing for at least a
+// tick, so what is pending leaves now and a tick is armed behind it; with
+// one armed, the output waits for it. Under load the ticks chain and every
+// connection gets one writev per tick, as many frames as it has; after a
+// quiet tick the first frames do not wait.
+func (l *loopState) kick() {
+	if l.ticking || !l.hasTickWork() {
+		return
 	}
+	l.flush()
+	l.armTick()
+}
+
+// hasTickWork: output is pending, or a held gap or a failed tail read is
+// waiting for its window (checked at each tick, or a quiet room would wait
+// for the next sweep).
+func (l *loopState) hasTickWork() bool {
+	return l.table.HasDirty() || len(l.gaps) > 0 || len(l.tailRetry) > 0
+}
+
+func (l *loopState) armTick() {
+	l.ticking = true
+	l.flushT.Reset(l.srv.cfg.FlushInterval)
+}
+
+// tick is the flush tick. A tick that wrote nothing and has nothing to
+// wait for is quiet: the loop stops ticking until output appears again.
+func (l *loopState) tick() {
+	l.ticking = false
+	wrote := l.flush()
+	if wrote > 0 || l.hasTickWork() {
+		l.armTick()
+	}
+}
+
+// armSweep starts the sweep timer if it is not running. Loop only.
+func (l *loopState) armSweep() {
+	if l.sweeping {
+		return
+	}
+	l.sweeping = true
+	l.sweepT.Reset(l.srv.sweepEvery())
 }
 
 func (l *loopState) run(t *task) {
@@ -180,33 +244,42 @@ func (l *loopState) run(t *task) {
 	case tReset:
 		l.reset()
 	case tFlush:
-		l.flush()
+		l.tick()
 	case tSweep:
-		l.flush()
+		l.sweeping = false
 		l.sweep()
+		if len(l.conns) > 0 {
+			l.armSweep()
+		}
 	case tDrain:
 		l.drainConns(int(t.n), int(t.seq))
 		t.done()
 	}
 }
 
-// now is the loop's clock in Unix ms (ticker resolution).
-func (l *loopState) now() int64 { return l.srv.clock.Load() }
+// now is the loop's clock in Unix ms. No goroutine keeps a coarse clock
+// fresh (it would wake an idle node): reading the clock costs tens of ns
+// through the vDSO and is done per read event or tick, not per frame.
+func (l *loopState) now() int64 { return time.Now().UnixMilli() }
 
-// flush writes every dirty connection's pending frames: one writev each.
-func (l *loopState) flush() {
-	l.needFlush.Store(false)
-	l.flushMembers(l.table.TakeDirty())
+// flush writes every dirty connection's pending frames, one writev each,
+// and returns how many connections it wrote.
+func (l *loopState) flush() int {
+	n := l.flushMembers(l.table.TakeDirty())
 	l.checkGaps()
+	return n
 }
 
-func (l *loopState) flushMembers(ms []*fanout.Member) {
+func (l *loopState) flushMembers(ms []*fanout.Member) int {
+	n := 0
 	for _, m := range ms {
 		if m.PendingBytes() == 0 || m.Closed {
 			continue
 		}
 		l.write(m.Owner.(*conn))
+		n++
 	}
+	return n
 }
 
 // write hands c's pending frames to the kernel. Fast path: the transport
@@ -291,7 +364,7 @@ func (l *loopState) retryReason() []byte {
 	return l.scratch
 }
 
-// sweep runs once a second: server pings after IdleInterval of silence,
+// sweep runs every sweepEvery while the loop has connections: server pings after IdleInterval of silence,
 // closes after twice that, finishes upgrades that take too long, and closes
 // connections whose token expired.
 func (l *loopState) sweep() {
@@ -318,9 +391,6 @@ func (l *loopState) sweep() {
 			c.pinged = true
 			c.send(pingFrame)
 		}
-	}
-	if l.table.HasDirty() {
-		l.flush()
 	}
 }
 

@@ -151,7 +151,6 @@ type Server struct {
 
 	reads    chan readJob
 	retries  chan rebroadcast
-	clock    atomic.Int64 // Unix ms, refreshed by the ticker goroutine
 	done     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -296,7 +295,6 @@ func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
 	s.Stats.AckLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.Stats.BrokerLatency = tuning.NewHistogram(LatencyBuckets...)
 	s.Stats.DeliveryLag = tuning.NewHistogram(LatencyBuckets...)
-	s.clock.Store(time.Now().UnixMilli())
 	if cfg.NodeID != "" {
 		s.nodeHeader = []byte("X-Roost-Node: " + cfg.NodeID + "\r\n\r\n")
 	}
@@ -402,8 +400,7 @@ func (s *Server) Start() error {
 		s.wg.Add(1)
 		go s.reader()
 	}
-	s.wg.Add(2)
-	go s.ticker()
+	s.wg.Add(1)
 	go s.rebroadcaster()
 	go func() {
 		defer close(s.stopped)
@@ -566,6 +563,10 @@ func (s *Server) Stop(ctx context.Context) error {
 			<-s.stopped
 		default:
 		}
+		// The loops are gone: no task can arm their timers again.
+		for i := 0; i < int(s.nloops.Load()); i++ {
+			s.loops[i].Load().stopTimers()
+		}
 		s.wg.Wait()
 	})
 	return err
@@ -598,36 +599,12 @@ func (s *Server) loopFor(el gnet.EventLoop) *loopState {
 	return l
 }
 
-// ticker posts flush ticks and housekeeping to the loops. gnet's OnTick
-// runs off-loop too, so it could only do the same; a goroutine of our own
-// keeps the tick independent of gnet's options.
-func (s *Server) ticker() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.FlushInterval)
-	defer t.Stop()
-	lastSweep := time.Now()
-	for {
-		select {
-		case <-s.done:
-			return
-		case now := <-t.C:
-			s.clock.Store(now.UnixMilli())
-			sweep := now.Sub(lastSweep) >= time.Second
-			if sweep {
-				lastSweep = now
-			}
-			n := int(s.nloops.Load())
-			for i := 0; i < n; i++ {
-				l := s.loops[i].Load()
-				switch {
-				case sweep:
-					l.push(task{kind: tSweep})
-				case l.needFlush.Load():
-					l.push(task{kind: tFlush})
-				}
-			}
-		}
-	}
+// sweepEvery is how often a loop with connections checks them for
+// silence, upgrade timeouts and token expiry: coarse, since the shortest
+// of those is seconds by default, and a sweep visits every connection.
+func (s *Server) sweepEvery() time.Duration {
+	d := min(time.Second, s.cfg.IdleInterval/4, s.cfg.UpgradeTimeout/4)
+	return max(d, 10*time.Millisecond)
 }
 
 // retryMS is a jittered reconnect delay for 1013 closes.
@@ -790,18 +767,27 @@ func (s *Server) logBrokerError(key string, seq uint64, err error) {
 		"failed_total", s.Stats.BrokerErrors.Load())
 }
 
+// rebroadcaster retries failed broadcasts. Its timer runs only while
+// some are pending: an idle node does not wake for it.
 func (s *Server) rebroadcaster() {
 	defer s.wg.Done()
 	var pending []rebroadcast
-	t := time.NewTicker(rebroadcastFirst)
-	defer t.Stop()
+	t := time.NewTimer(rebroadcastFirst)
+	t.Stop()
+	armed := false
 	for {
 		select {
 		case <-s.done:
+			t.Stop()
 			return
 		case r := <-s.retries:
 			pending = append(pending, r)
+			if !armed {
+				armed = true
+				t.Reset(rebroadcastFirst)
+			}
 		case now := <-t.C:
+			armed = false
 			keep := pending[:0]
 			for _, r := range pending {
 				if now.Before(r.due) {
@@ -822,6 +808,10 @@ func (s *Server) rebroadcaster() {
 			}
 			clear(pending[len(keep):])
 			pending = keep
+			if len(pending) > 0 {
+				armed = true
+				t.Reset(rebroadcastFirst)
+			}
 		}
 	}
 }

@@ -1,0 +1,91 @@
+package loop
+
+import (
+	"testing"
+	"time"
+)
+
+// TestFlushSchedule: output after a quiet tick leaves at once, output
+// within a tick waits for it (one writev per connection per tick), and a
+// tick that finds nothing stops the ticking.
+func TestFlushSchedule(t *testing.T) {
+	rig := newFanoutRig(t, 3, false)
+	l := rig.l
+	l.srv.cfg.FlushInterval = time.Second // the test runs the ticks itself
+	t.Cleanup(l.stopTimers)
+	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
+
+	l.table.Deliver(rig.room, rig.frame)
+	l.kick()
+	if writes() != 3 || !l.ticking {
+		t.Fatalf("first frames after a pause: %d writes, ticking %v; want 3 written at once and a tick armed", writes(), l.ticking)
+	}
+	l.table.Deliver(rig.room, rig.frame)
+	l.table.Deliver(rig.room, rig.frame)
+	l.kick()
+	if writes() != 3 || !l.table.HasDirty() {
+		t.Fatalf("frames within a tick: %d writes; want them held for the tick", writes())
+	}
+	l.tick()
+	if writes() != 6 || !l.ticking {
+		t.Fatalf("tick with output: %d writes, ticking %v; want one writev each and the next tick armed", writes(), l.ticking)
+	}
+	if got := l.srv.Stats.FramesOut.Load(); got != 9 {
+		t.Fatalf("frames out %d, want 9", got)
+	}
+	l.tick()
+	if writes() != 6 || l.ticking {
+		t.Fatalf("quiet tick: %d writes, ticking %v; want the loop to stop ticking", writes(), l.ticking)
+	}
+	l.table.Deliver(rig.room, rig.frame)
+	l.kick()
+	if writes() != 9 || !l.ticking {
+		t.Fatalf("after the quiet tick: %d writes; want the frame written at once", writes())
+	}
+}
+
+// TestFlushScheduleAllocationFree: the immediate write, the held frames and
+// the ticks (timer re-arming included) allocate nothing in steady state.
+func TestFlushScheduleAllocationFree(t *testing.T) {
+	rig := newFanoutRig(t, 300, false)
+	l := rig.l
+	l.srv.cfg.FlushInterval = time.Second
+	t.Cleanup(l.stopTimers)
+	cycle := func() {
+		l.table.Deliver(rig.room, rig.frame)
+		l.kick() // quiet: written now
+		l.table.Deliver(rig.room, rig.frame)
+		l.kick() // waits for the tick
+		l.tick() // written, re-armed
+		l.tick() // quiet: stops
+	}
+	cycle()
+	if n := testing.AllocsPerRun(20, cycle); n != 0 {
+		t.Fatalf("flush schedule allocates %.1f per cycle", n)
+	}
+}
+
+// TestFirstFramesLeaveAtOnce over real sockets, with a tick long enough to
+// tell the paths apart: after a pause a message is written at once, and a
+// second one close behind it waits for the tick.
+func TestFirstFramesLeaveAtOnce(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.Loops = 1; c.FlushInterval = time.Second })
+	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	alice.send(`{"op":"join","room":"r"}`)
+	alice.expect(map[string]any{"op": "joined", "room": "r"})
+	time.Sleep(2100 * time.Millisecond) // the tick behind the reply finds nothing: quiet
+
+	t0 := time.Now()
+	bob.send(`{"op":"pub","room":"r","id":"m-1","body":1}`)
+	alice.expect(map[string]any{"op": "msg", "id": "m-1"})
+	first := time.Since(t0)
+	bob.send(`{"op":"pub","room":"r","id":"m-2","body":2}`)
+	alice.expect(map[string]any{"op": "msg", "id": "m-2"})
+	second := time.Since(t0) - first
+	if first > 500*time.Millisecond {
+		t.Errorf("first message after a pause took %v; want it written at once, not at the 1s tick", first)
+	}
+	if second < 500*time.Millisecond {
+		t.Errorf("second message %v after the first; want it held for the tick (one write per connection per tick)", second)
+	}
+}
