@@ -146,7 +146,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			maxConns = c.workers + 4
 		}
 		var err error
-		pg, err = persist.OpenPostgres(ctx, c.databaseURL, persist.PGConfig{MaxConns: int32(maxConns), StatementTimeout: c.stmtTimeout, Logger: log})
+		pg, err = persist.OpenPostgres(ctx, c.databaseURL, persist.PGConfig{MaxConns: int32(maxConns), StatementTimeout: c.stmtTimeout, MaxAppRooms: c.maxAppRooms, Logger: log})
 		if err != nil {
 			return fatal(err)
 		}
@@ -166,9 +166,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	} else {
 		mem := persist.NewMemory(c.keep)
 		mem.SetRetentionPolicy(c.retention)
+		mem.SetLimits(c.memStoreMaxN, c.maxAppRooms)
 		mem.StartRetention(ctx, c.retInterval)
 		store = mem
-		log.Info("store: memory (no --database-url)", "keep", c.keep, "took", time.Since(t0))
+		log.Info("store: memory (no --database-url)", "keep", c.keep, "max_bytes", c.memStoreMax, "max_rooms_per_app", c.maxAppRooms, "took", time.Since(t0))
 	}
 	closeStore := func() {
 		t0 := time.Now()

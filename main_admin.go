@@ -144,6 +144,16 @@ func writeMetrics(w io.Writer, a *admin) error {
 	m.Counter("roost_retention_deleted_total", "Messages removed by retention, by rule: age (max age) or count (max count; the memory store's --keep too).", float64(rs.DeletedByCount), "rule", "count")
 	c("roost_retention_runs_total", "Retention rounds completed (every --retention-interval).", rs.Runs)
 	c("roost_retention_errors_total", "Retention rounds that failed (retried at the next round; the log says why).", rs.Errors)
+	switch st := a.store.(type) {
+	case *persist.Memory:
+		ms := st.Stats()
+		g("roost_memory_store_bytes", "Bytes the memory store holds, by its accounting (messages, rooms, ring slots).", ms.Bytes)
+		g("roost_memory_store_max_bytes", "The memory store's byte budget (--memory-store-max; 0: none).", ms.MaxBytes)
+		c("roost_memory_store_evicted_total", "Messages the memory store dropped to stay within --memory-store-max (least recently written rooms first, oldest first).", ms.Evicted)
+		c("roost_rooms_refused_total", "Publishes and joins refused because their app has --max-rooms-per-app rooms.", ms.RoomsRefused)
+	case *persist.Postgres:
+		c("roost_rooms_refused_total", "Publishes and joins refused because their app has --max-rooms-per-app rooms.", st.RoomsRefused())
+	}
 
 	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", st.SlowCloses.Load())
 	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", st.Repairs.Load())

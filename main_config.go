@@ -35,6 +35,9 @@ type config struct {
 	// runs in development mode without --insecure having been given.
 	impliedInsecure bool
 	keep            int
+	memStoreMax     string
+	memStoreMaxN    int64 // memStoreMax parsed
+	maxAppRooms     int
 	retMaxAge       time.Duration
 	retMaxCount     int
 	appRetention    string
@@ -109,6 +112,8 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
 	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`")
+	fs.StringVar(&c.memStoreMax, "memory-store-max", "512MiB", "memory store's byte budget (e.g. 256MiB; 0: none): past it the rooms written least recently lose their oldest messages first")
+	fs.IntVar(&c.maxAppRooms, "max-rooms-per-app", 100000, "rooms one app may have, in memory and in PostgreSQL; a publish or join that would make one more gets err forbidden (0: no bound)")
 	fs.IntVar(&c.keep, "keep", 1000, "memory store's retention: newest messages kept per room for since and history (the retention flags may keep fewer)")
 	fs.DurationVar(&c.retMaxAge, "retention-max-age", 0, "delete messages older than this, in every app without its own --app-retention (0: no age limit)")
 	fs.IntVar(&c.retMaxCount, "retention-max-count", 0, "keep only the newest N messages per room, in every app without its own --app-retention (0: no count limit)")
@@ -404,6 +409,17 @@ func validate(c *config) []error {
 			bad("no app secrets for --listen %q: give --app-secret APP=SECRET, or run with --insecure on a loopback address", n.Listen)
 		}
 	}
+	c.memStoreMaxN = 0
+	if v, err := tuning.ParseSize(c.memStoreMax); err != nil {
+		bad("invalid --memory-store-max %q: %v", c.memStoreMax, err)
+	} else if v != 0 && v < 1<<20 {
+		bad("invalid --memory-store-max %q: want 0 (no budget) or at least 1MiB", c.memStoreMax)
+	} else {
+		c.memStoreMaxN = int64(v)
+	}
+	if c.maxAppRooms < 0 {
+		bad("invalid --max-rooms-per-app %d: want 0 (no bound) or more", c.maxAppRooms)
+	}
 	if c.keep < 1 {
 		bad("invalid --keep %d: want at least 1", c.keep)
 	}
@@ -600,6 +616,8 @@ func bindValues(c *config, into map[string]string) {
 		"admin":               c.admin,
 		"app-secret":          c.appSecrets,
 		"keep":                strconv.Itoa(c.keep),
+		"memory-store-max":    c.memStoreMax,
+		"max-rooms-per-app":   strconv.Itoa(c.maxAppRooms),
 		"retention-max-age":   d(c.retMaxAge),
 		"retention-max-count": strconv.Itoa(c.retMaxCount),
 		"app-retention":       c.appRetention,

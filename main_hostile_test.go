@@ -539,3 +539,94 @@ func TestPubIDCharactersAndHistoryBeforeZero(t *testing.T) {
 		t.Fatalf("history before 2: %s, want seq 1", f.data)
 	}
 }
+
+// rss is the node's resident set in bytes (Linux /proc).
+func (n *roostNode) rss(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// Case 4: one connection storing 2,000 new rooms × 60 KB (120 MB) in the
+// memory store. With a 16 MiB budget the store stays within it (the
+// rooms written least recently lose their messages), the app's rooms stop
+// at --max-rooms-per-app with err forbidden, the node's RSS stays within
+// its baseline plus a few budgets, and bystanders of another app keep
+// their connection, their latency and every acked message.
+func TestMemoryStoreFloodStaysInBudget(t *testing.T) {
+	const budget = 16 << 20
+	n := plainNode(t, 0, false, "--memory-store-max", "16MiB", "--max-rooms-per-app", "1500", "--keep", "1000")
+	by := newBystanders(t, "127.0.0.2", n.addr)
+	base := n.rss(t)
+	c, err := dialFrom(t, "127.0.0.1", n.addr, "user=mallory&app=flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `"` + strings.Repeat("z", 60<<10) + `"`
+	const rooms, window = 2000, 32
+	sent, acked, forbidden := 0, 0, 0
+	var peak int64
+	for acked+forbidden < rooms {
+		for sent < rooms && sent-(acked+forbidden) < window {
+			if err := c.send(fmt.Sprintf(`{"op":"pub","room":"f%d","id":"m","body":%s}`, sent, body)); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+		select {
+		case f, ok := <-c.frames:
+			if !ok {
+				t.Fatalf("flooding connection closed after %d answers", acked+forbidden)
+			}
+			switch {
+			case f.json["op"] == "ack":
+				acked++
+			case f.json["op"] == "err" && f.json["code"] == "forbidden":
+				forbidden++
+			default:
+				t.Fatalf("flood: %s", f.data)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("flood stalled at %d answers", acked+forbidden)
+		}
+		if (acked+forbidden)%200 == 0 {
+			peak = max(peak, n.rss(t))
+		}
+	}
+	if acked != 1500 || forbidden != 500 {
+		t.Errorf("flood: %d acked, %d forbidden; want 1500 and 500 (--max-rooms-per-app 1500)", acked, forbidden)
+	}
+	m := n.metrics(t)
+	if b := m["roost_memory_store_bytes"]; b > budget || b < budget/2 {
+		t.Errorf("roost_memory_store_bytes = %v after the flood, want just under the budget %d", b, budget)
+	}
+	if m["roost_memory_store_evicted_total"] == 0 || m["roost_rooms_refused_total"] != 500 {
+		t.Errorf("evicted %v, rooms refused %v; want some and 500", m["roost_memory_store_evicted_total"], m["roost_rooms_refused_total"])
+	}
+	by.check("after a 120 MB flood of new rooms", max(10*by.baseline, 250*time.Millisecond))
+	// The heap may hold up to about twice what is live between
+	// collections; 120 MB went in. The bound is the baseline plus four
+	// budgets, and the RSS must come back under it.
+	bound := base + 4*budget
+	deadline := time.Now().Add(20 * time.Second)
+	for n.rss(t) > bound {
+		if time.Now().After(deadline) {
+			t.Fatalf("RSS %d MiB 20 s after the flood, bound %d MiB (baseline %d MiB, peak %d MiB)", n.rss(t)>>20, bound>>20, base>>20, peak>>20)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("RSS baseline %d MiB, peak %d MiB, after %d MiB; 120 MB written, budget 16 MiB", base>>20, peak>>20, n.rss(t)>>20)
+	if code := n.readyz(); code != http.StatusOK {
+		t.Errorf("/readyz %d after the flood", code)
+	}
+}

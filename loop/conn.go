@@ -645,7 +645,10 @@ func (l *loopState) ack(t *task) {
 	a := l.arena
 	if t.err != nil {
 		code, msg := proto.CodeOverloaded, "not stored: retry with the same id"
-		if !errors.Is(t.err, proto.ErrOverloaded) && !errors.Is(t.err, proto.ErrClosed) {
+		switch {
+		case errors.Is(t.err, proto.ErrRoomLimit):
+			code, msg = proto.CodeForbidden, "not stored: the app has its maximum of rooms"
+		case !errors.Is(t.err, proto.ErrOverloaded) && !errors.Is(t.err, proto.ErrClosed):
 			code, msg = proto.CodeInternal, "not stored: internal error"
 		}
 		c.sendErr(req.ID, code, msg)

@@ -40,9 +40,32 @@ type Memory struct {
 	shards    [memShards]memShard
 	ret       retentionCounters
 
+	// maxBytes is the store's byte budget (0: none); bytes is what it
+	// holds by the accounting of msgBytes and roomCost. Each app keeps its
+	// own bytes and its rooms that hold messages in the order of their
+	// latest commit: the budget evicts from the app holding the most,
+	// least recent room first (evictOver).
+	maxBytes int64
+	bytes    atomic.Int64
+	evicted  atomic.Uint64 // messages dropped by the byte budget
+
+	// maxAppRooms bounds the rooms of one app (0: no bound).
+	maxAppRooms  int
+	roomsRefused atomic.Uint64
+
+	appsMu sync.Mutex // apps, and every app's lru list
+	apps   map[string]*memApp
+
 	stopMu  sync.Mutex
 	stop    context.CancelFunc
 	stopped chan struct{}
+}
+
+// memApp is what the limits track of one app.
+type memApp struct {
+	rooms int          // rooms made (under Memory.appsMu)
+	bytes atomic.Int64 // its share of Memory.bytes
+	lru   memRoom      // sentinel of its rooms holding messages: lru.next is the most recent
 }
 
 var _ Store = (*Memory)(nil)
@@ -60,14 +83,34 @@ type memKey struct {
 }
 
 type memRoom struct {
+	key    string
 	last   uint64     // newest seq
-	ring   []memEntry // ring[(seq-1)%cap] holds seq while it is kept
+	ring   []memEntry // ring[(seq-1-off)%cap] holds seq while it is kept
+	off    uint64     // seqs before the ring was last allocated: 0, or last when it was released
 	n      int        // kept messages: seqs last-n+1 .. last
 	cap    int        // messages kept at most: keep, or the app's max count if lower
 	maxAge int64      // ms; 0: no age limit
 	epoch  string
 	idem   map[memKey]uint64
+
+	app *memApp
+	// In app.lru while it holds messages (under Memory.appsMu).
+	prev, next *memRoom
+	// ringBytes is the ring's capacity as counted in Memory.bytes.
+	ringBytes int64
 }
+
+// Accounting of the byte budget: a message costs its id and body plus
+// msgCost (its ring slot, its idempotency map entry); a room costs
+// roomCost, its key and epoch, and its ring's capacity. Close enough to
+// what the heap holds that a budget holds RSS in check (tested).
+const (
+	msgCost   = 112
+	roomCost  = 320
+	entrySize = int64(unsafe.Sizeof(memEntry{}))
+)
+
+func msgBytes(e *memEntry) int64 { return int64(len(e.buf)) + msgCost }
 
 type memEntry struct {
 	seq  uint64
@@ -94,7 +137,7 @@ func NewMemory(keep int) *Memory {
 	if keep <= 0 {
 		keep = DefaultMemoryKeep
 	}
-	m := &Memory{keep: keep}
+	m := &Memory{keep: keep, apps: make(map[string]*memApp)}
 	var seed [10]byte
 	_, _ = crand.Read(seed[:])
 	m.epochBase = base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(seed[:])
@@ -104,19 +147,57 @@ func NewMemory(keep int) *Memory {
 	return m
 }
 
+// SetLimits sets the byte budget (maxBytes, 0: none) and the rooms one app
+// may have (maxAppRooms, 0: no bound). Call it before the store is used.
+//
+// The budget's rule: after each commit, while the store holds more than
+// maxBytes, the app holding the most bytes gives way: its room written
+// least recently loses its oldest messages (and their idempotency keys),
+// then its next least recent room, and so on, the largest app chosen again
+// after each room. So an app that floods the store evicts its own history
+// first and other apps keep theirs; within an app, hot rooms keep their
+// history and the flood's own oldest rooms go first. A room itself is never dropped (its seq
+// and epoch stay, so members and resuming clients are not confused), only
+// its messages; a client that asks for what was evicted gets what is left
+// (join with since: recovered false). Rooms are bounded by maxAppRooms:
+// past it, a publish or join that would make a new room of that app fails
+// with proto.ErrRoomLimit.
+func (m *Memory) SetLimits(maxBytes int64, maxAppRooms int) {
+	m.maxBytes = max(maxBytes, 0)
+	m.maxAppRooms = max(maxAppRooms, 0)
+}
+
+// MemoryStats is the byte budget's view of the store.
+type MemoryStats struct {
+	Bytes, MaxBytes int64  // held now, and the budget (0: none)
+	Evicted         uint64 // messages dropped to stay within the budget
+	RoomsRefused    uint64 // publishes and joins refused by the app's room limit
+}
+
+// Stats returns the budget's counters.
+func (m *Memory) Stats() MemoryStats {
+	return MemoryStats{Bytes: m.bytes.Load(), MaxBytes: m.maxBytes, Evicted: m.evicted.Load(), RoomsRefused: m.roomsRefused.Load()}
+}
+
 // SetRetentionPolicy sets the per-app retention on top of keep. Call it
 // before the store is used: rooms take their app's limits when they are
 // made.
 func (m *Memory) SetRetentionPolicy(p RetentionPolicy) { m.policy = p }
 
-// room returns key's room, making it if needed. Caller holds sh.mu.
+// room returns key's room, making it if needed; nil when the app has its
+// maxAppRooms already. Caller holds sh.mu.
 func (m *Memory) roomLocked(sh *memShard, key string) *memRoom {
 	if room := sh.rooms[key]; room != nil {
 		return room
 	}
 	app, _ := proto.SplitKey(key)
+	ma := m.countRoom(app)
+	if ma == nil {
+		m.roomsRefused.Add(1)
+		return nil
+	}
 	ret, _ := m.policy.For(app)
-	room := &memRoom{cap: m.keep, idem: make(map[memKey]uint64)}
+	room := &memRoom{key: key, app: ma, cap: m.keep, idem: make(map[memKey]uint64)}
 	if ret.MaxCount > 0 && ret.MaxCount < room.cap {
 		room.cap = ret.MaxCount
 	}
@@ -124,7 +205,32 @@ func (m *Memory) roomLocked(sh *memShard, key string) *memRoom {
 	// base (16) + "." + creation number: at most 16+1+13 bytes.
 	room.epoch = m.epochBase + "." + strconv.FormatUint(m.roomGen.Add(1), 36)
 	sh.rooms[key] = room
+	m.account(room, roomCost+int64(len(key)+len(room.epoch)))
 	return room
+}
+
+// countRoom counts a new room of app and returns the app, or nil when the
+// app is at maxAppRooms.
+func (m *Memory) countRoom(app string) *memApp {
+	m.appsMu.Lock()
+	defer m.appsMu.Unlock()
+	ma := m.apps[app]
+	if ma == nil {
+		ma = &memApp{}
+		ma.lru.prev, ma.lru.next = &ma.lru, &ma.lru
+		m.apps[app] = ma
+	}
+	if m.maxAppRooms > 0 && ma.rooms >= m.maxAppRooms {
+		return nil
+	}
+	ma.rooms++
+	return ma
+}
+
+// account adds d bytes to the store and to r's app.
+func (m *Memory) account(r *memRoom, d int64) {
+	m.bytes.Add(d)
+	r.app.bytes.Add(d)
 }
 
 func (m *Memory) shard(key string) *memShard {
@@ -147,11 +253,15 @@ func (m *Memory) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res 
 		res[i] = m.commitLocked(sh, r, ts)
 		sh.mu.Unlock()
 	}
+	m.evictOver()
 	return nil
 }
 
 func (m *Memory) commitLocked(sh *memShard, r *proto.PubRequest, ts int64) proto.PubResult {
 	room := m.roomLocked(sh, r.Key)
+	if room == nil {
+		return proto.PubResult{Err: proto.ErrRoomLimit}
+	}
 	// Lookup with a borrowed string: no allocation for the duplicate check.
 	if seq, ok := room.idem[memKey{r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}]; ok {
 		return proto.PubResult{Seq: seq, TS: room.entry(seq).ts, Duplicate: true}
@@ -161,32 +271,106 @@ func (m *Memory) commitLocked(sh *memShard, r *proto.PubRequest, ts int64) proto
 	copy(buf, r.ID)
 	copy(buf[len(r.ID):], r.Body)
 	if room.n == room.cap {
-		room.dropOldest()
+		m.dropOldest(room)
 		sh.evicted++
 	}
 	room.last++
 	e := memEntry{seq: room.last, ts: ts, from: r.From, buf: buf, idLen: len(r.ID)}
-	if len(room.ring) < room.cap { // filling up: seq-1 == len(ring)
+	if len(room.ring) < room.cap { // filling up: seq-1-off == len(ring)
 		room.ring = append(room.ring, e)
+		if rb := int64(cap(room.ring)) * entrySize; rb != room.ringBytes {
+			m.account(room, rb-room.ringBytes)
+			room.ringBytes = rb
+		}
 	} else {
-		room.ring[(room.last-1)%uint64(room.cap)] = e
+		room.ring[(room.last-1-room.off)%uint64(room.cap)] = e
 	}
 	room.n++
 	room.idem[memKey{e.from, e.id()}] = e.seq
+	m.account(room, msgBytes(&e))
+	if m.maxBytes > 0 {
+		m.touch(room)
+	}
 	return proto.PubResult{Seq: e.seq, TS: ts}
 }
 
-// dropOldest forgets the oldest kept message and its idempotency key.
-func (r *memRoom) dropOldest() {
+// dropOldest forgets the oldest kept message of r and its idempotency
+// key. A room left with no message gives its ring back (a long-idle room
+// costs no slots) and leaves the eviction order. Caller holds r's shard.
+func (m *Memory) dropOldest(r *memRoom) {
 	old := r.entry(r.first())
 	delete(r.idem, memKey{old.from, old.id()})
+	m.account(r, -msgBytes(old))
 	*old = memEntry{}
 	r.n--
+	if r.n == 0 {
+		r.ring, r.off = nil, r.last
+		m.account(r, -r.ringBytes)
+		r.ringBytes = 0
+		if m.maxBytes > 0 {
+			m.appsMu.Lock()
+			if r.next != nil {
+				r.prev.next, r.next.prev = r.next, r.prev
+				r.prev, r.next = nil, nil
+			}
+			m.appsMu.Unlock()
+		}
+	}
+}
+
+// touch moves r to the front of its app's eviction order. Caller holds
+// r's shard.
+func (m *Memory) touch(r *memRoom) {
+	lru := &r.app.lru
+	m.appsMu.Lock()
+	if r.next != nil {
+		r.prev.next, r.next.prev = r.next, r.prev
+	}
+	r.prev, r.next = lru, lru.next
+	lru.next.prev = r
+	lru.next = r
+	m.appsMu.Unlock()
+}
+
+// victim is the room to evict from: the least recently written of the
+// app that holds the most bytes; nil when no room holds a message.
+func (m *Memory) victim() *memRoom {
+	m.appsMu.Lock()
+	defer m.appsMu.Unlock()
+	var big *memApp
+	for _, a := range m.apps {
+		if a.lru.prev != &a.lru && (big == nil || a.bytes.Load() > big.bytes.Load()) {
+			big = a
+		}
+	}
+	if big == nil {
+		return nil
+	}
+	return big.lru.prev
+}
+
+// evictOver enforces the byte budget (see SetLimits). It picks the victim
+// under the apps lock only, then trims it under its shard's lock: the
+// commit path locks shard then apps, never the reverse.
+func (m *Memory) evictOver() {
+	for m.maxBytes > 0 && m.bytes.Load() > m.maxBytes {
+		victim := m.victim()
+		if victim == nil {
+			return // nothing left to evict: rooms alone fill the budget
+		}
+		sh := m.shard(victim.key)
+		sh.mu.Lock()
+		for victim.n > 0 && m.bytes.Load() > m.maxBytes {
+			m.dropOldest(victim)
+			m.evicted.Add(1)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // entry returns the kept entry of seq; the caller checks that seq is kept.
 func (r *memRoom) entry(seq uint64) *memEntry {
-	return &r.ring[(seq-1)%uint64(r.cap)]
+	return &r.ring[(seq-1-r.off)%uint64(r.cap)]
 }
 
 // first returns the oldest kept seq (last+1 when nothing is kept).
@@ -209,6 +393,9 @@ func (m *Memory) Head(_ context.Context, key string) (Head, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	room := m.roomLocked(sh, key)
+	if room == nil {
+		return Head{}, proto.ErrRoomLimit
+	}
 	return Head{Last: room.last, Epoch: room.epoch}, nil
 }
 
@@ -332,7 +519,7 @@ func (m *Memory) EnforceRetention(now time.Time) int {
 			}
 			// Seq order is commit order: the expired ones are the oldest.
 			for room.n > 0 && room.entry(room.first()).ts < nowMS-room.maxAge {
-				room.dropOldest()
+				m.dropOldest(room)
 				removed++
 			}
 		}

@@ -34,6 +34,9 @@ type PGConfig struct {
 	// connection died while committing) is resolved before it is reported
 	// as failed; default 10s. See CommitBatch.
 	ResolveTimeout time.Duration
+	// MaxAppRooms bounds the rooms of one app (0: no bound): a publish or
+	// join that would make one more fails with proto.ErrRoomLimit.
+	MaxAppRooms int
 	// Logger gets the store's rare events (ambiguous commits, retention
 	// failures); default slog.Default().
 	Logger *slog.Logger
@@ -53,6 +56,8 @@ type Postgres struct {
 
 	policy RetentionPolicy
 	ret    retentionCounters
+
+	roomsRefused atomic.Uint64 // rooms not made: their app has MaxAppRooms
 
 	closed      atomic.Bool
 	stopRetain  context.CancelFunc
@@ -149,7 +154,11 @@ func (p *Postgres) cacheRoom(key string, id int64) {
 
 // ensureRooms creates the apps and rooms of keys (all distinct, none
 // cached) in one statement and caches their ids. Slow path: once per room
-// per process.
+// per process. A new room of an app that has MaxAppRooms already is not
+// made, and its key stays uncached (the caller answers proto.ErrRoomLimit).
+// The count is read once per statement, so concurrent creators (one
+// statement per group commit, on every node) can pass the bound by the
+// rooms they make at once.
 func (p *Postgres) ensureRooms(ctx context.Context, keys []string) error {
 	apps := make([]string, len(keys))
 	names := make([]string, len(keys))
@@ -160,14 +169,20 @@ func (p *Postgres) ensureRooms(ctx context.Context, keys []string) error {
 	rows, err := p.pool.Query(ctx, `
 WITH a AS (
 	INSERT INTO apps (id) SELECT DISTINCT unnest($1::text[]) ON CONFLICT DO NOTHING
+), k AS (
+	SELECT * FROM unnest($1::text[], $2::text[]) AS k (app, name)
 )
-INSERT INTO rooms (app, name) SELECT * FROM unnest($1::text[], $2::text[])
+INSERT INTO rooms (app, name) SELECT k.app, k.name FROM k
+WHERE $3 <= 0
+	OR EXISTS (SELECT 1 FROM rooms r WHERE r.app = k.app AND r.name = k.name)
+	OR (SELECT count(*) FROM rooms r WHERE r.app = k.app) < $3
 ON CONFLICT (app, name) DO UPDATE SET app = EXCLUDED.app
-RETURNING id, app, name`, apps, names)
+RETURNING id, app, name`, apps, names, p.cfg.MaxAppRooms)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	made := 0
 	for rows.Next() {
 		var id int64
 		var app, name string
@@ -175,8 +190,15 @@ RETURNING id, app, name`, apps, names)
 			return err
 		}
 		p.cacheRoom(proto.RoomKey(app, name), id)
+		made++
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if made < len(keys) {
+		p.roomsRefused.Add(uint64(len(keys) - made))
+	}
+	return nil
 }
 
 // roomID returns the id of an existing room without creating it; ok is
@@ -331,8 +353,11 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 	if p.closed.Load() {
 		return proto.ErrClosed
 	}
-	if err := p.prepare(ctx, s, reqs); err != nil {
+	if err := p.prepare(ctx, s, reqs, res); err != nil {
 		return err
+	}
+	if len(s.uOrd) == 0 {
+		return nil // every request was refused by the room limit
 	}
 	var err error
 	for attempt := 1; ; attempt++ {
@@ -367,8 +392,9 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 }
 
 // prepare resolves the batch's room ids and fills the statement's arrays
-// with its distinct publishes.
-func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest) error {
+// with its distinct publishes. A request whose room could not be made (the
+// app's room limit) is answered here with proto.ErrRoomLimit and left out.
+func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest, res []proto.PubResult) error {
 	if err := p.resolveRooms(ctx, s, reqs); err != nil {
 		return err
 	}
@@ -376,6 +402,11 @@ func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubR
 	// statement sees distinct keys only. The id strings alias req.ID, live
 	// for this call only, and are cleared from the map by reset.
 	for i, r := range reqs {
+		if s.ids[i] == 0 {
+			s.first[i] = i
+			res[i] = proto.PubResult{Err: proto.ErrRoomLimit}
+			continue
+		}
 		k := dedupKey{s.ids[i], r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}
 		if f, ok := s.dedup[k]; ok {
 			s.first[i] = f
@@ -392,7 +423,8 @@ func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubR
 	return nil
 }
 
-// resolveRooms fills s.ids, creating the rooms not cached yet.
+// resolveRooms fills s.ids, creating the rooms not cached yet; a room the
+// app's limit did not let be made keeps id 0.
 func (p *Postgres) resolveRooms(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest) error {
 	for i, r := range reqs {
 		id, ok := p.cachedRoom(r.Key)
@@ -412,11 +444,7 @@ func (p *Postgres) resolveRooms(ctx context.Context, s *pgScratch, reqs []*proto
 	}
 	for i, r := range reqs {
 		if s.ids[i] == 0 {
-			id, ok := p.cachedRoom(r.Key)
-			if !ok {
-				panic("BUG: room " + r.Key + " not cached after ensureRooms")
-			}
-			s.ids[i] = id
+			s.ids[i], _ = p.cachedRoom(r.Key)
 		}
 	}
 	return nil
@@ -565,6 +593,9 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 	return false, nil
 }
 
+// RoomsRefused counts rooms not made because their app had MaxAppRooms.
+func (p *Postgres) RoomsRefused() uint64 { return p.roomsRefused.Load() }
+
 // --- reads ---
 
 // LastSeq implements Store.
@@ -592,7 +623,7 @@ func (p *Postgres) Head(ctx context.Context, key string) (Head, error) {
 			return Head{}, p.wrap("create room", err)
 		}
 		if id, ok = p.cachedRoom(key); !ok {
-			panic("BUG: room " + key + " not cached after ensureRooms")
+			return Head{}, proto.ErrRoomLimit
 		}
 	}
 	var h Head

@@ -393,10 +393,10 @@ func TestPostgresResolveInDoubt(t *testing.T) {
 	run := func(reqs []*proto.PubRequest, token int64, execute bool) ([]proto.PubResult, error) {
 		s := st.scratchPool.Get().(*pgScratch)
 		s.reset(len(reqs))
-		if err := st.prepare(ctx, s, reqs); err != nil {
+		res := make([]proto.PubResult, len(reqs))
+		if err := st.prepare(ctx, s, reqs, res); err != nil {
 			t.Fatal(err)
 		}
-		res := make([]proto.PubResult, len(reqs))
 		if execute {
 			conn, err := st.pool.Acquire(ctx)
 			if err != nil {
