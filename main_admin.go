@@ -119,6 +119,8 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_acks_total", "ack frames sent.", st.Acks.Load())
 	g("roost_publishes_in_flight", "Publishes submitted and not yet answered.", st.InFlight.Load())
 	c("roost_overloaded_total", "Commands answered err overloaded (publish queue or read queue full, draining, or shed).", st.Overloaded.Load())
+	c("roost_publishes_inbox_full_total", "Publishes answered err overloaded because their event loop's inbox held --inbox-limit tasks.", st.InboxFull.Load())
+	c("roost_loop_inbox_overflow_total", "Deliveries that found their event loop's inbox full: not queued; their rooms were read from the store instead.", st.InboxOverflow.Load())
 	c("roost_publishes_shed_total", "Publishes answered err overloaded because their event loop's publishes took longer than --shed-after from read to commit.", st.Shed.Load())
 	m.Histogram("roost_publish_latency_seconds", "From a pub frame read to its commit (including a failed one).", st.PublishLatency.Snapshot())
 	m.Histogram("roost_ack_latency_seconds", "From a pub frame read to its ack queued to the client.", st.AckLatency.Snapshot())

@@ -108,6 +108,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.GapWindow, "gap-window", d.GapWindow, "how long a missing seq is awaited before it is read from the store")
 	fs.DurationVar(&c.node.RetryMin, "retry-min", d.RetryMin, "shortest reconnect hint (retry=MS) of 1013 and drain closes")
 	fs.DurationVar(&c.node.RetryMax, "retry-max", d.RetryMax, "longest reconnect hint; hints are drawn from [retry-min, retry-max)")
+	fs.IntVar(&c.node.InboxLimit, "inbox-limit", d.InboxLimit, "tasks queued for one event loop before its new publishes get err overloaded and deliveries to it are read from the store instead")
 	fs.DurationVar(&c.node.ShedAfter, "shed-after", d.ShedAfter, "answer new publishes err overloaded while an event loop's publishes take longer than this from read to commit (0: never)")
 	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
@@ -351,6 +352,9 @@ func validate(c *config) []error {
 	}
 	if n.FlushInterval < 100*time.Microsecond || n.FlushInterval > time.Second {
 		bad("invalid --flush %s: want 100µs to 1s", n.FlushInterval)
+	}
+	if n.InboxLimit < 16 {
+		bad("invalid --inbox-limit %d: want at least 16", n.InboxLimit)
 	}
 	if n.ShedAfter < 0 || (n.ShedAfter > 0 && n.ShedAfter < 10*time.Millisecond) {
 		bad("invalid --shed-after %s: want 0 (never) or at least 10ms", n.ShedAfter)
@@ -611,6 +615,7 @@ func bindValues(c *config, into map[string]string) {
 		"gap-window":          d(n.GapWindow),
 		"retry-min":           d(n.RetryMin),
 		"retry-max":           d(n.RetryMax),
+		"inbox-limit":         strconv.Itoa(n.InboxLimit),
 		"shed-after":          d(n.ShedAfter),
 		"node-id":             n.NodeID,
 		"admin":               c.admin,

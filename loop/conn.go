@@ -611,6 +611,12 @@ func (c *conn) pub(cmd *proto.Command) {
 		c.sendErr(cmd.ID, proto.CodeOverloaded, "node is draining: publish elsewhere")
 		return
 	}
+	if l.inboxFull() {
+		l.srv.Stats.Overloaded.Add(1)
+		l.srv.Stats.InboxFull.Add(1)
+		c.sendErr(cmd.ID, proto.CodeOverloaded, "node overloaded: retry later with the same id")
+		return
+	}
 	if l.shedding() {
 		l.srv.Stats.Overloaded.Add(1)
 		l.srv.Stats.Shed.Add(1)

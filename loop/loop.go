@@ -3,6 +3,7 @@ package loop
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -66,6 +67,18 @@ type loopState struct {
 	woken  bool
 	spare  []task
 	drainF gnet.RunnableFunc
+	// The bound (Config.InboxLimit): a delivery that finds the queue full
+	// is not queued; its room key goes into lost, and the loop reads the
+	// room's tail from the store at its next drain, as after a broker
+	// reset. lost holds a key once however many of its messages overflow,
+	// so it is bounded by the rooms of the loop. Every other task is queued
+	// whatever the depth: acks and store reads answer requests of the loop
+	// itself (publishes in flight are bounded by the publish queues, reads
+	// by the read queue), ticks are one at a time. depth mirrors len(queue)
+	// for the loop's publish check without the lock.
+	lost      map[string]struct{}
+	lostSpare map[string]struct{}
+	depth     atomic.Int64
 
 	// Output leaves at once when the loop has written nothing for a tick,
 	// else at the next tick: at most one write per connection per
@@ -130,10 +143,40 @@ func (l *loopState) stopTimers() {
 	l.sweepT.Stop()
 }
 
-// push hands t to the loop. Any goroutine.
+// push hands t to the loop, whatever the inbox holds. Any goroutine.
 func (l *loopState) push(t task) {
 	l.mu.Lock()
 	l.queue = append(l.queue, t)
+	l.depth.Store(int64(len(l.queue)))
+	l.wakeLocked()
+}
+
+// pushDelivery hands a room's message to the loop, or, with the inbox
+// full, marks the room for a read from the store. Any goroutine.
+func (l *loopState) pushDelivery(key string, seq uint64, frame []byte) {
+	l.mu.Lock()
+	if len(l.queue) >= l.srv.cfg.InboxLimit {
+		if l.lost == nil {
+			l.lost = make(map[string]struct{})
+		}
+		l.lost[key] = struct{}{}
+		l.mu.Unlock()
+		l.srv.Stats.InboxOverflow.Add(1)
+		return // the queue is not empty: the loop is awake already
+	}
+	l.queue = append(l.queue, task{kind: tDeliver, key: key, seq: seq, frame: frame})
+	l.depth.Store(int64(len(l.queue)))
+	l.wakeLocked()
+}
+
+// inboxFull reports whether new publishes should be refused: the loop is
+// InboxLimit tasks behind. Loop only (reads a mirror, no lock).
+func (l *loopState) inboxFull() bool {
+	return l.depth.Load() >= int64(l.srv.cfg.InboxLimit)
+}
+
+// wakeLocked unlocks l.mu and wakes the loop if it was not woken yet.
+func (l *loopState) wakeLocked() {
 	wake := !l.woken
 	l.woken = true
 	l.mu.Unlock()
@@ -154,6 +197,13 @@ func (l *loopState) drain(context.Context) error {
 	q := l.queue
 	l.queue = l.spare
 	l.woken = false
+	l.depth.Store(0)
+	var lost map[string]struct{}
+	if len(l.lost) > 0 {
+		lost = l.lost
+		l.lost = l.lostSpare
+		l.lostSpare = nil
+	}
 	l.mu.Unlock()
 	l.srv.Stats.InboxDepth[l.idx].Store(int64(len(q)))
 	for i := range q {
@@ -162,8 +212,31 @@ func (l *loopState) drain(context.Context) error {
 	}
 	clear(q)
 	l.spare = q[:0]
+	if lost != nil {
+		l.recoverLost(lost)
+		clear(lost)
+		l.mu.Lock()
+		if l.lostSpare == nil {
+			l.lostSpare = lost
+		}
+		l.mu.Unlock()
+	}
 	l.kick()
 	return nil
+}
+
+// recoverLost reads from the store what overflowed the inbox: for each
+// room, everything after the newest seq this loop delivered (a tail read,
+// as after a broker reset; deliveries that were queued meanwhile are
+// placed by seq, duplicates dropped). A room still joining is read once
+// it is active, since its starting seq may predate the lost message.
+func (l *loopState) recoverLost(lost map[string]struct{}) {
+	for key := range lost {
+		if r := l.table.Get(key); r != nil {
+			l.queueTail(r)
+		}
+	}
+	l.readTails()
 }
 
 // settle runs after each unit of loop work: slow consumers are closed,
@@ -510,6 +583,9 @@ func (l *loopState) activate(r *fanout.Room, seq uint64, err error) {
 			c.startJoin(j)
 		}
 	}
+	if l.tailWant[r] {
+		l.readTails() // a delivery overflowed while the room was joining
+	}
 	l.removeIfIdle(r)
 }
 
@@ -722,11 +798,12 @@ func (l *loopState) readTails() {
 		r := l.tails[0]
 		l.tails[0] = nil
 		l.tails = l.tails[1:]
-		if l.table.Get(r.Key) != r || !r.Active {
+		if l.table.Get(r.Key) != r {
 			delete(l.tailWant, r)
 			continue
 		}
-		if r.Repairing {
+		if r.Repairing || !r.Active {
+			// activate calls back here once the room is live
 			l.tails = append(l.tails, r)
 			continue
 		}

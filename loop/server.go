@@ -50,6 +50,10 @@ type Config struct {
 	GapWindow      time.Duration // how long a missing seq may be awaited before repair
 	RetryMin       time.Duration // jittered reconnect hint of 1013 closes: [RetryMin, RetryMax)
 	RetryMax       time.Duration
+	// InboxLimit bounds a loop's inbox: a delivery that finds this many
+	// tasks queued is not queued (its room is read from the store
+	// instead), and new publishes on the loop get err overloaded.
+	InboxLimit int
 	// ShedAfter: while a loop's publishes take longer than this from read
 	// to commit (smoothed), it answers new ones err overloaded (0: never).
 	ShedAfter time.Duration
@@ -92,6 +96,7 @@ func Defaults() Config {
 		RetryMin:       500 * time.Millisecond,
 		RetryMax:       5 * time.Second,
 		ShedAfter:      time.Second,
+		InboxLimit:     65536,
 	}
 }
 
@@ -177,6 +182,11 @@ type Stats struct {
 	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
 	Overloaded    atomic.Uint64
 	Shed          atomic.Uint64 // of Overloaded: publishes refused by ShedAfter
+	// InboxFull: of Overloaded, publishes refused because their loop's
+	// inbox held InboxLimit tasks. InboxOverflow: deliveries not queued for
+	// the same reason; their rooms were read from the store instead.
+	InboxFull     atomic.Uint64
+	InboxOverflow atomic.Uint64
 	UpgradeErrors atomic.Uint64
 	RefusedBudget atomic.Uint64 // connections closed at accept: MaxConns reached
 	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
@@ -329,6 +339,8 @@ func (c *Config) validate() error {
 		return errors.New("connection budget must not be negative: set --max-conns")
 	case c.MaxConnsPerIP < 0:
 		return errors.New("per-address cap must not be negative: set --max-conns-per-ip")
+	case c.InboxLimit < 16:
+		return fmt.Errorf("inbox limit %d too small: set --inbox-limit to at least 16", c.InboxLimit)
 	case c.ShedAfter < 0 || (c.ShedAfter > 0 && c.ShedAfter < 10*time.Millisecond):
 		return fmt.Errorf("shed-after %s out of range: set --shed-after to 0 (never) or at least 10ms", c.ShedAfter)
 	}
@@ -649,7 +661,7 @@ func (s *Server) Deliver(i int, key string, seq uint64, frame []byte) {
 			s.Stats.DeliveryLag.Observe(float64(time.Now().UnixMilli()-ts) / 1000)
 		}
 	}
-	s.loops[i].Load().push(task{kind: tDeliver, key: key, seq: seq, frame: frame})
+	s.loops[i].Load().pushDelivery(key, seq, frame)
 }
 
 // Subscribed tells loop i the node's subscription to key is up (fanout.Loops).

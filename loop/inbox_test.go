@@ -1,0 +1,137 @@
+package loop
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// TestInboxBoundDeliveries: deliveries past InboxLimit are not queued;
+// their room is read from the store at the next drain, from the newest seq
+// the loop delivered.
+func TestInboxBoundDeliveries(t *testing.T) {
+	rig := newFanoutRig(t, 1, false)
+	l, s := rig.l, rig.l.srv
+	s.cfg.InboxLimit = 16
+	s.cfg.FlushInterval = time.Second
+	t.Cleanup(l.stopTimers)
+	el := &memLoop{}
+	l.el = el
+	s.loops[0].Store(l)
+	s.nloops.Store(1)
+
+	for seq := uint64(1); seq <= 40; seq++ {
+		s.Deliver(0, rig.room.Key, seq, rig.frame)
+	}
+	if got := len(l.queue); got != 16 {
+		t.Fatalf("inbox holds %d tasks, want the limit 16", got)
+	}
+	if got := s.Stats.InboxOverflow.Load(); got != 24 {
+		t.Fatalf("overflow counted %d, want 24", got)
+	}
+	if !l.inboxFull() {
+		t.Fatal("inbox at its limit not reported full (publishes would be taken)")
+	}
+	// Other tasks answer the loop's own requests: never refused.
+	l.push(task{kind: tReset})
+	if got := len(l.queue); got != 17 {
+		t.Fatalf("a reset task was not queued past the limit (%d tasks)", got)
+	}
+
+	_ = l.drain(context.Background())
+	if l.inboxFull() || len(l.lost) != 0 {
+		t.Fatalf("after the drain: full %v, %d rooms lost", l.inboxFull(), len(l.lost))
+	}
+	if rig.room.Last != 16 {
+		t.Fatalf("room at seq %d after the drain, want 16 (the queued deliveries)", rig.room.Last)
+	}
+	select {
+	case j := <-s.reads:
+		if j.kind != rRepair || j.key != rig.room.Key || j.after != 16 || j.upto != 0 {
+			t.Fatalf("read queued: %+v; want a tail read of %s after 16", j, rig.room.Key)
+		}
+	default:
+		t.Fatal("no store read queued for the room whose deliveries overflowed")
+	}
+}
+
+// TestInboxFullRefusesPublish: a publish read while its loop's inbox is
+// full is answered err overloaded, nothing submitted.
+func TestInboxFullRefusesPublish(t *testing.T) {
+	s, el := fuzzNode(t)
+	s.cfg.InboxLimit = 16
+	gc := &memConn{el: el}
+	s.OnOpen(gc)
+	l := s.loops[0].Load()
+	t.Cleanup(l.stopTimers)
+	gc.in = append(gc.in, fuzzUpgrade...)
+	s.OnTraffic(gc)
+	for seq := uint64(1); seq <= 16; seq++ {
+		s.Deliver(0, "a/elsewhere", seq, []byte("x"))
+	}
+	head := len(gc.out)
+	gc.in = append(gc.in, clientFrame(ws.OpText, true, []byte(`{"op":"pub","room":"r","id":"p-1","body":1}`))...)
+	s.OnTraffic(gc)
+	if !bytes.Contains(gc.out[head:], []byte(`"op":"err","ref":"p-1","code":"overloaded"`)) {
+		t.Fatalf("publish into a full inbox: wrote %q, want err overloaded for p-1", gc.out[head:])
+	}
+	if s.Stats.InboxFull.Load() != 1 || s.Stats.Overloaded.Load() != 1 || s.Stats.Publishes.Load() != 0 {
+		t.Fatalf("counters: inbox_full %d overloaded %d publishes %d; want 1 1 0",
+			s.Stats.InboxFull.Load(), s.Stats.Overloaded.Load(), s.Stats.Publishes.Load())
+	}
+}
+
+// TestInboxOverflowRepairedOverSockets: a loop stalled while a room's
+// messages keep coming takes InboxLimit of them into its inbox; the rest
+// reach the member from the store, in order, each once.
+func TestInboxOverflowRepairedOverSockets(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.Loops = 1; c.InboxLimit = 16 })
+	alice := n.dial(t, "alice")
+	alice.send(`{"op":"join","room":"r"}`)
+	alice.expect(map[string]any{"op": "joined", "room": "r"})
+
+	l := n.srv.loops[0].Load()
+	release := make(chan struct{})
+	stalled := make(chan struct{})
+	if err := l.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		close(stalled)
+		<-release
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	<-stalled
+	// Commit, encode and broadcast as the publish path does, while the loop
+	// is stalled.
+	const total = 60
+	key := proto.RoomKey("test", "r")
+	for i := 1; i <= total; i++ {
+		req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("m-" + strconv.Itoa(i)), Body: []byte(strconv.Itoa(i))}
+		res := make([]proto.PubResult, 1)
+		if err := n.store.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
+			t.Fatalf("commit %d: %v %v", i, err, res[0].Err)
+		}
+		frame := proto.AppendMsgFrame(nil, "r", res[0].Seq, req.ID, req.From, res[0].TS, req.Body)
+		if err := n.srv.bus.Publish(context.Background(), key, res[0].Seq, frame); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(release)
+	for i := 1; i <= total; i++ {
+		alice.expect(map[string]any{"op": "msg", "room": "r", "seq": i, "id": fmt.Sprintf("m-%d", i)})
+	}
+	if got := n.srv.Stats.InboxOverflow.Load(); got < total-16 {
+		t.Fatalf("overflow counted %d, want at least %d", got, total-16)
+	}
+	// Nothing more: each message once.
+	alice.send(`{"op":"ping"}`)
+	alice.expect(map[string]any{"op": "pong"})
+}
