@@ -420,6 +420,11 @@ func (s *Server) Start() error {
 			gnet.WithMulticore(s.cfg.Loops > 1),
 			gnet.WithNumEventLoop(s.cfg.Loops),
 			gnet.WithReusePort(true),
+			// The connections a killed node leaves in TIME_WAIT inherit
+			// the listener's options: without SO_REUSEADDR they fail the
+			// probe's plain bind for a minute, so a node SIGKILLed and
+			// started again at once could not listen on its port.
+			gnet.WithReuseAddr(true),
 			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 			gnet.WithLogger(gnetLogger{s.log, s.gnetErrs}),
 			gnet.WithLogLevel(logging.ErrorLevel),
