@@ -149,6 +149,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "roost bench %s: %v\n", sc.name, err)
 		return 1
 	}
+	if p.reportFile != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			err = os.WriteFile(p.reportFile, append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: cannot write --report: %v\n", sc.name, err)
+			return 1
+		}
+	}
 	if p.jsonOut {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -257,21 +267,28 @@ func writeTable(w io.Writer, rep *Report) {
 	if len(r.Nodes) > 1 || (len(r.Nodes) == 1 && rep.Scenario != "density") {
 		var rss int64
 		for _, n := range r.Nodes {
-			fmt.Fprintf(w, "node %d: CPU %.1f%% of a core, RSS %.1f MiB\n", n.PID, n.CPUPct, float64(n.RSS)/(1<<20))
+			fmt.Fprintf(w, "node %s (pid %d): CPU %.1f%% of a core, RSS %.1f MiB\n", n.Name, n.PID, n.CPUPct, float64(n.RSS)/(1<<20))
 			rss += n.RSS
 		}
 		fmt.Fprintf(w, "nodes together: RSS %.1f MiB\n", float64(rss)/(1<<20))
+		for _, n := range r.Watched {
+			fmt.Fprintf(w, "%s (pid %d): CPU %.1f%% of a core, RSS %.1f MiB\n", n.Name, n.PID, n.CPUPct, float64(n.RSS)/(1<<20))
+		}
+		fmt.Fprintf(w, "bench (all its processes): CPU %.1f%% of a core\n", 100*r.BenchCPU/r.Window)
+		if r.PGMeasured {
+			fmt.Fprintf(w, "postgres (every process of that name on the machine): CPU %.1f%% of a core\n", 100*r.PGCPU/r.Window)
+		}
 	}
 	if rep.HighestSustained > 0 {
 		fmt.Fprintf(w, "highest sustained rate: %.0f publishes/s\n", rep.HighestSustained)
 	}
-	if r.Rejoins+r.Resent+r.Away > 0 || rep.Verdict != nil {
+	if r.Rejoins+r.Resent+r.Away > 0 {
 		fmt.Fprintf(w, "reconnections: %d rejoined (%d told recovered:false, %d seqs announced lost), %d publishes sent again, %d deliveries as catch-up, %d not back at the end\n",
 			r.Rejoins, r.Unrecov, r.ToldLost, r.Resent, r.Replayed, r.Away)
 	}
 	for _, ev := range rep.Windows {
-		fmt.Fprintf(w, "window %6.1fs-%6.1fs %-28s ack p50 %.2fms p95 %.2fms p99 %.2fms; live p99 %.2fms; %d closes, %d rejoined (peak %.0f/s, p99 %.0fms, max %.0fms)\n",
-			ev.T, ev.Until, ev.Name, ev.AckP50, ev.AckP95, ev.AckP99, ev.LatP99, ev.Closes, ev.Rejoined, ev.RejoinPerS, ev.RejoinP99, ev.RejoinMax)
+		fmt.Fprintf(w, "window %6.1fs-%6.1fs %-28s ack p50 %.2fms p95 %.2fms p99 %.2fms (+%d acked after a resend); live p99 %.2fms; %d closes, %d rejoined (peak %.0f/s, p99 %.0fms, max %.0fms)\n",
+			ev.T, ev.Until, ev.Name, ev.AckP50, ev.AckP95, ev.AckP99, ev.AckedAgain, ev.LatP99, ev.Closes, ev.Rejoined, ev.RejoinPerS, ev.RejoinP99, ev.RejoinMax)
 	}
 	for _, g := range rep.RSSTail {
 		note := ""
@@ -279,6 +296,13 @@ func writeTable(w io.Writer, rep *Report) {
 			note = " (restarted inside the stretch)"
 		}
 		fmt.Fprintf(w, "RSS of %s from %.0fs: %.1f -> %.1f MiB (%+.1f%%)%s\n", g.Name, g.From, g.FirstMiB, g.LastMiB, g.GrowthPct, note)
+	}
+	for _, t := range rep.Targets {
+		word := "met"
+		if !t.Met {
+			word = "MISSED"
+		}
+		fmt.Fprintf(w, "target %-16s %10.2f %-3s %s\n", t.Target, t.Got, t.Unit, word)
 	}
 	if v := rep.Verdict; v != nil {
 		if v.OK {

@@ -142,9 +142,10 @@ type conn struct {
 }
 
 type sendSlot struct {
-	id   uint64
-	t    int64
-	size int32
+	id     uint64
+	t      int64
+	size   int32
+	resent bool
 }
 
 // levelStats is what one loop (or one process) counted in one level. It is
@@ -681,6 +682,7 @@ func (l *loop) rejoined(c *conn) {
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	for _, id := range ids {
 		s := &c.inflight[id&uint64(len(c.inflight)-1)]
+		s.resent = true
 		l.appendPubFrame(c, id, s.t, int(s.size))
 		l.st.Resent++
 	}
@@ -730,6 +732,7 @@ func (l *loop) resendDue(now int64) {
 		}
 		for _, id := range c.resendIDs {
 			if s := &c.inflight[id&uint64(len(c.inflight)-1)]; s.id == id {
+				s.resent = true
 				l.appendPubFrame(c, id, s.t, int(s.size))
 				l.st.Resent++
 			}
@@ -1075,7 +1078,11 @@ func (l *loop) onFrame(c *conn, f *proto.ServerFrame, payload []byte, now int64)
 		}
 		if sl := l.slotAt(now); sl != nil {
 			sl.Acked++
-			sl.AckLat.record(now - s.t)
+			if s.resent {
+				sl.AckedAgain++
+			} else {
+				sl.AckLat.record(now - s.t)
+			}
 		}
 	case "joined":
 		if c.state == stJoining {

@@ -151,6 +151,7 @@ type Percentiles struct {
 	Count uint64        `json:"count"`
 	P50   time.Duration `json:"p50_ns"`
 	P90   time.Duration `json:"p90_ns"`
+	P95   time.Duration `json:"p95_ns"`
 	P99   time.Duration `json:"p99_ns"`
 	P999  time.Duration `json:"p999_ns"`
 	Max   time.Duration `json:"max_ns"`
@@ -163,6 +164,7 @@ func (h *Hist) Summary() Percentiles {
 		Count: h.n,
 		P50:   h.Quantile(0.50),
 		P90:   h.Quantile(0.90),
+		P95:   h.Quantile(0.95),
 		P99:   h.Quantile(0.99),
 		P999:  h.Quantile(0.999),
 		Max:   h.Max(),

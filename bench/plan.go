@@ -28,6 +28,9 @@ type params struct {
 	events         string
 	rssTail        time.Duration
 	reconnect      string
+	reportFile     string
+	verdict        bool
+	targets        string
 	retryMin       time.Duration
 	retryMax       time.Duration
 	pg             bool
@@ -43,6 +46,7 @@ type params struct {
 	stepFactor float64
 	stepAdd    float64
 	stepMax    float64
+	stepP99    time.Duration
 
 	members, publishers, rooms, conns, users, roomSize int
 	rate                                               float64
@@ -144,6 +148,9 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.DurationVar(&p.series, "series", 0, "keep rates, latencies and --pid/--watch CPU and RSS per step of this length over the run (0: off)")
 	fs.StringVar(&p.events, "events", "", "file of \"UNIX_NS NAME\" lines (faults) to mark on the --series plot and to give latencies per window of")
 	fs.DurationVar(&p.rssTail, "rss-tail", 10*time.Minute, "with --series: report each process's RSS growth over this last stretch of the run")
+	fs.StringVar(&p.reportFile, "report", "", "also write the JSON report to this file (the table still goes to stdout)")
+	fs.BoolVar(&p.verdict, "verdict", false, "exit 1 unless every window publish was acked and delivered to every member once and in order (always on for soak and --reconnect)")
+	fs.StringVar(&p.targets, "targets", "", "figures to judge the last level by, comma-separated: p99<=15ms, p999<=, ack-p95<=, ack-p99<=, delivery>=100, rss<=300MiB (all --pid together), node-cpu<=PCT (busiest --pid)")
 	fs.StringVar(&p.reconnect, "reconnect", "", "a connection the node or the network closed comes back after its retry delay and rejoins with since (unacked publishes sent again with their ids): same (the node it was on) or next (the next --url at each attempt); empty: it stays closed")
 	fs.DurationVar(&p.retryMin, "retry-min", 500*time.Millisecond, "with --reconnect: shortest jittered delay when the close carries no retry=MS hint")
 	fs.DurationVar(&p.retryMax, "retry-max", 3*time.Second, "with --reconnect: longest such delay (also the cap of the doubling after failed attempts)")
@@ -159,6 +166,7 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.Float64Var(&p.stepFactor, "step-factor", 1.25, "each level multiplies the rate by this")
 	fs.Float64Var(&p.stepAdd, "step-add", 0, "each level adds this to the rate instead of multiplying")
 	fs.Float64Var(&p.stepMax, "step-max", 1e6, "highest level tried")
+	fs.DurationVar(&p.stepP99, "max-p99", 0, "a level whose p99 publish -> receipt is above this is not sustained (0: no latency bound)")
 	sc.flags(fs, p)
 	// worker-only flags, set by the parent
 	fs.IntVar(&p.workerIndex, "worker-index", 0, "internal")
@@ -218,6 +226,9 @@ func (p *params) validate() error {
 		return usagef("--series applies to a run of one level, not --step")
 	case p.events != "" && p.series == 0:
 		return usagef("--events needs --series")
+	}
+	if _, err := parseTargets(p.targets); err != nil {
+		return err
 	}
 	switch p.scenario {
 	case "delivery", "hotroom":

@@ -173,7 +173,7 @@ func plotSeries(rep *Report) []byte {
 		lo, hi := math.Inf(1), 0.0
 		for _, s := range ss {
 			for _, v := range s.v {
-				if v > 0 {
+				if v > 0 && !math.IsNaN(v) {
 					lo, hi = math.Min(lo, v), math.Max(hi, v)
 				}
 			}
@@ -214,7 +214,7 @@ func plotSeries(rep *Report) []byte {
 			c := colors[i%len(colors)]
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="`, c)
 			for j, v := range s.v {
-				if j < len(pts) && (v > 0 || !logY) {
+				if j < len(pts) && !math.IsNaN(v) && (v > 0 || !logY) {
 					fmt.Fprintf(&b, "%.1f,%.1f ", x(pts[j].T+rep.SeriesStep/2), y(v))
 				}
 			}
@@ -245,10 +245,10 @@ func plotSeries(rep *Report) []byte {
 	var rss []series
 	for i, name := range rep.SeriesNames {
 		rss = append(rss, series{name + " MiB", get(func(p SeriesPoint) float64 {
-			if i < len(p.RSS) {
+			if i < len(p.RSS) && p.RSS[i] > 0 {
 				return float64(p.RSS[i]) / (1 << 20)
 			}
-			return 0
+			return math.NaN() // not sampled (the drain), or the process was down
 		})})
 	}
 	panel(2, "RSS (MiB)", false, rss)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -225,6 +226,7 @@ type Report struct {
 	Windows     []EventWindow     `json:"event_windows,omitempty"`
 	RSSTail     []RSSGrowth       `json:"rss_tail,omitempty"`
 	Verdict     *IntegrityVerdict `json:"verdict,omitempty"`
+	Targets     []TargetResult    `json:"targets,omitempty"`
 
 	// density
 	RSSBefore     int64          `json:"node_rss_before_bytes,omitempty"`
@@ -307,6 +309,8 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 		r.Broken = fmt.Sprintf("%d slow-consumer closes (1013)", st.Closes[1013])
 	case st.Gaps+st.Duplicates+st.Reordered > 0 || r.AckedNotReceived > 0:
 		r.Broken = "sequence errors"
+	case p.stepP99 > 0 && r.Latency.P99 > p.stepP99:
+		r.Broken = fmt.Sprintf("p99 %s > --max-p99 %s", fmtDur(r.Latency.P99), fmtDur(p.stepP99))
 	}
 	r.Sustained = r.Broken == ""
 	return r
@@ -390,8 +394,12 @@ func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) er
 		}
 		r := p.result(st, rate, pl.publishers, benchCPU, s0, s1)
 		rep.Levels = append(rep.Levels, r)
-		if p.reconnect != "" || p.scenario == "soak" {
+		if p.reconnect != "" || p.scenario == "soak" || p.verdict {
 			rep.Verdict = verdict(r)
+		}
+		if p.targets != "" && last {
+			ts, _ := parseTargets(p.targets)
+			rep.Targets = judge(ts, r)
 		}
 		rep.TotalSent, rep.TotalFrames = st.TotalSent, st.TotalFrames
 		if !p.step {
@@ -486,4 +494,96 @@ func verdict(r LevelResult) *IntegrityVerdict {
 	}
 	v.OK = len(v.Reasons) == 0
 	return v
+}
+
+// figureTarget is one --targets entry: a figure of the last level and its bound.
+type figureTarget struct {
+	key   string
+	le    bool // the figure must be <= bound (else >=)
+	bound float64
+	text  string
+}
+
+// TargetResult is one --targets entry judged.
+type TargetResult struct {
+	Target string  `json:"target"`
+	Got    float64 `json:"got"`
+	Unit   string  `json:"unit"`
+	Met    bool    `json:"met"`
+}
+
+var targetUnits = map[string]string{"p99": "ms", "p999": "ms", "ack-p95": "ms", "ack-p99": "ms", "delivery": "%", "rss": "MiB", "node-cpu": "%"}
+
+func parseTargets(s string) ([]figureTarget, error) {
+	var out []figureTarget
+	for _, f := range splitList(s) {
+		t := figureTarget{text: f}
+		var k, v string
+		if a, b, ok := strings.Cut(f, "<="); ok {
+			k, v, t.le = a, b, true
+		} else if a, b, ok := strings.Cut(f, ">="); ok {
+			k, v = a, b
+		} else {
+			return nil, usagef("--targets: %q is not KEY<=VALUE or KEY>=VALUE", f)
+		}
+		t.key = strings.TrimSpace(k)
+		unit, ok := targetUnits[t.key]
+		if !ok {
+			return nil, usagef("--targets: unknown figure %q (p99, p999, ack-p95, ack-p99, delivery, rss, node-cpu)", t.key)
+		}
+		v = strings.TrimSpace(v)
+		mult := 1.0
+		switch {
+		case unit == "ms" && strings.HasSuffix(v, "ms"):
+			v = strings.TrimSuffix(v, "ms")
+		case unit == "ms" && strings.HasSuffix(v, "s"):
+			v, mult = strings.TrimSuffix(v, "s"), 1000
+		case unit == "MiB" && strings.HasSuffix(v, "MiB"):
+			v = strings.TrimSuffix(v, "MiB")
+		case unit == "MiB" && strings.HasSuffix(v, "MB"):
+			v, mult = strings.TrimSuffix(v, "MB"), 1e6/(1<<20)
+		case unit == "%":
+			v = strings.TrimSuffix(v, "%")
+		}
+		b, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return nil, usagef("--targets: bad value in %q", f)
+		}
+		t.bound = b * mult
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+func judge(ts []figureTarget, r LevelResult) []TargetResult {
+	var out []TargetResult
+	for _, t := range ts {
+		var got float64
+		switch t.key {
+		case "p99":
+			got = ms(r.Latency.P99)
+		case "p999":
+			got = ms(r.Latency.P999)
+		case "ack-p95":
+			got = ms(r.AckLatency.P95)
+		case "ack-p99":
+			got = ms(r.AckLatency.P99)
+		case "delivery":
+			got = r.DeliveryPct
+		case "rss":
+			for _, n := range r.Nodes {
+				got += float64(n.RSS) / (1 << 20)
+			}
+		case "node-cpu":
+			for _, n := range r.Nodes {
+				got = math.Max(got, n.CPUPct)
+			}
+		}
+		met := got <= t.bound
+		if !t.le {
+			met = got >= t.bound
+		}
+		out = append(out, TargetResult{Target: t.text, Got: got, Unit: targetUnits[t.key], Met: met})
+	}
+	return out
 }

@@ -101,6 +101,7 @@ func (h *slotHist) quantile(q float64) time.Duration {
 type slot struct {
 	Sent       uint64 // publishes sent
 	Acked      uint64 // acks received
+	AckedAgain uint64 // of those, of publishes sent more than once (AckLat leaves them out)
 	Frames     uint64 // msg frames received
 	Live       uint64 // of those, messages published after the receiver's last (re)join
 	Replayed   uint64 // catch-up after a rejoin: published while the receiver was away
@@ -109,13 +110,14 @@ type slot struct {
 	Unrecov    uint64 // rejoins answered recovered:false
 	ErrFrames  uint64
 	Lat        slotHist // live deliveries, publish -> receipt
-	AckLat     slotHist
+	AckLat     slotHist // publishes acked on their first send
 	RejoinTime slotHist // close -> joined again, by the rejoin's slot
 }
 
 func (s *slot) merge(o *slot) {
 	s.Sent += o.Sent
 	s.Acked += o.Acked
+	s.AckedAgain += o.AckedAgain
 	s.Frames += o.Frames
 	s.Live += o.Live
 	s.Replayed += o.Replayed
@@ -130,7 +132,7 @@ func (s *slot) merge(o *slot) {
 
 // slotJSON is the sparse wire form between bench processes.
 type slotJSON struct {
-	C   [9]uint64   `json:"c"`
+	C   [10]uint64  `json:"c"`
 	Lat [][2]uint64 `json:"l,omitempty"` // [index, count]; the last pair is [-1 as max, n] (see pack)
 	Ack [][2]uint64 `json:"a,omitempty"`
 	Rej [][2]uint64 `json:"r,omitempty"`
@@ -166,7 +168,7 @@ func packSlots(s []slot) []slotJSON {
 	out := make([]slotJSON, len(s))
 	for i := range s {
 		x := &s[i]
-		out[i] = slotJSON{C: [9]uint64{x.Sent, x.Acked, x.Frames, x.Live, x.Replayed, x.Closes, x.Rejoined, x.Unrecov, x.ErrFrames},
+		out[i] = slotJSON{C: [10]uint64{x.Sent, x.Acked, x.Frames, x.Live, x.Replayed, x.Closes, x.Rejoined, x.Unrecov, x.ErrFrames, x.AckedAgain},
 			Lat: packHist(&x.Lat), Ack: packHist(&x.AckLat), Rej: packHist(&x.RejoinTime)}
 	}
 	return out
@@ -176,8 +178,8 @@ func unpackSlots(in []slotJSON) []slot {
 	out := make([]slot, len(in))
 	for i, j := range in {
 		x := &out[i]
-		x.Sent, x.Acked, x.Frames, x.Live, x.Replayed, x.Closes, x.Rejoined, x.Unrecov, x.ErrFrames =
-			j.C[0], j.C[1], j.C[2], j.C[3], j.C[4], j.C[5], j.C[6], j.C[7], j.C[8]
+		x.Sent, x.Acked, x.Frames, x.Live, x.Replayed, x.Closes, x.Rejoined, x.Unrecov, x.ErrFrames, x.AckedAgain =
+			j.C[0], j.C[1], j.C[2], j.C[3], j.C[4], j.C[5], j.C[6], j.C[7], j.C[8], j.C[9]
 		unpackHist(j.Lat, &x.Lat)
 		unpackHist(j.Ack, &x.AckLat)
 		unpackHist(j.Rej, &x.RejoinTime)
@@ -229,6 +231,7 @@ type EventWindow struct {
 	Until      float64 `json:"until_s"`
 	Sent       uint64  `json:"sent"`
 	Acked      uint64  `json:"acked"`
+	AckedAgain uint64  `json:"acked_after_resend"` // not in the ack percentiles: their latency is the outage's
 	Closes     uint64  `json:"closes"`
 	Rejoined   uint64  `json:"rejoined"`
 	Unrecov    uint64  `json:"recovered_false"`
@@ -285,13 +288,15 @@ func windows(slots []slot, step time.Duration, events []Event) []EventWindow {
 		w := EventWindow{Event: ev, Until: until}
 		var ack, lat, rej slotHist
 		for k := range slots {
-			t := float64(k) * step.Seconds()
-			if t+step.Seconds() <= ev.T || t >= until {
+			// a slot belongs to the window its middle falls in
+			t := (float64(k) + 0.5) * step.Seconds()
+			if t < ev.T || t >= until {
 				continue
 			}
 			s := &slots[k]
 			w.Sent += s.Sent
 			w.Acked += s.Acked
+			w.AckedAgain += s.AckedAgain
 			w.Closes += s.Closes
 			w.Rejoined += s.Rejoined
 			w.Unrecov += s.Unrecov

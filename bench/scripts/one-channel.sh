@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The design documents' one-channel load: one room of 6,000 listeners and
+# 100 msg/s of 500-byte bodies (600,000 frames/s) on one node pinned to one
+# core (CPU 1; the bench on CPU 0), for a minute: 0 loss, p99, node CPU and
+# RSS. Then the rate is raised level by level (x1.5) to the highest one held
+# with p99 <= 50 ms, every publish acked and every frame delivered.
+# The node runs on its memory store and in-process broker: one node, as in
+# the design documents' run.
+#
+# Usage: bench/scripts/one-channel.sh [--short]
+#   --short: 600 listeners, 10 s, two step levels (the CI form).
+# Needs: Go, taskset (util-linux). Loopback only, bounded, cleans up.
+# Writes $OUT/one-channel.{json,svg,txt} and one-channel-step.{json,svg,txt}.
+. "$(dirname "$0")/lib.sh"
+
+short=0
+[ "${1:-}" = "--short" ] && short=1
+if [ $short = 1 ]; then
+  members=600 duration=10s warmup=2s step_dur=3s step_max=400 factor=2
+else
+  members=6000 duration=60s warmup=5s step_dur=10s step_max=40000 factor=1.5
+fi
+need taskset "util-linux"
+cpus=$(nproc)
+node_cpu=$((cpus - 1)) bench_cpus=0
+[ "$cpus" -gt 2 ] && bench_cpus=0-$((cpus - 2))
+
+build
+port=$(free_ports 1)
+NODE_PREFIX="taskset -c $node_cpu" start_node one "$port" --connections $((members + 100))
+url=ws://127.0.0.1:$port/ws
+pid="one=@$work/one.pid"
+log "node pinned to CPU $node_cpu; bench on CPU $bench_cpus; $members listeners"
+
+set +e
+# ten publishers share the rate: a publisher is one connection of a real
+# app's backend, and ten keep each one's bucket smooth
+GOMAXPROCS=2 taskset -c $bench_cpus "$bin" bench delivery --url "$url" --members $members \
+  --publishers 10 --publishers-join=false --rate 100 --size 500 \
+  --warmup $warmup --duration $duration --drain 5s --pid "$pid" --series 1s --rss-tail $duration --verdict \
+  --targets 'delivery>=100,p99<=50ms' \
+  --report "$OUT/one-channel.json" --plot "$OUT/one-channel.svg" | tee "$OUT/one-channel.txt"
+rc=${PIPESTATUS[0]}
+[ $rc = 0 ] || die "the 100 msg/s run exited $rc"
+
+GOMAXPROCS=2 taskset -c $bench_cpus "$bin" bench delivery --url "$url" --members $members \
+  --publishers 10 --publishers-join=false --size 500 \
+  --step --step-start 200 --step-factor $factor --step-max $step_max --max-p99 50ms \
+  --warmup 2s --duration $step_dur --drain 5s --pid "$pid" \
+  --report "$OUT/one-channel-step.json" --plot "$OUT/one-channel-step.svg" | tee "$OUT/one-channel-step.txt"
+rc=${PIPESTATUS[0]}
+set -e
+[ $rc = 0 ] || die "the step run exited $rc"
+log "one-channel: done"
