@@ -286,7 +286,11 @@ func writeTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "reconnections: %d rejoined (%d told recovered:false, %d seqs announced lost), %d publishes sent again, %d deliveries as catch-up, %d not back at the end\n",
 			r.Rejoins, r.Unrecov, r.ToldLost, r.Resent, r.Replayed, r.Away)
 	}
-	for _, ev := range rep.Windows {
+	evs := rep.Windows
+	if rep.Whole != nil {
+		evs = append([]EventWindow{*rep.Whole}, evs...)
+	}
+	for _, ev := range evs {
 		fmt.Fprintf(w, "window %6.1fs-%6.1fs %-28s ack p50 %.2fms p95 %.2fms p99 %.2fms (+%d acked after a resend); live p99 %.2fms; %d closes, %d rejoined (peak %.0f/s, p99 %.0fms, max %.0fms)\n",
 			ev.T, ev.Until, ev.Name, ev.AckP50, ev.AckP95, ev.AckP99, ev.AckedAgain, ev.LatP99, ev.Closes, ev.Rejoined, ev.RejoinPerS, ev.RejoinP99, ev.RejoinMax)
 	}

@@ -224,6 +224,7 @@ type Report struct {
 	SeriesNames []string          `json:"series_processes,omitempty"` // --pid then --watch, the order of rss_bytes and cpu_pct
 	Series      []SeriesPoint     `json:"series,omitempty"`
 	Windows     []EventWindow     `json:"event_windows,omitempty"`
+	Whole       *EventWindow      `json:"whole_run,omitempty"` // the series from start to end as one window
 	RSSTail     []RSSGrowth       `json:"rss_tail,omitempty"`
 	Verdict     *IntegrityVerdict `json:"verdict,omitempty"`
 	Targets     []TargetResult    `json:"targets,omitempty"`
@@ -454,6 +455,10 @@ func (p *params) fillSeries(rep *Report, st *levelStats, samples []procSample, s
 		slots = slots[:len(slots)-1]
 	}
 	rep.Series = points(slots, p.series, samples)
+	whole := windows(slots, p.series, []Event{{T: 0, At: start.UnixNano(), Name: "whole run"}})
+	if len(whole) == 1 {
+		rep.Whole = &whole[0]
+	}
 	rep.RSSTail = rssGrowth(rep.SeriesNames, rep.Series, samples, p.rssTail, p.series)
 	if p.events != "" {
 		evs, err := readEvents(p.events, start)
