@@ -696,3 +696,28 @@ func TestResumeWire(t *testing.T) {
 		t.Fatalf("node reads %s as %+v: %v", payload, cmd, err)
 	}
 }
+
+func TestTargets(t *testing.T) {
+	ts, err := parseTargets("p99<=15ms, delivery>=100, rss<=300MB, ack-p95<=0.5s, node-cpu<=80")
+	if err != nil || len(ts) != 5 || ts[3].bound != 500 || math.Abs(ts[2].bound-286.1) > 0.1 {
+		t.Fatalf("%+v %v", ts, err)
+	}
+	r := LevelResult{Latency: Percentiles{P99: 12 * time.Millisecond}, DeliveryPct: 99.9,
+		AckLatency: Percentiles{P95: 600 * time.Millisecond},
+		Nodes:      []NodeUsage{{RSS: 100 << 20, CPUPct: 50}, {RSS: 150 << 20, CPUPct: 90}}}
+	got := judge(ts, r)
+	want := []bool{true, false, true, false, false}
+	for i, g := range got {
+		if g.Met != want[i] {
+			t.Errorf("%s: got %v met %v", g.Target, g.Got, g.Met)
+		}
+	}
+	if got[2].Got != 250 || got[4].Got != 90 {
+		t.Errorf("rss %v cpu %v", got[2].Got, got[4].Got)
+	}
+	for _, bad := range []string{"p99=15ms", "bogus<=1", "p99<=fast"} {
+		if _, err := parseTargets(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package bench
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
+)
+
+// The full-size scripts run here in their --short form, so that what an
+// operator runs at full size is what CI keeps working: each starts its own
+// nodes (and Redis, and a database), runs, writes its report and plot, and
+// cleans up. They need bash, PostgreSQL with psql, and redis-server; without
+// them the test is skipped, or fails when CI=true. -short skips them.
+func runScript(t *testing.T, name string, args ...string) (string, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the scripts take 30-60 s each")
+	}
+	need := []string{"bash", "taskset"}
+	if name != "one-channel.sh" {
+		need = append(need, "psql", "redis-server")
+		redistest.RequireBinaries(t)
+	}
+	for _, bin := range need {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s needs %s: %v", name, bin, err)
+			}
+			t.Skipf("%s needs %s: %v", name, bin, err)
+		}
+	}
+	if name != "one-channel.sh" {
+		if out, err := exec.Command("psql", pgAdminURL(), "-qtAc", "SELECT 1").CombinedOutput(); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s needs PostgreSQL at %s: %v\n%s", name, pgAdminURL(), err, out)
+			}
+			t.Skipf("%s needs PostgreSQL at %s: %v", name, pgAdminURL(), err)
+		}
+	}
+	out := t.TempDir()
+	cmd := exec.Command("bash", append([]string{filepath.Join("scripts", name)}, args...)...)
+	cmd.Env = append(os.Environ(), "OUT="+out)
+	done := make(chan struct{})
+	var combined []byte
+	var err error
+	go func() {
+		combined, err = cmd.CombinedOutput()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(4 * time.Minute):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("%s did not finish in 4 minutes:\n%s", name, combined)
+	}
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, combined)
+	}
+	return out, string(combined)
+}
+
+func pgAdminURL() string {
+	if u := os.Getenv("ROOST_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+func readReport(t *testing.T, path string) *Report {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if svg := strings.TrimSuffix(path, ".json") + ".svg"; !fileHas(svg, "<svg") {
+		t.Errorf("no plot at %s", svg)
+	}
+	return &rep
+}
+
+func fileHas(path, s string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && strings.Contains(string(b), s)
+}
+
+func TestScriptChat100kShort(t *testing.T) {
+	out, log := runScript(t, "chat-100k.sh", "--short")
+	rep := readReport(t, filepath.Join(out, "chat-100k.json"))
+	r := rep.Levels[0]
+	if rep.Connections != 2000 || rep.Verdict == nil || !rep.Verdict.OK || len(r.Nodes) != 2 || len(rep.Series) == 0 {
+		t.Fatalf("report: %d connections verdict %+v nodes %+v\n%s", rep.Connections, rep.Verdict, r.Nodes, log)
+	}
+	if len(rep.Targets) != 3 || !rep.Targets[0].Met {
+		t.Errorf("targets %+v", rep.Targets)
+	}
+}
+
+func TestScriptOneChannelShort(t *testing.T) {
+	out, log := runScript(t, "one-channel.sh", "--short")
+	rep := readReport(t, filepath.Join(out, "one-channel.json"))
+	if rep.Connections != 610 || rep.Verdict == nil || !rep.Verdict.OK || rep.Levels[0].DeliveryPct != 100 {
+		t.Fatalf("100 msg/s run: %+v\n%s", rep.Levels, log)
+	}
+	step := readReport(t, filepath.Join(out, "one-channel-step.json"))
+	if len(step.Levels) == 0 {
+		t.Fatalf("step run without levels\n%s", log)
+	}
+}
+
+func TestScriptSoakShort(t *testing.T) {
+	out, log := runScript(t, "soak.sh", "--short")
+	rep := readReport(t, filepath.Join(out, "soak.json"))
+	r := rep.Levels[0]
+	if rep.Verdict == nil || !rep.Verdict.OK || r.Rejoins < 2000 || len(rep.Windows) != 6 {
+		t.Fatalf("soak: verdict %+v rejoins %d windows %d\n%s", rep.Verdict, r.Rejoins, len(rep.Windows), log)
+	}
+	if !strings.Contains(log, "soak verdict: ok") || !strings.Contains(log, "0 rooms with holes") {
+		t.Fatalf("script verdict missing:\n%s", log)
+	}
+}
