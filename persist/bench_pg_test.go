@@ -55,13 +55,49 @@ func pgCPU(pids []int) time.Duration {
 func BenchmarkPoolPostgres(b *testing.B) {
 	for _, rooms := range []int{1000, 1} {
 		b.Run(fmt.Sprintf("rooms=%d", rooms), func(b *testing.B) {
-			benchPG(b, rooms, PoolConfig{})
+			benchPG(b, rooms, benchPoolConfig(b))
 		})
 	}
 }
 
+// benchPoolConfig is the pool's default configuration, with Workers,
+// MinFill and Window overridden by ROOST_BENCH_WORKERS, ROOST_BENCH_FILL and
+// ROOST_BENCH_WINDOW (a Go duration; 0 means do not wait) so that variants can be compared without editing the code.
+func benchPoolConfig(b *testing.B) PoolConfig {
+	var cfg PoolConfig
+	if v, err := strconv.Atoi(os.Getenv("ROOST_BENCH_WORKERS")); err == nil && v > 0 {
+		cfg.Workers = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("ROOST_BENCH_FILL")); err == nil && v > 0 {
+		cfg.MinFill = v
+	}
+	if v, err := time.ParseDuration(os.Getenv("ROOST_BENCH_WINDOW")); err == nil {
+		cfg.Window = v
+		if v == 0 {
+			cfg.Window = -1
+		}
+	}
+	cfg.setDefaults()
+	return cfg
+}
+
+// backendPIDs lists the PostgreSQL backends serving st's database.
+func backendPIDs(b *testing.B, st *Postgres) []int {
+	rows, err := st.pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	var pids []int
+	for rows.Next() {
+		var pid int
+		_ = rows.Scan(&pid)
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
 func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
-	ctx := context.Background()
 	url := newTestDB(b)
 	cfg.setDefaults()
 	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers + 1)})
@@ -82,17 +118,7 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	for sink.n.Load() != int64(rooms) {
 		time.Sleep(time.Millisecond)
 	}
-	var pids []int
-	rows, err := st.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for rows.Next() {
-		var pid int
-		_ = rows.Scan(&pid)
-		pids = append(pids, pid)
-	}
-	rows.Close()
+	pids := backendPIDs(b, st)
 	base := sink.n.Load()
 	s0 := p.Stats()
 	cpuOurs0, cpuAll0 := pgCPU(pids), pgCPU(nil)
@@ -130,11 +156,12 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 	}
 	const rooms = 1000
 	url := newTestDB(b)
-	st := openTestPG(b, url, PGConfig{MaxConns: 5})
+	cfg := benchPoolConfig(b)
+	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers + 1)})
 	defer st.Close()
 	lat := &latencySink{start: make([]int64, b.N+rooms)}
 	ts := &timedStore{Store: st}
-	p := NewPool(ts, lat, PoolConfig{})
+	p := NewPool(ts, lat, cfg)
 	keys := make([]string, rooms)
 	for i := range keys {
 		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
@@ -151,7 +178,12 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 		time.Sleep(time.Millisecond)
 	}
 	lat.lat = lat.lat[:0]
+	ts.mu.Lock()
+	ts.durs = ts.durs[:0]
+	ts.mu.Unlock()
+	pids := backendPIDs(b, st)
 	s0 := p.Stats()
+	cpuOurs0, cpuAll0 := pgCPU(pids), pgCPU(nil)
 	b.ResetTimer()
 	interval := time.Second / time.Duration(rate)
 	begin := time.Now()
@@ -165,8 +197,12 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	b.StopTimer()
+	cpuOurs, cpuAll := pgCPU(pids)-cpuOurs0, pgCPU(nil)-cpuAll0
 	s1 := p.Stats()
 	p.Close()
+	n := float64(b.N)
+	b.ReportMetric(float64(cpuOurs.Microseconds())/n, "pg-backend-µs/pub")
+	b.ReportMetric(float64(cpuAll.Microseconds())/n, "pg-all-µs/pub")
 	l := lat.lat
 	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
 	b.ReportMetric(float64(b.N)/time.Since(begin).Seconds(), "pub/s")
