@@ -24,6 +24,13 @@ type Handler interface {
 	OnReset()
 }
 
+// Publication is one committed message handed to Broker.PublishBatch.
+type Publication struct {
+	Key   string // persist.RoomKey(app, room)
+	Seq   uint64
+	Frame []byte // the complete server frame of the msg, immutable
+}
+
 // Broker carries committed messages from the publishing node to every node
 // with members in the room (key is proto.RoomKey(app, room)).
 type Broker interface {
@@ -31,6 +38,15 @@ type Broker interface {
 	// this one included. For one room it is called in seq order by one
 	// goroutine at a time.
 	Publish(ctx context.Context, key string, seq uint64, frame []byte) error
+	// PublishBatch publishes every message of pubs as Publish would, in one
+	// round trip to the broker where it has a network (Redis pipelines the
+	// batch; a Redis Cluster sends each shard its part at once). errs must
+	// be at least as long as pubs: errs[i] is pubs[i]'s outcome, nil or the
+	// error Publish would have returned. It returns the number of failures.
+	// A room's messages go out in slice order, and as for Publish, one
+	// room's calls come from one goroutine at a time. The broker keeps no
+	// reference to pubs or errs after the call.
+	PublishBatch(ctx context.Context, pubs []Publication, errs []error) int
 	// Subscribe starts delivery of key to this node's Handler. It must not
 	// block on the network: ready is called (from any goroutine, possibly
 	// before Subscribe returns) once the subscription is active, or with an

@@ -3,6 +3,7 @@ package pubsub
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -149,6 +150,67 @@ func testBrokerContract(t *testing.T, newBroker brokerFactory) {
 		expectSeqs(t, r, "app\x00a", 1, n)
 		expectSeqs(t, r, "app\x00b", 1, n)
 		if c := r.count("app\x00c"); c != 0 {
+			t.Fatalf("unsubscribed room delivered %d messages", c)
+		}
+	})
+	t.Run("Batch", func(t *testing.T) {
+		r := newRecorder()
+		b := newBroker(t, r)
+		keys := []string{"app/a", "app/b", "app/c"} // c is not subscribed
+		subscribeWait(t, b, keys[0])
+		subscribeWait(t, b, keys[1])
+		// Batches of every size up to 40, rooms interleaved, frames of
+		// different lengths: each room must see its seqs in order, whole.
+		const n = 300
+		next := map[string]uint64{}
+		var pubs []Publication
+		for size := 1; next[keys[0]] < n; size = size%40 + 1 {
+			pubs = pubs[:0]
+			for i := 0; i < size; i++ {
+				k := keys[(i*7+size)%len(keys)]
+				if next[k] == n {
+					continue
+				}
+				next[k]++
+				pubs = append(pubs, Publication{Key: k, Seq: next[k], Frame: testFrame(k, next[k])})
+			}
+			errs := make([]error, len(pubs)+1)
+			errs[len(pubs)] = errors.New("past the batch")
+			if failed := b.PublishBatch(ctx, pubs, errs); failed != 0 {
+				t.Fatalf("%d of %d failed: %v", failed, len(pubs), errors.Join(errs...))
+			}
+			for i, err := range errs[:len(pubs)] {
+				if err != nil {
+					t.Fatalf("pubs[%d]: %v", i, err)
+				}
+			}
+			if errs[len(pubs)] == nil {
+				t.Fatal("PublishBatch wrote past len(pubs)")
+			}
+		}
+		if b.PublishBatch(ctx, nil, nil) != 0 {
+			t.Fatal("empty batch failed")
+		}
+		checkFor(t, 5*time.Second, func() error {
+			if a, c := r.count(keys[0]), r.count(keys[1]); a < int(next[keys[0]]) || c < int(next[keys[1]]) {
+				return fmt.Errorf("got %d and %d messages, want %d and %d", a, c, next[keys[0]], next[keys[1]])
+			}
+			return nil
+		})
+		expectSeqs(t, r, keys[0], 1, next[keys[0]])
+		expectSeqs(t, r, keys[1], 1, next[keys[1]])
+		// A single Publish after batches continues the same order.
+		if err := b.Publish(ctx, keys[0], n+1, testFrame(keys[0], n+1)); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, 5*time.Second, func() error {
+			if r.count(keys[0]) != n+1 {
+				return fmt.Errorf("got %d messages, want %d", r.count(keys[0]), n+1)
+			}
+			return nil
+		})
+		expectSeqs(t, r, keys[0], 1, n+1)
+		if c := r.count(keys[2]); c != 0 {
 			t.Fatalf("unsubscribed room delivered %d messages", c)
 		}
 	})

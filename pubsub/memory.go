@@ -58,6 +58,14 @@ func (m *Memory) Publish(_ context.Context, key string, seq uint64, frame []byte
 	return nil
 }
 
+// PublishBatch calls Publish for each message in order; it cannot fail.
+func (m *Memory) PublishBatch(ctx context.Context, pubs []Publication, errs []error) int {
+	for i := range pubs {
+		errs[i] = m.Publish(ctx, pubs[i].Key, pubs[i].Seq, pubs[i].Frame)
+	}
+	return 0
+}
+
 // Subscribe records key and reports it active at once.
 func (m *Memory) Subscribe(key string, ready func(error)) {
 	s := m.shard(key)

@@ -375,6 +375,89 @@ func (r *Redis) Publish(ctx context.Context, key string, seq uint64, frame []byt
 	return nil
 }
 
+// batchScratch is one PublishBatch's working memory: the commands, and
+// one buffer holding every channel name and payload they point into.
+type batchScratch struct {
+	cmds []rueidis.Completed
+	buf  []byte
+	offs []int // per message: start of its channel name in buf, then of its payload, then end
+}
+
+// batchPool recycles batchScratch. A scratch whose buffer grew beyond
+// maxPooledBatch is left to the GC, as payloadPool does for one message.
+var batchPool = sync.Pool{New: func() any { return new(batchScratch) }}
+
+const maxPooledBatch = 1 << 20
+
+// PublishBatch implements Broker with one pipelined DoMulti: every payload
+// is copied once into one pooled buffer, and rueidis writes the commands
+// back to back and reads the replies in one round trip (per shard on a
+// Redis Cluster, the shards in parallel).
+func (r *Redis) PublishBatch(ctx context.Context, pubs []Publication, errs []error) int {
+	if len(pubs) == 0 {
+		return 0
+	}
+	s := batchPool.Get().(*batchScratch)
+	b := s.buf[:0]
+	offs := s.offs[:0]
+	for i := range pubs {
+		p := &pubs[i]
+		offs = append(offs, len(b))
+		b = append(b, r.chanPrefix...)
+		b = append(b, p.Key...)
+		b = append(b, '}')
+		offs = append(offs, len(b))
+		b = binary.BigEndian.AppendUint64(b, p.Seq)
+		b = append(b, p.Frame...)
+	}
+	offs = append(offs, len(b))
+	// The views are taken only now: b may have moved while it grew.
+	cmds := s.cmds[:0]
+	base := unsafe.SliceData(b)
+	for i := range pubs {
+		c, m, e := offs[2*i], offs[2*i+1], offs[2*i+2]
+		ch := unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(base), c)), m-c)
+		msg := unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(base), m)), e-m)
+		if r.cluster {
+			cmds = append(cmds, r.client.B().Spublish().Channel(ch).Message(msg).Build())
+		} else {
+			cmds = append(cmds, r.client.B().Publish().Channel(ch).Message(msg).Build())
+		}
+	}
+	res := r.client.DoMulti(ctx, cmds...)
+	failed, reusable := 0, true
+	closed := r.isClosed()
+	for i := range pubs {
+		err := res[i].Error()
+		if err == nil {
+			errs[i] = nil
+			continue
+		}
+		// As in Publish: a command that failed other than by a Redis
+		// reply may still sit in rueidis' write queue, pointing into b.
+		if _, isRedis := rueidis.IsRedisErr(err); !isRedis {
+			reusable = false
+		}
+		if closed {
+			err = ErrClosed
+		}
+		errs[i] = fmt.Errorf("cannot publish seq %d of %q: %w", pubs[i].Seq, pubs[i].Key, err)
+		failed++
+	}
+	if failed > 0 {
+		r.publishErrors.Add(uint64(failed))
+	}
+	if ok := len(pubs) - failed; ok > 0 {
+		r.published.Add(uint64(ok))
+	}
+	if reusable && cap(b) <= maxPooledBatch {
+		clear(cmds)
+		s.buf, s.offs, s.cmds = b, offs, cmds[:0]
+		batchPool.Put(s)
+	}
+	return failed
+}
+
 // onMessage runs on a rueidis reader goroutine for every message of a
 // subscribed channel. It decodes in place: frame is a read-only view of the
 // message string rueidis allocated, never written by anyone, so the handler

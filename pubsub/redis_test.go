@@ -157,18 +157,31 @@ func TestRedisPublishErrors(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), "cannot publish") {
 		t.Fatalf("publish with canceled context: %v", err)
 	}
+	pubs := []Publication{{Key: "a", Seq: 1, Frame: []byte("x")}, {Key: "b", Seq: 1, Frame: []byte("y")}}
+	errs := make([]error, 2)
+	if n := b.PublishBatch(ctx, pubs, errs); n != 2 {
+		t.Fatalf("batch with canceled context: %d failures, want 2", n)
+	}
+	for _, err := range errs {
+		if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), "cannot publish") {
+			t.Fatalf("batch with canceled context: %v", err)
+		}
+	}
 	b.Close()
 	err = b.Publish(context.Background(), "a", 2, []byte("x"))
 	if !errors.Is(err, ErrClosed) {
 		t.Fatalf("publish after Close: %v, want ErrClosed", err)
+	}
+	if n := b.PublishBatch(context.Background(), pubs, errs); n != 2 || !errors.Is(errs[0], ErrClosed) || !errors.Is(errs[1], ErrClosed) {
+		t.Fatalf("batch after Close: %d failures, %v", n, errs)
 	}
 	done := make(chan error, 1)
 	b.Subscribe("a", func(err error) { done <- err })
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Fatalf("subscribe after Close: %v, want ErrClosed", err)
 	}
-	if s := b.Stats(); s.PublishErrors != 2 {
-		t.Fatalf("PublishErrors = %d, want 2", s.PublishErrors)
+	if s := b.Stats(); s.PublishErrors != 6 {
+		t.Fatalf("PublishErrors = %d, want 6", s.PublishErrors)
 	}
 }
 
