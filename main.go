@@ -143,7 +143,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		}
 		maxConns := c.pgMaxConns
 		if maxConns == 0 {
-			maxConns = c.workers + 4
+			// Each worker commits a full batch as up to 4 parallel
+			// commits (persist.PoolConfig.Spread); reads share the rest.
+			maxConns = 4*c.workers + 4
 		}
 		var err error
 		pg, err = persist.OpenPostgres(ctx, c.databaseURL, persist.PGConfig{MaxConns: int32(maxConns), StatementTimeout: c.stmtTimeout, MaxAppRooms: c.maxAppRooms, Logger: log})

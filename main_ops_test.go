@@ -412,7 +412,7 @@ database-url = postgres://app:filepw@db:5432/chat
 		`database-url\s+postgres://app:\*\*\*\*\*@db:5432/chat\s+file /etc/roost.conf:6`,
 		`redis-url\s+redis://:\*\*\*\*\*@127.0.0.1:6379\s+env REDIS_URL`,
 		`listen\s+127.0.0.1:7003\s+flag`,
-		`batch-window\s+1ms\s+default`,
+		`batch-window\s+10ms\s+default`,
 	} {
 		if !regexp.MustCompile(`(?m)^` + line + `$`).MatchString(s) {
 			t.Errorf("print-config lacks a line matching %s:\n%s", line, s)

@@ -100,7 +100,7 @@ func backendPIDs(b *testing.B, st *Postgres) []int {
 func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	url := newTestDB(b)
 	cfg.setDefaults()
-	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers + 1)})
+	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
 	defer st.Close()
 	sink := &countSink{}
 	p := NewPool(st, sink, cfg)
@@ -157,7 +157,7 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 	const rooms = 1000
 	url := newTestDB(b)
 	cfg := benchPoolConfig(b)
-	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers + 1)})
+	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
 	defer st.Close()
 	lat := &latencySink{start: make([]int64, b.N+rooms)}
 	ts := &timedStore{Store: st}

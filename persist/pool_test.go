@@ -355,3 +355,85 @@ func submitBench(p *Pool, key, from string, i int, body []byte, origin proto.Ori
 		time.Sleep(10 * time.Microsecond)
 	}
 }
+
+// spreadStore fails every CommitBatch holding room "bad", and records the
+// largest number of CommitBatch calls in flight at once.
+type spreadStore struct {
+	*Memory
+	inflight, most atomic.Int32
+}
+
+func (s *spreadStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
+	n := s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
+	}
+	time.Sleep(2 * time.Millisecond) // a commit that takes time lets batches fill
+	for _, r := range reqs {
+		if r.Key == proto.RoomKey("a", "bad") {
+			for i := range res {
+				res[i].Err = proto.ErrOverloaded
+			}
+			return proto.ErrOverloaded
+		}
+	}
+	return s.Memory.CommitBatch(ctx, reqs, res)
+}
+
+// A backlog fills batches; each full batch is committed as room-disjoint
+// parts in parallel. Every room keeps its order, and a failing part fails
+// alone.
+func TestPoolSpread(t *testing.T) {
+	st := &spreadStore{Memory: NewMemory(0)}
+	sink := newAckSink()
+	p := NewPool(st, sink, PoolConfig{Workers: 1, MaxBatch: 32, Spread: 3, Window: -1})
+	const rooms, per = 12, 100
+	submit := func(k string, i int) {
+		for p.Submit(newReq(k, "u", fmt.Sprint(i), fmt.Sprintf(`{"i":%d}`, i))) != nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := 0; i < per; i++ {
+		for r := 0; r < rooms; r++ {
+			submit(proto.RoomKey("a", fmt.Sprint("room", r)), i)
+		}
+	}
+	for sink.n.Load() != rooms*per {
+		time.Sleep(time.Millisecond)
+	}
+	sink.check(t)
+	for r := 0; r < rooms; r++ {
+		if got := sink.lastNew[proto.RoomKey("a", fmt.Sprint("room", r))]; got != per {
+			t.Fatalf("room%d: last seq %d, want %d", r, got, per)
+		}
+	}
+	if m := st.most.Load(); m < 2 || m > 3 {
+		t.Fatalf("at most %d commits in flight, want 2 or 3", m)
+	}
+
+	// Now every batch holds "bad", whose part fails: the rooms of the
+	// other parts are still stored when their batch was spread (the
+	// ackSink checks that what is stored stays consecutive per room).
+	bad := proto.RoomKey("a", "bad")
+	for i := 0; i < per; i++ {
+		submit(bad, i)
+		for r := 0; r < rooms; r++ {
+			submit(proto.RoomKey("a", fmt.Sprint("room", r)), per+i)
+		}
+	}
+	p.Close()
+	sink.check(t)
+	stored := 0
+	for r := 0; r < rooms; r++ {
+		k := proto.RoomKey("a", fmt.Sprint("room", r))
+		if sink.lastNew[k] > per {
+			stored++
+		}
+	}
+	if stored == 0 {
+		t.Fatal("no room outside the failing part was stored: a failing part failed the others")
+	}
+	if _, ok := sink.lastNew[bad]; ok {
+		t.Fatal("the failing room was stored")
+	}
+}
