@@ -1,22 +1,24 @@
-package main
+// Package main_test holds the system tests: they build the roost binary,
+// run and kill real `roost serve` processes, and talk to them only over
+// the wire, so they live apart from package main's in-process tests.
+package main_test
 
 // The multi-node harness: the roost binary built once, real `roost serve`
 // processes sharing one PostgreSQL database and one Redis (or a Redis
-// Cluster of child redis-server processes), and a small real WebSocket
-// client. Everything listens on 127.0.0.1; every wait is bounded.
+// Cluster of child redis-server processes), and a roost protocol client on
+// the shared wire client of proto/prototest. Everything listens on
+// 127.0.0.1; every wait is bounded.
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,9 +32,9 @@ import (
 	"time"
 
 	"github.com/gobwas/ws"
-	"github.com/gobwas/ws/wsutil"
 
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
@@ -78,6 +80,24 @@ func roostBinary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binPath
+}
+
+// syncBuffer collects a node's log while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func randHex(n int) string {
@@ -376,16 +396,16 @@ func (n *roostNode) metrics(t testing.TB) map[string]float64 {
 	return m
 }
 
-// wsClient is a real WebSocket client speaking the roost protocol. A
-// reader goroutine records what arrives; the test inspects it under mu.
-// After the connection dies the client can redial another node and keep
-// its record, as a real client reconnecting with since does.
+// wsClient is a roost protocol client over the shared wire client
+// (prototest): its reader records what arrives; the test inspects it under
+// mu. After the connection dies the client can redial another node and
+// keep its record, as a real client reconnecting with since does.
 type wsClient struct {
 	user string
 
 	wmu  sync.Mutex
-	conn net.Conn
-	done chan struct{} // closed when the current connection's reader ends
+	cl   *prototest.Client
+	done chan struct{} // closed when the current connection has ended and readErr is set
 
 	mu        sync.Mutex
 	node      *roostNode
@@ -430,103 +450,74 @@ func dialClient(t testing.TB, n *roostNode, user string) *wsClient {
 func (c *wsClient) dial(n *roostNode) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	conn, br, _, err := ws.Dial(ctx, "ws://"+n.addr+"/ws?user="+c.user+"&app="+testApp)
+	cl, err := prototest.Dial(ctx, "ws://"+n.addr+"/ws?user="+c.user+"&app="+testApp, prototest.Options{OnFrame: c.onFrame})
 	if err != nil {
 		return fmt.Errorf("%s cannot dial %s: %w", c.user, n.name, err)
 	}
-	if br == nil {
-		br = bufio.NewReader(conn)
-	}
 	done := make(chan struct{})
 	c.wmu.Lock()
-	c.conn, c.done = conn, done
+	c.cl, c.done = cl, done
 	c.wmu.Unlock()
 	c.mu.Lock()
 	c.node, c.closeCode, c.readErr = n, 0, nil
 	c.mu.Unlock()
-	go c.read(conn, br, done)
+	go func() {
+		<-cl.Done()
+		c.mu.Lock()
+		if c.readErr == nil {
+			c.readErr = cl.Err()
+		}
+		c.mu.Unlock()
+		close(done)
+	}()
 	return nil
 }
 
-func (c *wsClient) read(conn net.Conn, rd *bufio.Reader, done chan struct{}) {
-	defer close(done)
-	defer conn.Close()
-	fail := func(err error) {
+// onFrame runs on the reader goroutine of the current connection.
+func (c *wsClient) onFrame(fr prototest.Frame) {
+	p := fr.Data
+	switch fr.Op {
+	case ws.OpClose:
 		c.mu.Lock()
-		c.readErr = err
+		c.closeCode = fr.Code
+		c.closes = append(c.closes, fr.Code)
 		c.mu.Unlock()
+		return
+	case ws.OpText:
+	default:
+		return
 	}
-	for {
-		// Generous: a test ends long before, and a hung read still ends.
-		_ = conn.SetReadDeadline(time.Now().Add(60 * time.Second))
-		h, err := ws.ReadHeader(rd)
-		if err != nil {
-			fail(err)
-			return
-		}
-		p := make([]byte, h.Length)
-		if _, err := io.ReadFull(rd, p); err != nil {
-			fail(err)
-			return
-		}
-		if h.Masked {
-			fail(errors.New("server frame is masked"))
-			return
-		}
-		switch h.OpCode {
-		case ws.OpPing:
-			c.wmu.Lock()
-			_ = wsutil.WriteClientMessage(conn, ws.OpPong, p)
-			c.wmu.Unlock()
-			continue
-		case ws.OpClose:
-			code := 0
-			if len(p) >= 2 {
-				code = int(binary.BigEndian.Uint16(p))
-			}
-			c.mu.Lock()
-			c.closeCode = code
-			c.closes = append(c.closes, code)
-			c.mu.Unlock()
-			c.wmu.Lock()
-			_ = wsutil.WriteClientMessage(conn, ws.OpClose, p[:min(len(p), 2)])
-			c.wmu.Unlock()
-			fail(fmt.Errorf("closed by server with %d %q", code, p[min(len(p), 2):]))
-			return
-		case ws.OpText:
-		default:
-			continue
-		}
-		if c.fast != "" && bytes.HasPrefix(p, []byte(`{"op":"msg"`)) {
-			now := time.Now().UnixNano()
-			seq := uintAfter(p, `"seq":`)
-			sent := int64(uintAfter(p, `"body":{"t":`))
-			c.mu.Lock()
-			c.msgs[c.fast] = append(c.msgs[c.fast], seq)
-			if sent >= c.latFrom && sent > 0 {
-				c.lat = append(c.lat, time.Duration(now-sent))
-			}
-			c.mu.Unlock()
-			continue
-		}
-		var f wireFrame
-		if err := json.Unmarshal(p, &f); err != nil {
-			fail(fmt.Errorf("server frame is not JSON: %q", p))
-			return
-		}
+	if c.fast != "" && bytes.HasPrefix(p, []byte(`{"op":"msg"`)) {
+		now := time.Now().UnixNano()
+		seq := uintAfter(p, `"seq":`)
+		sent := int64(uintAfter(p, `"body":{"t":`))
 		c.mu.Lock()
-		switch f.Op {
-		case "msg":
-			c.msgs[f.Room] = append(c.msgs[f.Room], f.Seq)
-		case "joined":
-			c.joined[f.Room] = f.Seq
-		case "ack":
-			c.acks[f.Room+"\x00"+f.ID] = f.Seq
-		case "err":
-			c.errs = append(c.errs, f)
+		c.msgs[c.fast] = append(c.msgs[c.fast], seq)
+		if sent >= c.latFrom && sent > 0 {
+			c.lat = append(c.lat, time.Duration(now-sent))
 		}
 		c.mu.Unlock()
+		return
 	}
+	var f wireFrame
+	if err := json.Unmarshal(p, &f); err != nil {
+		c.mu.Lock()
+		c.readErr = fmt.Errorf("server frame is not JSON: %q", p)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Lock()
+	switch f.Op {
+	case "msg":
+		c.msgs[f.Room] = append(c.msgs[f.Room], f.Seq)
+	case "joined":
+		c.joined[f.Room] = f.Seq
+	case "ack":
+		c.acks[f.Room+"\x00"+f.ID] = f.Seq
+	case "err":
+		c.errs = append(c.errs, f)
+	}
+	c.mu.Unlock()
 }
 
 // uintAfter parses the decimal number following key in p (0 if absent).
@@ -547,9 +538,9 @@ func uintAfter(p []byte, key string) uint64 {
 
 func (c *wsClient) send(frame string) error {
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	_ = c.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	return wsutil.WriteClientText(c.conn, []byte(frame))
+	cl := c.cl
+	c.wmu.Unlock()
+	return cl.Send(frame)
 }
 
 // dead reports whether the current connection has ended.
@@ -567,9 +558,9 @@ func (c *wsClient) dead() bool {
 
 func (c *wsClient) close() {
 	c.wmu.Lock()
-	conn, done := c.conn, c.done
+	cl, done := c.cl, c.done
 	c.wmu.Unlock()
-	_ = conn.Close()
+	cl.Close()
 	<-done
 }
 

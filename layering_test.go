@@ -24,6 +24,7 @@ var layers = map[string][]string{
 	"pubsub":           {"proto"},
 	"pubsub/redistest": {},
 	"proto":            {},
+	"proto/prototest":  {},
 	"tuning":           {},
 	"bench":            {"proto"},
 }

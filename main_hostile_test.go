@@ -1,4 +1,4 @@
-package main
+package main_test
 
 // Tests of the real binary under hostile input and bad luck: descriptor
 // exhaustion, a second instance on the port, bad identities, a memory
@@ -7,7 +7,6 @@ package main
 // the node stays ready or exits non-zero: never a green zombie.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -23,8 +22,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/gobwas/ws"
 
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist/pgtest"
@@ -121,23 +118,10 @@ func (n *roostNode) readyz() int {
 
 // dialFrom is dialOps from a chosen source address.
 func dialFrom(t testing.TB, src, addr, query string) (*opsClient, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	d := ws.Dialer{NetDial: func(ctx context.Context, network, a string) (net.Conn, error) {
+	return dialOpsWith(t, addr, query, func(ctx context.Context, network, a string) (net.Conn, error) {
 		nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
 		return nd.DialContext(ctx, network, a)
-	}}
-	conn, br, _, err := d.Dial(ctx, "ws://"+addr+"/ws?"+query)
-	if err != nil {
-		return nil, err
-	}
-	if br == nil {
-		br = bufio.NewReader(conn)
-	}
-	c := &opsClient{t: t, conn: conn, frames: make(chan opsFrame, 4096)}
-	go c.read(br)
-	t.Cleanup(func() { conn.Close() })
-	return c, nil
+	})
 }
 
 // bystanders is a publisher and two members of one room, who must keep

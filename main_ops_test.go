@@ -7,17 +7,12 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
-	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -26,102 +21,38 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gobwas/ws"
-	"github.com/gobwas/ws/wsutil"
-
-	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
-	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
-// opsFrame is one frame a test client received.
+// opsFrame is a received frame with its JSON decoded.
 type opsFrame struct {
-	op     ws.OpCode
-	size   int // bytes on the wire: header + payload
-	data   []byte
-	code   int    // close frames: the code
-	reason string // close frames: the reason
-	json   map[string]any
+	prototest.Frame
+	json map[string]any
 }
 
-// opsClient is a real WebSocket client whose reader goroutine hands every
-// frame to frames; the channel closes when the connection ends.
+// opsClient is the shared wire client with the test's failure handling.
 type opsClient struct {
-	t      testing.TB
-	conn   net.Conn
-	wmu    sync.Mutex
-	frames chan opsFrame
+	*prototest.Client
+	t testing.TB
 }
 
 func dialOps(t testing.TB, addr, query string) *opsClient {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, br, _, err := ws.Dial(ctx, "ws://"+addr+"/ws?"+query)
-	if err != nil {
-		t.Fatalf("dial %s: %v", addr, err)
-	}
-	if br == nil {
-		br = bufio.NewReader(conn)
-	}
-	c := &opsClient{t: t, conn: conn, frames: make(chan opsFrame, 4096)}
-	go c.read(br)
-	t.Cleanup(func() { conn.Close() })
-	return c
+	return &opsClient{prototest.DialT(t, "ws://"+addr+"/ws?"+query, prototest.Options{}), t}
 }
 
-func (c *opsClient) read(rd *bufio.Reader) {
-	defer close(c.frames)
-	for {
-		_ = c.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-		h, err := ws.ReadHeader(rd)
-		if err != nil {
-			return
-		}
-		p := make([]byte, h.Length)
-		if _, err := io.ReadFull(rd, p); err != nil {
-			return
-		}
-		f := opsFrame{op: h.OpCode, size: ws.HeaderSize(h) + len(p), data: p}
-		switch h.OpCode {
-		case ws.OpText:
-			_ = json.Unmarshal(p, &f.json)
-		case ws.OpClose:
-			if len(p) >= 2 {
-				f.code = int(binary.BigEndian.Uint16(p))
-				f.reason = string(p[2:])
-			}
-		}
-		c.frames <- f
-		if h.OpCode == ws.OpClose {
-			return
-		}
-	}
-}
+func (c *opsClient) send(s string) error { return c.Send(s) }
 
-func (c *opsClient) send(s string) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return wsutil.WriteClientText(c.conn, []byte(s))
-}
-
-// expect reads the next text frame and checks its op.
+// expect reads the next frame, within 5s, and checks that it is op.
 func (c *opsClient) expect(op string) opsFrame {
 	c.t.Helper()
-	select {
-	case f, ok := <-c.frames:
-		if !ok {
-			c.t.Fatalf("connection ended while waiting for %s", op)
-		}
-		if f.op != ws.OpText || f.json["op"] != op {
-			c.t.Fatalf("want %s, got opcode %v %s", op, f.op, f.data)
-		}
-		return f
-	case <-time.After(5 * time.Second):
-		c.t.Fatalf("no %s within 5s", op)
+	f, m, err := c.Expect(op, 5*time.Second)
+	if err != nil {
+		c.t.Fatal(err)
 	}
-	return opsFrame{}
+	return opsFrame{f, m}
 }
 
 // syncBuffer collects a node's log while it runs.
@@ -236,7 +167,7 @@ func TestMetricsAfterScriptedSession(t *testing.T) {
 	const receivers, pubs = 3, 5
 
 	var framesOut, bytesOut float64
-	count := func(f opsFrame) { framesOut++; bytesOut += float64(f.size) }
+	count := func(f opsFrame) { framesOut++; bytesOut += float64(f.Size) }
 
 	var rs []*opsClient
 	for i := 0; i < receivers; i++ {
@@ -312,7 +243,7 @@ func TestMetricsAfterScriptedSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	rs[0].expect("left")
-	rs[1].conn.Close()
+	rs[1].Conn().Close()
 	redistest.WaitFor(t, 5*time.Second, func() error {
 		m := scrape(t, admin)
 		if m["roost_room_memberships"] != receivers-2 || m[`roost_connections{app="mx"}`] != receivers {
@@ -505,176 +436,6 @@ func TestNoSecretsImpliesDevelopmentOnLoopback(t *testing.T) {
 	}
 }
 
-// TestDrainOnSIGTERM runs the real binary on PostgreSQL with members
-// publishing, sends SIGTERM and checks the drain contract: exit 0 within
-// the window, every member closed with 1001 and a retry hint, every
-// publish answered (ack or err overloaded) before its close frame, and the
-// acknowledged publishes exactly the stored ones.
-func TestDrainOnSIGTERM(t *testing.T) {
-	dbURL := pgtest.NewDB(t)
-	bin := roostBinary(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
-	admin := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
-	const window = 2 * time.Second
-	logs := &syncBuffer{}
-	cmd := exec.Command(bin, "serve", "--insecure", "--listen", addr, "--admin", admin, "--database-url", dbURL, "--migrate",
-		"--loops", "2", "--drain", window.String(), "--flush", "1ms", "--log-format", "json")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if t.Failed() {
-			t.Logf("node log:\n%s", logs)
-		}
-	})
-	redistest.WaitFor(t, 15*time.Second, func() error {
-		resp, err := http.Get("http://" + admin + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return errors.New(resp.Status)
-		}
-		return nil
-	})
-
-	// Members join, then publish with up to 4 publishes outstanding each.
-	const members = 12
-	type result struct {
-		user      string
-		acked     map[string]uint64 // id -> seq
-		sent      int
-		overload  int
-		other     []string
-		closeCode int
-		reason    string
-		answered  int
-	}
-	results := make([]*result, members)
-	clients := make([]*opsClient, members)
-	for i := range clients {
-		user := fmt.Sprintf("u%d", i)
-		clients[i] = dialOps(t, addr, "user="+user+"&app=dr")
-		results[i] = &result{user: user, acked: map[string]uint64{}}
-		if err := clients[i].send(`{"op":"join","room":"r"}`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var acks sync.WaitGroup
-	acks.Add(members * 5) // SIGTERM once every member has 5 acks
-	var wg sync.WaitGroup
-	for i, c := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := results[i]
-			credit := 4
-			acked := 0
-			broken := false // the node closed: stop writing
-			sendOne := func() {
-				if c.send(fmt.Sprintf(`{"op":"pub","room":"r","id":"%s-%d","body":%d}`, r.user, r.sent, r.sent)) != nil {
-					broken = true
-					return
-				}
-				r.sent++
-				credit--
-			}
-			for credit > 0 && !broken {
-				sendOne()
-			}
-			for f := range c.frames {
-				switch {
-				case f.op == ws.OpClose:
-					r.closeCode, r.reason = f.code, f.reason
-				case f.op != ws.OpText:
-				case f.json["op"] == "ack":
-					r.acked[f.json["id"].(string)] = uint64(f.json["seq"].(float64))
-					r.answered++
-					if acked++; acked <= 5 {
-						acks.Done()
-					}
-					credit++
-				case f.json["op"] == "err" && f.json["code"] == "overloaded":
-					r.overload++
-					r.answered++
-					credit++
-				case f.json["op"] == "err":
-					r.other = append(r.other, string(f.data))
-					r.answered++
-					credit++
-				}
-				for credit > 0 && r.overload == 0 && !broken {
-					sendOne()
-				}
-			}
-		}()
-	}
-	acks.Wait()
-	sigAt := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("roost exited with %v, want 0", err)
-		}
-	case <-time.After(window + 10*time.Second):
-		t.Fatalf("roost did not exit within %s of SIGTERM", window+10*time.Second)
-	}
-	took := time.Since(sigAt)
-	wg.Wait()
-	// The window bounds the closing; stopping the loops and pools after it
-	// takes well under a second more.
-	if took > window+2*time.Second {
-		t.Errorf("exit %s after SIGTERM, want within the %s window (+2s)", took, window)
-	}
-
-	stored := map[string]uint64{}
-	st, err := persist.OpenPostgres(context.Background(), dbURL, persist.PGConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	msgs, _, err := st.History(context.Background(), proto.RoomKey("dr", "r"), 0, persist.Bounds{Limit: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range msgs {
-		stored[m.ID] = m.Seq
-	}
-	totalAcked := 0
-	for _, r := range results {
-		if r.closeCode != 1001 || !regexp.MustCompile(`^retry=[0-9]+$`).MatchString(r.reason) {
-			t.Errorf("%s: close %d %q, want 1001 retry=MS", r.user, r.closeCode, r.reason)
-		}
-		if len(r.other) > 0 {
-			t.Errorf("%s: unexpected errors %v", r.user, r.other)
-		}
-		// At most the publishes written after the node sent its close go
-		// unanswered (the node reads nothing after its close frame).
-		if r.sent-r.answered > 4 {
-			t.Errorf("%s: %d publishes sent, %d answered", r.user, r.sent, r.answered)
-		}
-		for id, seq := range r.acked {
-			if stored[id] != seq {
-				t.Errorf("%s: ack %s seq %d, stored seq %d", r.user, id, seq, stored[id])
-			}
-		}
-		totalAcked += len(r.acked)
-	}
-	if len(stored) != totalAcked {
-		t.Errorf("%d messages stored, %d acknowledged: a publish in flight was committed without its ack", len(stored), totalAcked)
-	}
-	t.Logf("drain: %d members, %d acked, %d stored, exit after %s", members, totalAcked, len(stored), took.Round(time.Millisecond))
-}
-
 func TestMetricsWithRedis(t *testing.T) {
 	redistest.Require(t)
 	addr, admin := inProcessNode(t, "--redis-url", "redis://"+redistest.Addr+"?prefix="+redistest.Prefix(t))
@@ -690,8 +451,8 @@ func TestMetricsWithRedis(t *testing.T) {
 	}
 	for got := 0; got < 6; { // 3 acks and 3 msgs, in whatever order
 		select {
-		case f := <-r.frames:
-			if f.json["op"] == "ack" || f.json["op"] == "msg" {
+		case f := <-r.Frames():
+			if op := f.Map()["op"]; op == "ack" || op == "msg" {
 				got++
 			}
 		case <-time.After(5 * time.Second):
