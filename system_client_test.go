@@ -30,16 +30,7 @@ type opsClient struct {
 	frames chan opsFrame
 }
 
-func dialOps(t testing.TB, addr, query string) *opsClient {
-	t.Helper()
-	c, err := dialOpsWith(t, addr, query, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// dialOpsWith dials through netDial (nil: the default dialer).
+// dialOpsWith dials addr through netDial (nil: the default dialer).
 func dialOpsWith(t testing.TB, addr, query string, netDial func(ctx context.Context, network, addr string) (net.Conn, error)) (*opsClient, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
