@@ -2,6 +2,7 @@ package loop
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -559,7 +560,13 @@ func (l *loopState) activate(r *fanout.Room, seq uint64, err error) {
 		for _, m := range joiners {
 			c := m.Owner.(*conn)
 			c.dropJoin(r)
-			if !c.closed {
+			switch {
+			case c.closed:
+			case errors.Is(err, proto.ErrRoomLimit):
+				// Reading the room's head makes it; its app has all the
+				// rooms it may have.
+				c.sendErr(roomName(r.Key), proto.CodeForbidden, "cannot join: the app has its maximum of rooms")
+			default:
 				c.sendErr(roomName(r.Key), proto.CodeOverloaded, "cannot join now: try again")
 			}
 		}
