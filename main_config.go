@@ -414,7 +414,9 @@ func validate(c *config) []error {
 		}
 	}
 	c.memStoreMaxN = 0
-	if v, err := tuning.ParseSize(c.memStoreMax); err != nil {
+	if strings.TrimSpace(c.memStoreMax) == "0" {
+		// no budget (ParseSize takes positive sizes only)
+	} else if v, err := tuning.ParseSize(c.memStoreMax); err != nil {
 		bad("invalid --memory-store-max %q: %v", c.memStoreMax, err)
 	} else if v != 0 && v < 1<<20 {
 		bad("invalid --memory-store-max %q: want 0 (no budget) or at least 1MiB", c.memStoreMax)
