@@ -99,6 +99,15 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "roost bench %s: --url is empty\n", sc.name)
 		return 2
 	}
+	placed := len(targets) // connections are placed on --url only
+	for _, u := range splitList(p.reconnectURLs) {
+		t, err := parseTarget(u)
+		if err != nil {
+			fmt.Fprintf(stderr, "roost bench %s: --reconnect-url: %v\n", sc.name, err)
+			return 2
+		}
+		targets = append(targets, t)
+	}
 	var sources []unix.SockaddrInet4
 	for _, s := range splitList(p.srcs) {
 		a, err := parseSource(s)
@@ -108,7 +117,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		sources = append(sources, a)
 	}
-	pl := p.buildPlan(len(targets), len(sources))
+	pl := p.buildPlan(placed, len(sources))
 	if worker {
 		return runWorker(p, pl, targets, sources, os.Stdin, stdout, stderr)
 	}

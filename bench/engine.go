@@ -259,6 +259,7 @@ type engine struct {
 	sizeFn func(rng *uint64) int // body size of the next publish
 
 	reconnect          int
+	placed             int // targets[:placed] are --url, the rest --reconnect-url
 	retryMin, retryMax int64 // ns: the jitter of a reconnect without a node's hint
 
 	// --series: set before the snapshot that starts a level
@@ -636,7 +637,11 @@ func (l *loop) redial(now int64) {
 		}
 		target := c.spec.target
 		if l.e.reconnect == reconnectNext {
-			target = (target + c.attempts) % len(l.e.targets)
+			if n := len(l.e.targets) - l.e.placed; n > 0 && l.e.placed > 0 {
+				target = l.e.placed + (c.spec.target+c.attempts-1)%n
+			} else {
+				target = (target + c.attempts) % len(l.e.targets)
+			}
 		}
 		fd, err := l.e.dialTo(c.spec, target)
 		if err != nil {

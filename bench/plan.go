@@ -28,6 +28,7 @@ type params struct {
 	events         string
 	rssTail        time.Duration
 	reconnect      string
+	reconnectURLs  string
 	reportFile     string
 	verdict        bool
 	targets        string
@@ -152,6 +153,7 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.BoolVar(&p.verdict, "verdict", false, "exit 1 unless every window publish was acked and delivered to every member once and in order (always on for soak and --reconnect)")
 	fs.StringVar(&p.targets, "targets", "", "figures to judge the last level by, comma-separated: p99<=15ms, p999<=, ack-p95<=, ack-p99<=, delivery>=100, rss<=300MiB (all --pid together), node-cpu<=PCT (busiest --pid)")
 	fs.StringVar(&p.reconnect, "reconnect", "", "a connection the node or the network closed comes back after its retry delay and rejoins with since (unacked publishes sent again with their ids): same (the node it was on) or next (the next --url at each attempt); empty: it stays closed")
+	fs.StringVar(&p.reconnectURLs, "reconnect-url", "", "with --reconnect next: the node URLs reconnections go to, round-robin by attempt (default: --url)")
 	fs.DurationVar(&p.retryMin, "retry-min", 500*time.Millisecond, "with --reconnect: shortest jittered delay when the close carries no retry=MS hint")
 	fs.DurationVar(&p.retryMax, "retry-max", 3*time.Second, "with --reconnect: longest such delay (also the cap of the doubling after failed attempts)")
 	fs.BoolVar(&p.pg, "pg", false, "report the CPU of all processes named postgres")
@@ -218,6 +220,8 @@ func (p *params) validate() error {
 		return usagef("bad worker index")
 	case p.reconnect != "" && p.reconnect != "same" && p.reconnect != "next":
 		return usagef("--reconnect is same, next or empty")
+	case p.reconnectURLs != "" && p.reconnect != "next":
+		return usagef("--reconnect-url needs --reconnect next")
 	case p.retryMin <= 0 || p.retryMax < p.retryMin:
 		return usagef("--retry-min must be positive and at most --retry-max")
 	case p.series < 0 || (p.series > 0 && p.series < 100*time.Millisecond):

@@ -140,11 +140,14 @@ func (s sampler) sample() cpuSample {
 			if d, err = procCPU(pid); err == nil {
 				rss, err = procRSS(pid)
 			}
-			if err != nil && r.file == "" {
-				// a fixed PID that went away is an error; a PID file's
-				// process may be between a kill and its restart
-				c.err = err
-				return c
+			if err != nil {
+				if r.file == "" {
+					c.err = err
+					return c
+				}
+				// a PID file's process may be between a kill and its
+				// restart: none now
+				pid, d, rss = 0, 0, 0
 			}
 		}
 		c.node += d

@@ -22,7 +22,7 @@ func runScript(t *testing.T, name string, args ...string) (string, string) {
 	if testing.Short() {
 		t.Skip("the scripts take 30-60 s each")
 	}
-	need := []string{"bash", "taskset"}
+	need := []string{"bash", "taskset", "curl"}
 	if name != "one-channel.sh" {
 		need = append(need, "psql", "redis-server")
 		redistest.RequireBinaries(t)
@@ -115,6 +115,19 @@ func TestScriptOneChannelShort(t *testing.T) {
 	step := readReport(t, filepath.Join(out, "one-channel-step.json"))
 	if len(step.Levels) == 0 {
 		t.Fatalf("step run without levels\n%s", log)
+	}
+}
+
+func TestScriptStormShort(t *testing.T) {
+	out, log := runScript(t, "storm.sh", "--short")
+	storm := readReport(t, filepath.Join(out, "storm-storm.json"))
+	others := readReport(t, filepath.Join(out, "storm-others.json"))
+	r := storm.Levels[0]
+	if storm.Verdict == nil || !storm.Verdict.OK || r.Rejoins != 1500 || r.Away != 0 || len(storm.Windows) != 1 || storm.Windows[0].Rejoined != 1500 {
+		t.Fatalf("storm: verdict %+v rejoins %d away %d windows %+v\n%s", storm.Verdict, r.Rejoins, r.Away, storm.Windows, log)
+	}
+	if others.Verdict == nil || !others.Verdict.OK || len(others.Levels[0].Closes) != 0 {
+		t.Fatalf("A's own members: %+v\n%s", others.Levels[0], log)
 	}
 }
 
