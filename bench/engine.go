@@ -259,7 +259,7 @@ type engine struct {
 	sizeFn func(rng *uint64) int // body size of the next publish
 
 	reconnect          int
-	placed             int // targets[:placed] are --url, the rest --reconnect-url
+	placed             int   // targets[:placed] are --url, the rest --reconnect-url
 	retryMin, retryMax int64 // ns: the jitter of a reconnect without a node's hint
 
 	// --series: set before the snapshot that starts a level
