@@ -613,4 +613,28 @@ func TestMemoryStoreFloodStaysInBudget(t *testing.T) {
 	if code := n.readyz(); code != http.StatusOK {
 		t.Errorf("/readyz %d after the flood", code)
 	}
+
+	// The same flood without a budget (and without a room bound): what the
+	// budget saves, and proof that the bound above means something.
+	free := plainNode(t, 0, false, "--memory-store-max", "0", "--max-rooms-per-app", "0")
+	fbase := free.rss(t)
+	fc, err := dialFrom(t, "127.0.0.1", free.addr, "user=mallory&app=flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sent, got := 0, 0; got < rooms; got++ {
+		for ; sent < rooms && sent-got < window; sent++ {
+			if err := fc.send(fmt.Sprintf(`{"op":"pub","room":"f%d","id":"m","body":%s}`, sent, body)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if f := fc.expect("ack"); f.json["op"] != "ack" {
+			t.Fatal(f.data)
+		}
+	}
+	if r := free.rss(t); r <= fbase+4*budget {
+		t.Errorf("without a budget the flood left RSS at %d MiB (baseline %d MiB): the budgeted bound proves nothing", r>>20, fbase>>20)
+	} else {
+		t.Logf("without a budget: RSS baseline %d MiB, after the flood %d MiB", fbase>>20, r>>20)
+	}
 }
