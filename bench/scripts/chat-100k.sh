@@ -11,6 +11,8 @@
 #
 # Usage (from anywhere): bench/scripts/chat-100k.sh [--short]
 #   --short: 2 nodes, 2,000 connections, 15 s (the CI form).
+#   NODES, ROOMS, PROCS, SRCS, DURATION in the environment override the
+#   full run's shape (a smaller run of the same kind on a smaller machine).
 # Needs: Go, PostgreSQL reachable at ROOST_TEST_DATABASE_URL (default
 # postgres://postgres@127.0.0.1:5432/test), psql, redis-server. Loopback
 # only; bounded in time; stops by itself and cleans up on any exit.
@@ -22,7 +24,8 @@ short=0
 if [ $short = 1 ]; then
   nodes=2 rooms=20 procs=2 srcs=2 interval=1s warmup=3s duration=15s rsstail=10s
 else
-  nodes=6 rooms=1000 procs=6 srcs=12 interval=5s warmup=20s duration=5m rsstail=4m
+  nodes=${NODES:-6} rooms=${ROOMS:-1000} procs=${PROCS:-6} srcs=${SRCS:-12} interval=5s warmup=20s
+  duration=${DURATION:-5m} rsstail=4m
 fi
 size=100
 
