@@ -273,9 +273,21 @@ func (l *loopState) hasTickWork() bool {
 	return l.table.HasDirty() || len(l.gaps) > 0 || len(l.tailRetry) > 0
 }
 
+// armTick arms the next flush tick. Ticks fall on a fixed grid (multiples
+// of FlushInterval since the process started), so a tick that follows a
+// write made at once comes at the end of that write's interval, not a whole
+// interval after it: what arrived just behind the first frames (the rest of
+// a burst) waits half an interval on average rather than a whole one. Less
+// than a quarter interval before the grid point, the tick after it is taken
+// instead, so two writes to a connection are never that close together.
 func (l *loopState) armTick() {
 	l.ticking = true
-	l.flushT.Reset(l.srv.cfg.FlushInterval)
+	iv := l.srv.cfg.FlushInterval
+	d := iv - time.Since(monoEpoch)%iv
+	if d < iv/4 {
+		d += iv
+	}
+	l.flushT.Reset(d)
 }
 
 // tick is the flush tick. A tick that wrote nothing and has nothing to
