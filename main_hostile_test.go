@@ -370,6 +370,44 @@ func TestSecondInstanceOnPortRefused(t *testing.T) {
 		t.Errorf("first node /readyz %d after the second one failed", code)
 	}
 
+	// Two nodes started at the same instant: never both serving.
+	for round := 0; round < 3; round++ {
+		p := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
+		pair := make([]*roostNode, 2)
+		for i := range pair {
+			pair[i] = &roostNode{name: fmt.Sprintf("race%d-%d", round, i), addr: p,
+				admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+				logf:   filepath.Join(t.TempDir(), "race.log"),
+				exited: make(chan struct{}),
+			}
+		}
+		var wg sync.WaitGroup
+		for _, n := range pair {
+			wg.Add(1)
+			go func() { defer wg.Done(); startPlain(t, n, roostBinary(t), 0, true, nil) }()
+		}
+		wg.Wait()
+		time.Sleep(1500 * time.Millisecond)
+		serving := 0
+		for _, n := range pair {
+			if n.alive() && n.readyz() == http.StatusOK {
+				serving++
+			} else if n.alive() {
+				t.Errorf("%s neither serving nor exited", n.name)
+			} else if l := n.logTail(10); !strings.Contains(l, "address already in use") {
+				t.Errorf("%s exited without saying the address is in use:\n%s", n.name, l)
+			} else if strings.Contains(l, "listens on port") {
+				t.Logf("%s found the other's listener after binding", n.name)
+			}
+		}
+		if serving > 1 {
+			t.Fatalf("round %d: two nodes serve port %s", round, p)
+		}
+		for _, n := range pair {
+			n.stop()
+		}
+	}
+
 	// Sharing on purpose: both with --reuse-port start.
 	p := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	for i := 0; i < 2; i++ {

@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -432,10 +433,75 @@ func (s *Server) Start() error {
 	}()
 	select {
 	case <-s.booted:
-		return nil
 	case <-s.stopped:
 		return fmt.Errorf("cannot listen on %s: %w", addr, s.runErr)
 	}
+	if !s.cfg.ReusePort {
+		// The probe leaves an instant between its close and gnet's bind:
+		// two nodes started together can both pass it. Whoever finds the
+		// other's listener now gives way; if both do, both exit (their
+		// supervisor retries), which is better than splitting the clients.
+		if err := sharedPort(addr); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = s.Stop(ctx)
+			return err
+		}
+	}
+	return nil
+}
+
+// sharedPort fails when a listening TCP socket on addr's port belongs to
+// another process: every listener on the port in /proc/net/tcp{,6} must be
+// one of this process's descriptors. The tables are read before the
+// descriptors, so a listener of ours is always found among them. Where
+// /proc cannot be read, it cannot tell and says nothing.
+func sharedPort(addr string) error {
+	_, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	port, err := strconv.ParseUint(ps, 10, 16)
+	if err != nil {
+		return nil
+	}
+	var listening []string
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fl := strings.Fields(line)
+			if len(fl) < 10 || fl[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			_, hexPort, ok := strings.Cut(fl[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); !ok || err != nil || p != port {
+				continue
+			}
+			listening = append(listening, fl[9])
+		}
+	}
+	if len(listening) == 0 {
+		return nil
+	}
+	ours := map[string]bool{}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "socket:[") {
+			ours[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	for _, ino := range listening {
+		if !ours[ino] {
+			return fmt.Errorf("cannot listen on %s: address already in use (another process listens on port %d too; give --reuse-port only to share the port on purpose)", addr, port)
+		}
+	}
+	return nil
 }
 
 // probePort fails when another socket listens on addr. gnet binds one
