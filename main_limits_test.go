@@ -3,8 +3,10 @@ package main
 import (
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 func parseArgs(t *testing.T, args ...string) (config, []error) {
@@ -69,5 +71,47 @@ func TestConnectionBudgetFromNoFile(t *testing.T) {
 	c.node.MaxConns = 5000 // above the safe budget: kept, with a warning
 	if err := connBudget(&c, 1100, nil, log); err != nil || c.node.MaxConns != 5000 {
 		t.Fatalf("explicit budget %d (%v), want 5000 kept", c.node.MaxConns, err)
+	}
+}
+
+// The admin listener holds at most its limit of connections; the next
+// waits in the kernel's backlog until one closes.
+func TestLimitListener(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := newLimitListener(inner, 2)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 3)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	for i := 0; i < 3; i++ {
+		c, err := net.Dial("tcp", inner.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	first := <-accepted
+	<-accepted
+	select {
+	case <-accepted:
+		t.Fatal("a third connection accepted past the limit of 2")
+	case <-time.After(200 * time.Millisecond):
+	}
+	first.Close()
+	select {
+	case c := <-accepted:
+		c.Close()
+	case <-time.After(2 * time.Second):
+		t.Fatal("the waiting connection was not accepted after one closed")
 	}
 }
