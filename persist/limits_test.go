@@ -146,10 +146,8 @@ func TestPostgresRoomsPerApp(t *testing.T) {
 func testRoomsPerApp(t *testing.T, st Store) {
 	t.Helper()
 	ctx := context.Background()
-	// One batch creating 4 rooms of app a after 2 exist: the count is read
-	// before the batch, so the batch may make them all (PostgreSQL) or
-	// stop at the bound (memory). Either way, rooms stay bounded by the
-	// bound plus one batch.
+	// Three rooms of app a, then a batch with a fourth, a known room and
+	// another app's room: only the fourth is refused.
 	commitRes(t, st, req("a/r1", "u", "1", `1`), req("a/r2", "u", "1", `1`), req("a/r3", "u", "1", `1`))
 	res := commitRes(t, st, req("a/r4", "u", "1", `1`), req("a/r1", "u", "2", `2`), req("b/r4", "u", "1", `1`))
 	if !errors.Is(res[0].Err, proto.ErrRoomLimit) {

@@ -58,6 +58,8 @@ type Postgres struct {
 	ret    retentionCounters
 
 	roomsRefused atomic.Uint64 // rooms not made: their app has MaxAppRooms
+	appRoomsMu   sync.Mutex
+	appRooms     map[string]*appRooms // by app: its rooms, as last counted plus those made since
 
 	closed      atomic.Bool
 	stopRetain  context.CancelFunc
@@ -110,7 +112,7 @@ func OpenPostgres(ctx context.Context, url string, cfg PGConfig) (*Postgres, err
 		pool.Close()
 		return nil, fmt.Errorf("cannot connect to PostgreSQL (check --database-url): %w", err)
 	}
-	p := &Postgres{pool: pool, cfg: cfg, log: cfg.Logger}
+	p := &Postgres{pool: pool, cfg: cfg, log: cfg.Logger, appRooms: make(map[string]*appRooms)}
 	for i := range p.rooms {
 		p.rooms[i].ids = make(map[string]int64)
 	}
@@ -154,12 +156,16 @@ func (p *Postgres) cacheRoom(key string, id int64) {
 
 // ensureRooms creates the apps and rooms of keys (all distinct, none
 // cached) in one statement and caches their ids. Slow path: once per room
-// per process. A new room of an app that has MaxAppRooms already is not
-// made, and its key stays uncached (the caller answers proto.ErrRoomLimit).
-// The count is read once per statement, so concurrent creators (one
-// statement per group commit, on every node) can pass the bound by the
-// rooms they make at once.
+// per process. With MaxAppRooms, a new room of an app that has that many
+// already is not made, and its key stays uncached (the caller answers
+// proto.ErrRoomLimit); see boundRooms.
 func (p *Postgres) ensureRooms(ctx context.Context, keys []string) error {
+	if p.cfg.MaxAppRooms > 0 {
+		var err error
+		if keys, err = p.boundRooms(ctx, keys); err != nil || len(keys) == 0 {
+			return err
+		}
+	}
 	apps := make([]string, len(keys))
 	names := make([]string, len(keys))
 	for i, k := range keys {
@@ -169,20 +175,14 @@ func (p *Postgres) ensureRooms(ctx context.Context, keys []string) error {
 	rows, err := p.pool.Query(ctx, `
 WITH a AS (
 	INSERT INTO apps (id) SELECT DISTINCT unnest($1::text[]) ON CONFLICT DO NOTHING
-), k AS (
-	SELECT * FROM unnest($1::text[], $2::text[]) AS k (app, name)
 )
-INSERT INTO rooms (app, name) SELECT k.app, k.name FROM k
-WHERE $3 <= 0
-	OR EXISTS (SELECT 1 FROM rooms r WHERE r.app = k.app AND r.name = k.name)
-	OR (SELECT count(*) FROM rooms r WHERE r.app = k.app) < $3
+INSERT INTO rooms (app, name) SELECT * FROM unnest($1::text[], $2::text[])
 ON CONFLICT (app, name) DO UPDATE SET app = EXCLUDED.app
-RETURNING id, app, name`, apps, names, p.cfg.MaxAppRooms)
+RETURNING id, app, name`, apps, names)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	made := 0
 	for rows.Next() {
 		var id int64
 		var app, name string
@@ -190,15 +190,100 @@ RETURNING id, app, name`, apps, names, p.cfg.MaxAppRooms)
 			return err
 		}
 		p.cacheRoom(proto.RoomKey(app, name), id)
-		made++
 	}
+	return rows.Err()
+}
+
+// appRoomsTTL is how long a counted app's room count is trusted before it
+// is counted again (other nodes make rooms too).
+const appRoomsTTL = time.Minute
+
+type appRooms struct {
+	n       int64
+	counted time.Time
+}
+
+// boundRooms caches the keys that exist already and returns those of the
+// rest that their apps may still make, counting them as made. Counting an
+// app's rooms is a scan of its part of the rooms index (tens of ms at
+// 100,000 rooms), so it is done once per appRoomsTTL per app and node, and
+// the rooms this node makes are added in between: nodes that make rooms
+// within the same minute can pass the bound by those rooms.
+func (p *Postgres) boundRooms(ctx context.Context, keys []string) ([]string, error) {
+	apps := make([]string, len(keys))
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		apps[i], names[i] = proto.SplitKey(k)
+	}
+	rows, err := p.pool.Query(ctx, `
+SELECT r.id, r.app, r.name FROM unnest($1::text[], $2::text[]) AS k (app, name)
+JOIN rooms r ON r.app = k.app AND r.name = k.name`, apps, names)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id int64
+		var app, name string
+		if err := rows.Scan(&id, &app, &name); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		p.cacheRoom(proto.RoomKey(app, name), id)
+	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	if made < len(keys) {
-		p.roomsRefused.Add(uint64(len(keys) - made))
+	var stale []string
+	now := time.Now()
+	p.appRoomsMu.Lock()
+	for _, app := range apps {
+		if c := p.appRooms[app]; (c == nil || now.Sub(c.counted) > appRoomsTTL) && !containsString(stale, app) {
+			stale = append(stale, app)
+		}
 	}
-	return nil
+	p.appRoomsMu.Unlock()
+	if len(stale) > 0 {
+		counts := make(map[string]int64, len(stale))
+		rows, err := p.pool.Query(ctx, `SELECT app, count(*) FROM rooms WHERE app = ANY($1) GROUP BY app`, stale)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var app string
+			var n int64
+			if err := rows.Scan(&app, &n); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			counts[app] = n
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		p.appRoomsMu.Lock()
+		for _, app := range stale {
+			p.appRooms[app] = &appRooms{n: counts[app], counted: now}
+		}
+		p.appRoomsMu.Unlock()
+	}
+	allowed := keys[:0:0]
+	p.appRoomsMu.Lock()
+	defer p.appRoomsMu.Unlock()
+	for i, k := range keys {
+		if _, ok := p.cachedRoom(k); ok {
+			continue // exists
+		}
+		c := p.appRooms[apps[i]]
+		if c.n >= int64(p.cfg.MaxAppRooms) {
+			p.roomsRefused.Add(1)
+			continue
+		}
+		c.n++
+		allowed = append(allowed, k)
+	}
+	return allowed, nil
 }
 
 // roomID returns the id of an existing room without creating it; ok is
