@@ -255,28 +255,37 @@ func TestPoolArenaFrames(t *testing.T) {
 }
 
 func BenchmarkPoolMemory(b *testing.B) {
-	for _, rooms := range []int{1, 1000} {
-		b.Run(fmt.Sprintf("rooms=%d", rooms), func(b *testing.B) {
-			st := NewMemory(0)
-			sink := &countSink{}
-			p := NewPool(st, sink, PoolConfig{})
-			keys := make([]string, rooms)
-			for i := range keys {
-				keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
-			}
-			body := []byte(`{"text":"hello, this is a chat message"}`)
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				submitBench(p, keys[i%rooms], "user", i, body, nil)
-			}
-			p.Close()
-			b.StopTimer()
-			if sink.n.Load() != int64(b.N) {
-				b.Fatalf("%d of %d", sink.n.Load(), b.N)
-			}
-		})
+	// budget=512MiB is serve's default (--memory-store-max): every commit
+	// also moves its room to the front of its app's eviction order.
+	for _, budget := range []int64{0, 512 << 20} {
+		for _, rooms := range []int{1, 1000} {
+			b.Run(fmt.Sprintf("budget=%dMiB/rooms=%d", budget>>20, rooms), func(b *testing.B) {
+				benchPoolMemory(b, budget, rooms)
+			})
+		}
+	}
+}
+
+func benchPoolMemory(b *testing.B, budget int64, rooms int) {
+	st := NewMemory(0)
+	st.SetLimits(budget, 0)
+	sink := &countSink{}
+	p := NewPool(st, sink, PoolConfig{})
+	keys := make([]string, rooms)
+	for i := range keys {
+		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
+	}
+	body := []byte(`{"text":"hello, this is a chat message"}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		submitBench(p, keys[i%rooms], "user", i, body, nil)
+	}
+	p.Close()
+	b.StopTimer()
+	if sink.n.Load() != int64(b.N) {
+		b.Fatalf("%d of %d", sink.n.Load(), b.N)
 	}
 }
 
