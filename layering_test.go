@@ -14,10 +14,8 @@ import (
 // -> persist/pubsub -> proto, main wires. A package not listed here fails
 // the test until it is given its place.
 var layers = map[string][]string{
-	".": {"*"}, // main wires everything
-	// loop still reaches persist and tuning until the publish path has
-	// moved into fanout (issue 12).
-	"loop":             {"fanout", "proto", "persist", "tuning"},
+	".":                {"*"}, // main wires everything
+	"loop":             {"fanout", "proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
 	"persist":          {"proto"},
 	"persist/pgtest":   {},

@@ -179,34 +179,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Info("store closed", "took", time.Since(t0))
 	}
 
-	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
-	srv, err := loop.New(c.node, store, log)
-	if err != nil {
-		closeStore()
-		return fatal(err)
-	}
-	hub := fanout.NewHub(srv, c.node.Loops)
-	var broker pubsub.Broker
-	var redis *pubsub.Redis
-	t0 = time.Now()
-	if c.redisURL != "" {
-		rc, err := pubsub.ParseRedisURL(c.redisURL)
-		if err != nil {
-			closeStore()
-			return fatal(err)
-		}
-		redis, err = pubsub.NewRedis(ctx, rc, hub, log)
-		if err != nil {
-			closeStore()
-			return fatal(err)
-		}
-		broker = redis
-		log.Info("broker: redis", "addrs", rc.Addrs, "took", time.Since(t0))
-	} else {
-		broker = pubsub.NewMemory(hub)
-		log.Info("broker: in-process (no --redis-url)", "took", time.Since(t0))
-	}
-	hub.SetSubscriber(broker)
+	// Built in dependency order: the store, the publish path on it (which
+	// builds its broker: the broker delivers to it), the loops in front.
 	// A group commit waits --batch-window for company only where a commit
 	// costs a round trip; a memory commit costs nothing, so waiting would
 	// only add latency. (The pool reads Window 0 as its default and <0 as
@@ -215,8 +189,55 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if window == 0 || c.databaseURL == "" {
 		window = -1
 	}
-	pool := persist.NewPool(store, srv, persist.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log})
-	srv.Attach(hub, broker, pool)
+	hists := newHistograms()
+	var redis *pubsub.Redis
+	var redisAddrs []string
+	t0 = time.Now()
+	parts := fanout.Parts{
+		Store:          store,
+		Pool:           persist.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log},
+		Log:            log,
+		PublishLatency: hists.publishLatency,
+		BrokerLatency:  hists.brokerLatency,
+		DeliveryLag:    hists.deliveryLag,
+	}
+	if c.redisURL != "" {
+		rc, err := pubsub.ParseRedisURL(c.redisURL)
+		if err != nil {
+			closeStore()
+			return fatal(err)
+		}
+		redisAddrs = rc.Addrs
+		parts.NewBroker = func(h pubsub.Handler) (pubsub.Broker, error) {
+			r, err := pubsub.NewRedis(ctx, rc, h, log)
+			redis = r
+			return r, err
+		}
+	}
+	fan, err := fanout.New(c.node.Config, parts)
+	if err != nil {
+		closeStore()
+		return fatal(err)
+	}
+	if redis != nil {
+		log.Info("broker: redis", "addrs", redisAddrs, "took", time.Since(t0))
+	} else {
+		log.Info("broker: in-process (no --redis-url)", "took", time.Since(t0))
+	}
+	// closeFan stops the publish path: what is queued is committed and
+	// answered, then the readers, the rebroadcaster and the broker stop.
+	closeFan := func() {
+		if err := fan.Close(); err != nil {
+			log.Warn("cannot close broker cleanly", "err", err)
+		}
+	}
+	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
+	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency})
+	if err != nil {
+		closeFan()
+		closeStore()
+		return fatal(err)
+	}
 
 	var ready atomic.Bool
 	var adminSrv *http.Server
@@ -224,21 +245,19 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		t0 = time.Now()
 		ln, err := net.Listen("tcp", c.admin)
 		if err != nil {
-			pool.Close()
-			_ = broker.Close()
+			closeFan()
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
 		ln = newLimitListener(ln, adminMaxConns)
-		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, store: store, pool: pool, redis: redis, ready: &ready}), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}
 
 	t0 = time.Now()
 	if err := srv.Start(); err != nil {
-		pool.Close()
-		_ = broker.Close()
+		closeFan()
 		closeStore()
 		return fatal(err)
 	}
@@ -267,9 +286,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		// committing what was submitted.
 		ready.Store(false)
 		log.Error("client listener stopped: exiting so that the supervisor restarts the node", "cause", srv.DeathCause())
-		pool.Close()
+		fan.ClosePublishes()
 		_ = srv.Stop(context.Background())
-		_ = broker.Close()
+		closeFan()
 		closeStore()
 		if adminSrv != nil {
 			_ = adminSrv.Close()
@@ -287,7 +306,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	srv.Drain(1001, c.drain)
 	log.Info("clients closed", "took", time.Since(t0), "in_flight", srv.Stats.InFlight.Load())
 	t0 = time.Now()
-	pool.Close()
+	fan.ClosePublishes()
 	log.Info("publish pool closed", "took", time.Since(t0))
 	t0 = time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -297,9 +316,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	log.Info("loops stopped", "took", time.Since(t0))
 	t0 = time.Now()
-	if err := broker.Close(); err != nil {
-		log.Warn("cannot close broker cleanly", "err", err)
-	}
+	closeFan()
 	log.Info("broker closed", "took", time.Since(t0))
 	closeStore()
 	if adminSrv != nil {

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/pubsub"
@@ -23,10 +24,37 @@ import (
 // readiness. redis is nil with the in-process broker.
 type admin struct {
 	srv   *loop.Server
+	fan   *fanout.Node
+	hists *histograms
 	store persist.Store
-	pool  *persist.Pool
 	redis *pubsub.Redis
 	ready *atomic.Bool
+}
+
+// Bucket bounds of the node's histograms.
+var (
+	latencyBuckets     = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
+	writeFramesBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+)
+
+// histograms are the node's histograms, fed by the loops and fanout and
+// read by the scrape.
+type histograms struct {
+	writeFrames    *tuning.Histogram // frames per writev: the batch size of one write
+	publishLatency *tuning.Histogram // seconds from a pub frame read to its commit
+	ackLatency     *tuning.Histogram // seconds from a pub frame read to its ack queued
+	brokerLatency  *tuning.Histogram // seconds one broker Publish of a committed message takes
+	deliveryLag    *tuning.Histogram // seconds from commit to arrival through the broker, sampled
+}
+
+func newHistograms() *histograms {
+	return &histograms{
+		writeFrames:    tuning.NewHistogram(writeFramesBuckets...),
+		publishLatency: tuning.NewHistogram(latencyBuckets...),
+		ackLatency:     tuning.NewHistogram(latencyBuckets...),
+		brokerLatency:  tuning.NewHistogram(latencyBuckets...),
+		deliveryLag:    tuning.NewHistogram(latencyBuckets...),
+	}
 }
 
 // adminMux serves operators, apart from clients: pprof from the first day,
@@ -84,6 +112,8 @@ func adminMux(a *admin) *http.ServeMux {
 func writeMetrics(w io.Writer, a *admin) error {
 	m := tuning.NewMetricsWriter(w)
 	st := &a.srv.Stats
+	fs := &a.fan.Stats
+	h := a.hists
 	sn := a.srv.Snapshot()
 	c := func(name, help string, v uint64) { m.Counter(name, help, float64(v)) }
 	g := func(name, help string, v int64) { m.Gauge(name, help, float64(v)) }
@@ -106,26 +136,26 @@ func writeMetrics(w io.Writer, a *admin) error {
 	m.Counter("roost_connections_refused_total", "Connections closed at accept: past the connection budget (--max-conns) or the per-address cap (--max-conns-per-ip).", float64(st.RefusedBudget.Load()), "reason", "budget")
 	m.Counter("roost_connections_refused_total", "Connections closed at accept: past the connection budget (--max-conns) or the per-address cap (--max-conns-per-ip).", float64(st.RefusedPerIP.Load()), "reason", "per_ip")
 	g("roost_connection_budget", "The connection budget (--max-conns, or derived from the open-file limit); 0: none.", int64(a.srv.MaxConns()))
-	g("roost_room_memberships", "Live room memberships: joined rooms summed over connections.", st.Joined.Load())
+	g("roost_room_memberships", "Live room memberships: joined rooms summed over connections.", fs.Joined.Load())
 	g("roost_rooms", "Rooms this node is subscribed to (at least one member or joiner).", sn.Rooms)
 
 	c("roost_frames_in_total", "WebSocket frames read from clients.", st.FramesIn.Load())
 	c("roost_frames_out_total", "WebSocket frames written to clients.", st.FramesOut.Load())
 	c("roost_bytes_out_total", "Bytes of frames written to clients.", st.BytesOut.Load())
 	c("roost_writes_total", "Writes to client sockets (one writev each).", st.Writes.Load())
-	m.Histogram("roost_write_frames", "Frames per write to one connection: the outbound batch size.", st.WriteFrames.Snapshot())
+	m.Histogram("roost_write_frames", "Frames per write to one connection: the outbound batch size.", h.writeFrames.Snapshot())
 
 	c("roost_publishes_total", "pub frames submitted for commit.", st.Publishes.Load())
 	c("roost_acks_total", "ack frames sent.", st.Acks.Load())
 	g("roost_publishes_in_flight", "Publishes submitted and not yet answered.", st.InFlight.Load())
-	c("roost_overloaded_total", "Commands answered err overloaded (publish queue or read queue full, draining, or shed).", st.Overloaded.Load())
+	c("roost_overloaded_total", "Commands answered err overloaded (publish queue or read queue full, draining, or shed).", st.Overloaded.Load()+fs.ReadsRefused.Load())
 	c("roost_publishes_inbox_full_total", "Publishes answered err overloaded because their event loop's inbox held --inbox-limit tasks.", st.InboxFull.Load())
 	c("roost_loop_inbox_overflow_total", "Deliveries that found their event loop's inbox full: not queued; their rooms were read from the store instead.", st.InboxOverflow.Load())
 	c("roost_publishes_shed_total", "Publishes answered err overloaded because their event loop's publishes took longer than --shed-after from read to commit.", st.Shed.Load())
-	m.Histogram("roost_publish_latency_seconds", "From a pub frame read to its commit (including a failed one).", st.PublishLatency.Snapshot())
-	m.Histogram("roost_ack_latency_seconds", "From a pub frame read to its ack queued to the client.", st.AckLatency.Snapshot())
+	m.Histogram("roost_publish_latency_seconds", "From a pub frame read to its commit (including a failed one).", h.publishLatency.Snapshot())
+	m.Histogram("roost_ack_latency_seconds", "From a pub frame read to its ack queued to the client.", h.ackLatency.Snapshot())
 
-	ps := a.pool.Stats()
+	ps := a.fan.PoolStats()
 	bounds := make([]float64, len(persist.BatchBuckets))
 	for i, b := range persist.BatchBuckets {
 		bounds[i] = float64(b)
@@ -157,14 +187,14 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_rooms_refused_total", "Publishes and joins refused because their app has --max-rooms-per-app rooms.", st.RoomsRefused())
 	}
 
-	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", st.SlowCloses.Load())
-	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", st.Repairs.Load())
-	c("roost_gap_closes_total", "Rooms whose members were closed with 1013 because a gap could not be filled.", st.GapCloses.Load())
-	c("roost_broker_errors_total", "Broker publishes of committed messages that failed (each is retried).", st.BrokerErrors.Load())
-	c("roost_broker_rebroadcasts_total", "Failed broadcasts delivered by a later retry.", st.Rebroadcasts.Load())
-	c("roost_broker_dropped_total", "Failed broadcasts given up after their retries (receivers repair from the store).", st.BrokerDropped.Load())
-	m.Histogram("roost_broker_publish_seconds", "Time one broker publish of a committed message takes: the broker's lag.", st.BrokerLatency.Snapshot())
-	m.Histogram("roost_broker_delivery_lag_seconds", "Commit to arrival at this node through the broker, sampled 1 message in 64 (across nodes it includes clock offset).", st.DeliveryLag.Snapshot())
+	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", fs.SlowCloses.Load())
+	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", fs.Repairs.Load())
+	c("roost_gap_closes_total", "Rooms whose members were closed with 1013 because a gap could not be filled.", fs.GapCloses.Load())
+	c("roost_broker_errors_total", "Broker publishes of committed messages that failed (each is retried).", fs.BrokerErrors.Load())
+	c("roost_broker_rebroadcasts_total", "Failed broadcasts delivered by a later retry.", fs.Rebroadcasts.Load())
+	c("roost_broker_dropped_total", "Failed broadcasts given up after their retries (receivers repair from the store).", fs.BrokerDropped.Load())
+	m.Histogram("roost_broker_publish_seconds", "Time one broker publish of a committed message takes: the broker's lag.", h.brokerLatency.Snapshot())
+	m.Histogram("roost_broker_delivery_lag_seconds", "Commit to arrival at this node through the broker, sampled 1 message in 64 (across nodes it includes clock offset).", h.deliveryLag.Snapshot())
 	if a.redis != nil {
 		rs := a.redis.Stats()
 		c("roost_redis_published_total", "Messages published to Redis.", rs.Published)

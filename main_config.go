@@ -331,58 +331,6 @@ func validate(c *config) []error {
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	n := &c.node
 	host, _, err := net.SplitHostPort(n.Listen)
-	if err != nil {
-		bad("invalid --listen %q: want host:port", n.Listen)
-	} else if n.Insecure {
-		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			bad("invalid --listen %q with --insecure: insecure mode listens on loopback only (use 127.0.0.1:PORT or drop --insecure)", n.Listen)
-		}
-	}
-	if n.MaxFrame < 125 || n.MaxFrame > 16<<20 {
-		bad("invalid --max-frame %d: want 125 to 16777216 bytes", n.MaxFrame)
-	}
-	if n.OutboundLimit < 4<<10 {
-		bad("invalid --outbound-limit %d: want at least 4096 bytes", n.OutboundLimit)
-	}
-	if n.IdleInterval < 100*time.Millisecond {
-		bad("invalid --idle %s: want at least 100ms", n.IdleInterval)
-	}
-	if n.Loops < 1 || n.Loops > 64 {
-		bad("invalid --loops %d: want 1 to 64", n.Loops)
-	}
-	if n.FlushInterval < 100*time.Microsecond || n.FlushInterval > time.Second {
-		bad("invalid --flush %s: want 100µs to 1s", n.FlushInterval)
-	}
-	if n.InboxLimit < 16 {
-		bad("invalid --inbox-limit %d: want at least 16", n.InboxLimit)
-	}
-	if n.ShedAfter < 0 || (n.ShedAfter > 0 && n.ShedAfter < 10*time.Millisecond) {
-		bad("invalid --shed-after %s: want 0 (never) or at least 10ms", n.ShedAfter)
-	}
-	if n.UpgradeTimeout <= 0 {
-		bad("invalid --upgrade-timeout %s: want a positive duration", n.UpgradeTimeout)
-	}
-	if n.MaxRooms < 1 {
-		bad("invalid --max-rooms %d: want at least 1", n.MaxRooms)
-	}
-	if n.MaxConns < 0 {
-		bad("invalid --max-conns %d: want 0 (from the open-file limit) or more", n.MaxConns)
-	}
-	if n.MaxConnsPerIP < 0 {
-		bad("invalid --max-conns-per-ip %d: want 0 (no cap) or more", n.MaxConnsPerIP)
-	}
-	if n.Readers < 1 || n.Readers > 1024 {
-		bad("invalid --readers %d: want 1 to 1024", n.Readers)
-	}
-	if n.GapWindow <= 0 {
-		bad("invalid --gap-window %s: want a positive duration", n.GapWindow)
-	}
-	if n.RetryMin < time.Millisecond {
-		bad("invalid --retry-min %s: want at least 1ms", n.RetryMin)
-	}
-	if n.RetryMax <= n.RetryMin {
-		bad("invalid --retry-max %s: want more than --retry-min (%s)", n.RetryMax, n.RetryMin)
-	}
 	if c.admin != "off" && c.admin != "" {
 		if _, _, err := net.SplitHostPort(c.admin); err != nil {
 			bad("invalid --admin %q: want host:port or off", c.admin)
@@ -405,14 +353,16 @@ func validate(c *config) []error {
 	} else if !n.Insecure {
 		// A newcomer's `go run .` must just work: with no secrets and a
 		// loopback listener the node runs in development mode (serve warns).
-		// Anywhere else, a node without secrets would be open to all.
+		// Anywhere else, a node without secrets would be open to all, and
+		// Validate says so.
 		if ip := net.ParseIP(host); err == nil && (host == "localhost" || (ip != nil && ip.IsLoopback())) {
 			n.Insecure = true
 			c.impliedInsecure = true
-		} else {
-			bad("no app secrets for --listen %q: give --app-secret APP=SECRET, or run with --insecure on a loopback address", n.Listen)
 		}
 	}
+	// Every node setting is checked where it is defined (Validate, which
+	// names the flag of each error), not again here.
+	errs = append(errs, n.Validate()...)
 	c.memStoreMaxN = 0
 	if strings.TrimSpace(c.memStoreMax) == "0" {
 		// no budget (ParseSize takes positive sizes only)

@@ -1,12 +1,24 @@
-// Package fanout owns who is in which room on this node and the frames on
-// their way to each member.
+// Package fanout owns a message from "decoded publish" to "frames queued
+// on members".
 //
-// Each event loop owns one Table: its rooms, their members and the pending
-// output of its connections. A Table is touched only by its loop's
-// goroutine, so the delivery path takes no lock at all. The Hub is the one
-// node-wide piece: it knows which loops hold which room (sharded by room
-// hash, taken only on join, leave and per delivered message for a read
-// lock of one shard) and keeps the node's broker subscriptions in step.
+// The Node is the node-wide part. Publish is the one entry for a publish
+// from any source (a connection's loop today): the Node submits it to the
+// publish pool, is the pool's Sink when it is committed, hands the frame
+// to the broker (retrying a failed broadcast from the side), and answers
+// the source through proto.Origin. The broker delivers every message of a
+// subscribed room back to the Node's hub, which knows which loops hold the
+// room (sharded by room hash, a read lock of one shard per message) and
+// keeps the node's broker subscriptions in step.
+//
+// Each event loop owns one Table: its rooms, their members, the joins on
+// their way, and the pending output of its connections. The Table keeps
+// each room's order (duplicates dropped, messages ahead of a gap held, the
+// gap read from the store after GapWindow, the tail read after a broker
+// reset) and does a join's catch-up. It is touched only by its loop's
+// goroutine, so the delivery path takes no lock at all; work made on other
+// goroutines (deliveries, store reads, subscriptions) reaches it as an
+// Event posted through the Loop interface, which the loop runs with
+// Table.Run. The loop's connections implement Owner.
 //
 // Frames are immutable once built and shared by reference: a message is
 // encoded once and the same bytes sit in every member's pending list until

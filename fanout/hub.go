@@ -8,39 +8,42 @@ import (
 // MaxLoops bounds the loops of one node: a room's loops are a 64-bit set.
 const MaxLoops = 64
 
-// Subscriber is the node's broker as the hub sees it (pubsub.Broker fits).
-type Subscriber interface {
+// subscriber is the node's broker as the hub sees it (pubsub.Broker fits).
+type subscriber interface {
 	Subscribe(key string, ready func(error))
 	Unsubscribe(key string)
 }
 
-// Loops is how the hub reaches the event loops. Both methods may be called
-// from any goroutine and must not block: they push onto the loop's queue.
-type Loops interface {
-	// Deliver hands one message of room key to loop.
-	Deliver(loop int, key string, seq uint64, frame []byte)
-	// Subscribed tells loop that the node's subscription to key is active
+// loopSet is how the hub reaches the event loops (the Node, through each
+// loop's Loop). Every method may be called from any goroutine and must not
+// block: it posts to the loop.
+type loopSet interface {
+	// deliver hands one message of room key to loop.
+	deliver(loop int, key string, seq uint64, frame []byte)
+	// subscribed tells loop that the node's subscription to key is active
 	// (err == nil) or failed.
-	Subscribed(loop int, key string, err error)
-	// Reset tells loop the broker may have lost messages: check every room.
-	Reset(loop int)
+	subscribed(loop int, key string, err error)
+	// reset tells loop the broker may have lost messages: check every room.
+	reset(loop int)
 }
 
-// Hub knows which loops hold which room, and subscribes the node to a room
-// while any loop holds it. It implements pubsub.Handler.
+// hub knows which loops hold which room, and subscribes the node to a room
+// while any loop holds it. It is the broker's pubsub.Handler.
 //
-// Lock order: a shard lock is never held while calling Subscriber or Loops
-// (the in-process broker calls back synchronously).
-type Hub struct {
+// Lock order: a shard lock is never held while calling the subscriber or
+// the loops (the in-process broker calls back synchronously).
+type hub struct {
 	seed   maphash.Seed
 	shards [256]hubShard
-	loops  Loops
+	loops  loopSet
 	nloops int
 
 	// ops keeps Subscribe/Unsubscribe calls for one key in the order the
 	// hub decided them, without holding a shard lock across them.
 	opsMu sync.Mutex
-	sub   Subscriber
+	// sub is the broker, set by New right after building it (the broker
+	// needs the hub as its handler) and before any join.
+	sub subscriber
 }
 
 type hubShard struct {
@@ -55,30 +58,26 @@ type hubRoom struct {
 	waiting uint64 // loops waiting for the subscription
 }
 
-// NewHub returns a hub for nloops loops.
-func NewHub(loops Loops, nloops int) *Hub {
+// newHub returns a hub for nloops loops.
+func newHub(loops loopSet, nloops int) *hub {
 	if nloops < 1 || nloops > MaxLoops {
 		panic("BUG: fanout: loop count out of range")
 	}
-	h := &Hub{seed: maphash.MakeSeed(), loops: loops, nloops: nloops}
+	h := &hub{seed: maphash.MakeSeed(), loops: loops, nloops: nloops}
 	for i := range h.shards {
 		h.shards[i].rooms = make(map[string]*hubRoom)
 	}
 	return h
 }
 
-// SetSubscriber wires the broker (it needs the hub as its handler, so the
-// two are built in two steps). Call before any Join.
-func (h *Hub) SetSubscriber(s Subscriber) { h.sub = s }
-
-func (h *Hub) shard(key string) *hubShard {
+func (h *hub) shard(key string) *hubShard {
 	return &h.shards[maphash.String(h.seed, key)%uint64(len(h.shards))]
 }
 
-// Join records that loop holds key. The loop hears back through
-// Loops.Subscribed once the node's subscription is active (at once if it
+// join records that loop holds key. The loop hears back through
+// loopSet.subscribed once the node's subscription is active (at once if it
 // already is).
-func (h *Hub) Join(key string, loop int) {
+func (h *hub) join(key string, loop int) {
 	bit := uint64(1) << uint(loop)
 	s := h.shard(key)
 	s.mu.Lock()
@@ -100,11 +99,11 @@ func (h *Hub) Join(key string, loop int) {
 		h.sub.Subscribe(key, func(err error) { h.subscribed(key, r, err) })
 		h.opsMu.Unlock()
 	case active:
-		h.loops.Subscribed(loop, key, nil)
+		h.loops.subscribed(loop, key, nil)
 	}
 }
 
-func (h *Hub) subscribed(key string, r *hubRoom, err error) {
+func (h *hub) subscribed(key string, r *hubRoom, err error) {
 	s := h.shard(key)
 	s.mu.Lock()
 	if s.rooms[key] != r { // left and maybe re-joined meanwhile: a newer entry answers
@@ -128,15 +127,15 @@ func (h *Hub) subscribed(key string, r *hubRoom, err error) {
 	}
 	for i := 0; waiting != 0; i++ {
 		if waiting&1 != 0 {
-			h.loops.Subscribed(i, key, err)
+			h.loops.subscribed(i, key, err)
 		}
 		waiting >>= 1
 	}
 }
 
-// Leave records that loop no longer holds key; the node unsubscribes when
+// leave records that loop no longer holds key; the node unsubscribes when
 // no loop does.
-func (h *Hub) Leave(key string, loop int) {
+func (h *hub) leave(key string, loop int) {
 	bit := uint64(1) << uint(loop)
 	s := h.shard(key)
 	s.mu.Lock()
@@ -161,7 +160,7 @@ func (h *Hub) Leave(key string, loop int) {
 
 // OnMessage hands a message to every loop holding its room (pubsub.Handler).
 // Fast path: one read lock of one shard and one queue push per loop.
-func (h *Hub) OnMessage(key string, seq uint64, frame []byte) {
+func (h *hub) OnMessage(key string, seq uint64, frame []byte) {
 	s := h.shard(key)
 	s.mu.RLock()
 	r := s.rooms[key]
@@ -172,21 +171,21 @@ func (h *Hub) OnMessage(key string, seq uint64, frame []byte) {
 	s.mu.RUnlock()
 	for i := 0; loops != 0; i++ {
 		if loops&1 != 0 {
-			h.loops.Deliver(i, key, seq, frame)
+			h.loops.deliver(i, key, seq, frame)
 		}
 		loops >>= 1
 	}
 }
 
 // OnReset tells every loop to check its rooms for gaps (pubsub.Handler).
-func (h *Hub) OnReset() {
+func (h *hub) OnReset() {
 	for i := 0; i < h.nloops; i++ {
-		h.loops.Reset(i)
+		h.loops.reset(i)
 	}
 }
 
-// Rooms is the number of rooms the node holds.
-func (h *Hub) Rooms() int {
+// rooms is the number of rooms the node holds.
+func (h *hub) rooms() int {
 	n := 0
 	for i := range h.shards {
 		s := &h.shards[i]

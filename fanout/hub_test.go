@@ -6,22 +6,22 @@ import (
 )
 
 type recLoops struct {
-	mu         sync.Mutex
-	delivered  map[int]int
-	subscribed map[int]int
+	mu        sync.Mutex
+	delivered map[int]int
+	told      map[int]int
 }
 
-func (r *recLoops) Deliver(l int, _ string, _ uint64, _ []byte) {
+func (r *recLoops) deliver(l int, _ string, _ uint64, _ []byte) {
 	r.mu.Lock()
 	r.delivered[l]++
 	r.mu.Unlock()
 }
-func (r *recLoops) Subscribed(l int, _ string, err error) {
+func (r *recLoops) subscribed(l int, _ string, err error) {
 	r.mu.Lock()
-	r.subscribed[l]++
+	r.told[l]++
 	r.mu.Unlock()
 }
-func (r *recLoops) Reset(int) {}
+func (r *recLoops) reset(int) {}
 
 type recSub struct {
 	mu      sync.Mutex
@@ -42,24 +42,24 @@ func (s *recSub) Unsubscribe(key string) {
 }
 
 func TestHubSubscribesOnceAndRoutes(t *testing.T) {
-	loops := &recLoops{delivered: map[int]int{}, subscribed: map[int]int{}}
+	loops := &recLoops{delivered: map[int]int{}, told: map[int]int{}}
 	sub := &recSub{}
-	h := NewHub(loops, 3)
-	h.SetSubscriber(sub)
-	h.Join("a/r", 0)
-	h.Join("a/r", 2)
+	h := newHub(loops, 3)
+	h.sub = sub
+	h.join("a/r", 0)
+	h.join("a/r", 2)
 	if len(sub.ops) != 1 {
 		t.Fatalf("want one subscribe, got %v", sub.ops)
 	}
-	if len(loops.subscribed) != 0 {
+	if len(loops.told) != 0 {
 		t.Fatal("loops told before the subscription is up")
 	}
 	sub.pending[0](nil)
-	if loops.subscribed[0] != 1 || loops.subscribed[2] != 1 || loops.subscribed[1] != 0 {
-		t.Fatalf("subscribed: %v", loops.subscribed)
+	if loops.told[0] != 1 || loops.told[2] != 1 || loops.told[1] != 0 {
+		t.Fatalf("subscribed: %v", loops.told)
 	}
-	h.Join("a/r", 1) // already active: told at once
-	if loops.subscribed[1] != 1 {
+	h.join("a/r", 1) // already active: told at once
+	if loops.told[1] != 1 {
 		t.Fatal("late loop not told")
 	}
 	h.OnMessage("a/r", 1, []byte("x"))
@@ -67,31 +67,31 @@ func TestHubSubscribesOnceAndRoutes(t *testing.T) {
 	if loops.delivered[0] != 1 || loops.delivered[1] != 1 || loops.delivered[2] != 1 || len(loops.delivered) != 3 {
 		t.Fatalf("delivered: %v", loops.delivered)
 	}
-	h.Leave("a/r", 0)
-	h.Leave("a/r", 1)
+	h.leave("a/r", 0)
+	h.leave("a/r", 1)
 	if len(sub.ops) != 1 {
 		t.Fatal("unsubscribed while a loop still holds the room")
 	}
-	h.Leave("a/r", 2)
+	h.leave("a/r", 2)
 	if len(sub.ops) != 2 || sub.ops[1] != "unsub a/r" {
 		t.Fatalf("ops: %v", sub.ops)
 	}
-	if h.Rooms() != 0 {
+	if h.rooms() != 0 {
 		t.Fatal("room still held")
 	}
 }
 
 func TestHubFailedSubscribeForgetsRoom(t *testing.T) {
-	loops := &recLoops{delivered: map[int]int{}, subscribed: map[int]int{}}
+	loops := &recLoops{delivered: map[int]int{}, told: map[int]int{}}
 	sub := &recSub{}
-	h := NewHub(loops, 1)
-	h.SetSubscriber(sub)
-	h.Join("a/r", 0)
+	h := newHub(loops, 1)
+	h.sub = sub
+	h.join("a/r", 0)
 	sub.pending[0](errTest{})
-	if loops.subscribed[0] != 1 || h.Rooms() != 0 {
-		t.Fatalf("failed subscribe: told=%d rooms=%d", loops.subscribed[0], h.Rooms())
+	if loops.told[0] != 1 || h.rooms() != 0 {
+		t.Fatalf("failed subscribe: told=%d rooms=%d", loops.told[0], h.rooms())
 	}
-	h.Join("a/r", 0) // a new join subscribes afresh
+	h.join("a/r", 0) // a new join subscribes afresh
 	if len(sub.ops) != 3 || sub.ops[2] != "sub a/r" {
 		t.Fatalf("ops: %v", sub.ops)
 	}

@@ -1,11 +1,22 @@
 package fanout
 
-// Member is a connection's side of fan-out: its live room memberships and
-// its pending output. The loop embeds one in each connection; every field is
-// owned by that loop.
+// Owner is the connection behind a Member, as its loop's table reaches it.
+// Both methods run on the member's loop.
+type Owner interface {
+	// Write hands the member's pending frames to the transport.
+	Write()
+	// Resync closes the connection with 1013 and a retry hint: its stream
+	// of a room cannot continue here without a gap, and the client rejoins
+	// with since.
+	Resync()
+}
+
+// Member is a connection's side of fan-out: its live room memberships, its
+// joins on the way, and its pending output. The loop embeds one in each
+// connection; every field is owned by that loop.
 type Member struct {
-	// Owner points back at the loop's connection struct.
-	Owner any
+	// Owner is the connection (set once by the loop, before any join).
+	Owner Owner
 	// pending holds references to immutable frames, in send order. It is
 	// borrowed from the Table's freelists only while non-empty, so an idle
 	// connection holds no buffer.
@@ -17,13 +28,14 @@ type Member struct {
 	// is caught even when each flush is small.
 	Backlog int
 	slots   []slot
+	joins   []*joinState
 	dirty   bool
 	urgent  bool
-	// Slow is set once the member passed the outbound limit: nothing more is
-	// queued for it and the loop closes it with 1013.
-	Slow bool
-	// Closed is set by the loop when the connection is gone; queued work
-	// for it is skipped.
+	// slow is set once the member passed the outbound limit: nothing more
+	// is queued for it and CloseSlow has it closed with 1013.
+	slow bool
+	// Closed is set by the loop once the connection is closing or gone;
+	// nothing more is queued for it and queued work for it is skipped.
 	Closed bool
 }
 
@@ -39,11 +51,17 @@ func (m *Member) Pending() [][]byte { return m.pending }
 // PendingBytes is the size of what is queued for m.
 func (m *Member) PendingBytes() int { return m.bytes }
 
+// Slow reports whether m passed the outbound limit.
+func (m *Member) Slow() bool { return m.slow }
+
 // Rooms is the number of rooms m is a live member of.
 func (m *Member) Rooms() int { return len(m.slots) }
 
-// In reports whether m is a live member of r.
-func (m *Member) In(r *Room) bool {
+// Joining is the number of m's joins not yet live.
+func (m *Member) Joining() int { return len(m.joins) }
+
+// in reports whether m is a live member of r.
+func (m *Member) in(r *Room) bool {
 	for i := range m.slots {
 		if m.slots[i].room == r {
 			return true
@@ -52,60 +70,14 @@ func (m *Member) In(r *Room) bool {
 	return false
 }
 
-// Room is one room as seen by one loop: its live members and the newest seq
-// the loop delivered. The loop that owns the Table owns every field.
-type Room struct {
-	Key     string
-	members []*Member
-	// Last is the newest seq delivered to this loop's members (or the
-	// room's newest committed seq when it became active): a member that
-	// joins now starts after Last.
-	Last uint64
-	// Active is false until the broker subscription is up and Last is
-	// known; deliveries meanwhile wait in Held.
-	Active bool
-	// Held are deliveries that cannot go out yet: they arrived before the
-	// room was active, or ahead of a missing seq. Kept sorted by seq.
-	Held []Held
-	// GapSince is the loop's clock (ms) when the oldest gap was first seen;
-	// 0 when there is none.
-	GapSince int64
-	// Repairing is set while a store read for a gap is in flight.
-	Repairing bool
-	// Joiners are members whose join waits for the room to become active
-	// or for their catch-up to reach Last; a room is removed only when it
-	// has no live members and no joiners.
-	Joiners []*Member
-}
-
-// Idle reports whether the room can be dropped from its table.
-func (r *Room) Idle() bool { return len(r.members) == 0 && len(r.Joiners) == 0 }
-
-// RemoveJoiner forgets m as a joiner of r.
-func (r *Room) RemoveJoiner(m *Member) {
-	for i, j := range r.Joiners {
-		if j == m {
-			last := len(r.Joiners) - 1
-			r.Joiners[i] = r.Joiners[last]
-			r.Joiners[last] = nil
-			r.Joiners = r.Joiners[:last]
-			return
-		}
-	}
-}
-
-// Held is a delivery that waits for its turn.
-type Held struct {
-	Seq   uint64
-	Frame []byte
-}
-
-// Members is the number of live members.
-func (r *Room) Members() int { return len(r.members) }
-
 // Table is one loop's rooms and pending output. Not safe for concurrent use:
 // it belongs to its loop.
 type Table struct {
+	node  *Node // nil for a bare table (delivery only)
+	idx   int   // the loop's index
+	loop  Loop
+	arena *Arena
+
 	rooms   map[string]*Room
 	dirty   []*Member
 	urgent  []*Member
@@ -113,6 +85,18 @@ type Table struct {
 	limit   int // outbound limit per member, bytes
 	flushAt int // pending bytes that make a member worth flushing before the tick
 	free    [len(classes)][][][]byte
+
+	gaps []*Room // rooms holding messages behind a missing seq
+	// tails are rooms whose newest messages must be read from the store
+	// because the broker may have lost some (reset). At most maxTailReads
+	// are read at once, so that a loop with thousands of rooms does not
+	// overflow the shared read queue; a failed read is queued again after
+	// GapWindow (tailRetry) rather than forgotten.
+	tails       []*Room
+	tailWant    map[*Room]bool
+	tailReads   int
+	tailRetry   []*Room
+	tailRetryAt int64
 }
 
 // pending-list size classes: most flushes carry a handful of frames; a busy
@@ -123,57 +107,51 @@ var classes = [...]int{8, 64, 512, 4096}
 // maxFree bounds each freelist so a burst does not pin memory forever.
 const maxFree = 1024
 
-// NewTable returns an empty table. limit is the outbound limit per member
+// newTable returns an empty table. limit is the outbound limit per member
 // (pending + transport backlog); flushAt is the pending size past which a
 // member is flushed at once rather than at the next tick.
-func NewTable(limit, flushAt int) *Table {
-	return &Table{rooms: make(map[string]*Room), limit: limit, flushAt: flushAt}
+func newTable(limit, flushAt int) *Table {
+	return &Table{rooms: make(map[string]*Room), limit: limit, flushAt: flushAt, arena: NewArena(64 << 10)}
 }
 
-// Lookup finds a room by key without allocating.
-func (t *Table) Lookup(key []byte) *Room { return t.rooms[string(key)] }
+// Arena is the loop's arena for the small frames it builds (acks, errs,
+// pongs); the table builds its own (joined, err) in it too.
+func (t *Table) Arena() *Arena { return t.arena }
 
-// Get finds a room by key.
-func (t *Table) Get(key string) *Room { return t.rooms[key] }
+// lookup finds a room by key without allocating.
+func (t *Table) lookup(key []byte) *Room { return t.rooms[string(key)] }
 
-// Add creates a room (not yet active). The key is copied.
-func (t *Table) Add(key []byte) *Room {
-	r := &Room{Key: string(key)}
-	t.rooms[r.Key] = r
+// add creates a room (not yet active). The key is copied.
+func (t *Table) add(key []byte) *Room {
+	r := &Room{key: string(key)}
+	t.rooms[r.key] = r
 	return r
 }
 
-// Remove drops an empty room from the table.
-func (t *Table) Remove(r *Room) {
+// remove drops an empty room from the table.
+func (t *Table) remove(r *Room) {
 	if len(r.members) != 0 {
 		panic("BUG: fanout: removing a room with members")
 	}
-	if t.rooms[r.Key] == r {
-		delete(t.rooms, r.Key)
+	if t.rooms[r.key] == r {
+		delete(t.rooms, r.key)
 	}
 }
 
 // Len is the number of rooms on this loop.
 func (t *Table) Len() int { return len(t.rooms) }
 
-// Each calls fn for every room (loop only; fn must not add or remove rooms).
-func (t *Table) Each(fn func(*Room)) {
-	for _, r := range t.rooms {
-		fn(r)
-	}
-}
-
-// Join makes m a live member of r: it gets every frame delivered to r from
+// join makes m a live member of r: it gets every frame delivered to r from
 // now on.
-func (t *Table) Join(r *Room, m *Member) {
+func (t *Table) join(r *Room, m *Member) {
 	m.slots = append(m.slots, slot{room: r, pos: int32(len(r.members))})
 	r.members = append(r.members, m)
 }
 
-// Leave removes m from r and reports whether r has no live members left.
-// Safe during a delivery to another room, not during Deliver to r itself
-// (the loop never closes a connection inside Deliver).
-func (t *Table) Leave(r *Room, m *Member) (empty bool) {
+// leave removes m from r and reports whether r has no live members left.
+// Safe during a delivery to another room, not during fan to r itself
+// (nothing closes a connection inside fan).
+func (t *Table) leave(r *Room, m *Member) (empty bool) {
 	for i := range m.slots {
 		if m.slots[i].room != r {
 			continue
@@ -202,25 +180,24 @@ func (t *Table) Leave(r *Room, m *Member) (empty bool) {
 	return len(r.members) == 0
 }
 
-// LeaveAll removes m from every room and calls emptied for each room it
-// leaves empty.
-func (t *Table) LeaveAll(m *Member, emptied func(*Room)) {
+// leaveAll removes m from every room, dropping each room it leaves idle.
+func (t *Table) leaveAll(m *Member) {
 	for len(m.slots) > 0 {
 		r := m.slots[len(m.slots)-1].room
-		if t.Leave(r, m) && emptied != nil {
-			emptied(r)
+		if t.leave(r, m) {
+			t.removeIfIdle(r)
 		}
 	}
 	m.slots = nil
 }
 
-// Deliver queues frame for every live member of r. The frame is shared,
-// not copied. Members that pass the outbound limit are marked Slow and
-// collected for the loop to close (TakeSlow); nothing is dropped silently.
+// fan queues frame for every live member of r. The frame is shared, not
+// copied. Members that pass the outbound limit are marked slow and
+// collected for CloseSlow; nothing is dropped silently.
 //
 // Fast path: one append of a slice header per member; no allocation once
 // the freelists are warm.
-func (t *Table) Deliver(r *Room, frame []byte) {
+func (t *Table) fan(r *Room, frame []byte) {
 	for _, m := range r.members {
 		t.Enqueue(m, frame)
 	}
@@ -228,12 +205,12 @@ func (t *Table) Deliver(r *Room, frame []byte) {
 
 // Enqueue queues one frame for one member (an ack, a joined, a replay).
 func (t *Table) Enqueue(m *Member, frame []byte) {
-	if m.Slow || m.Closed {
+	if m.slow || m.Closed {
 		return
 	}
 	n := len(frame)
 	if m.bytes+m.Backlog+n > t.limit {
-		m.Slow = true
+		m.slow = true
 		t.slow = append(t.slow, m)
 		return
 	}
@@ -339,23 +316,32 @@ func (t *Table) TakeUrgent() []*Member {
 // HasDirty reports whether anything waits for a flush.
 func (t *Table) HasDirty() bool { return len(t.dirty) > 0 }
 
-// TakeSlow returns members that passed the outbound limit since the last
-// call.
-func (t *Table) TakeSlow() []*Member {
-	s := t.slow
-	t.slow = t.slow[:0]
-	return s
-}
-
 // HasSlow reports whether a member passed the outbound limit since the last
-// TakeSlow.
+// CloseSlow.
 func (t *Table) HasSlow() bool { return len(t.slow) > 0 }
 
-// EachMember calls fn for every live member of r, over a copy of the member
-// list, so fn may close connections (and so leave r).
-func (t *Table) EachMember(r *Room, fn func(*Member)) {
-	ms := append([]*Member(nil), r.members...)
-	for _, m := range ms {
-		fn(m)
+// CloseSlow closes the members that passed the outbound limit: what they
+// could not take is dropped, and they are closed with 1013 and a retry
+// hint (Owner.Resync).
+func (t *Table) CloseSlow() {
+	for i := 0; i < len(t.slow); i++ { // a close may mark another member slow
+		m := t.slow[i]
+		if m.Closed {
+			continue
+		}
+		if t.node != nil {
+			t.node.Stats.SlowCloses.Add(1)
+		}
+		t.Drop(m)
+		m.Owner.Resync()
 	}
+	clear(t.slow)
+	t.slow = t.slow[:0]
+}
+
+// NeedsTick reports whether the next flush tick has work: pending output,
+// or a held gap or a failed tail read waiting for its window (checked at
+// each tick, or a quiet room would wait for the next sweep).
+func (t *Table) NeedsTick() bool {
+	return len(t.dirty) > 0 || len(t.gaps) > 0 || len(t.tailRetry) > 0
 }

@@ -5,33 +5,38 @@ import (
 	"testing"
 )
 
+// testOwner counts what the table asks of a member's connection.
+type testOwner struct{ writes, resyncs int }
+
+func (o *testOwner) Write()  { o.writes++ }
+func (o *testOwner) Resync() { o.resyncs++ }
+
 func members(n int) []*Member {
 	ms := make([]*Member, n)
 	for i := range ms {
-		ms[i] = &Member{}
-		ms[i].Owner = i
+		ms[i] = &Member{Owner: &testOwner{}}
 	}
 	return ms
 }
 
 func TestJoinLeaveKeepsPositions(t *testing.T) {
-	tb := NewTable(1<<20, 64<<10)
-	a, b := tb.Add([]byte("app/a")), tb.Add([]byte("app/b"))
+	tb := newTable(1<<20, 64<<10)
+	a, b := tb.add([]byte("app/a")), tb.add([]byte("app/b"))
 	ms := members(50)
 	for _, m := range ms {
-		tb.Join(a, m)
-		tb.Join(b, m)
+		tb.join(a, m)
+		tb.join(b, m)
 	}
 	// Leave in an order that moves members around, then check every
 	// remaining member still gets exactly one copy of each frame.
 	for i := 0; i < 50; i += 3 {
-		tb.Leave(a, ms[i])
+		tb.leave(a, ms[i])
 	}
 	for i := 1; i < 50; i += 4 {
-		tb.Leave(b, ms[i])
+		tb.leave(b, ms[i])
 	}
-	tb.Deliver(a, []byte("A"))
-	tb.Deliver(b, []byte("B"))
+	tb.fan(a, []byte("A"))
+	tb.fan(b, []byte("B"))
 	for i, m := range ms {
 		want := ""
 		if i%3 != 0 {
@@ -47,12 +52,12 @@ func TestJoinLeaveKeepsPositions(t *testing.T) {
 		if got != want {
 			t.Fatalf("member %d: got %q want %q", i, got, want)
 		}
-		if m.In(a) != (i%3 != 0) || m.In(b) != (i%4 != 1) {
+		if m.in(a) != (i%3 != 0) || m.in(b) != (i%4 != 1) {
 			t.Fatalf("member %d: In disagrees", i)
 		}
 	}
 	for _, m := range ms {
-		tb.LeaveAll(m, nil)
+		tb.leaveAll(m)
 	}
 	if a.Members() != 0 || b.Members() != 0 {
 		t.Fatalf("rooms not empty: %d %d", a.Members(), b.Members())
@@ -60,27 +65,30 @@ func TestJoinLeaveKeepsPositions(t *testing.T) {
 }
 
 func TestOutboundLimitMarksSlowOnce(t *testing.T) {
-	tb := NewTable(1000, 1<<20)
-	r := tb.Add([]byte("app/r"))
-	fast, slow := &Member{}, &Member{}
-	tb.Join(r, fast)
-	tb.Join(r, slow)
+	tb := newTable(1000, 1<<20)
+	r := tb.add([]byte("app/r"))
+	fast, slow := &Member{Owner: &testOwner{}}, &Member{Owner: &testOwner{}}
+	tb.join(r, fast)
+	tb.join(r, slow)
 	frame := make([]byte, 100)
 	for i := 0; i < 9; i++ {
-		tb.Deliver(r, frame)
+		tb.fan(r, frame)
 		tb.Flushed(fast) // fast drains, slow does not
 	}
 	if tb.HasSlow() {
 		t.Fatal("slow before the limit")
 	}
 	slow.Backlog = 200 // the transport still holds some: counts too
-	tb.Deliver(r, frame)
-	got := tb.TakeSlow()
-	if len(got) != 1 || got[0] != slow || !slow.Slow {
-		t.Fatalf("want slow member reported once, got %d", len(got))
+	tb.fan(r, frame)
+	if len(tb.slow) != 1 || tb.slow[0] != slow || !slow.Slow() {
+		t.Fatalf("want slow member reported once, got %d", len(tb.slow))
 	}
-	tb.Deliver(r, frame)
-	if tb.HasSlow() || slow.PendingBytes() != 900 {
+	tb.CloseSlow()
+	if o := slow.Owner.(*testOwner); o.resyncs != 1 || slow.PendingBytes() != 0 {
+		t.Fatalf("slow member: resyncs %d, pending %d after CloseSlow", o.resyncs, slow.PendingBytes())
+	}
+	tb.fan(r, frame)
+	if tb.HasSlow() || slow.PendingBytes() != 0 {
 		t.Fatalf("a slow member gets nothing more: slow=%v pending=%d", tb.HasSlow(), slow.PendingBytes())
 	}
 	if fast.PendingBytes() != 200 {
@@ -89,12 +97,12 @@ func TestOutboundLimitMarksSlowOnce(t *testing.T) {
 }
 
 func TestPendingGrowsThroughClasses(t *testing.T) {
-	tb := NewTable(1<<30, 1<<30)
-	r := tb.Add([]byte("app/r"))
+	tb := newTable(1<<30, 1<<30)
+	r := tb.add([]byte("app/r"))
 	m := &Member{}
-	tb.Join(r, m)
+	tb.join(r, m)
 	for i := 0; i < 5000; i++ {
-		tb.Deliver(r, []byte{byte(i)})
+		tb.fan(r, []byte{byte(i)})
 	}
 	p := m.Pending()
 	if len(p) != 5000 {
@@ -112,15 +120,15 @@ func TestPendingGrowsThroughClasses(t *testing.T) {
 }
 
 func TestUrgentPastFlushAt(t *testing.T) {
-	tb := NewTable(1<<20, 300)
-	r := tb.Add([]byte("app/r"))
+	tb := newTable(1<<20, 300)
+	r := tb.add([]byte("app/r"))
 	m := &Member{}
-	tb.Join(r, m)
-	tb.Deliver(r, make([]byte, 200))
+	tb.join(r, m)
+	tb.fan(r, make([]byte, 200))
 	if len(tb.TakeUrgent()) != 0 {
 		t.Fatal("urgent too early")
 	}
-	tb.Deliver(r, make([]byte, 200))
+	tb.fan(r, make([]byte, 200))
 	if u := tb.TakeUrgent(); len(u) != 1 || u[0] != m {
 		t.Fatal("want member urgent past flushAt")
 	}
@@ -146,16 +154,16 @@ func TestArenaFramesDoNotOverlap(t *testing.T) {
 // The delivery path allocates nothing once warm: one frame to 300 members,
 // then the flush bookkeeping, at steady state.
 func TestDeliverAllocationFree(t *testing.T) {
-	tb := NewTable(1<<30, 1<<30)
-	r := tb.Add([]byte("app/room"))
+	tb := newTable(1<<30, 1<<30)
+	r := tb.add([]byte("app/room"))
 	ms := members(300)
 	for _, m := range ms {
-		tb.Join(r, m)
+		tb.join(r, m)
 	}
 	frame := make([]byte, 180)
 	round := func() {
 		for i := 0; i < 5; i++ {
-			tb.Deliver(r, frame)
+			tb.fan(r, frame)
 		}
 		for _, m := range tb.TakeDirty() {
 			tb.Flushed(m)
@@ -170,17 +178,17 @@ func TestDeliverAllocationFree(t *testing.T) {
 // BenchmarkDeliver300: one pre-encoded frame to 300 members of a room
 // (the fan-out step; the write is in loop's BenchmarkFanout300).
 func BenchmarkDeliver300(b *testing.B) {
-	tb := NewTable(1<<30, 1<<30)
-	r := tb.Add([]byte("app/room"))
+	tb := newTable(1<<30, 1<<30)
+	r := tb.add([]byte("app/room"))
 	for _, m := range members(300) {
-		tb.Join(r, m)
+		tb.join(r, m)
 	}
 	frame := make([]byte, 180)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(frame)) * 300)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		tb.Deliver(r, frame)
+		tb.fan(r, frame)
 		if i%32 == 31 { // a flush tick every 32 messages
 			for _, m := range tb.TakeDirty() {
 				tb.Flushed(m)
@@ -190,10 +198,10 @@ func BenchmarkDeliver300(b *testing.B) {
 }
 
 func BenchmarkHubOnMessage(b *testing.B) {
-	h := NewHub(nopLoops{}, 4)
-	h.SetSubscriber(nopSub{})
+	h := newHub(nopLoops{}, 4)
+	h.sub = nopSub{}
 	for l := 0; l < 4; l++ {
-		h.Join("app/room", l)
+		h.join("app/room", l)
 	}
 	frame := make([]byte, 180)
 	b.ReportAllocs()
@@ -206,9 +214,9 @@ func BenchmarkHubOnMessage(b *testing.B) {
 
 type nopLoops struct{}
 
-func (nopLoops) Deliver(int, string, uint64, []byte) {}
-func (nopLoops) Subscribed(int, string, error)       {}
-func (nopLoops) Reset(int)                           {}
+func (nopLoops) deliver(int, string, uint64, []byte) {}
+func (nopLoops) subscribed(int, string, error)       {}
+func (nopLoops) reset(int)                           {}
 
 type nopSub struct{}
 

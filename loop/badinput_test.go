@@ -184,7 +184,7 @@ func TestSlowConsumerClosed(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if got := n.srv.Stats.SlowCloses.Load(); got != 1 {
+	if got := n.fan.Stats.SlowCloses.Load(); got != 1 {
 		t.Fatalf("slow-consumer closes: %d, want 1 (the lazy client)", got)
 	}
 	// The node dropped the lazy connection (it sits in the kernel's send

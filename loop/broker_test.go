@@ -33,7 +33,7 @@ func (b *flakyBroker) Publish(ctx context.Context, key string, seq uint64, frame
 // A failed broadcast reaches the members of a room that then goes quiet:
 // no later message is needed to notice the gap.
 func TestFailedBroadcastIsRetried(t *testing.T) {
-	n := startNodeWith(t, testConfig(), persist.NewMemory(100), testLogger(), func(h pubsub.Handler) nodeBroker {
+	n := startNodeWith(t, testConfig(), persist.NewMemory(100), testLogger(), func(h pubsub.Handler) pubsub.Broker {
 		return &flakyBroker{Memory: pubsub.NewMemory(h), seen: map[uint64]bool{}}
 	})
 	sub := n.dial(t, "sub")
@@ -45,8 +45,8 @@ func TestFailedBroadcastIsRetried(t *testing.T) {
 	sub.expect(map[string]any{"op": "msg", "seq": 1, "id": "only"})
 	// The retry counts itself after its publish returns, which may be just
 	// after the member read the message.
-	checkFor(t, 2*time.Second, func() bool { return n.srv.Stats.Rebroadcasts.Load() == 1 })
-	if got := n.srv.Stats.BrokerErrors.Load(); got != 1 {
+	checkFor(t, 2*time.Second, func() bool { return n.fan.Stats.Rebroadcasts.Load() == 1 })
+	if got := n.fan.Stats.BrokerErrors.Load(); got != 1 {
 		t.Fatalf("broker errors %d, want 1", got)
 	}
 }

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"time"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/roost-chat/roost/fanout"
-	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -32,32 +30,16 @@ type conn struct {
 	app      *app
 	user     string
 	rooms    *roomClaims // allowed rooms from the token; nil = every room
-	joins    []*joinState
-	frag     []byte     // a fragmented message being assembled; nil otherwise
-	opened   int64      // Unix ms
-	lastRead int64      // Unix ms of the last input (ticker resolution)
-	exp      int64      // token expiry, Unix s; 0 = none
-	pos      int32      // index in l.conns
-	ip       netip.Addr // source address counted against MaxConnsPerIP; zero when not counted
+	frag     []byte      // a fragmented message being assembled; nil otherwise
+	opened   int64       // Unix ms
+	lastRead int64       // Unix ms of the last input (ticker resolution)
+	exp      int64       // token expiry, Unix s; 0 = none
+	pos      int32       // index in l.conns
+	ip       netip.Addr  // source address counted against MaxConnsPerIP; zero when not counted
 	fragOp   ws.OpCode
 	state    uint8
 	pinged   bool
 	closed   bool
-}
-
-// joinState is a join not yet live: waiting for the room to become active
-// on this loop, or catching up from the store.
-type joinState struct {
-	room       *fanout.Room
-	since      uint64
-	hasSince   bool
-	catchingUp bool
-	// ahead: since is past the room's newest seq on this loop (the client
-	// saw newer messages on another node than have reached this one); it
-	// goes live when the room gets there (promoteAhead), not before, or it
-	// would receive those messages a second time.
-	ahead bool
-	after uint64 // catch-up cursor: everything <= after has been sent
 }
 
 // OnOpen registers a new connection with its loop, or closes it at once
@@ -144,16 +126,9 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		s.Stats.Conns.Add(-1)
 		c.app.conns.Add(-1)
 	}
-	s.Stats.Joined.Add(-int64(c.m.Rooms()))
 	c.closed = true
 	c.m.Closed = true
-	for _, j := range c.joins {
-		j.room.RemoveJoiner(&c.m)
-		l.removeIfIdle(j.room)
-	}
-	c.joins = nil
-	l.table.LeaveAll(&c.m, l.removeIfIdle)
-	l.table.Drop(&c.m)
+	l.table.Close(&c.m)
 	c.frag = nil
 	last := len(l.conns) - 1
 	moved := l.conns[last]
@@ -437,17 +412,24 @@ func (c *conn) closeWith(code int, reason []byte) {
 		return
 	}
 	l := c.l
-	if c.m.PendingBytes() > 0 && !c.m.Slow {
+	if c.m.PendingBytes() > 0 && !c.m.Slow() {
 		l.write(c)
-		if c.closed {
+		if c.closed || c.state == stateClosing {
 			return
 		}
 	}
 	l.table.Drop(&c.m)
 	f := proto.AppendCloseFrame(l.arena.Space(2+125+14), uint16(code), string(reason))
 	_, _ = c.gc.Write(f)
-	c.state = stateClosing
+	c.closing()
 	_ = c.gc.Close()
+}
+
+// closing marks the connection as on its way out: nothing more is queued
+// for it, so no frame can follow its close frame.
+func (c *conn) closing() {
+	c.state = stateClosing
+	c.m.Closed = true
 }
 
 // fail closes after a write error: the peer is gone, nothing to say.
@@ -455,33 +437,18 @@ func (c *conn) fail() {
 	if c.closed || c.state == stateClosing {
 		return
 	}
-	c.state = stateClosing
+	c.closing()
 	_ = c.gc.Close()
 }
 
-func (c *conn) findJoin(r *fanout.Room) *joinState {
-	for _, j := range c.joins {
-		if j.room == r {
-			return j
-		}
-	}
-	return nil
-}
+// Write hands the pending frames to the kernel (fanout.Owner).
+func (c *conn) Write() { c.l.write(c) }
 
-func (c *conn) dropJoin(r *fanout.Room) {
-	for i, j := range c.joins {
-		if j.room == r {
-			last := len(c.joins) - 1
-			c.joins[i] = c.joins[last]
-			c.joins[last] = nil
-			c.joins = c.joins[:last]
-			if len(c.joins) == 0 {
-				c.joins = nil
-			}
-			return
-		}
-	}
-}
+// Resync closes with 1013 and a jittered retry hint (fanout.Owner): the
+// client rejoins with since, here or on another node.
+func (c *conn) Resync() { c.closeWith(proto.CloseTryAgain, c.l.retryReason()) }
+
+var _ fanout.Owner = (*conn)(nil)
 
 func (c *conn) join(cmd *proto.Command) {
 	l := c.l
@@ -489,114 +456,18 @@ func (c *conn) join(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
 		return
 	}
-	key := l.roomKey(c, cmd.Room)
-	r := l.table.Lookup(key)
-	if r != nil && (c.m.In(r) || c.findJoin(r) != nil) {
-		c.sendErr(cmd.Room, proto.CodeBadRequest, "already joined: leave first")
-		return
+	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), cmd.Since, cmd.HasSince); err {
+	case nil:
+	case fanout.ErrJoined:
+		c.sendErr(cmd.Room, proto.CodeBadRequest, err.Error())
+	default:
+		c.sendErr(cmd.Room, proto.CodeForbidden, err.Error())
 	}
-	if c.m.Rooms()+len(c.joins) >= l.srv.cfg.MaxRooms {
-		c.sendErr(cmd.Room, proto.CodeForbidden, "room limit of this connection reached")
-		return
-	}
-	if r != nil && r.Active && (!cmd.HasSince || cmd.Since == r.Last) {
-		// Fast path: the room is live on this loop and there is nothing
-		// to replay: a member at once, nothing allocated.
-		l.table.Join(r, &c.m)
-		l.srv.Stats.Joined.Add(1)
-		c.sendJoined(r)
-		return
-	}
-	if r == nil {
-		r = l.table.Add(key)
-		defer l.srv.hub.Join(r.Key, l.idx) // after the join is parked: the answer may come at once
-	}
-	j := &joinState{room: r, since: cmd.Since, hasSince: cmd.HasSince}
-	c.joins = append(c.joins, j)
-	r.Joiners = append(r.Joiners, &c.m)
-	if r.Active {
-		c.startJoin(j)
-	}
-}
-
-func (c *conn) sendJoined(r *fanout.Room) {
-	a := c.l.arena
-	room := roomName(r.Key)
-	c.send(a.Keep(proto.AppendJoinedFrame(a.Space(64+len(room)), room, r.Last)))
-}
-
-// startJoin runs once the room is active on this loop: joined goes out with
-// the room's newest seq, then (with since) the stored messages after since
-// are replayed a page at a time; the member goes live when the replay has
-// reached the room's newest seq, so it sees no gap and no duplicate. A
-// since past the room's newest seq here waits for the room to reach it.
-func (c *conn) startJoin(j *joinState) {
-	r := j.room
-	c.sendJoined(r)
-	if !j.hasSince || j.since == r.Last {
-		c.goLive(j)
-		return
-	}
-	if j.since > r.Last {
-		j.ahead, j.after = true, j.since
-		return
-	}
-	j.catchingUp = true
-	j.after = j.since
-	c.l.srv.read(readJob{kind: rReplay, loop: c.l, conn: c, room: r, key: r.Key, after: j.after, upto: r.Last})
-}
-
-func (c *conn) goLive(j *joinState) {
-	r := j.room
-	r.RemoveJoiner(&c.m)
-	c.dropJoin(r)
-	c.l.table.Join(r, &c.m)
-	c.l.srv.Stats.Joined.Add(1)
-}
-
-// replayed takes one page of catch-up.
-func (l *loopState) replayed(t *task) {
-	c := t.conn
-	if c.closed || c.state != stateOpen {
-		return
-	}
-	j := c.findJoin(t.room)
-	if j == nil || !j.catchingUp {
-		return // left meanwhile
-	}
-	r := j.room
-	if t.err != nil {
-		r.RemoveJoiner(&c.m)
-		c.dropJoin(r)
-		c.closeWith(proto.CloseTryAgain, l.retryReason())
-		return
-	}
-	if len(t.frame) > 0 {
-		c.send(t.frame)
-	}
-	if t.seq > j.after {
-		j.after = t.seq
-	}
-	if j.after >= r.Last {
-		c.goLive(j)
-		return
-	}
-	l.srv.read(readJob{kind: rReplay, loop: l, conn: c, room: r, key: r.Key, after: j.after, upto: r.Last})
 }
 
 func (c *conn) leave(cmd *proto.Command) {
 	l := c.l
-	key := l.roomKey(c, cmd.Room)
-	if r := l.table.Lookup(key); r != nil {
-		if c.findJoin(r) != nil {
-			r.RemoveJoiner(&c.m)
-			c.dropJoin(r)
-		} else if c.m.In(r) {
-			l.table.Leave(r, &c.m)
-			l.srv.Stats.Joined.Add(-1)
-		}
-		l.removeIfIdle(r)
-	}
+	l.table.Leave(&c.m, l.roomKey(c, cmd.Room))
 	a := l.arena
 	c.send(a.Keep(proto.AppendLeftFrame(a.Space(32+len(cmd.Room)), cmd.Room)))
 }
@@ -623,38 +494,38 @@ func (c *conn) pub(cmd *proto.Command) {
 		c.sendErr(cmd.ID, proto.CodeOverloaded, "node overloaded: retry later with the same id")
 		return
 	}
-	req := persist.GetRequest()
+	req := proto.GetPubRequest()
 	req.Key = l.intern(l.roomKey(c, cmd.Room))
 	req.From = c.user
 	req.ID = append(req.ID[:0], cmd.ID...)
 	req.Body = append(req.Body[:0], cmd.Body...)
-	req.Origin = l.stamp(c)
-	req.Entered = time.Since(monoEpoch)
+	ps := l.stamp(c, req)
+	req.Origin = ps
 	l.srv.Stats.Publishes.Add(1)
-	if err := l.srv.pool.Submit(req); err != nil {
-		l.unstamp(req, false)
-		persist.PutRequest(req)
+	if err := l.srv.fan.Publish(req); err != nil {
+		l.unstamp(ps, false)
+		proto.PutPubRequest(req)
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(cmd.ID, proto.CodeOverloaded, "publish queue full: retry later")
 	}
 }
 
-// ack answers a publish once the pool has committed it (or failed to).
-func (l *loopState) ack(t *task) {
-	c, req := t.conn, t.req
-	waited := l.unstamp(req, true)
-	defer persist.PutRequest(req)
+// ack answers a publish once it is committed (or failed).
+func (l *loopState) ack(ps *pubStamp) {
+	c, req, seq, err := ps.c, ps.req, ps.seq, ps.err
+	waited := l.unstamp(ps, true)
+	defer proto.PutPubRequest(req)
 	if c.closed || c.state != stateOpen {
 		return
 	}
 	room := roomName(req.Key)
 	a := l.arena
-	if t.err != nil {
+	if err != nil {
 		code, msg := proto.CodeOverloaded, "not stored: retry with the same id"
 		switch {
-		case errors.Is(t.err, proto.ErrRoomLimit):
+		case errors.Is(err, proto.ErrRoomLimit):
 			code, msg = proto.CodeForbidden, "not stored: the app has its maximum of rooms"
-		case !errors.Is(t.err, proto.ErrOverloaded) && !errors.Is(t.err, proto.ErrClosed):
+		case !errors.Is(err, proto.ErrOverloaded) && !errors.Is(err, proto.ErrClosed):
 			code, msg = proto.CodeInternal, "not stored: internal error"
 		}
 		c.sendErr(req.ID, code, msg)
@@ -662,7 +533,7 @@ func (l *loopState) ack(t *task) {
 	}
 	l.srv.Stats.Acks.Add(1)
 	l.srv.Stats.AckLatency.Observe(waited.Seconds())
-	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, t.seq)))
+	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, seq)))
 }
 
 func (c *conn) history(cmd *proto.Command) {
@@ -684,17 +555,5 @@ func (c *conn) history(cmd *proto.Command) {
 	if cmd.HasBefore {
 		before = cmd.Before
 	}
-	l.srv.read(readJob{kind: rHistory, loop: l, conn: c, key: key, before: before, limit: cmd.Limit})
-}
-
-func (l *loopState) historyDone(t *task) {
-	c := t.conn
-	if c.closed || c.state != stateOpen {
-		return
-	}
-	if t.err != nil {
-		c.sendErr(roomName(t.key), proto.CodeOverloaded, "cannot read history now: retry")
-		return
-	}
-	c.send(t.frame)
+	l.table.History(&c.m, key, before, cmd.Limit)
 }

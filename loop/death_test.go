@@ -46,7 +46,7 @@ func TestStopIsNotDeath(t *testing.T) {
 	n := startNode(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	n.pool.Close()
+	n.fan.ClosePublishes()
 	if err := n.srv.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,19 @@
 package loop
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -27,11 +30,16 @@ func (c *sockConn) Write(p []byte) (int, error) {
 	return syscall.Write(c.fd, p)
 }
 
-// fanoutRig is one loop with n receivers on socketpairs whose far ends are
-// drained by goroutines, as kernel-backed peers.
+// fanoutRig is one loop, driven by the test on its own goroutine, with n
+// receivers in one room on socketpairs whose far ends are drained by
+// goroutines, as kernel-backed peers. The publish path behind it is real
+// (a memory store, the in-process broker).
 type fanoutRig struct {
 	l     *loopState
-	room  *fanout.Room
+	el    *memLoop
+	store persist.Store
+	key   string
+	seq   uint64
 	frame []byte
 	peers []*os.File
 }
@@ -42,13 +50,24 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 	cfg := Defaults()
 	cfg.Insecure = true
 	cfg.OutboundLimit = 64 << 20
-	s, err := New(cfg, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	store := persist.NewMemory(1000)
+	fan, err := fanout.New(cfg.Config, fanout.Parts{Store: store, Log: log})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	l := newLoopState(s, nil, 0)
-	rig := &fanoutRig{l: l, room: l.table.Add([]byte("app/room"))}
-	rig.room.Active = true
+	tb.Cleanup(func() { _ = fan.Close() })
+	s, err := New(cfg, fan, log, Histograms{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	el := &memLoop{}
+	l := newLoopState(s, el, 0)
+	s.loops[0].Store(l)
+	s.nloops.Store(1)
+	tb.Cleanup(l.stopTimers)
+	rig := &fanoutRig{l: l, el: el, store: store, key: proto.RoomKey("app", "room")}
+	var last *conn
 	for i := 0; i < n; i++ {
 		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
 		if err != nil {
@@ -57,7 +76,10 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 		_ = syscall.SetsockoptInt(fds[0], syscall.SOL_SOCKET, syscall.SO_SNDBUF, 1<<20)
 		c := &conn{gc: &sockConn{fd: fds[0]}, l: l, state: stateOpen}
 		c.m.Owner = c
-		l.table.Join(rig.room, &c.m)
+		if err := l.table.Join(&c.m, []byte(rig.key), 0, false); err != nil {
+			tb.Fatal(err)
+		}
+		last = c
 		// Non-blocking, so the readers wait in the netpoller rather than
 		// each pinning an OS thread (thread creation would show up as
 		// allocations in the guard below).
@@ -69,17 +91,52 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 		}
 		tb.Cleanup(func() { syscall.Close(fds[0]); peer.Close() })
 	}
+	// The room goes live once the node's subscription is up and its newest
+	// seq read (on fanout's goroutines).
+	rig.pump(tb, func() bool { return last.m.Rooms() == 1 })
+	// Start from rest: the joined frames written, no tick armed, no
+	// counts.
+	l.flush()
+	l.flushT.Stop()
+	l.ticking = false
+	st := &s.Stats
+	st.Writes.Store(0)
+	st.FramesOut.Store(0)
+	st.BytesOut.Store(0)
 	// A 100-byte body, as in the issue's fan-out figure.
 	body := []byte(`"` + strings.Repeat("x", 98) + `"`)
 	rig.frame = proto.AppendMsgFrame(nil, "room", 1, []byte("m-1"), "alice", 1764484800123, body)
 	return rig
 }
 
-// deliver fans k messages out, then flushes once: k frames, one writev per
-// receiver, as one flush tick does.
+// pump runs the loop's inbox as gnet would, until done holds.
+func (r *fanoutRig) pump(tb testing.TB, done func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !done() {
+		if time.Now().After(deadline) {
+			tb.Fatal("loop state not reached in time")
+		}
+		if r.el.pending.Swap(false) {
+			_ = r.l.drain(context.Background())
+		} else {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// next hands the room's next message to the loop, as the broker's
+// delivery does once on the loop.
+func (r *fanoutRig) next() {
+	r.seq++
+	r.l.table.Deliver(r.key, r.seq, r.frame)
+}
+
+// deliver fans k messages out, in seq order, then flushes once: k frames,
+// one writev per receiver, as one flush tick does.
 func (r *fanoutRig) deliver(k int) {
 	for i := 0; i < k; i++ {
-		r.l.table.Deliver(r.room, r.frame)
+		r.next()
 	}
 	r.l.flush()
 }

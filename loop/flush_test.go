@@ -15,13 +15,13 @@ func TestFlushSchedule(t *testing.T) {
 	t.Cleanup(l.stopTimers)
 	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
 
-	l.table.Deliver(rig.room, rig.frame)
+	rig.next()
 	l.kick()
 	if writes() != 3 || !l.ticking {
 		t.Fatalf("first frames after a pause: %d writes, ticking %v; want 3 written at once and a tick armed", writes(), l.ticking)
 	}
-	l.table.Deliver(rig.room, rig.frame)
-	l.table.Deliver(rig.room, rig.frame)
+	rig.next()
+	rig.next()
 	l.kick()
 	if writes() != 3 || !l.table.HasDirty() {
 		t.Fatalf("frames within a tick: %d writes; want them held for the tick", writes())
@@ -37,7 +37,7 @@ func TestFlushSchedule(t *testing.T) {
 	if writes() != 6 || l.ticking {
 		t.Fatalf("quiet tick: %d writes, ticking %v; want the loop to stop ticking", writes(), l.ticking)
 	}
-	l.table.Deliver(rig.room, rig.frame)
+	rig.next()
 	l.kick()
 	if writes() != 9 || !l.ticking {
 		t.Fatalf("after the quiet tick: %d writes; want the frame written at once", writes())
@@ -52,9 +52,9 @@ func TestFlushScheduleAllocationFree(t *testing.T) {
 	l.srv.cfg.FlushInterval = time.Second
 	t.Cleanup(l.stopTimers)
 	cycle := func() {
-		l.table.Deliver(rig.room, rig.frame)
+		rig.next()
 		l.kick() // quiet: written now
-		l.table.Deliver(rig.room, rig.frame)
+		rig.next()
 		l.kick() // waits for the tick
 		l.tick() // written, re-armed
 		l.tick() // quiet: stops

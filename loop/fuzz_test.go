@@ -15,7 +15,6 @@ import (
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/pubsub"
 )
 
 // memConn is a gnet.Conn over in-memory buffers, so the fuzzer drives the
@@ -58,24 +57,24 @@ func (l *memLoop) Execute(_ context.Context, _ gnet.Runnable) error {
 	return nil
 }
 
-type refuseSubmit struct{}
-
-func (refuseSubmit) Submit(*proto.PubRequest) error { return proto.ErrOverloaded }
-
-// fuzzNode is a server with one in-memory loop and no goroutines of its own.
+// fuzzNode is a server with one in-memory loop, driven by the harness, in
+// front of a publish path on a memory store (whose acks and store reads
+// come from fanout's goroutines).
 func fuzzNode(tb testing.TB) (*Server, *memLoop) {
 	cfg := Defaults()
 	cfg.Insecure = true
 	cfg.MaxFrame = 4096
 	cfg.OutboundLimit = 1 << 20
-	s, err := New(cfg, persist.NewMemory(10), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	fan, err := fanout.New(cfg.Config, fanout.Parts{Store: persist.NewMemory(10), Log: log})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	hub := fanout.NewHub(s, 1)
-	b := pubsub.NewMemory(hub)
-	hub.SetSubscriber(b)
-	s.Attach(hub, b, refuseSubmit{})
+	tb.Cleanup(func() { _ = fan.Close() })
+	s, err := New(cfg, fan, log, Histograms{})
+	if err != nil {
+		tb.Fatal(err)
+	}
 	return s, &memLoop{}
 }
 

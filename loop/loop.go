@@ -2,7 +2,6 @@ package loop
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,33 +21,29 @@ const iovMax = 1024
 type taskKind uint8
 
 const (
-	tDeliver    taskKind = iota + 1 // key, seq, frame: a message of a room
-	tSubscribed                     // key, err: the node's subscription is up
-	tRoomSeq                        // room, seq, err: the room's newest seq, read after subscribing
-	tAck                            // conn, req, seq, err: a publish was committed (or not)
-	tReplay                         // conn, room, frame (many msg frames), seq = new cursor
-	tHistory                        // conn, frame or err
-	tRepair                         // room, held: messages read from the store to fill a gap
-	tReset                          // the broker may have lost messages
-	tFlush                          // the flush tick: write pending output
-	tSweep                          // idle pings, timeouts, token expiry
-	tDrain                          // n = 0: refuse new work; else close 1/seq of the connections with code n
+	tFanout taskKind = iota + 1 // ev: work for the loop's rooms (fanout.Table.Run)
+	tAck                        // ack: a publish of this loop was answered
+	tFlush                      // the flush tick: write pending output
+	tSweep                      // idle pings, timeouts, token expiry
+	tDrain                      // drain: one round of Server.Drain
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
 // allocates nothing once the inbox slice has grown.
 type task struct {
 	kind  taskKind
-	conn  *conn
-	room  *fanout.Room
-	key   string
-	seq   uint64
-	n     uint64
-	frame []byte
-	held  []fanout.Held
-	req   *proto.PubRequest
-	err   error
-	done  func()
+	ev    fanout.Event
+	ack   *pubStamp   // the publish, its outcome filled in
+	drain *drainRound // rare: allocated per round
+}
+
+// drainRound is one round of Server.Drain on one loop: with code 0 the loop
+// only refuses new work; otherwise it closes 1/roundsLeft of its
+// connections with code.
+type drainRound struct {
+	code       int
+	roundsLeft int
+	done       func()
 }
 
 // loopState is everything one gnet loop owns. Only that loop's goroutine
@@ -101,22 +96,10 @@ type loopState struct {
 	scratch   []byte
 	iov       [iovMax]unix.Iovec
 	interns   map[string]string
-	gaps      []*fanout.Room
 	draining  bool
 	stamps    []*pubStamp   // free list of publish stamps (server.go)
 	inflight  int           // publishes of this loop submitted and not yet answered
 	commitLag time.Duration // smoothed read-to-answer time of its publishes (shedding)
-
-	// tails are rooms whose newest messages must be read from the store
-	// because the broker may have lost some (reset). At most maxTailReads
-	// are read at once, so that a loop with thousands of rooms does not
-	// overflow the shared read queue; a failed read is queued again after
-	// GapWindow (tailRetry) rather than forgotten.
-	tails       []*fanout.Room
-	tailWant    map[*fanout.Room]bool
-	tailReads   int
-	tailRetry   []*fanout.Room
-	tailRetryAt int64
 }
 
 func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
@@ -124,10 +107,10 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 		srv:     s,
 		el:      el,
 		idx:     idx,
-		table:   fanout.NewTable(s.cfg.OutboundLimit, 64<<10),
-		arena:   fanout.NewArena(64 << 10),
 		interns: make(map[string]string),
 	}
+	l.table = s.fan.NewTable(idx, l)
+	l.arena = l.table.Arena()
 	l.drainF = l.drain
 	l.onFlushT = func() { l.push(task{kind: tFlush}) }
 	l.onSweepT = func() { l.push(task{kind: tSweep}) }
@@ -137,6 +120,21 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 	l.sweepT.Stop()
 	return l
 }
+
+// Post hands work for the loop's rooms to the loop (fanout.Loop). Any
+// goroutine. A delivery may find the inbox full: see pushDelivery.
+func (l *loopState) Post(ev fanout.Event) {
+	if key, ok := ev.Delivery(); ok {
+		l.pushDelivery(key, ev)
+		return
+	}
+	l.push(task{kind: tFanout, ev: ev})
+}
+
+// Now is the loop's clock in Unix ms (fanout.Loop).
+func (l *loopState) Now() int64 { return l.now() }
+
+var _ fanout.Loop = (*loopState)(nil)
 
 // stopTimers is for Server.Stop, after the loops have ended.
 func (l *loopState) stopTimers() {
@@ -154,7 +152,7 @@ func (l *loopState) push(t task) {
 
 // pushDelivery hands a room's message to the loop, or, with the inbox
 // full, marks the room for a read from the store. Any goroutine.
-func (l *loopState) pushDelivery(key string, seq uint64, frame []byte) {
+func (l *loopState) pushDelivery(key string, ev fanout.Event) {
 	l.mu.Lock()
 	if len(l.queue) >= l.srv.cfg.InboxLimit {
 		if l.lost == nil {
@@ -165,7 +163,7 @@ func (l *loopState) pushDelivery(key string, seq uint64, frame []byte) {
 		l.srv.Stats.InboxOverflow.Add(1)
 		return // the queue is not empty: the loop is awake already
 	}
-	l.queue = append(l.queue, task{kind: tDeliver, key: key, seq: seq, frame: frame})
+	l.queue = append(l.queue, task{kind: tFanout, ev: ev})
 	l.depth.Store(int64(len(l.queue)))
 	l.wakeLocked()
 }
@@ -214,7 +212,8 @@ func (l *loopState) drain(context.Context) error {
 	clear(q)
 	l.spare = q[:0]
 	if lost != nil {
-		l.recoverLost(lost)
+		// What overflowed the inbox is read from the store.
+		l.table.Lost(lost)
 		clear(lost)
 		l.mu.Lock()
 		if l.lostSpare == nil {
@@ -226,26 +225,12 @@ func (l *loopState) drain(context.Context) error {
 	return nil
 }
 
-// recoverLost reads from the store what overflowed the inbox: for each
-// room, everything after the newest seq this loop delivered (a tail read,
-// as after a broker reset; deliveries that were queued meanwhile are
-// placed by seq, duplicates dropped). A room still joining is read once
-// it is active, since its starting seq may predate the lost message.
-func (l *loopState) recoverLost(lost map[string]struct{}) {
-	for key := range lost {
-		if r := l.table.Get(key); r != nil {
-			l.queueTail(r)
-		}
-	}
-	l.readTails()
-}
-
 // settle runs after each unit of loop work: slow consumers are closed,
 // and a member past flushAt is written now (bounding the memory and the
 // latency one wake-up can build up).
 func (l *loopState) settle() {
 	if l.table.HasSlow() {
-		l.closeSlow()
+		l.table.CloseSlow()
 	}
 	if u := l.table.TakeUrgent(); len(u) > 0 {
 		l.flushMembers(u)
@@ -267,11 +252,8 @@ func (l *loopState) kick() {
 }
 
 // hasTickWork: output is pending, or a held gap or a failed tail read is
-// waiting for its window (checked at each tick, or a quiet room would wait
-// for the next sweep).
-func (l *loopState) hasTickWork() bool {
-	return l.table.HasDirty() || len(l.gaps) > 0 || len(l.tailRetry) > 0
-}
+// waiting for its window.
+func (l *loopState) hasTickWork() bool { return l.table.NeedsTick() }
 
 // armTick arms the next flush tick. Ticks fall on a fixed grid (multiples
 // of FlushInterval since the process started), so a tick that follows a
@@ -311,24 +293,10 @@ func (l *loopState) armSweep() {
 
 func (l *loopState) run(t *task) {
 	switch t.kind {
-	case tDeliver:
-		if r := l.table.Get(t.key); r != nil {
-			l.deliver(r, t.seq, t.frame)
-		}
-	case tSubscribed:
-		l.subscribed(t.key, t.err)
-	case tRoomSeq:
-		l.activate(t.room, t.seq, t.err)
+	case tFanout:
+		l.table.Run(&t.ev)
 	case tAck:
-		l.ack(t)
-	case tReplay:
-		l.replayed(t)
-	case tHistory:
-		l.historyDone(t)
-	case tRepair:
-		l.repaired(t.room, t.held, t.seq, t.n == 1, t.err)
-	case tReset:
-		l.reset()
+		l.ack(t.ack)
 	case tFlush:
 		l.tick()
 	case tSweep:
@@ -338,8 +306,8 @@ func (l *loopState) run(t *task) {
 			l.armSweep()
 		}
 	case tDrain:
-		l.drainConns(int(t.n), int(t.seq))
-		t.done()
+		l.drainConns(t.drain.code, t.drain.roundsLeft)
+		t.drain.done()
 	}
 }
 
@@ -352,7 +320,7 @@ func (l *loopState) now() int64 { return time.Now().UnixMilli() }
 // and returns how many connections it wrote.
 func (l *loopState) flush() int {
 	n := l.flushMembers(l.table.TakeDirty())
-	l.checkGaps()
+	l.table.CheckGaps()
 	return n
 }
 
@@ -362,7 +330,7 @@ func (l *loopState) flushMembers(ms []*fanout.Member) int {
 		if m.PendingBytes() == 0 || m.Closed {
 			continue
 		}
-		l.write(m.Owner.(*conn))
+		m.Owner.Write()
 		n++
 	}
 	return n
@@ -428,20 +396,6 @@ func (l *loopState) write(c *conn) {
 	l.table.Flushed(m)
 	if !c.closed {
 		m.Backlog = gc.OutboundBuffered()
-	}
-}
-
-// closeSlow closes consumers that passed the outbound limit: 1013 with a
-// jittered retry hint, after dropping what they could not take.
-func (l *loopState) closeSlow() {
-	for _, m := range l.table.TakeSlow() {
-		c := m.Owner.(*conn)
-		if c.closed {
-			continue
-		}
-		l.srv.Stats.SlowCloses.Add(1)
-		l.table.Drop(m)
-		c.closeWith(proto.CloseTryAgain, l.retryReason())
 	}
 }
 
@@ -535,305 +489,6 @@ func (l *loopState) intern(key []byte) string {
 func (l *loopState) roomKey(c *conn, room []byte) []byte {
 	l.keyBuf = append(append(append(l.keyBuf[:0], c.app.id...), '/'), room...)
 	return l.keyBuf
-}
-
-// removeIfIdle drops a room nobody on this loop needs any more.
-func (l *loopState) removeIfIdle(r *fanout.Room) {
-	if !r.Idle() || l.table.Get(r.Key) != r {
-		return
-	}
-	l.table.Remove(r)
-	l.srv.hub.Leave(r.Key, l.idx)
-}
-
-// subscribed: the node is subscribed to key; read the room's newest seq
-// (after subscribing, so nothing committed later can be missed).
-func (l *loopState) subscribed(key string, err error) {
-	r := l.table.Get(key)
-	if r == nil || r.Active {
-		return
-	}
-	if err != nil {
-		l.activate(r, 0, err)
-		return
-	}
-	l.srv.read(readJob{kind: rLastSeq, loop: l, room: r, key: r.Key})
-}
-
-// activate makes a room live on this loop at seq, releases what was held,
-// and starts the parked joins.
-func (l *loopState) activate(r *fanout.Room, seq uint64, err error) {
-	if l.table.Get(r.Key) != r || r.Active {
-		return
-	}
-	if err != nil {
-		joiners := r.Joiners
-		r.Joiners = nil
-		for _, m := range joiners {
-			c := m.Owner.(*conn)
-			c.dropJoin(r)
-			switch {
-			case c.closed:
-			case errors.Is(err, proto.ErrRoomLimit):
-				// Reading the room's head makes it; its app has all the
-				// rooms it may have.
-				c.sendErr(roomName(r.Key), proto.CodeForbidden, "cannot join: the app has its maximum of rooms")
-			default:
-				c.sendErr(roomName(r.Key), proto.CodeOverloaded, "cannot join now: try again")
-			}
-		}
-		r.Held = nil
-		l.removeIfIdle(r)
-		return
-	}
-	r.Active = true
-	r.Last = seq
-	held := r.Held
-	r.Held = nil
-	for _, h := range held {
-		l.deliver(r, h.Seq, h.Frame)
-	}
-	joiners := r.Joiners
-	r.Joiners = nil
-	for _, m := range joiners {
-		c := m.Owner.(*conn)
-		if j := c.findJoin(r); j != nil && !c.closed {
-			r.Joiners = append(r.Joiners, m) // startJoin removes it again when live
-			c.startJoin(j)
-		}
-	}
-	if l.tailWant[r] {
-		l.readTails() // a delivery overflowed while the room was joining
-	}
-	l.removeIfIdle(r)
-}
-
-// deliver fans one message out to a room's members, in seq order: a
-// duplicate is dropped, a message ahead of a missing seq is held until the
-// gap is filled (by the broker or, after GapWindow, from the store).
-func (l *loopState) deliver(r *fanout.Room, seq uint64, frame []byte) {
-	if !r.Active {
-		r.Held = insertHeld(r.Held, seq, frame)
-		return
-	}
-	if seq <= r.Last {
-		return
-	}
-	if seq == r.Last+1 && len(r.Held) == 0 {
-		// Fast path: in order, nothing held.
-		l.table.Deliver(r, frame)
-		r.Last = seq
-		if len(r.Joiners) > 0 {
-			l.promoteAhead(r)
-		}
-		return
-	}
-	r.Held = insertHeld(r.Held, seq, frame)
-	l.releaseHeld(r)
-}
-
-// promoteAhead makes live each joiner of r whose since was ahead of this
-// loop once the room has reached it: the next seq delivered is the first it
-// has not seen. Deliveries advance r.Last one seq at a time, so equality
-// catches it; only a gap given up on jumps past, and then the joiner is
-// closed like the room's members.
-func (l *loopState) promoteAhead(r *fanout.Room) {
-	// backwards: goLive swaps the last joiner into the removed slot
-	for i := len(r.Joiners) - 1; i >= 0; i-- {
-		if i >= len(r.Joiners) {
-			continue
-		}
-		c := r.Joiners[i].Owner.(*conn)
-		j := c.findJoin(r)
-		if j == nil || !j.ahead || j.after > r.Last {
-			continue
-		}
-		if j.after == r.Last {
-			c.goLive(j)
-			continue
-		}
-		r.RemoveJoiner(&c.m)
-		c.dropJoin(r)
-		c.closeWith(proto.CloseTryAgain, l.retryReason())
-	}
-}
-
-func (l *loopState) releaseHeld(r *fanout.Room) {
-	i := 0
-	for ; i < len(r.Held); i++ {
-		h := r.Held[i]
-		if h.Seq <= r.Last {
-			continue
-		}
-		if h.Seq != r.Last+1 {
-			break
-		}
-		l.table.Deliver(r, h.Frame)
-		r.Last = h.Seq
-		if len(r.Joiners) > 0 {
-			l.promoteAhead(r)
-		}
-	}
-	if i > 0 {
-		n := copy(r.Held, r.Held[i:])
-		clear(r.Held[n:])
-		r.Held = r.Held[:n]
-	}
-	if len(r.Held) == 0 {
-		r.GapSince = 0
-		return
-	}
-	if r.GapSince == 0 {
-		r.GapSince = l.now()
-		l.gaps = append(l.gaps, r)
-	}
-}
-
-func insertHeld(h []fanout.Held, seq uint64, frame []byte) []fanout.Held {
-	i := len(h)
-	for i > 0 && h[i-1].Seq > seq {
-		i--
-	}
-	if i > 0 && h[i-1].Seq == seq {
-		return h // duplicate
-	}
-	h = append(h, fanout.Held{})
-	copy(h[i+1:], h[i:])
-	h[i] = fanout.Held{Seq: seq, Frame: frame}
-	return h
-}
-
-// checkGaps asks the store for messages missing longer than GapWindow.
-func (l *loopState) checkGaps() {
-	now := l.now()
-	window := l.srv.cfg.GapWindow.Milliseconds()
-	if len(l.tailRetry) > 0 && now >= l.tailRetryAt {
-		for _, r := range l.tailRetry {
-			l.queueTail(r)
-		}
-		clear(l.tailRetry)
-		l.tailRetry = l.tailRetry[:0]
-		l.readTails()
-	}
-	if len(l.gaps) == 0 {
-		return
-	}
-	keep := l.gaps[:0]
-	for _, r := range l.gaps {
-		if l.table.Get(r.Key) != r || len(r.Held) == 0 {
-			r.GapSince = 0
-			continue
-		}
-		keep = append(keep, r)
-		if r.Repairing || now-r.GapSince < window {
-			continue
-		}
-		r.Repairing = true
-		l.srv.Stats.Repairs.Add(1)
-		l.srv.read(readJob{kind: rRepair, loop: l, room: r, key: r.Key, after: r.Last, upto: r.Held[0].Seq - 1})
-	}
-	clear(l.gaps[len(keep):])
-	l.gaps = keep
-}
-
-// repaired delivers messages read from the store, every seq up to upto:
-// a gap, or for a tail read what the broker may have lost. If the store
-// did not have them either, members cannot be given a gapless stream:
-// they are closed with 1013 and rejoin with since.
-func (l *loopState) repaired(r *fanout.Room, held []fanout.Held, upto uint64, tail bool, err error) {
-	defer l.readTails()
-	if tail {
-		l.tailReads--
-	}
-	if l.table.Get(r.Key) != r {
-		return
-	}
-	r.Repairing = false
-	for _, h := range held {
-		l.deliver(r, h.Seq, h.Frame)
-	}
-	if err != nil {
-		if tail {
-			if len(l.tailRetry) == 0 {
-				l.tailRetryAt = l.now() + l.srv.cfg.GapWindow.Milliseconds()
-			}
-			l.tailRetry = append(l.tailRetry, r)
-		}
-		return // a gap is tried again after the next window
-	}
-	if r.Last >= upto || len(r.Held) == 0 || r.Held[0].Seq == r.Last+1 {
-		// Everything asked for is delivered. What is still held waits
-		// behind a newer gap (messages in flight meanwhile), which gets a
-		// window of its own rather than a verdict from this read.
-		if r.GapSince != 0 {
-			r.GapSince = l.now()
-		}
-		l.releaseHeld(r)
-		return
-	}
-	// The store answered but the gap stays: give up on this stream.
-	l.srv.Stats.GapCloses.Add(1)
-	l.table.EachMember(r, func(m *fanout.Member) {
-		c := m.Owner.(*conn)
-		l.table.Drop(m)
-		c.closeWith(proto.CloseTryAgain, l.retryReason())
-	})
-	r.Last = r.Held[0].Seq - 1
-	if len(r.Joiners) > 0 {
-		l.promoteAhead(r)
-	}
-	l.releaseHeld(r)
-}
-
-// reset: the broker may have lost messages of any room; read each active
-// room's tail from the store and deliver what is missing.
-func (l *loopState) reset() {
-	l.table.Each(func(r *fanout.Room) {
-		if r.Active {
-			l.queueTail(r)
-		}
-	})
-	l.readTails()
-}
-
-func (l *loopState) queueTail(r *fanout.Room) {
-	if l.tailWant == nil {
-		l.tailWant = make(map[*fanout.Room]bool)
-	}
-	if !l.tailWant[r] {
-		l.tailWant[r] = true
-		l.tails = append(l.tails, r)
-	}
-}
-
-// maxTailReads bounds one loop's tail reads in flight after a reset.
-const maxTailReads = 64
-
-// readTails starts tail reads of queued rooms, up to maxTailReads in
-// flight. A room with a gap repair in flight waits for it (repaired calls
-// back here), so that a reset during a repair is not lost.
-func (l *loopState) readTails() {
-	for n := len(l.tails); n > 0 && l.tailReads < maxTailReads; n-- {
-		r := l.tails[0]
-		l.tails[0] = nil
-		l.tails = l.tails[1:]
-		if l.table.Get(r.Key) != r {
-			delete(l.tailWant, r)
-			continue
-		}
-		if r.Repairing || !r.Active {
-			// activate calls back here once the room is live
-			l.tails = append(l.tails, r)
-			continue
-		}
-		delete(l.tailWant, r)
-		r.Repairing = true
-		l.tailReads++
-		l.srv.read(readJob{kind: rRepair, loop: l, room: r, key: r.Key, after: r.Last, upto: 0})
-	}
-	if len(l.tails) == 0 {
-		l.tails = nil
-	}
 }
 
 // roomName is the room part of a key.

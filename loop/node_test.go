@@ -25,7 +25,7 @@ import (
 // node is a server wired as main wires it, on embedded defaults.
 type node struct {
 	srv   *Server
-	pool  *persist.Pool
+	fan   *fanout.Node
 	store persist.Store
 	addr  string
 }
@@ -58,40 +58,35 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// nodeBroker is what a node fans out through: the hub subscribes rooms on
-// it and the server publishes on it.
-type nodeBroker interface {
-	fanout.Subscriber
-	Publisher
-}
-
 // startNodeWith wires a node as main does on store. newBroker builds the
-// broker delivering to the hub; nil means an in-process pubsub.Memory.
-func startNodeWith(t testing.TB, cfg Config, store persist.Store, log *slog.Logger, newBroker func(pubsub.Handler) nodeBroker) *node {
+// broker delivering to the publish path; nil means an in-process
+// pubsub.Memory.
+func startNodeWith(t testing.TB, cfg Config, store persist.Store, log *slog.Logger, newBroker func(pubsub.Handler) pubsub.Broker) *node {
 	t.Helper()
-	srv, err := New(cfg, store, log)
+	parts := fanout.Parts{Store: store, Log: log}
+	if newBroker != nil {
+		parts.NewBroker = func(h pubsub.Handler) (pubsub.Broker, error) { return newBroker(h), nil }
+	}
+	fan, err := fanout.New(cfg.Config, parts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hub := fanout.NewHub(srv, cfg.Loops)
-	var broker nodeBroker
-	if newBroker != nil {
-		broker = newBroker(hub)
-	} else {
-		broker = pubsub.NewMemory(hub)
-	}
-	hub.SetSubscriber(broker)
-	pool := persist.NewPool(store, srv, persist.PoolConfig{})
-	srv.Attach(hub, broker, pool)
-	if err := srv.Start(); err != nil {
+	srv, err := New(cfg, fan, log, Histograms{})
+	if err != nil {
+		_ = fan.Close()
 		t.Fatal(err)
 	}
-	n := &node{srv: srv, pool: pool, store: store, addr: srv.Addr()}
+	if err := srv.Start(); err != nil {
+		_ = fan.Close()
+		t.Fatal(err)
+	}
+	n := &node{srv: srv, fan: fan, store: store, addr: srv.Addr()}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		pool.Close()
+		fan.ClosePublishes()
 		_ = srv.Stop(ctx)
+		_ = fan.Close()
 	})
 	return n
 }

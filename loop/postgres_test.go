@@ -32,8 +32,9 @@ func pgNode(t *testing.T, url string) (*node, func()) {
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		n.pool.Close()
+		n.fan.ClosePublishes()
 		_ = n.srv.Stop(ctx)
+		_ = n.fan.Close()
 		pg.Close()
 	}
 	return n, stop

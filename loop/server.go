@@ -31,24 +31,20 @@ import (
 	"github.com/panjf2000/gnet/v2/pkg/logging"
 
 	"github.com/roost-chat/roost/fanout"
-	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/tuning"
 )
 
-// Config is what the loops need to know. main fills it from flags.
+// Config is the node's settings as main fills them from flags. It embeds
+// fanout's (Loops, OutboundLimit, MaxRooms, Readers, GapWindow); Validate
+// checks both.
 type Config struct {
+	fanout.Config
 	Listen         string        // host:port of the client listener
 	Insecure       bool          // ?user=&app= instead of a JWT; loopback only
 	MaxFrame       int           // largest client message, bytes (1009 above)
-	OutboundLimit  int           // pending + unsent bytes per connection before 1013
 	IdleInterval   time.Duration // server ping after this much silence; close after twice
-	Loops          int           // event loops
 	FlushInterval  time.Duration // outbound batching tick
 	UpgradeTimeout time.Duration // a connection must finish its upgrade within this
-	MaxRooms       int           // rooms one connection may be in
-	Readers        int           // goroutines doing store reads (join, history, repair)
-	GapWindow      time.Duration // how long a missing seq may be awaited before repair
 	RetryMin       time.Duration // jittered reconnect hint of 1013 closes: [RetryMin, RetryMax)
 	RetryMax       time.Duration
 	// InboxLimit bounds a loop's inbox: a delivery that finds this many
@@ -84,16 +80,18 @@ type Config struct {
 // Defaults returns the documented defaults.
 func Defaults() Config {
 	return Config{
+		Config: fanout.Config{
+			Loops:         1,
+			OutboundLimit: 1 << 20,
+			MaxRooms:      256,
+			Readers:       8,
+			GapWindow:     250 * time.Millisecond,
+		},
 		Listen:         "127.0.0.1:8080",
 		MaxFrame:       64 << 10,
-		OutboundLimit:  1 << 20,
 		IdleInterval:   25 * time.Second,
-		Loops:          1,
 		FlushInterval:  4 * time.Millisecond, // p99 under 10 ms at 1,000 msg/s in a 330-member room; see docs/benchmarks.md
 		UpgradeTimeout: 10 * time.Second,
-		MaxRooms:       256,
-		Readers:        8,
-		GapWindow:      250 * time.Millisecond,
 		RetryMin:       500 * time.Millisecond,
 		RetryMax:       5 * time.Second,
 		ShedAfter:      time.Second,
@@ -101,28 +99,15 @@ func Defaults() Config {
 	}
 }
 
-// Publisher hands committed messages to the broker (pubsub.Broker fits).
-type Publisher interface {
-	Publish(ctx context.Context, key string, seq uint64, frame []byte) error
-}
-
-// Submitter takes publishes to commit (persist.Pool fits).
-type Submitter interface {
-	Submit(req *proto.PubRequest) error
-}
-
-// Server is the client side of a node: gnet engine, loops, and the glue
-// to the store, the publish pool and the broker.
+// Server is the client side of a node: the gnet engine and its loops, in
+// front of the publish path (fanout).
 type Server struct {
 	gnet.BuiltinEventEngine
 
-	cfg   Config
-	log   *slog.Logger
-	store persist.Store
-	hub   *fanout.Hub
-	bus   Publisher
-	pool  Submitter
-	apps  *apps
+	cfg  Config
+	log  *slog.Logger
+	fan  *fanout.Node
+	apps *apps
 	// nodeHeader ends every 101 response: "X-Roost-Node: ID\r\n\r\n".
 	nodeHeader []byte
 	// script and demo are the files of Config.ClientScript and DemoPage.
@@ -153,10 +138,6 @@ type Server struct {
 	stopping atomic.Bool
 	gnetErrs *errLines
 
-	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
-
-	reads    chan readJob
-	retries  chan rebroadcast
 	done     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -166,23 +147,17 @@ type Server struct {
 
 // Stats are the node's counters, updated without locks.
 type Stats struct {
-	Conns         atomic.Int64 // open WebSocket connections
-	Upgrading     atomic.Int64
-	Accepted      atomic.Uint64
-	FramesOut     atomic.Uint64 // frames handed to the kernel or gnet
-	BytesOut      atomic.Uint64
-	Writes        atomic.Uint64 // writev calls (frames/writes = batch size)
-	FramesIn      atomic.Uint64
-	Publishes     atomic.Uint64
-	Acks          atomic.Uint64
-	SlowCloses    atomic.Uint64
-	Repairs       atomic.Uint64
-	GapCloses     atomic.Uint64
-	BrokerErrors  atomic.Uint64 // broker publishes that failed (each is retried)
-	Rebroadcasts  atomic.Uint64 // failed broadcasts that a retry delivered
-	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
-	Overloaded    atomic.Uint64
-	Shed          atomic.Uint64 // of Overloaded: publishes refused by ShedAfter
+	Conns      atomic.Int64 // open WebSocket connections
+	Upgrading  atomic.Int64
+	Accepted   atomic.Uint64
+	FramesOut  atomic.Uint64 // frames handed to the kernel or gnet
+	BytesOut   atomic.Uint64
+	Writes     atomic.Uint64 // writev calls (frames/writes = batch size)
+	FramesIn   atomic.Uint64
+	Publishes  atomic.Uint64
+	Acks       atomic.Uint64
+	Overloaded atomic.Uint64 // publishes answered overloaded (queue or inbox full, draining, shed)
+	Shed       atomic.Uint64 // of Overloaded: publishes refused by ShedAfter
 	// InboxFull: of Overloaded, publishes refused because their loop's
 	// inbox held InboxLimit tasks. InboxOverflow: deliveries not queued for
 	// the same reason; their rooms were read from the store instead.
@@ -191,45 +166,62 @@ type Stats struct {
 	UpgradeErrors atomic.Uint64
 	RefusedBudget atomic.Uint64 // connections closed at accept: MaxConns reached
 	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
-	Joined        atomic.Int64  // live room memberships, all connections
 	InFlight      atomic.Int64  // publishes submitted and not yet answered
 
-	// Histograms, built by New. Observe takes no lock and allocates nothing.
-	WriteFrames    *tuning.Histogram // frames per writev: the batch size of one write
-	PublishLatency *tuning.Histogram // seconds from a pub frame read to its commit
-	AckLatency     *tuning.Histogram // seconds from a pub frame read to its ack queued
-	BrokerLatency  *tuning.Histogram // seconds one broker Publish of a committed message takes
-	// DeliveryLag is seconds from a message's commit (its ts) to its
-	// arrival at this node from the broker, sampled one message in 64.
-	// Across nodes it includes their clock offset.
-	DeliveryLag *tuning.Histogram
+	// Histograms (Histograms given to New). Observe takes no lock and
+	// allocates nothing.
+	WriteFrames fanout.Observer // frames per writev: the batch size of one write
+	AckLatency  fanout.Observer // seconds from a pub frame read to its ack queued
 
 	// InboxDepth[i] is how many tasks loop i took in its latest inbox drain:
 	// a loop falling behind shows as a growing number here.
 	InboxDepth [fanout.MaxLoops]atomic.Int64
 }
 
-// Bucket bounds of the Stats histograms.
-var (
-	LatencyBuckets     = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
-	WriteFramesBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
-)
+// Histograms are the loops' histograms (the node's metrics library
+// provides them); nil ones are not observed.
+type Histograms struct {
+	WriteFrames fanout.Observer
+	AckLatency  fanout.Observer
+}
+
+type noObserver struct{}
+
+func (noObserver) Observe(float64) {}
+
+func orNone(o fanout.Observer) fanout.Observer {
+	if o == nil {
+		return noObserver{}
+	}
+	return o
+}
 
 // monoEpoch anchors the publish stamps: time.Since reads the monotonic
 // clock, so a wall-clock step cannot produce a negative latency.
 var monoEpoch = time.Now()
 
-// pubStamp travels in PubRequest.Origin from the pub frame to its ack: the
-// publishing connection and when its frame was read. Stamps are recycled
-// through their loop's free list (loop only), so a publish allocates none
-// in steady state.
+// pubStamp is the loop's side of one publish, its proto.Origin: the
+// publishing connection, when its frame was read, and (filled by
+// Published) the outcome. Stamps are recycled through their loop's free
+// list (loop only), so a publish allocates none in steady state.
 type pubStamp struct {
-	c  *conn
-	t0 time.Duration // since monoEpoch
+	c   *conn
+	req *proto.PubRequest
+	t0  time.Duration // since monoEpoch
+	seq uint64
+	err error
 }
 
-// stamp returns a stamp for a publish of c read now. Loop only.
-func (l *loopState) stamp(c *conn) *pubStamp {
+// Published hands the outcome of a publish to its connection's loop
+// (proto.Origin). A publish worker calls it; the push publishes the
+// outcome fields to the loop.
+func (ps *pubStamp) Published(req *proto.PubRequest, res *proto.PubResult) {
+	ps.seq, ps.err = res.Seq, res.Err
+	ps.c.l.push(task{kind: tAck, ack: ps})
+}
+
+// stamp returns a stamp for req, a publish of c read now. Loop only.
+func (l *loopState) stamp(c *conn, req *proto.PubRequest) *pubStamp {
 	var ps *pubStamp
 	if n := len(l.stamps); n > 0 {
 		ps = l.stamps[n-1]
@@ -238,19 +230,18 @@ func (l *loopState) stamp(c *conn) *pubStamp {
 	} else {
 		ps = new(pubStamp)
 	}
-	ps.c, ps.t0 = c, time.Since(monoEpoch)
+	ps.c, ps.req, ps.t0 = c, req, time.Since(monoEpoch)
 	l.inflight++
 	l.srv.Stats.InFlight.Add(1)
 	return ps
 }
 
-// unstamp recycles the stamp of req and returns how long ago its frame was
-// read; with answered it also feeds that into commitLag. Loop only;
-// req.Origin must not be used afterwards.
-func (l *loopState) unstamp(req *proto.PubRequest, answered bool) time.Duration {
-	ps := req.Origin.(*pubStamp)
+// unstamp recycles ps and returns how long ago its frame was read; with
+// answered it also feeds that into commitLag. Loop only; ps must not be
+// used afterwards.
+func (l *loopState) unstamp(ps *pubStamp, answered bool) time.Duration {
 	d := time.Since(monoEpoch) - ps.t0
-	ps.c = nil
+	*ps = pubStamp{}
 	l.stamps = append(l.stamps, ps)
 	l.inflight--
 	l.srv.Stats.InFlight.Add(-1)
@@ -282,30 +273,29 @@ func (s *Server) AppConns(fn func(app string, conns int64)) {
 	}
 }
 
-// New builds a server. Wire it with Attach before Serve.
-func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, err
+// New builds the client side of a node in front of fan, whose Config must
+// be cfg.Config. It checks cfg first (Validate).
+func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server, error) {
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
 		cfg:     cfg,
 		log:     log,
-		store:   store,
+		fan:     fan,
 		apps:    newApps(cfg.Insecure, cfg.Apps),
 		booted:  make(chan struct{}),
 		stopped: make(chan struct{}),
-		reads:   make(chan readJob, 4096),
-		retries: make(chan rebroadcast, 8192),
 		done:    make(chan struct{}),
 
 		gnetErrs: new(errLines),
 	}
 	s.perIP.n = make(map[netip.Addr]int32)
-	s.Stats.WriteFrames = tuning.NewHistogram(WriteFramesBuckets...)
-	s.Stats.PublishLatency = tuning.NewHistogram(LatencyBuckets...)
-	s.Stats.AckLatency = tuning.NewHistogram(LatencyBuckets...)
-	s.Stats.BrokerLatency = tuning.NewHistogram(LatencyBuckets...)
-	s.Stats.DeliveryLag = tuning.NewHistogram(LatencyBuckets...)
+	s.Stats.WriteFrames = orNone(h.WriteFrames)
+	s.Stats.AckLatency = orNone(h.AckLatency)
 	if cfg.NodeID != "" {
 		s.nodeHeader = []byte("X-Roost-Node: " + cfg.NodeID + "\r\n\r\n")
 	}
@@ -316,48 +306,73 @@ func New(cfg Config, store persist.Store, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
-func (c *Config) validate() error {
-	switch {
-	case c.MaxFrame < 125 || c.MaxFrame > 16<<20:
-		return fmt.Errorf("frame limit %d out of range: set --max-frame between 125 and 16777216", c.MaxFrame)
-	case c.OutboundLimit < 4<<10:
-		return fmt.Errorf("outbound limit %d too small: set --outbound-limit to at least 4096", c.OutboundLimit)
-	case c.Loops < 1 || c.Loops > fanout.MaxLoops:
-		return fmt.Errorf("loops %d out of range: set --loops between 1 and %d", c.Loops, fanout.MaxLoops)
-	case c.IdleInterval < 100*time.Millisecond:
-		return fmt.Errorf("idle interval %s too short: set --idle to at least 100ms", c.IdleInterval)
-	case c.FlushInterval < 100*time.Microsecond || c.FlushInterval > time.Second:
-		return fmt.Errorf("flush interval %s out of range: set --flush between 100µs and 1s", c.FlushInterval)
-	case c.MaxRooms < 1:
-		return errors.New("room limit must be positive: set --max-rooms")
-	case !validNodeID(c.NodeID):
-		return fmt.Errorf("node id %q: want up to 128 of [A-Za-z0-9_.:-]: set --node-id", c.NodeID)
-	case c.Readers < 1:
-		return errors.New("readers must be positive: set --readers")
-	case c.RetryMax <= c.RetryMin:
-		return errors.New("retry window empty: RetryMax must exceed RetryMin")
-	case c.MaxConns < 0:
-		return errors.New("connection budget must not be negative: set --max-conns")
-	case c.MaxConnsPerIP < 0:
-		return errors.New("per-address cap must not be negative: set --max-conns-per-ip")
-	case c.InboxLimit < 16:
-		return fmt.Errorf("inbox limit %d too small: set --inbox-limit to at least 16", c.InboxLimit)
-	case c.ShedAfter < 0 || (c.ShedAfter > 0 && c.ShedAfter < 10*time.Millisecond):
-		return fmt.Errorf("shed-after %s out of range: set --shed-after to 0 (never) or at least 10ms", c.ShedAfter)
+// Validate checks every setting of the node and returns one error per bad
+// value, each naming the flag to change.
+func (c *Config) Validate() []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if host, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("invalid --listen %q: want host:port", c.Listen)
+	} else if ip := net.ParseIP(host); c.Insecure && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		bad("invalid --listen %q with --insecure: insecure mode listens on loopback only (use 127.0.0.1:PORT or drop --insecure)", c.Listen)
 	}
-	if c.Insecure {
-		host, _, err := net.SplitHostPort(c.Listen)
-		if err != nil {
-			return fmt.Errorf("cannot parse listen address %q: %w", c.Listen, err)
-		}
-		ip := net.ParseIP(host)
-		if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			return fmt.Errorf("insecure mode listens only on loopback, not %q: use --listen 127.0.0.1:PORT or drop --insecure", c.Listen)
-		}
-	} else if len(c.Apps) == 0 {
-		return errors.New("no app secrets configured: give --app-secret APP=SECRET (or ROOST_APP_SECRETS), or run with --insecure on loopback")
+	if !c.Insecure && len(c.Apps) == 0 {
+		bad("no app secrets for --listen %q: give --app-secret APP=SECRET, or run with --insecure on a loopback address", c.Listen)
 	}
-	return nil
+	for id, sec := range c.Apps {
+		if !proto.ValidAppID([]byte(id)) || len(sec) == 0 {
+			bad("invalid --app-secret entry for app %q: want APP=SECRET with APP matching [A-Za-z0-9_.-]{1,64}", id)
+		}
+	}
+	if c.MaxFrame < 125 || c.MaxFrame > 16<<20 {
+		bad("invalid --max-frame %d: want 125 to 16777216 bytes", c.MaxFrame)
+	}
+	if c.OutboundLimit < 4<<10 {
+		bad("invalid --outbound-limit %d: want at least 4096 bytes", c.OutboundLimit)
+	}
+	if c.IdleInterval < 100*time.Millisecond {
+		bad("invalid --idle %s: want at least 100ms", c.IdleInterval)
+	}
+	if c.Loops < 1 || c.Loops > fanout.MaxLoops {
+		bad("invalid --loops %d: want 1 to %d", c.Loops, fanout.MaxLoops)
+	}
+	if c.FlushInterval < 100*time.Microsecond || c.FlushInterval > time.Second {
+		bad("invalid --flush %s: want 100µs to 1s", c.FlushInterval)
+	}
+	if c.InboxLimit < 16 {
+		bad("invalid --inbox-limit %d: want at least 16", c.InboxLimit)
+	}
+	if c.ShedAfter < 0 || (c.ShedAfter > 0 && c.ShedAfter < 10*time.Millisecond) {
+		bad("invalid --shed-after %s: want 0 (never) or at least 10ms", c.ShedAfter)
+	}
+	if c.UpgradeTimeout <= 0 {
+		bad("invalid --upgrade-timeout %s: want a positive duration", c.UpgradeTimeout)
+	}
+	if c.MaxRooms < 1 {
+		bad("invalid --max-rooms %d: want at least 1", c.MaxRooms)
+	}
+	if c.MaxConns < 0 {
+		bad("invalid --max-conns %d: want 0 (from the open-file limit) or more", c.MaxConns)
+	}
+	if c.MaxConnsPerIP < 0 {
+		bad("invalid --max-conns-per-ip %d: want 0 (no cap) or more", c.MaxConnsPerIP)
+	}
+	if c.Readers < 1 || c.Readers > 1024 {
+		bad("invalid --readers %d: want 1 to 1024", c.Readers)
+	}
+	if c.GapWindow <= 0 {
+		bad("invalid --gap-window %s: want a positive duration", c.GapWindow)
+	}
+	if c.RetryMin < time.Millisecond {
+		bad("invalid --retry-min %s: want at least 1ms", c.RetryMin)
+	}
+	if c.RetryMax <= c.RetryMin {
+		bad("invalid --retry-max %s: want more than --retry-min (%s)", c.RetryMax, c.RetryMin)
+	}
+	if !validNodeID(c.NodeID) {
+		bad("invalid --node-id %q: want up to 128 of [A-Za-z0-9_.:-]", c.NodeID)
+	}
+	return errs
 }
 
 // validNodeID: the id goes into an HTTP header, so header-safe characters
@@ -377,12 +392,6 @@ func validNodeID(id string) bool {
 
 // NodeID is the configured node id.
 func (s *Server) NodeID() string { return s.cfg.NodeID }
-
-// Attach wires the hub, broker and publish pool (built after the server,
-// since they call back into it).
-func (s *Server) Attach(hub *fanout.Hub, bus Publisher, pool Submitter) {
-	s.hub, s.bus, s.pool = hub, bus, pool
-}
 
 // Addr is the resolved client listen address (after Start).
 func (s *Server) Addr() string { return s.addr }
@@ -409,12 +418,6 @@ func (s *Server) Start() error {
 		runtime.GOMAXPROCS(s.cfg.Loops + 1)
 		s.log.Info("GOMAXPROCS raised above the loop count so Go's netpoller keeps a P", "from", n, "to", s.cfg.Loops+1, "loops", s.cfg.Loops)
 	}
-	for i := 0; i < s.cfg.Readers; i++ {
-		s.wg.Add(1)
-		go s.reader()
-	}
-	s.wg.Add(1)
-	go s.rebroadcaster()
 	go func() {
 		defer close(s.stopped)
 		s.runErr = gnet.Run(s, "tcp://"+addr,
@@ -563,7 +566,7 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 func (s *Server) Drain(code int, window time.Duration) {
 	start := time.Now()
 	s.draining.Store(true)
-	if !s.eachLoop(task{kind: tDrain}) { // n = 0: refuse, close nothing yet
+	if !s.eachLoop(drainRound{}) { // code 0: refuse, close nothing yet
 		return // the loops are gone, and their connections with them
 	}
 	for s.Stats.InFlight.Load() > 0 && time.Since(start) < window/2 && !s.Dead() {
@@ -573,7 +576,7 @@ func (s *Server) Drain(code int, window time.Duration) {
 	rounds := max(1, min(int(rest/(100*time.Millisecond)), 50))
 	step := rest / time.Duration(rounds)
 	for r := rounds; r >= 1; r-- {
-		if !s.eachLoop(task{kind: tDrain, n: uint64(code), seq: uint64(r)}) {
+		if !s.eachLoop(drainRound{code: code, roundsLeft: r}) {
 			return
 		}
 		if s.Stats.Conns.Load()+s.Stats.Upgrading.Load() == 0 {
@@ -585,16 +588,17 @@ func (s *Server) Drain(code int, window time.Duration) {
 	}
 }
 
-// eachLoop runs t on every loop and waits until all have run it. It
+// eachLoop runs round on every loop and waits until all have run it. It
 // reports false, without waiting, when the engine has stopped: a task
 // pushed to a loop that no longer runs never runs.
-func (s *Server) eachLoop(t task) bool {
+func (s *Server) eachLoop(round drainRound) bool {
 	n := int(s.nloops.Load())
 	var wg sync.WaitGroup
+	round.done = wg.Done
 	for i := 0; i < n; i++ {
 		wg.Add(1)
-		t.done = wg.Done
-		s.loops[i].Load().push(t)
+		r := round
+		s.loops[i].Load().push(task{kind: tDrain, drain: &r})
 	}
 	all := make(chan struct{})
 	go func() { wg.Wait(); close(all) }()
@@ -696,57 +700,6 @@ func (s *Server) retryMS() int {
 	return int(lo + rand.Int64N(hi-lo))
 }
 
-// Committed is called by the publish pool's workers (persist.Sink), in seq
-// order per room: the frame goes to the broker first, then the ack to the
-// publisher's loop, so an ack always means "stored and on its way".
-func (s *Server) Committed(req *proto.PubRequest, res *proto.PubResult) {
-	s.Stats.PublishLatency.Observe((time.Since(monoEpoch) - req.Entered).Seconds())
-	if res.Err == nil && !res.Duplicate {
-		t0 := time.Now()
-		err := s.bus.Publish(context.Background(), req.Key, res.Seq, res.Frame)
-		s.Stats.BrokerLatency.Observe(time.Since(t0).Seconds())
-		if err != nil {
-			// Stored but not broadcast. Receivers would repair the gap from
-			// the store at the room's next message, but a room that goes
-			// quiet has none: broadcast again from the side.
-			s.Stats.BrokerErrors.Add(1)
-			s.rebroadcastLater(req.Key, res.Seq, res.Frame, err)
-		}
-	}
-	req.Origin.Published(req, res)
-}
-
-// Published hands the outcome of a publish to its connection's loop
-// (proto.Origin).
-func (ps *pubStamp) Published(req *proto.PubRequest, res *proto.PubResult) {
-	c := ps.c
-	c.l.push(task{kind: tAck, conn: c, req: req, seq: res.Seq, err: res.Err})
-}
-
-// Deliver queues a message for loop i (fanout.Loops).
-func (s *Server) Deliver(i int, key string, seq uint64, frame []byte) {
-	if i == 0 && seq%64 == 0 {
-		// Sampled: a message reaches each holding loop, so measure on
-		// loop 0's copy only, one message in 64.
-		if ts, ok := proto.FrameTS(frame); ok {
-			s.Stats.DeliveryLag.Observe(float64(time.Now().UnixMilli()-ts) / 1000)
-		}
-	}
-	s.loops[i].Load().pushDelivery(key, seq, frame)
-}
-
-// Subscribed tells loop i the node's subscription to key is up (fanout.Loops).
-func (s *Server) Subscribed(i int, key string, err error) {
-	s.loops[i].Load().push(task{kind: tSubscribed, key: key, err: err})
-}
-
-// Reset asks loop i to check all its rooms for missed messages (fanout.Loops).
-func (s *Server) Reset(i int) {
-	if l := s.loops[i].Load(); l != nil {
-		l.push(task{kind: tReset})
-	}
-}
-
 // Snapshot is a consistent-enough view for health endpoints.
 type Snapshot struct {
 	Conns, Rooms int64
@@ -755,11 +708,7 @@ type Snapshot struct {
 
 // Snapshot returns counts for /healthz and metrics.
 func (s *Server) Snapshot() Snapshot {
-	sn := Snapshot{Conns: s.Stats.Conns.Load(), Loops: int(s.nloops.Load())}
-	if s.hub != nil {
-		sn.Rooms = int64(s.hub.Rooms())
-	}
-	return sn
+	return Snapshot{Conns: s.Stats.Conns.Load(), Loops: int(s.nloops.Load()), Rooms: int64(s.fan.Rooms())}
 }
 
 // gnetLogger routes gnet's log lines into slog. gnet logs one harmless
@@ -803,100 +752,6 @@ func (e *errLines) String() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return strings.Join(e.lines, "; ")
-}
-
-var _ fanout.Loops = (*Server)(nil)
-var _ persist.Sink = (*Server)(nil)
-
-// rebroadcast is a committed message whose broker publish failed.
-type rebroadcast struct {
-	key   string
-	seq   uint64
-	frame []byte
-	tries int
-	due   time.Time
-}
-
-const (
-	rebroadcastTries = 8 // about 25 s of retries with the backoff below
-	rebroadcastFirst = 100 * time.Millisecond
-	rebroadcastMax   = 5 * time.Second
-)
-
-// rebroadcastLater queues a failed broadcast for retry without blocking the
-// publish worker. Order does not matter: receivers place messages by seq
-// and drop what they already have (a retry that comes after a repair from
-// the store is such a duplicate).
-func (s *Server) rebroadcastLater(key string, seq uint64, frame []byte, err error) {
-	select {
-	case s.retries <- rebroadcast{key: key, seq: seq, frame: frame, due: time.Now().Add(rebroadcastFirst)}:
-	default:
-		// Retries full: a long broker outage. The broker's reconnect resets
-		// every node, which then reads the rooms' tails from the store.
-		s.Stats.BrokerDropped.Add(1)
-	}
-	s.logBrokerError(key, seq, err)
-}
-
-// logBrokerError logs a failed broadcast at most once a second: a broker
-// outage fails every publish, and one line each would flood the log.
-func (s *Server) logBrokerError(key string, seq uint64, err error) {
-	now := time.Now().UnixNano()
-	last := s.brokerLogged.Load()
-	if now-last < int64(time.Second) || !s.brokerLogged.CompareAndSwap(last, now) {
-		return
-	}
-	s.log.Warn("cannot broadcast committed message; retrying", "room", key, "seq", seq, "err", err,
-		"failed_total", s.Stats.BrokerErrors.Load())
-}
-
-// rebroadcaster retries failed broadcasts. Its timer runs only while
-// some are pending: an idle node does not wake for it.
-func (s *Server) rebroadcaster() {
-	defer s.wg.Done()
-	var pending []rebroadcast
-	t := time.NewTimer(rebroadcastFirst)
-	t.Stop()
-	armed := false
-	for {
-		select {
-		case <-s.done:
-			t.Stop()
-			return
-		case r := <-s.retries:
-			pending = append(pending, r)
-			if !armed {
-				armed = true
-				t.Reset(rebroadcastFirst)
-			}
-		case now := <-t.C:
-			armed = false
-			keep := pending[:0]
-			for _, r := range pending {
-				if now.Before(r.due) {
-					keep = append(keep, r)
-					continue
-				}
-				err := s.bus.Publish(context.Background(), r.key, r.seq, r.frame)
-				if err == nil {
-					s.Stats.Rebroadcasts.Add(1)
-					continue
-				}
-				if r.tries++; r.tries >= rebroadcastTries {
-					s.Stats.BrokerDropped.Add(1)
-					continue
-				}
-				r.due = now.Add(min(rebroadcastFirst<<r.tries, rebroadcastMax))
-				keep = append(keep, r)
-			}
-			clear(pending[len(keep):])
-			pending = keep
-			if len(pending) > 0 {
-				armed = true
-				t.Reset(rebroadcastFirst)
-			}
-		}
-	}
 }
 
 // MaxConns is the connection budget in force (0: none).

@@ -245,5 +245,5 @@ func (s *latencySink) Committed(req *proto.PubRequest, res *proto.PubResult) {
 	s.lat = append(s.lat, d)
 	s.mu.Unlock()
 	s.n.Add(1)
-	PutRequest(req)
+	proto.PutPubRequest(req)
 }

@@ -673,30 +673,3 @@ func (w *worker) encode(req *proto.PubRequest, res *proto.PubResult) []byte {
 	// The cap limit keeps anyone appending to a frame out of the next one.
 	return out[:len(out):len(out)]
 }
-
-// requestPool recycles PubRequests with their ID and Body buffers.
-var requestPool = sync.Pool{New: func() any { return new(proto.PubRequest) }}
-
-// maxPooledBody caps the Body capacity kept by PutRequest so one huge
-// publish does not pin its buffer in the pool forever.
-const maxPooledBody = 64 << 10
-
-// GetRequest returns an empty proto.PubRequest, with ID and Body capacity from an
-// earlier use when there is one.
-func GetRequest() *proto.PubRequest { return requestPool.Get().(*proto.PubRequest) }
-
-// PutRequest resets r and returns it to the pool. The caller must not use r
-// (nor its ID or Body) afterwards; frames never alias them, so a frame may
-// outlive the request.
-func PutRequest(r *proto.PubRequest) {
-	r.Key = ""
-	r.From = ""
-	r.ID = r.ID[:0]
-	if cap(r.Body) > maxPooledBody {
-		r.Body = nil
-	} else {
-		r.Body = r.Body[:0]
-	}
-	r.Origin = nil
-	requestPool.Put(r)
-}

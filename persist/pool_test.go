@@ -67,7 +67,7 @@ func (s *ackSink) Committed(req *proto.PubRequest, res *proto.PubResult) {
 	s.mu.Unlock()
 	s.n.Add(1)
 	if !s.keep {
-		PutRequest(req)
+		proto.PutPubRequest(req)
 	}
 }
 
@@ -81,7 +81,7 @@ func (s *ackSink) check(t *testing.T) {
 }
 
 func newReq(key, from, id, body string) *proto.PubRequest {
-	r := GetRequest()
+	r := proto.GetPubRequest()
 	r.Key, r.From = key, from
 	r.ID = append(r.ID, id...)
 	r.Body = append(r.Body, body...)
@@ -314,7 +314,7 @@ func (s *countSink) Committed(req *proto.PubRequest, res *proto.PubResult) {
 		s.errs.Add(1)
 	}
 	s.n.Add(1)
-	PutRequest(req)
+	proto.PutPubRequest(req)
 }
 
 // seqStore numbers publishes without storing them: it isolates the pool's
@@ -356,7 +356,7 @@ func (benchOrigin) Published(*proto.PubRequest, *proto.PubResult) {}
 // submitBench submits publish number i to p, waiting while the pool's queue
 // is full: a benchmark offers publishes faster than any store takes them.
 func submitBench(p *Pool, key, from string, i int, body []byte, origin proto.Origin) {
-	r := GetRequest()
+	r := proto.GetPubRequest()
 	r.Key, r.From, r.Origin = key, from, origin
 	r.ID = strconvAppend(r.ID, i)
 	r.Body = append(r.Body, body...)

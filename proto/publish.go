@@ -3,6 +3,7 @@ package proto
 import (
 	"bytes"
 	"errors"
+	"sync"
 	"time"
 )
 
@@ -104,4 +105,33 @@ func FrameTS(frame []byte) (int64, bool) {
 		ts = ts*10 + int64(frame[j]-'0')
 	}
 	return ts, j > i+len(`,"ts":`)
+}
+
+// requestPool recycles PubRequests with their ID and Body buffers, so the
+// publish path does not allocate one per message in steady state.
+var requestPool = sync.Pool{New: func() any { return new(PubRequest) }}
+
+// maxPooledBody caps the Body capacity kept by PutPubRequest so one huge
+// publish does not pin its buffer in the pool forever.
+const maxPooledBody = 64 << 10
+
+// GetPubRequest returns an empty PubRequest, with ID and Body capacity
+// from an earlier use when there is one.
+func GetPubRequest() *PubRequest { return requestPool.Get().(*PubRequest) }
+
+// PutPubRequest resets r and returns it to the pool. The caller must not
+// use r (nor its ID or Body) afterwards; frames never alias them, so a
+// frame may outlive the request.
+func PutPubRequest(r *PubRequest) {
+	r.Key = ""
+	r.From = ""
+	r.ID = r.ID[:0]
+	if cap(r.Body) > maxPooledBody {
+		r.Body = nil
+	} else {
+		r.Body = r.Body[:0]
+	}
+	r.Origin = nil
+	r.Entered = 0
+	requestPool.Put(r)
 }

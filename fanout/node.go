@@ -1,0 +1,415 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/pubsub"
+)
+
+// Config is what fanout needs of the node's settings. loop.Config embeds
+// it, and its Validate checks these fields too (naming their flags).
+type Config struct {
+	Loops         int           // event loops (at most MaxLoops)
+	OutboundLimit int           // pending + unsent bytes per connection before 1013
+	MaxRooms      int           // rooms one connection may be in (joins on the way included)
+	Readers       int           // goroutines doing store reads (join catch-up, history, repair)
+	GapWindow     time.Duration // how long a missing seq may be awaited before repair
+}
+
+// Observer is a histogram as fanout and the loops feed it (the node's
+// metrics library provides it). Observe must not block or allocate.
+type Observer interface{ Observe(v float64) }
+
+type noObserver struct{}
+
+func (noObserver) Observe(float64) {}
+
+// Parts are what a Node is built on, in dependency order: the store, the
+// publish pool's settings, and how to build the broker (fanout builds it,
+// since the broker delivers to fanout).
+type Parts struct {
+	Store persist.Store
+	Pool  persist.PoolConfig
+	// NewBroker builds the broker delivering to h; nil means the
+	// in-process broker.
+	NewBroker func(h pubsub.Handler) (pubsub.Broker, error)
+	Log       *slog.Logger
+	// Histograms; nil ones are not observed.
+	PublishLatency Observer // seconds from a publish entering to its commit
+	BrokerLatency  Observer // seconds one broker Publish of a committed message takes
+	// DeliveryLag is seconds from a message's commit (its ts) to its
+	// arrival at this node from the broker, sampled one message in 64.
+	// Across nodes it includes their clock offset.
+	DeliveryLag Observer
+}
+
+// Stats are fanout's counters, updated without locks.
+type Stats struct {
+	Joined        atomic.Int64  // live room memberships, all connections
+	SlowCloses    atomic.Uint64 // members closed for passing the outbound limit
+	Repairs       atomic.Uint64 // store reads to fill a gap
+	GapCloses     atomic.Uint64 // rooms whose members were closed for a gap the store could not fill
+	ReadsRefused  atomic.Uint64 // store reads refused because the read queue was full (answered overloaded)
+	BrokerErrors  atomic.Uint64 // broker publishes that failed (each is retried)
+	Rebroadcasts  atomic.Uint64 // failed broadcasts that a retry delivered
+	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
+
+	PublishLatency Observer
+	BrokerLatency  Observer
+	DeliveryLag    Observer
+}
+
+// Loop is an event loop as fanout reaches it. A loop's Table runs on the
+// loop's goroutine only; other goroutines (the broker's, the publish
+// workers', the readers) hand it work through Post.
+type Loop interface {
+	// Post queues ev; the loop runs it with Table.Run on its own
+	// goroutine. Any goroutine; must not block.
+	Post(ev Event)
+	// Now is the loop's clock, Unix ms.
+	Now() int64
+}
+
+type eventKind uint8
+
+const (
+	evDeliver    eventKind = iota + 1 // key, seq, frame: a message of a room
+	evSubscribed                      // key, err: the node's subscription is up (or failed)
+	evRoomSeq                         // room, seq, err: the room's newest seq, read after subscribing
+	evReplay                          // member, room, frame (many msg frames), cursor, err: a page of catch-up
+	evHistory                         // member, key, frame or err
+	evRepair                          // room, held, upto, tail, err: messages read from the store for a gap or a tail
+	evReset                           // the broker may have lost messages
+)
+
+// Event is work for a loop's Table, made by fanout on another goroutine
+// and run on the loop (Table.Run). Passed by value: posting one allocates
+// nothing once the loop's inbox has grown.
+type Event struct {
+	kind   eventKind
+	tail   bool   // evRepair: a tail read (after a reset), not a gap
+	key    string // evDeliver, evSubscribed, evHistory
+	seq    uint64 // evDeliver: the message's seq; evRoomSeq: the room's newest
+	upto   uint64 // evRepair: every seq up to this was asked for
+	cursor uint64 // evReplay: everything up to this has been read
+	frame  []byte
+	held   []Held
+	room   *Room
+	member *Member
+	err    error
+}
+
+// Run does ev on the loop. Loop only.
+func (t *Table) Run(ev *Event) {
+	switch ev.kind {
+	case evDeliver:
+		t.Deliver(ev.key, ev.seq, ev.frame)
+	case evSubscribed:
+		t.subscribed(ev.key, ev.err)
+	case evRoomSeq:
+		t.activate(ev.room, ev.seq, ev.err)
+	case evReplay:
+		t.replayed(ev)
+	case evHistory:
+		t.historyDone(ev)
+	case evRepair:
+		t.repaired(ev.room, ev.held, ev.upto, ev.tail, ev.err)
+	case evReset:
+		t.reset()
+	}
+}
+
+// Node is fanout's node-wide part: the publish path from a decoded publish
+// to frames queued on members. It takes publishes from any source
+// (Publish), commits them through the publish pool (it is the pool's
+// Sink), hands each committed frame to the broker (and retries a failed
+// broadcast), answers the source (proto.Origin), and hands every message
+// the broker delivers to the loops holding its room, whose Tables keep the
+// room's order and repair its gaps from the store.
+//
+// Lock order: a hub shard lock is never held while calling the broker or a
+// Loop (the in-process broker calls back synchronously); nothing else here
+// takes a lock on the delivery path.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	store  persist.Store
+	pool   *persist.Pool
+	bus    pubsub.Broker
+	hub    *hub
+	tables [MaxLoops]atomic.Pointer[Table]
+
+	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
+
+	reads     chan readJob
+	retries   chan rebroadcast
+	done      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+
+	Stats Stats
+}
+
+// monoEpoch anchors publish stamps: time.Since reads the monotonic clock,
+// so a wall-clock step cannot produce a negative latency.
+var monoEpoch = time.Now()
+
+// New builds the node's publish path on p.Store: the broker, the publish
+// pool, the store readers and the rebroadcaster. Close stops them.
+func New(cfg Config, p Parts) (*Node, error) {
+	switch {
+	case cfg.Loops < 1 || cfg.Loops > MaxLoops:
+		return nil, fmt.Errorf("fanout: loops %d out of range 1..%d", cfg.Loops, MaxLoops)
+	case cfg.Readers < 1:
+		return nil, errors.New("fanout: readers must be positive")
+	case p.Store == nil:
+		return nil, errors.New("fanout: no store")
+	}
+	if p.Log == nil {
+		p.Log = slog.New(slog.DiscardHandler)
+	}
+	n := &Node{
+		cfg:     cfg,
+		log:     p.Log,
+		store:   p.Store,
+		reads:   make(chan readJob, 4096),
+		retries: make(chan rebroadcast, 8192),
+		done:    make(chan struct{}),
+	}
+	n.Stats.PublishLatency = orNone(p.PublishLatency)
+	n.Stats.BrokerLatency = orNone(p.BrokerLatency)
+	n.Stats.DeliveryLag = orNone(p.DeliveryLag)
+	n.hub = newHub(n, cfg.Loops)
+	if p.NewBroker == nil {
+		n.bus = pubsub.NewMemory(n)
+	} else {
+		bus, err := p.NewBroker(n)
+		if err != nil {
+			return nil, err
+		}
+		n.bus = bus
+	}
+	n.hub.sub = n.bus
+	n.pool = persist.NewPool(p.Store, n, p.Pool)
+	for i := 0; i < cfg.Readers; i++ {
+		n.wg.Add(1)
+		go n.reader()
+	}
+	n.wg.Add(1)
+	go n.rebroadcaster()
+	return n, nil
+}
+
+func orNone(o Observer) Observer {
+	if o == nil {
+		return noObserver{}
+	}
+	return o
+}
+
+// NewTable returns the Table of loop idx, which reaches the loop through
+// loop. Call once per loop, on that loop, before it joins any room.
+func (n *Node) NewTable(idx int, loop Loop) *Table {
+	if idx < 0 || idx >= n.cfg.Loops {
+		panic("BUG: fanout: loop index out of range")
+	}
+	t := newTable(n.cfg.OutboundLimit, 64<<10)
+	t.node, t.idx, t.loop = n, idx, loop
+	n.tables[idx].Store(t)
+	return t
+}
+
+// Publish is the one entry of the publish path, for every source. It
+// takes req (Key, From, ID, Body and Origin filled) without blocking: on
+// success req belongs to the publish path until req.Origin.Published is
+// called with its outcome; on error (proto.ErrOverloaded: the queue is
+// full; proto.ErrClosed) the caller keeps it and nothing was stored.
+func (n *Node) Publish(req *proto.PubRequest) error {
+	req.Entered = time.Since(monoEpoch)
+	return n.pool.Submit(req)
+}
+
+// Committed is called by the publish pool's workers (persist.Sink), in seq
+// order per room: the frame goes to the broker first, then the outcome to
+// the source, so an ack always means "stored and on its way".
+func (n *Node) Committed(req *proto.PubRequest, res *proto.PubResult) {
+	n.Stats.PublishLatency.Observe((time.Since(monoEpoch) - req.Entered).Seconds())
+	if res.Err == nil && !res.Duplicate {
+		t0 := time.Now()
+		err := n.bus.Publish(context.Background(), req.Key, res.Seq, res.Frame)
+		n.Stats.BrokerLatency.Observe(time.Since(t0).Seconds())
+		if err != nil {
+			// Stored but not broadcast. Receivers would repair the gap from
+			// the store at the room's next message, but a room that goes
+			// quiet has none: broadcast again from the side.
+			n.Stats.BrokerErrors.Add(1)
+			n.rebroadcastLater(req.Key, res.Seq, res.Frame, err)
+		}
+	}
+	req.Origin.Published(req, res)
+}
+
+// OnMessage hands a message the broker delivered to every loop holding its
+// room (pubsub.Handler). Fast path: one read lock of one hub shard and one
+// post per loop.
+func (n *Node) OnMessage(key string, seq uint64, frame []byte) { n.hub.OnMessage(key, seq, frame) }
+
+// OnReset tells every loop to read its rooms' tails from the store: the
+// broker may have lost messages (pubsub.Handler).
+func (n *Node) OnReset() { n.hub.OnReset() }
+
+var _ pubsub.Handler = (*Node)(nil)
+
+// PoolStats are the publish pool's counters (metrics).
+func (n *Node) PoolStats() persist.PoolStats { return n.pool.Stats() }
+
+// Rooms is the number of rooms the node holds.
+func (n *Node) Rooms() int { return n.hub.rooms() }
+
+// ClosePublishes stops taking publishes (Publish answers proto.ErrClosed),
+// commits what is queued and answers every source. Any goroutine.
+func (n *Node) ClosePublishes() { n.pool.Close() }
+
+// Close stops the publish path: the pool (if ClosePublishes was not
+// called), the readers, the rebroadcaster and the broker. The store is the
+// caller's. Call it once the loops take no more work from it.
+func (n *Node) Close() error {
+	var err error
+	n.closeOnce.Do(func() {
+		n.pool.Close()
+		close(n.done)
+		n.wg.Wait()
+		err = n.bus.Close()
+	})
+	return err
+}
+
+var _ persist.Sink = (*Node)(nil)
+
+// deliver, subscribed and reset are how the hub reaches the loops.
+
+func (n *Node) deliver(i int, key string, seq uint64, frame []byte) {
+	if i == 0 && seq%64 == 0 {
+		// Sampled: a message reaches each holding loop, so measure on
+		// loop 0's copy only, one message in 64.
+		if ts, ok := proto.FrameTS(frame); ok {
+			n.Stats.DeliveryLag.Observe(float64(time.Now().UnixMilli()-ts) / 1000)
+		}
+	}
+	n.tables[i].Load().loop.Post(Event{kind: evDeliver, key: key, seq: seq, frame: frame})
+}
+
+func (n *Node) subscribed(i int, key string, err error) {
+	n.tables[i].Load().loop.Post(Event{kind: evSubscribed, key: key, err: err})
+}
+
+func (n *Node) reset(i int) {
+	if t := n.tables[i].Load(); t != nil {
+		t.loop.Post(Event{kind: evReset})
+	}
+}
+
+// rebroadcast is a committed message whose broker publish failed.
+type rebroadcast struct {
+	key   string
+	seq   uint64
+	frame []byte
+	tries int
+	due   time.Time
+}
+
+const (
+	rebroadcastTries = 8 // about 25 s of retries with the backoff below
+	rebroadcastFirst = 100 * time.Millisecond
+	rebroadcastMax   = 5 * time.Second
+)
+
+// rebroadcastLater queues a failed broadcast for retry without blocking the
+// publish worker. Order does not matter: receivers place messages by seq
+// and drop what they already have (a retry that comes after a repair from
+// the store is such a duplicate).
+func (n *Node) rebroadcastLater(key string, seq uint64, frame []byte, err error) {
+	select {
+	case n.retries <- rebroadcast{key: key, seq: seq, frame: frame, due: time.Now().Add(rebroadcastFirst)}:
+	default:
+		// Retries full: a long broker outage. The broker's reconnect resets
+		// every node, which then reads the rooms' tails from the store.
+		n.Stats.BrokerDropped.Add(1)
+	}
+	n.logBrokerError(key, seq, err)
+}
+
+// logBrokerError logs a failed broadcast at most once a second: a broker
+// outage fails every publish, and one line each would flood the log.
+func (n *Node) logBrokerError(key string, seq uint64, err error) {
+	now := time.Now().UnixNano()
+	last := n.brokerLogged.Load()
+	if now-last < int64(time.Second) || !n.brokerLogged.CompareAndSwap(last, now) {
+		return
+	}
+	n.log.Warn("cannot broadcast committed message; retrying", "room", key, "seq", seq, "err", err,
+		"failed_total", n.Stats.BrokerErrors.Load())
+}
+
+// rebroadcaster retries failed broadcasts. Its timer runs only while
+// some are pending: an idle node does not wake for it.
+func (n *Node) rebroadcaster() {
+	defer n.wg.Done()
+	var pending []rebroadcast
+	t := time.NewTimer(rebroadcastFirst)
+	t.Stop()
+	armed := false
+	for {
+		select {
+		case <-n.done:
+			t.Stop()
+			return
+		case r := <-n.retries:
+			pending = append(pending, r)
+			if !armed {
+				armed = true
+				t.Reset(rebroadcastFirst)
+			}
+		case now := <-t.C:
+			armed = false
+			keep := pending[:0]
+			for _, r := range pending {
+				if now.Before(r.due) {
+					keep = append(keep, r)
+					continue
+				}
+				err := n.bus.Publish(context.Background(), r.key, r.seq, r.frame)
+				if err == nil {
+					n.Stats.Rebroadcasts.Add(1)
+					continue
+				}
+				if r.tries++; r.tries >= rebroadcastTries {
+					n.Stats.BrokerDropped.Add(1)
+					continue
+				}
+				r.due = now.Add(min(rebroadcastFirst<<r.tries, rebroadcastMax))
+				keep = append(keep, r)
+			}
+			clear(pending[len(keep):])
+			pending = keep
+			if len(pending) > 0 {
+				armed = true
+				t.Reset(rebroadcastFirst)
+			}
+		}
+	}
+}
+
+// Delivery reports whether ev is a message the broker delivered, and of
+// which room. It is the one Event a loop may leave unqueued (its inbox
+// full), on condition that it then calls Table.Lost with the key on its
+// own goroutine, so the room's tail is read from the store instead.
+func (ev *Event) Delivery() (key string, ok bool) { return ev.key, ev.kind == evDeliver }

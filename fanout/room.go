@@ -1,0 +1,601 @@
+package fanout
+
+import (
+	"errors"
+	"unsafe"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// Room is one room as seen by one loop: its live members, its joins on the
+// way, and the order of its messages. The loop that owns the Table owns
+// every field.
+type Room struct {
+	key     string
+	members []*Member
+	// last is the newest seq delivered to this loop's members (or the
+	// room's newest committed seq when it became active): a member that
+	// joins now starts after last.
+	last uint64
+	// active is false until the broker subscription is up and last is
+	// known; deliveries meanwhile wait in held.
+	active bool
+	// held are deliveries that cannot go out yet: they arrived before the
+	// room was active, or ahead of a missing seq. Kept sorted by seq.
+	held []Held
+	// gapSince is the loop's clock (ms) when the oldest gap was first seen;
+	// 0 when there is none.
+	gapSince int64
+	// repairing is set while a store read for a gap or a tail is in flight.
+	repairing bool
+	// joiners are members whose join waits for the room to become active
+	// or for their catch-up to reach last; a room is removed only when it
+	// has no live members and no joiners.
+	joiners []*Member
+}
+
+// Held is a delivery that waits for its turn.
+type Held struct {
+	Seq   uint64
+	Frame []byte
+}
+
+// Key is the room's RoomKey.
+func (r *Room) Key() string { return r.key }
+
+// Members is the number of live members.
+func (r *Room) Members() int { return len(r.members) }
+
+// Last is the newest seq delivered to the room's members on this loop.
+func (r *Room) Last() uint64 { return r.last }
+
+// Active reports whether the room is live on this loop.
+func (r *Room) Active() bool { return r.active }
+
+// idle reports whether the room can be dropped from its table.
+func (r *Room) idle() bool { return len(r.members) == 0 && len(r.joiners) == 0 }
+
+// removeJoiner forgets m as a joiner of r.
+func (r *Room) removeJoiner(m *Member) {
+	for i, j := range r.joiners {
+		if j == m {
+			last := len(r.joiners) - 1
+			r.joiners[i] = r.joiners[last]
+			r.joiners[last] = nil
+			r.joiners = r.joiners[:last]
+			return
+		}
+	}
+}
+
+// joinState is a join not yet live: waiting for the room to become active
+// on this loop, or catching up from the store.
+type joinState struct {
+	room       *Room
+	since      uint64
+	hasSince   bool
+	catchingUp bool
+	// ahead: since is past the room's newest seq on this loop (the client
+	// saw newer messages on another node than have reached this one); it
+	// goes live when the room gets there (promoteAhead), not before, or it
+	// would receive those messages a second time.
+	ahead bool
+	after uint64 // catch-up cursor: everything <= after has been sent
+}
+
+func (m *Member) findJoin(r *Room) *joinState {
+	for _, j := range m.joins {
+		if j.room == r {
+			return j
+		}
+	}
+	return nil
+}
+
+func (m *Member) dropJoin(r *Room) {
+	for i, j := range m.joins {
+		if j.room == r {
+			last := len(m.joins) - 1
+			m.joins[i] = m.joins[last]
+			m.joins[last] = nil
+			m.joins = m.joins[:last]
+			if len(m.joins) == 0 {
+				m.joins = nil
+			}
+			return
+		}
+	}
+}
+
+// Errors of Join, for the loop to answer with an err frame.
+var (
+	ErrJoined    = errors.New("already joined: leave first")
+	ErrRoomLimit = errors.New("room limit of this connection reached")
+)
+
+// Join makes m a member of the room key (RoomKey). With hasSince, the
+// stored messages after since are replayed first, a page at a time, and m
+// goes live once the replay reaches the room's newest seq, so it sees no
+// gap and no duplicate. m hears `joined` with the room's newest seq once
+// the room is live on this loop. Loop only.
+func (t *Table) Join(m *Member, key []byte, since uint64, hasSince bool) error {
+	r := t.lookup(key)
+	if r != nil && (m.in(r) || m.findJoin(r) != nil) {
+		return ErrJoined
+	}
+	if m.Rooms()+m.Joining() >= t.node.cfg.MaxRooms {
+		return ErrRoomLimit
+	}
+	if r != nil && r.active && (!hasSince || since == r.last) {
+		// Fast path: the room is live on this loop and there is nothing
+		// to replay: a member at once, nothing allocated.
+		t.join(r, m)
+		t.node.Stats.Joined.Add(1)
+		t.sendJoined(m, r)
+		return nil
+	}
+	if r == nil {
+		r = t.add(key)
+		defer t.node.hub.join(r.key, t.idx) // after the join is parked: the answer may come at once
+	}
+	j := &joinState{room: r, since: since, hasSince: hasSince}
+	m.joins = append(m.joins, j)
+	r.joiners = append(r.joiners, m)
+	if r.active {
+		t.startJoin(m, j)
+	}
+	return nil
+}
+
+// Leave ends m's membership of the room key, or its join on the way.
+// Loop only.
+func (t *Table) Leave(m *Member, key []byte) {
+	r := t.lookup(key)
+	if r == nil {
+		return
+	}
+	if m.findJoin(r) != nil {
+		r.removeJoiner(m)
+		m.dropJoin(r)
+	} else if m.in(r) {
+		t.leave(r, m)
+		t.node.Stats.Joined.Add(-1)
+	}
+	t.removeIfIdle(r)
+}
+
+// Close forgets m everywhere: rooms, joins on the way, pending output.
+// The loop calls it when the connection is gone (m.Closed set). Loop only.
+func (t *Table) Close(m *Member) {
+	t.node.Stats.Joined.Add(-int64(m.Rooms()))
+	for _, j := range m.joins {
+		j.room.removeJoiner(m)
+		t.removeIfIdle(j.room)
+	}
+	m.joins = nil
+	t.leaveAll(m)
+	t.Drop(m)
+}
+
+// History reads up to limit stored messages of the room key before seq
+// before (0: the newest) and queues them to m as one history frame.
+// Loop only.
+func (t *Table) History(m *Member, key string, before uint64, limit int) {
+	t.node.read(readJob{kind: rHistory, table: t, member: m, key: key, before: before, limit: limit})
+}
+
+func (t *Table) sendJoined(m *Member, r *Room) {
+	a := t.arena
+	room := roomName(r.key)
+	t.Enqueue(m, a.Keep(proto.AppendJoinedFrame(a.Space(64+len(room)), room, r.last)))
+}
+
+func (t *Table) sendErr(m *Member, ref []byte, code proto.Code, msg string) {
+	a := t.arena
+	t.Enqueue(m, a.Keep(proto.AppendErrFrame(a.Space(64+6*len(ref)+2*len(msg)), ref, code, msg)))
+}
+
+// startJoin runs once the room is active on this loop: joined goes out with
+// the room's newest seq, then (with since) the stored messages after since
+// are replayed; a since past the room's newest seq here waits for the room
+// to reach it.
+func (t *Table) startJoin(m *Member, j *joinState) {
+	r := j.room
+	t.sendJoined(m, r)
+	if !j.hasSince || j.since == r.last {
+		t.goLive(m, j)
+		return
+	}
+	if j.since > r.last {
+		j.ahead, j.after = true, j.since
+		return
+	}
+	j.catchingUp = true
+	j.after = j.since
+	t.node.read(readJob{kind: rReplay, table: t, member: m, room: r, key: r.key, after: j.after, upto: r.last})
+}
+
+func (t *Table) goLive(m *Member, j *joinState) {
+	r := j.room
+	r.removeJoiner(m)
+	m.dropJoin(r)
+	t.join(r, m)
+	t.node.Stats.Joined.Add(1)
+}
+
+// replayed takes one page of catch-up.
+func (t *Table) replayed(ev *Event) {
+	m := ev.member
+	if m.Closed {
+		return
+	}
+	j := m.findJoin(ev.room)
+	if j == nil || !j.catchingUp {
+		return // left meanwhile
+	}
+	r := j.room
+	if ev.err != nil {
+		r.removeJoiner(m)
+		m.dropJoin(r)
+		t.removeIfIdle(r)
+		m.Owner.Resync()
+		return
+	}
+	if len(ev.frame) > 0 {
+		t.Enqueue(m, ev.frame)
+	}
+	if ev.cursor > j.after {
+		j.after = ev.cursor
+	}
+	if j.after >= r.last {
+		t.goLive(m, j)
+		return
+	}
+	t.node.read(readJob{kind: rReplay, table: t, member: m, room: r, key: r.key, after: j.after, upto: r.last})
+}
+
+func (t *Table) historyDone(ev *Event) {
+	m := ev.member
+	if m.Closed {
+		return
+	}
+	if ev.err != nil {
+		t.sendErr(m, roomName(ev.key), proto.CodeOverloaded, "cannot read history now: retry")
+		return
+	}
+	t.Enqueue(m, ev.frame)
+}
+
+// removeIfIdle drops a room nobody on this loop needs any more.
+func (t *Table) removeIfIdle(r *Room) {
+	if !r.idle() || t.rooms[r.key] != r {
+		return
+	}
+	t.remove(r)
+	if t.node != nil {
+		t.node.hub.leave(r.key, t.idx)
+	}
+}
+
+// subscribed: the node is subscribed to key; read the room's newest seq
+// (after subscribing, so nothing committed later can be missed).
+func (t *Table) subscribed(key string, err error) {
+	r := t.rooms[key]
+	if r == nil || r.active {
+		return
+	}
+	if err != nil {
+		t.activate(r, 0, err)
+		return
+	}
+	t.node.read(readJob{kind: rLastSeq, table: t, room: r, key: r.key})
+}
+
+// activate makes a room live on this loop at seq, releases what was held,
+// and starts the parked joins.
+func (t *Table) activate(r *Room, seq uint64, err error) {
+	if t.rooms[r.key] != r || r.active {
+		return
+	}
+	if err != nil {
+		joiners := r.joiners
+		r.joiners = nil
+		for _, m := range joiners {
+			m.dropJoin(r)
+			switch {
+			case m.Closed:
+			case errors.Is(err, proto.ErrRoomLimit):
+				// Reading the room's head makes it; its app has all the
+				// rooms it may have.
+				t.sendErr(m, roomName(r.key), proto.CodeForbidden, "cannot join: the app has its maximum of rooms")
+			default:
+				t.sendErr(m, roomName(r.key), proto.CodeOverloaded, "cannot join now: try again")
+			}
+		}
+		r.held = nil
+		t.removeIfIdle(r)
+		return
+	}
+	r.active = true
+	r.last = seq
+	held := r.held
+	r.held = nil
+	for _, h := range held {
+		t.deliver(r, h.Seq, h.Frame)
+	}
+	joiners := r.joiners
+	r.joiners = nil
+	for _, m := range joiners {
+		if j := m.findJoin(r); j != nil && !m.Closed {
+			r.joiners = append(r.joiners, m) // startJoin removes it again when live
+			t.startJoin(m, j)
+		}
+	}
+	if t.tailWant[r] {
+		t.readTails() // a delivery overflowed while the room was joining
+	}
+	t.removeIfIdle(r)
+}
+
+// Room returns the room key on this loop, or nil. Loop only; its
+// accessors read, they do not change it.
+func (t *Table) Room(key string) *Room { return t.rooms[key] }
+
+// Deliver hands one message of the room key to this loop's members, in seq
+// order (the broker's delivery, run on the loop). Loop only.
+func (t *Table) Deliver(key string, seq uint64, frame []byte) {
+	if r := t.rooms[key]; r != nil {
+		t.deliver(r, seq, frame)
+	}
+}
+
+// deliver fans one message out to a room's members, in seq order: a
+// duplicate is dropped, a message ahead of a missing seq is held until the
+// gap is filled (by the broker or, after GapWindow, from the store).
+func (t *Table) deliver(r *Room, seq uint64, frame []byte) {
+	if !r.active {
+		r.held = insertHeld(r.held, seq, frame)
+		return
+	}
+	if seq <= r.last {
+		return
+	}
+	if seq == r.last+1 && len(r.held) == 0 {
+		// Fast path: in order, nothing held.
+		t.fan(r, frame)
+		r.last = seq
+		if len(r.joiners) > 0 {
+			t.promoteAhead(r)
+		}
+		return
+	}
+	r.held = insertHeld(r.held, seq, frame)
+	t.releaseHeld(r)
+}
+
+// promoteAhead makes live each joiner of r whose since was ahead of this
+// loop once the room has reached it: the next seq delivered is the first it
+// has not seen. Deliveries advance r.last one seq at a time, so equality
+// catches it; only a gap given up on jumps past, and then the joiner is
+// closed like the room's members.
+func (t *Table) promoteAhead(r *Room) {
+	// backwards: goLive swaps the last joiner into the removed slot
+	for i := len(r.joiners) - 1; i >= 0; i-- {
+		if i >= len(r.joiners) {
+			continue
+		}
+		m := r.joiners[i]
+		j := m.findJoin(r)
+		if j == nil || !j.ahead || j.after > r.last {
+			continue
+		}
+		if j.after == r.last {
+			t.goLive(m, j)
+			continue
+		}
+		r.removeJoiner(m)
+		m.dropJoin(r)
+		m.Owner.Resync()
+	}
+}
+
+func (t *Table) releaseHeld(r *Room) {
+	i := 0
+	for ; i < len(r.held); i++ {
+		h := r.held[i]
+		if h.Seq <= r.last {
+			continue
+		}
+		if h.Seq != r.last+1 {
+			break
+		}
+		t.fan(r, h.Frame)
+		r.last = h.Seq
+		if len(r.joiners) > 0 {
+			t.promoteAhead(r)
+		}
+	}
+	if i > 0 {
+		n := copy(r.held, r.held[i:])
+		clear(r.held[n:])
+		r.held = r.held[:n]
+	}
+	if len(r.held) == 0 {
+		r.gapSince = 0
+		return
+	}
+	if r.gapSince == 0 {
+		r.gapSince = t.loop.Now()
+		t.gaps = append(t.gaps, r)
+	}
+}
+
+func insertHeld(h []Held, seq uint64, frame []byte) []Held {
+	i := len(h)
+	for i > 0 && h[i-1].Seq > seq {
+		i--
+	}
+	if i > 0 && h[i-1].Seq == seq {
+		return h // duplicate
+	}
+	h = append(h, Held{})
+	copy(h[i+1:], h[i:])
+	h[i] = Held{Seq: seq, Frame: frame}
+	return h
+}
+
+// CheckGaps asks the store for messages missing longer than GapWindow, and
+// retries tail reads that failed. The loop calls it at each flush tick.
+func (t *Table) CheckGaps() {
+	if t.node == nil {
+		return
+	}
+	now := t.loop.Now()
+	window := t.node.cfg.GapWindow.Milliseconds()
+	if len(t.tailRetry) > 0 && now >= t.tailRetryAt {
+		for _, r := range t.tailRetry {
+			t.queueTail(r)
+		}
+		clear(t.tailRetry)
+		t.tailRetry = t.tailRetry[:0]
+		t.readTails()
+	}
+	if len(t.gaps) == 0 {
+		return
+	}
+	keep := t.gaps[:0]
+	for _, r := range t.gaps {
+		if t.rooms[r.key] != r || len(r.held) == 0 {
+			r.gapSince = 0
+			continue
+		}
+		keep = append(keep, r)
+		if r.repairing || now-r.gapSince < window {
+			continue
+		}
+		r.repairing = true
+		t.node.Stats.Repairs.Add(1)
+		t.node.read(readJob{kind: rRepair, table: t, room: r, key: r.key, after: r.last, upto: r.held[0].Seq - 1})
+	}
+	clear(t.gaps[len(keep):])
+	t.gaps = keep
+}
+
+// repaired delivers messages read from the store, every seq up to upto:
+// a gap, or for a tail read what the broker may have lost. If the store
+// did not have them either, members cannot be given a gapless stream:
+// they are closed with 1013 and rejoin with since.
+func (t *Table) repaired(r *Room, held []Held, upto uint64, tail bool, err error) {
+	defer t.readTails()
+	if tail {
+		t.tailReads--
+	}
+	if t.rooms[r.key] != r {
+		return
+	}
+	r.repairing = false
+	for _, h := range held {
+		t.deliver(r, h.Seq, h.Frame)
+	}
+	if err != nil {
+		if tail {
+			if len(t.tailRetry) == 0 {
+				t.tailRetryAt = t.loop.Now() + t.node.cfg.GapWindow.Milliseconds()
+			}
+			t.tailRetry = append(t.tailRetry, r)
+		}
+		return // a gap is tried again after the next window
+	}
+	if r.last >= upto || len(r.held) == 0 || r.held[0].Seq == r.last+1 {
+		// Everything asked for is delivered. What is still held waits
+		// behind a newer gap (messages in flight meanwhile), which gets a
+		// window of its own rather than a verdict from this read.
+		if r.gapSince != 0 {
+			r.gapSince = t.loop.Now()
+		}
+		t.releaseHeld(r)
+		return
+	}
+	// The store answered but the gap stays: give up on this stream.
+	t.node.Stats.GapCloses.Add(1)
+	for _, m := range append([]*Member(nil), r.members...) { // a close leaves r
+		t.Drop(m)
+		m.Owner.Resync()
+	}
+	r.last = r.held[0].Seq - 1
+	if len(r.joiners) > 0 {
+		t.promoteAhead(r)
+	}
+	t.releaseHeld(r)
+}
+
+// Lost tells the table that deliveries of the rooms keys did not reach
+// the loop (its inbox was full): each room's tail is read from the store,
+// as after a broker reset; deliveries queued meanwhile are placed by seq,
+// duplicates dropped. A room still joining is read once it is active,
+// since its starting seq may predate the lost message. Loop only.
+func (t *Table) Lost(keys map[string]struct{}) {
+	for key := range keys {
+		if r := t.rooms[key]; r != nil {
+			t.queueTail(r)
+		}
+	}
+	t.readTails()
+}
+
+// reset: the broker may have lost messages of any room; read each active
+// room's tail from the store and deliver what is missing.
+func (t *Table) reset() {
+	for _, r := range t.rooms {
+		if r.active {
+			t.queueTail(r)
+		}
+	}
+	t.readTails()
+}
+
+func (t *Table) queueTail(r *Room) {
+	if t.tailWant == nil {
+		t.tailWant = make(map[*Room]bool)
+	}
+	if !t.tailWant[r] {
+		t.tailWant[r] = true
+		t.tails = append(t.tails, r)
+	}
+}
+
+// maxTailReads bounds one loop's tail reads in flight after a reset.
+const maxTailReads = 64
+
+// readTails starts tail reads of queued rooms, up to maxTailReads in
+// flight. A room with a gap repair in flight waits for it (repaired calls
+// back here), so that a reset during a repair is not lost.
+func (t *Table) readTails() {
+	for n := len(t.tails); n > 0 && t.tailReads < maxTailReads; n-- {
+		r := t.tails[0]
+		t.tails[0] = nil
+		t.tails = t.tails[1:]
+		if t.rooms[r.key] != r {
+			delete(t.tailWant, r)
+			continue
+		}
+		if r.repairing || !r.active {
+			// activate calls back here once the room is live
+			t.tails = append(t.tails, r)
+			continue
+		}
+		delete(t.tailWant, r)
+		r.repairing = true
+		t.tailReads++
+		t.node.read(readJob{kind: rRepair, table: t, room: r, key: r.key, after: r.last, upto: 0})
+	}
+	if len(t.tails) == 0 {
+		t.tails = nil
+	}
+}
+
+// roomName is the room part of a key, without a copy.
+func roomName(key string) []byte {
+	_, room := proto.SplitKey(key)
+	return unsafe.Slice(unsafe.StringData(room), len(room))
+}
