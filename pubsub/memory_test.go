@@ -63,6 +63,11 @@ func TestMemoryPublishAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("Publish allocates %.1f times, want 0", allocs)
 	}
+	pubs := []Publication{{Key: "app\x00room", Seq: 2, Frame: frame}, {Key: "unsubscribed", Seq: 2, Frame: frame}}
+	errs := make([]error, len(pubs))
+	if allocs := testing.AllocsPerRun(1000, func() { _ = m.PublishBatch(ctx, pubs, errs) }); allocs != 0 {
+		t.Fatalf("PublishBatch allocates %.1f times, want 0", allocs)
+	}
 }
 
 func BenchmarkMemoryPublish(b *testing.B) {
