@@ -142,3 +142,14 @@ func TestScriptSoakShort(t *testing.T) {
 		t.Fatalf("script verdict missing:\n%s", log)
 	}
 }
+
+func TestScriptSoakClusterShort(t *testing.T) {
+	if _, err := exec.LookPath("redis-cli"); err != nil && os.Getenv("CI") != "true" {
+		t.Skip("needs redis-cli")
+	}
+	out, log := runScript(t, "soak.sh", "--short", "--cluster")
+	rep := readReport(t, filepath.Join(out, "soak.json"))
+	if rep.Verdict == nil || !rep.Verdict.OK || len(rep.Windows) != 8 || !strings.Contains(log, "soak verdict: ok") {
+		t.Fatalf("soak --cluster: verdict %+v windows %d\n%s", rep.Verdict, len(rep.Windows), log)
+	}
+}
