@@ -3,6 +3,7 @@ package loop
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"net"
 	"net/netip"
 	"unicode/utf8"
@@ -65,6 +66,7 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	c := &conn{gc: gc, l: l, opened: now, lastRead: now, pos: int32(len(l.conns)), ip: ip}
 	c.m.Owner = c
 	l.conns = append(l.conns, c)
+	l.due = append(l.due, c.dueAt())
 	l.armSweep()
 	gc.SetContext(c)
 	s.Stats.Upgrading.Add(1)
@@ -133,9 +135,11 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	last := len(l.conns) - 1
 	moved := l.conns[last]
 	l.conns[c.pos] = moved
+	l.due[c.pos] = l.due[last]
 	moved.pos = c.pos
 	l.conns[last] = nil
 	l.conns = l.conns[:last]
+	l.due = l.due[:last]
 	gc.SetContext(nil)
 	return gnet.None
 }
@@ -172,9 +176,37 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	if used > 0 {
 		_, _ = gc.Discard(used)
 	}
+	if !c.closed {
+		c.l.due[c.pos] = c.dueAt()
+	}
 	c.l.settle()
 	c.l.kick()
 	return gnet.None
+}
+
+// dueAt is when the sweep must next look at c: its upgrade deadline, its
+// ping or idle close, or its token expiry, whichever is first (Unix ms).
+// Kept in l.due beside l.conns, so that a sweep reads one dense array and
+// touches only the connections that are due, not every connection's
+// struct each time. Early is harmless (the sweep checks and moves it on),
+// late is not: every change of what it depends on refreshes it.
+func (c *conn) dueAt() int64 {
+	cfg := &c.l.srv.cfg
+	switch c.state {
+	case stateUpgrading:
+		return c.opened + cfg.UpgradeTimeout.Milliseconds()
+	case stateOpen:
+		d := c.lastRead + cfg.IdleInterval.Milliseconds()
+		if c.pinged {
+			d += cfg.IdleInterval.Milliseconds()
+		}
+		if c.exp != 0 && c.exp*1000 < d {
+			d = c.exp * 1000
+		}
+		return d
+	default:
+		return math.MaxInt64 // closing: gnet ends it
+	}
 }
 
 // upgrade handles the HTTP request head; it reports whether the

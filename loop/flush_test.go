@@ -89,3 +89,41 @@ func TestFirstFramesLeaveAtOnce(t *testing.T) {
 		t.Errorf("second message %v after the first; want it held for the tick (one write per connection per tick)", second)
 	}
 }
+
+// TestSweepDueFollowsConns: l.due stays beside l.conns through opens,
+// upgrades and closes, and a sweep leaves every entry at its conn's next
+// deadline.
+func TestSweepDueFollowsConns(t *testing.T) {
+	s, el := fuzzNode(t)
+	var gcs []*memConn
+	for i := 0; i < 4; i++ {
+		gc := &memConn{el: el}
+		s.OnOpen(gc)
+		if i%2 == 0 { // two upgraded, two still in their upgrade
+			gc.in = append(gc.in, fuzzUpgrade...)
+			s.OnTraffic(gc)
+		}
+		gcs = append(gcs, gc)
+	}
+	l := s.loops[0].Load()
+	t.Cleanup(l.stopTimers)
+	check := func(when string) {
+		t.Helper()
+		if len(l.due) != len(l.conns) {
+			t.Fatalf("%s: %d due entries for %d conns", when, len(l.due), len(l.conns))
+		}
+		for i, c := range l.conns {
+			if int(c.pos) != i || l.due[i] != c.dueAt() {
+				t.Fatalf("%s: conn %d (pos %d) due %d, want %d", when, i, c.pos, l.due[i], c.dueAt())
+			}
+		}
+	}
+	check("after open")
+	s.OnClose(gcs[1], nil)
+	check("after a close")
+	l.sweep()
+	check("after a sweep")
+	if c := l.conns[0]; c.state == stateOpen && l.due[0] != c.lastRead+s.cfg.IdleInterval.Milliseconds() {
+		t.Fatalf("open conn due %d, want its ping time %d", l.due[0], c.lastRead+s.cfg.IdleInterval.Milliseconds())
+	}
+}

@@ -91,6 +91,7 @@ type loopState struct {
 	onSweepT func()
 
 	conns     []*conn // every connection of the loop, for the sweep
+	due       []int64 // due[i]: when conns[i] next needs the sweep (conn.dueAt)
 	cmd       proto.Command
 	keyBuf    []byte
 	scratch   []byte
@@ -404,33 +405,45 @@ func (l *loopState) retryReason() []byte {
 	return l.scratch
 }
 
-// sweep runs every sweepEvery while the loop has connections: server pings after IdleInterval of silence,
-// closes after twice that, finishes upgrades that take too long, and closes
-// connections whose token expired.
+// sweep runs every sweepEvery while the loop has connections: server pings
+// after IdleInterval of silence, closes after twice that, finishes upgrades
+// that take too long, and closes connections whose token expired. It reads
+// l.due and visits only the connections due.
 func (l *loopState) sweep() {
 	now := l.now()
 	idle := l.srv.cfg.IdleInterval.Milliseconds()
 	upTimeout := l.srv.cfg.UpgradeTimeout.Milliseconds()
-	for i := 0; i < len(l.conns); i++ {
+	for i := 0; i < len(l.due); i++ {
+		if l.due[i] > now {
+			continue
+		}
 		c := l.conns[i]
 		if c.closed {
 			continue
 		}
-		silent := now - c.lastRead
-		switch {
-		case c.state == stateUpgrading:
-			if silent >= upTimeout || now-c.opened >= upTimeout {
-				c.upgradeTimeout()
-			}
-		case c.state != stateOpen:
-		case c.exp != 0 && now/1000 >= c.exp:
-			c.closeWith(proto.ClosePolicy, []byte("token expired"))
-		case silent >= 2*idle:
-			c.closeWith(proto.CloseNormal, []byte("idle timeout"))
-		case silent >= idle && !c.pinged:
-			c.pinged = true
-			c.send(pingFrame)
+		l.sweepConn(c, now, idle, upTimeout)
+		if !c.closed {
+			l.due[c.pos] = c.dueAt()
 		}
+	}
+}
+
+// sweepConn does what is due for one connection.
+func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
+	silent := now - c.lastRead
+	switch {
+	case c.state == stateUpgrading:
+		if silent >= upTimeout || now-c.opened >= upTimeout {
+			c.upgradeTimeout()
+		}
+	case c.state != stateOpen:
+	case c.exp != 0 && now/1000 >= c.exp:
+		c.closeWith(proto.ClosePolicy, []byte("token expired"))
+	case silent >= 2*idle:
+		c.closeWith(proto.CloseNormal, []byte("idle timeout"))
+	case silent >= idle && !c.pinged:
+		c.pinged = true
+		c.send(pingFrame)
 	}
 }
 
