@@ -193,7 +193,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_broker_errors_total", "Broker publishes of committed messages that failed (each is retried).", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", "Failed broadcasts delivered by a later retry.", fs.Rebroadcasts.Load())
 	c("roost_broker_dropped_total", "Failed broadcasts given up after their retries (receivers repair from the store).", fs.BrokerDropped.Load())
-	m.Histogram("roost_broker_publish_seconds", "Time one broker publish of a committed message takes: the broker's lag.", h.brokerLatency.Snapshot())
+	m.Histogram("roost_broker_publish_seconds", "Time one broker round trip takes: the committed messages of one group commit, pipelined; the broker's lag.", h.brokerLatency.Snapshot())
 	m.Histogram("roost_broker_delivery_lag_seconds", "Commit to arrival at this node through the broker, sampled 1 message in 64 (across nodes it includes clock offset).", h.deliveryLag.Snapshot())
 	if a.redis != nil {
 		rs := a.redis.Stats()

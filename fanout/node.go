@@ -237,25 +237,56 @@ func (n *Node) Publish(req *proto.PubRequest) error {
 	return n.pool.Submit(req)
 }
 
-// Committed is called by the publish pool's workers (persist.Sink), in seq
-// order per room: the frame goes to the broker first, then the outcome to
-// the source, so an ack always means "stored and on its way".
-func (n *Node) Committed(req *proto.PubRequest, res *proto.PubResult) {
-	n.Stats.PublishLatency.Observe((time.Since(monoEpoch) - req.Entered).Seconds())
-	if res.Err == nil && !res.Duplicate {
-		t0 := time.Now()
-		err := n.bus.Publish(context.Background(), req.Key, res.Seq, res.Frame)
-		n.Stats.BrokerLatency.Observe(time.Since(t0).Seconds())
-		if err != nil {
-			// Stored but not broadcast. Receivers would repair the gap from
-			// the store at the room's next message, but a room that goes
-			// quiet has none: broadcast again from the side.
-			n.Stats.BrokerErrors.Add(1)
-			n.rebroadcastLater(req.Key, res.Seq, res.Frame, err)
+// Committed is called by the publish pool's workers (persist.Sink) with
+// one answered batch, in seq order per room: the batch's frames go to the
+// broker first, in one round trip (PublishBatch), then each outcome to its
+// source, so an ack always means "stored and on its way".
+func (n *Node) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+	now := time.Since(monoEpoch)
+	sc := brokerBatchPool.Get().(*brokerBatch)
+	for i, req := range reqs {
+		n.Stats.PublishLatency.Observe((now - req.Entered).Seconds())
+		if r := &res[i]; r.Err == nil && !r.Duplicate {
+			sc.pubs = append(sc.pubs, pubsub.Publication{Key: req.Key, Seq: r.Seq, Frame: r.Frame})
 		}
 	}
-	req.Origin.Published(req, res)
+	if k := len(sc.pubs); k > 0 {
+		if cap(sc.errs) < k {
+			sc.errs = make([]error, k)
+		}
+		errs := sc.errs[:k]
+		t0 := time.Now()
+		failed := n.bus.PublishBatch(context.Background(), sc.pubs, errs)
+		n.Stats.BrokerLatency.Observe(time.Since(t0).Seconds())
+		for i := 0; failed > 0 && i < k; i++ {
+			if errs[i] != nil {
+				// Stored but not broadcast. Receivers would repair the gap
+				// from the store at the room's next message, but a room
+				// that goes quiet has none: broadcast again from the side.
+				failed--
+				p := &sc.pubs[i]
+				n.Stats.BrokerErrors.Add(1)
+				n.rebroadcastLater(p.Key, p.Seq, p.Frame, errs[i])
+			}
+		}
+		clear(errs)
+	}
+	clear(sc.pubs)
+	sc.pubs = sc.pubs[:0]
+	brokerBatchPool.Put(sc)
+	for i, req := range reqs {
+		req.Origin.Published(req, &res[i])
+	}
 }
+
+// brokerBatch is one Committed call's broker scratch. Several workers call
+// Committed at once, so it is pooled rather than owned by the node.
+type brokerBatch struct {
+	pubs []pubsub.Publication
+	errs []error
+}
+
+var brokerBatchPool = sync.Pool{New: func() any { return new(brokerBatch) }}
 
 // OnMessage hands a message the broker delivered to every loop holding its
 // room (pubsub.Handler). Fast path: one read lock of one hub shard and one

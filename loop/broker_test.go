@@ -30,6 +30,17 @@ func (b *flakyBroker) Publish(ctx context.Context, key string, seq uint64, frame
 	return b.Memory.Publish(ctx, key, seq, frame)
 }
 
+// PublishBatch fails as Publish does, message by message.
+func (b *flakyBroker) PublishBatch(ctx context.Context, pubs []pubsub.Publication, errs []error) int {
+	failed := 0
+	for i := range pubs {
+		if errs[i] = b.Publish(ctx, pubs[i].Key, pubs[i].Seq, pubs[i].Frame); errs[i] != nil {
+			failed++
+		}
+	}
+	return failed
+}
+
 // A failed broadcast reaches the members of a room that then goes quiet:
 // no later message is needed to notice the gap.
 func TestFailedBroadcastIsRetried(t *testing.T) {

@@ -239,7 +239,13 @@ type latencySink struct {
 	n     atomic.Int64
 }
 
-func (s *latencySink) Committed(req *proto.PubRequest, res *proto.PubResult) {
+func (s *latencySink) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+	for i, req := range reqs {
+		s.committed(req, &res[i])
+	}
+}
+
+func (s *latencySink) committed(req *proto.PubRequest, res *proto.PubResult) {
 	d := time.Now().UnixNano() - s.start[req.Origin.(benchOrigin)]
 	s.mu.Lock()
 	s.lat = append(s.lat, d)

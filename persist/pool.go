@@ -113,11 +113,8 @@ type PoolStats struct {
 // the answering of the one before; batches pass each stage in order, so a
 // room's results stay in seq order.
 //
-// Results reach the Sink in batch order per worker. The *proto.PubResult passed to
-// Committed points into the worker's scratch and is valid during the call
-// only; its Frame is immutable and may be kept and shared forever. A
-// result with Err set never carries a seq or a frame: nothing was
-// acknowledged as stored.
+// Results reach the Sink one batch per call, in batch order per worker
+// (see Sink for what the sink may keep).
 //
 // Submit and Stats may be called from any goroutine; Close once.
 type Pool struct {
@@ -593,8 +590,8 @@ func (w *worker) spreadLoop() {
 }
 
 // answerLoop is the worker's answerer goroutine: it encodes the frames of
-// each committed batch and hands every result to the sink, batches in
-// commit order.
+// each committed batch and hands the batch to the sink, batches in commit
+// order.
 func (w *worker) answerLoop() {
 	defer w.p.wg.Done()
 	p := w.p
@@ -610,9 +607,9 @@ func (w *worker) answerLoop() {
 					r.Frame = w.encode(req, r)
 				}
 			}
-			p.sink.Committed(req, r)
-			sl.batch[i] = nil // the sink owns req now
 		}
+		p.sink.Committed(sl.batch, sl.res[:n])
+		clear(sl.batch) // the sink owns the requests now
 		w.held.Add(-int64(n))
 		p.requests.Add(uint64(n))
 		if dups > 0 {

@@ -31,7 +31,13 @@ func newAckSink() *ackSink {
 	return &ackSink{acks: map[string]proto.PubResult{}, lastNew: map[string]uint64{}, frames: map[string][]byte{}}
 }
 
-func (s *ackSink) Committed(req *proto.PubRequest, res *proto.PubResult) {
+func (s *ackSink) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+	for i, req := range reqs {
+		s.committed(req, &res[i])
+	}
+}
+
+func (s *ackSink) committed(req *proto.PubRequest, res *proto.PubResult) {
 	s.mu.Lock()
 	id := req.Key + "|" + req.From + "|" + string(req.ID)
 	switch {
@@ -309,7 +315,13 @@ type countSink struct {
 	errs atomic.Int64
 }
 
-func (s *countSink) Committed(req *proto.PubRequest, res *proto.PubResult) {
+func (s *countSink) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+	for i, req := range reqs {
+		s.committed(req, &res[i])
+	}
+}
+
+func (s *countSink) committed(req *proto.PubRequest, res *proto.PubResult) {
 	if res.Err != nil {
 		s.errs.Add(1)
 	}

@@ -93,7 +93,13 @@ func newPublisher() *publisher {
 	return &publisher{acks: map[string]proto.PubResult{}, fails: map[string]int{}, wait: map[*proto.PubRequest]chan proto.PubResult{}}
 }
 
-func (pb *publisher) Committed(req *proto.PubRequest, res *proto.PubResult) {
+func (pb *publisher) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+	for i, req := range reqs {
+		pb.committed(req, &res[i])
+	}
+}
+
+func (pb *publisher) committed(req *proto.PubRequest, res *proto.PubResult) {
 	pb.mu.Lock()
 	id := req.Key + "|" + req.From + "|" + string(req.ID)
 	if res.Err != nil {

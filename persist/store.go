@@ -79,9 +79,15 @@ type Store interface {
 	Close()
 }
 
-// Sink receives committed publishes from the pool's workers. For each room,
-// Committed is called in seq order by one worker goroutine at a time; it
-// must not block (hand the frame to the broker and the ack to the loop).
+// Sink receives committed publishes from the pool's workers, one answered
+// batch per call: res[i] is the outcome of reqs[i]. For each room, batches
+// come in seq order from one worker goroutine at a time, so the sink can
+// hand a whole batch to the broker in one round trip. Both slices are the
+// worker's scratch, valid during the call only; each request belongs to
+// the sink from the call on, and a result's Frame is immutable and may be
+// kept and shared forever. A result with Err set never carries a seq or a
+// frame: nothing was acknowledged as stored. Committed must not block on
+// anything but that hand-off (the broker, then the acks to their sources).
 type Sink interface {
-	Committed(req *proto.PubRequest, res *proto.PubResult)
+	Committed(reqs []*proto.PubRequest, res []proto.PubResult)
 }
