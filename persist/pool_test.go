@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -180,7 +182,9 @@ func TestPoolOverloadAndErrors(t *testing.T) {
 	failErr := fmt.Errorf("cannot commit: %w", proto.ErrOverloaded)
 	g.fail.Store(&failErr)
 	sink := newAckSink()
-	p := NewPool(g, sink, PoolConfig{Workers: 1, MaxBatch: 4, QueueLen: 8, Window: -1})
+	var logs lockedBuf
+	p := NewPool(g, sink, PoolConfig{Workers: 1, MaxBatch: 4, QueueLen: 8, Window: -1,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	k := proto.RoomKey("a", "r")
 	accepted := 0
 	var err error
@@ -215,6 +219,11 @@ func TestPoolOverloadAndErrors(t *testing.T) {
 	}
 	if s := p.Stats(); s.CommitErrors == 0 || s.Rejected == 0 {
 		t.Fatalf("stats %+v", s)
+	}
+	// Failed commits are logged, throttled: a few batches failed within a
+	// second, one line says so with the cause.
+	if l := logs.String(); strings.Count(l, "group commit failed") != 1 || !strings.Contains(l, "cannot commit: overloaded") {
+		t.Fatalf("commit failures logged as:\n%s", l)
 	}
 }
 
