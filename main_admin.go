@@ -189,6 +189,8 @@ func writeMetrics(w io.Writer, a *admin) error {
 
 	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", fs.SlowCloses.Load())
 	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", fs.Repairs.Load())
+	c("roost_join_replays_total", "Catch-up pages asked by joins with since (a rejoin far behind asks several).", fs.Replays.Load())
+	c("roost_join_reads_total", "Store reads those catch-ups took: the rejoins of one room share theirs, so a reconnect storm costs about one per room.", fs.ReplayReads.Load())
 	c("roost_gap_closes_total", "Rooms whose members were closed with 1013 because a gap could not be filled.", fs.GapCloses.Load())
 	c("roost_broker_errors_total", "Broker publishes of committed messages that failed (each is retried).", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", "Failed broadcasts delivered by a later retry.", fs.Rebroadcasts.Load())

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,6 +129,17 @@ func TestScriptStormShort(t *testing.T) {
 	}
 	if others.Verdict == nil || !others.Verdict.OK || len(others.Levels[0].Closes) != 0 {
 		t.Fatalf("A's own members: %+v\n%s", others.Levels[0], log)
+	}
+	// the rejoins of a room share their catch-up reads: without that, one
+	// store read per catch-up page
+	b, err := os.ReadFile(filepath.Join(out, "storm-reads.txt"))
+	var reads, pages int
+	var per float64
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Sscanf(string(b), "A: %d store reads for %d catch-up pages: %f", &reads, &pages, &per); err != nil || pages < 500 || per > 0.5 {
+		t.Fatalf("join reads: %q (%v)", b, err)
 	}
 }
 

@@ -56,6 +56,8 @@ type Stats struct {
 	Joined        atomic.Int64  // live room memberships, all connections
 	SlowCloses    atomic.Uint64 // members closed for passing the outbound limit
 	Repairs       atomic.Uint64 // store reads to fill a gap
+	Replays       atomic.Uint64 // catch-up pages asked by joins with since
+	ReplayReads   atomic.Uint64 // store reads those took (shared by the rejoins of a room: ReplayShare)
 	GapCloses     atomic.Uint64 // rooms whose members were closed for a gap the store could not fill
 	ReadsRefused  atomic.Uint64 // store reads refused because the read queue was full (answered overloaded)
 	BrokerErrors  atomic.Uint64 // broker publishes that failed (each is retried)
@@ -150,6 +152,7 @@ type Node struct {
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
 
 	reads     chan readJob
+	replays   *ReplayShare
 	retries   chan rebroadcast
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -181,9 +184,11 @@ func New(cfg Config, p Parts) (*Node, error) {
 		log:     p.Log,
 		store:   p.Store,
 		reads:   make(chan readJob, 4096),
+		replays: NewReplayShare(p.Store, replayKeep, replayRooms, replayBytes),
 		retries: make(chan rebroadcast, 8192),
 		done:    make(chan struct{}),
 	}
+	n.replays.reads, n.replays.served = &n.Stats.ReplayReads, &n.Stats.Replays
 	n.Stats.PublishLatency = orNone(p.PublishLatency)
 	n.Stats.BrokerLatency = orNone(p.BrokerLatency)
 	n.Stats.DeliveryLag = orNone(p.DeliveryLag)

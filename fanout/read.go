@@ -22,6 +22,15 @@ const (
 // page at a time, each page flushed before the next, under the outbound limit.
 const replayPage = 500
 
+// What the replay share keeps of the catch-up reads: long enough for the
+// rejoins of a reconnect storm (clients retry within a few seconds), at
+// most 4,096 rooms of 4 MiB.
+const (
+	replayKeep  = 3 * time.Second
+	replayRooms = 4096
+	replayBytes = 4 << 20
+)
+
 // readJob is a store read for a loop's Table. Store reads may take
 // milliseconds (PostgreSQL), so they never run on a loop: a small pool of
 // reader goroutines does them and posts the result to the loop.
@@ -89,7 +98,7 @@ func (n *Node) doRead(j *readJob) Event {
 		}
 		return Event{kind: evRoomSeq, room: j.room, seq: seq}
 	case rReplay:
-		msgs, more, err := n.store.Range(ctx, j.key, j.after, j.upto, persist.Bounds{Limit: replayPage})
+		msgs, more, err := n.replays.Range(ctx, j.key, j.after, j.upto, persist.Bounds{Limit: replayPage})
 		if err != nil {
 			return j.failed(err)
 		}

@@ -38,8 +38,8 @@ type ReplayShare struct {
 	mu    sync.Mutex
 	rooms map[string]*sharedRange
 
-	reads  atomic.Uint64 // store reads made
-	served atomic.Uint64 // Range calls answered
+	reads  *atomic.Uint64 // store reads made
+	served *atomic.Uint64 // Range calls answered
 }
 
 // sharedRange holds every stored message of one room with lo < seq <= hi.
@@ -71,7 +71,8 @@ const replaySlack = 32
 // keep after it was filled, for at most maxRooms rooms of at most maxBytes
 // each (a room past that is read but not kept).
 func NewReplayShare(store persist.Store, keep time.Duration, maxRooms, maxBytes int) *ReplayShare {
-	return &ReplayShare{store: store, keep: keep, maxRooms: maxRooms, maxBytes: maxBytes, rooms: map[string]*sharedRange{}}
+	return &ReplayShare{store: store, keep: keep, maxRooms: maxRooms, maxBytes: maxBytes, rooms: map[string]*sharedRange{},
+		reads: new(atomic.Uint64), served: new(atomic.Uint64)}
 }
 
 // Reads is the number of store reads made; Served the number of Range

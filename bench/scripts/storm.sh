@@ -73,8 +73,9 @@ cat "$OUT/storm-others.txt"
 peak=$(awk 'NR > 1 {d = $2 - prev; if (d > m) m = d} {prev = $2} END {print m + 0}' "$OUT/storm-accepts.txt")
 echo "A accepted $((${acc1%.*} - ${acc0%.*})) connections after the kill; peak $peak/s"
 if [ -n "$reads0" ] && [ -n "$reads1" ]; then
-  r=$(awk -v a="$reads0" -v b="$reads1" -v c="$rejoins0" -v d="$rejoins1" 'BEGIN {n = d - c; printf "%d store reads for %d rejoins with since: %.3f reads per rejoin", b - a, n, n > 0 ? (b - a) / n : 0}')
-  echo "A: $r"
+  r=$(awk -v a="$reads0" -v b="$reads1" -v c="$rejoins0" -v d="$rejoins1" \
+    'BEGIN {n = d - c; per = 0; if (n > 0) per = (b - a) / n; printf "%d store reads for %d catch-up pages: %.3f reads per rejoin", b - a, n, per}')
+  echo "A: $r" | tee "$OUT/storm-reads.txt"
 else
   echo "A: no join read metrics (roost_join_reads_total, roost_join_replays_total)"
 fi
