@@ -408,6 +408,14 @@ func TestSecondInstanceOnPortRefused(t *testing.T) {
 		}
 	}
 
+	// The same port on another address is another listener: both serve.
+	other := &roostNode{name: "other-address", addr: strings.Replace(a.addr, "127.0.0.1", "127.0.0.2", 1),
+		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+		logf:   filepath.Join(t.TempDir(), "other.log"),
+		exited: make(chan struct{}),
+	}
+	startPlain(t, other, roostBinary(t), 0, false, nil)
+
 	// Sharing on purpose: both with --reuse-port start.
 	p := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	for i := 0; i < 2; i++ {

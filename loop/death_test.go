@@ -54,3 +54,19 @@ func TestStopIsNotDeath(t *testing.T) {
 		t.Fatal("Dead after Stop")
 	}
 }
+
+func TestProcAddr(t *testing.T) {
+	for h, want := range map[string]string{
+		"0100007F":                         "127.0.0.1",
+		"00000000":                         "0.0.0.0",
+		"0200007F":                         "127.0.0.2",
+		"00000000000000000000000001000000": "::1",
+		"00000000000000000000000000000000": "::",
+		"0000000000000000FFFF00000100007F": "127.0.0.1", // v4-mapped
+	} {
+		a, ok := procAddr(h)
+		if !ok || a.String() != want {
+			t.Errorf("procAddr(%s) = %v %v, want %s", h, a, ok, want)
+		}
+	}
+}

@@ -460,13 +460,20 @@ func (s *Server) Start() error {
 // descriptors, so a listener of ours is always found among them. Where
 // /proc cannot be read, it cannot tell and says nothing.
 func sharedPort(addr string) error {
-	_, ps, err := net.SplitHostPort(addr)
+	host, ps, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil
 	}
 	port, err := strconv.ParseUint(ps, 10, 16)
 	if err != nil {
 		return nil
+	}
+	// Listeners on the same port but another address (127.0.0.2:P beside
+	// 127.0.0.1:P) do not share our clients; a wildcard on either side does.
+	var ip netip.Addr
+	if ta, err := net.ResolveTCPAddr("tcp", net.JoinHostPort(host, ps)); err == nil {
+		ip, _ = netip.AddrFromSlice(ta.IP)
+		ip = ip.Unmap()
 	}
 	var listening []string
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
@@ -479,8 +486,11 @@ func sharedPort(addr string) error {
 			if len(fl) < 10 || fl[3] != "0A" { // 0A: LISTEN
 				continue
 			}
-			_, hexPort, ok := strings.Cut(fl[1], ":")
+			hexIP, hexPort, ok := strings.Cut(fl[1], ":")
 			if p, err := strconv.ParseUint(hexPort, 16, 16); !ok || err != nil || p != port {
+				continue
+			}
+			if theirs, ok := procAddr(hexIP); ok && ip.IsValid() && !ip.IsUnspecified() && !theirs.IsUnspecified() && theirs != ip {
 				continue
 			}
 			listening = append(listening, fl[9])
@@ -523,6 +533,28 @@ func probePort(addr string) error {
 		return fmt.Errorf("cannot listen on %s: %w", addr, err)
 	}
 	return ln.Close()
+}
+
+// procAddr decodes an address of /proc/net/tcp{,6}: the bytes of the
+// address in hex, each 32-bit word in host (little-endian) order.
+func procAddr(h string) (netip.Addr, bool) {
+	if len(h) != 8 && len(h) != 32 {
+		return netip.Addr{}, false
+	}
+	var b [16]byte
+	n := len(h) / 2
+	for i := 0; i < n; i++ {
+		v, err := strconv.ParseUint(h[2*i:2*i+2], 16, 8)
+		if err != nil {
+			return netip.Addr{}, false
+		}
+		// byte i of the hex string is byte (i/4)*4 + 3 - i%4 of the address
+		b[i/4*4+3-i%4] = byte(v)
+	}
+	if n == 4 {
+		return netip.AddrFrom4([4]byte{b[0], b[1], b[2], b[3]}), true
+	}
+	return netip.AddrFrom16(b).Unmap(), true
 }
 
 // resolveListen turns port 0 into a concrete free port: with SO_REUSEPORT
