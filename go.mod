@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/bytedance/sonic v1.15.5
 	github.com/gobwas/ws v1.5.0
+	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/panjf2000/gnet/v2 v2.9.7
 	github.com/redis/rueidis v1.0.79

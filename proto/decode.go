@@ -28,6 +28,8 @@ var (
 	ErrMissingBody = &Error{CodeBadRequest, "missing body"}
 	ErrBadNumber   = &Error{CodeBadRequest, "since, before and limit must be non-negative integers"}
 	ErrBadLimit    = &Error{CodeBadRequest, "limit must be at least 1"}
+	ErrBadToken    = &Error{CodeBadRequest, "token must be a JWT string (no escapes)"}
+	ErrMissingTok  = &Error{CodeBadRequest, "missing token"}
 )
 
 const (
@@ -77,6 +79,7 @@ const (
 	fieldSince
 	fieldBefore
 	fieldLimit
+	fieldToken
 	// DecodeServer only.
 	fieldFrom
 	fieldCode
@@ -113,6 +116,8 @@ func keyField(raw []byte, esc bool) field {
 		return fieldBefore
 	case "limit":
 		return fieldLimit
+	case "token":
+		return fieldToken
 	case "from":
 		return fieldFrom
 	case "code":
@@ -151,6 +156,8 @@ func opOf(raw []byte, esc bool) Op {
 		return OpHistory
 	case "ping":
 		return OpPing
+	case "auth":
+		return OpAuth
 	}
 	return OpInvalid
 }
@@ -183,7 +190,7 @@ func Decode(payload []byte, cmd *Command) error {
 	if !ok {
 		return ErrMalformed
 	}
-	var op, room, id, body, since, before, limit presence
+	var op, room, id, body, since, before, limit, token presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -275,6 +282,22 @@ func Decode(payload []byte, cmd *Command) error {
 				return ErrMalformed
 			}
 			body, cmd.Body = valid, b[vs:i]
+		case fieldToken:
+			token, cmd.Token = invalid, nil
+			if b[i] != '"' {
+				if i, ok = skipValue(b, i, 1); !ok {
+					return ErrMalformed
+				}
+				break
+			}
+			ve, esc, ok := scanString(b, i+1)
+			if !ok {
+				return ErrMalformed
+			}
+			i = ve + 1
+			if !esc {
+				token, cmd.Token = valid, b[vs+1:ve]
+			}
 		default:
 			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
@@ -307,6 +330,8 @@ func Decode(payload []byte, cmd *Command) error {
 		return ErrBadID
 	case since == invalid, before == invalid, limit == invalid:
 		return ErrBadNumber
+	case token == invalid:
+		return ErrBadToken
 	}
 	switch cmd.Op {
 	case OpJoin, OpLeave:
@@ -319,6 +344,10 @@ func Decode(payload []byte, cmd *Command) error {
 		}
 		if limit == valid && limitVal == 0 {
 			return ErrBadLimit
+		}
+	case OpAuth:
+		if token == absent {
+			return ErrMissingTok
 		}
 	case OpPub:
 		switch {
@@ -336,7 +365,7 @@ func Decode(payload []byte, cmd *Command) error {
 // reset clears the decoded fields but not the scratch arrays: clearing
 // those too would cost a 192-byte memclr per frame for bytes nobody reads.
 func (cmd *Command) reset() {
-	cmd.Op, cmd.Room, cmd.ID, cmd.Body = OpInvalid, nil, nil, nil
+	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token = OpInvalid, nil, nil, nil, nil
 	cmd.Since, cmd.Before, cmd.Limit = 0, 0, 0
 	cmd.HasSince, cmd.HasBefore, cmd.HasLimit = false, false, false
 }

@@ -1,6 +1,7 @@
 package proto
 
 import (
+	"math"
 	"slices"
 	"strconv"
 
@@ -346,6 +347,39 @@ func AppendErrFrame(dst, ref []byte, code Code, message string) []byte {
 	dst = append(dst, name...)
 	dst = append(dst, tail...)
 	dst = appendQuoted(dst, message)
+	dst = append(dst, '}')
+	return endText(dst, start, n)
+}
+
+// AppendRateLimitedFrame appends {"op":"err","ref":..,"code":"rate_limited",
+// "message":..,"retry_after":MS}: retry_after is how long the client waits
+// before the publish can be accepted.
+func AppendRateLimitedFrame(dst, ref []byte, message string, retryAfterMS int64) []byte {
+	const pre, mid, tail = `{"op":"err","ref":`, `,"code":"rate_limited","message":`, `,"retry_after":`
+	n := len(pre) + quotedLen(ref) + len(mid) + quotedLen(message) + len(tail) + uintLen(uint64(retryAfterMS)) + 1
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = append(dst, pre...)
+	dst = appendQuoted(dst, ref)
+	dst = append(dst, mid...)
+	dst = appendQuoted(dst, message)
+	dst = append(dst, tail...)
+	dst = strconv.AppendUint(dst, uint64(retryAfterMS), 10)
+	dst = append(dst, '}')
+	return endText(dst, start, n)
+}
+
+// AppendAuthedFrame appends {"op":"authed","exp":UNIX_S}, exp with its
+// fraction of a second when it has one (millisecond precision).
+func AppendAuthedFrame(dst []byte, exp float64) []byte {
+	var num [32]byte
+	e := strconv.AppendFloat(num[:0], math.Round(exp*1000)/1000, 'f', -1, 64)
+	const pre = `{"op":"authed","exp":`
+	n := len(pre) + len(e) + 1
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = append(dst, pre...)
+	dst = append(dst, e...)
 	dst = append(dst, '}')
 	return endText(dst, start, n)
 }

@@ -17,6 +17,7 @@ const (
 	OpPub
 	OpHistory
 	OpPing
+	OpAuth // token refresh
 )
 
 // Command is one decoded client frame. Its byte slices alias the decoded
@@ -27,6 +28,8 @@ type Command struct {
 	Room []byte // "room", validated against [A-Za-z0-9_.:-]{1,128}
 	ID   []byte // "id" (pub), 1 to 64 characters, raw JSON string content unescaped
 	Body []byte // "body" (pub): the raw JSON value bytes exactly as sent
+	// Token is "token" (auth): a JWT, which never needs JSON escapes.
+	Token []byte
 
 	Since     uint64 // "since" (join), valid if HasSince
 	Before    uint64 // "before" (history), valid if HasBefore

@@ -38,6 +38,9 @@ var (
 // Request is a parsed request head. Its slices alias the parsed bytes.
 type Request struct {
 	Method, Path, Query, Key, Version []byte
+	// Authorization is the Authorization header's value (a client's
+	// "Bearer JWT"), nil when absent.
+	Authorization []byte
 	// Upgrade is true when the Upgrade header names websocket and the
 	// Connection header holds the upgrade token; Key and the version are
 	// then checked.
@@ -152,7 +155,7 @@ func ParseRequest(b []byte, r *Request) (n int, err error) {
 		// Switch on the length first: most headers (Host, User-Agent,
 		// Accept-*) then cost one comparison.
 		switch len(name) {
-		case len("Upgrade"), len("Connection"), len("Sec-WebSocket-Key"), len("Sec-WebSocket-Version"), len("If-None-Match"):
+		case len("Upgrade"), len("Connection"), len("Sec-WebSocket-Key"), len("Sec-WebSocket-Version"), len("If-None-Match"): // = len("Authorization")
 		default:
 			continue
 		}
@@ -167,6 +170,8 @@ func ParseRequest(b []byte, r *Request) (n int, err error) {
 			wsVersion, haveVersion = val, true
 		case bytes.EqualFold(name, []byte("If-None-Match")):
 			r.IfNoneMatch = val
+		case bytes.EqualFold(name, []byte("Authorization")):
+			r.Authorization = val
 		}
 	}
 	if string(r.Method) != "GET" {

@@ -1,0 +1,95 @@
+package proto
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// App is one tenant's entry in the app registry, as the registry stores it
+// (a PostgreSQL row or an element of the --apps JSON file) and as the node
+// reads it. A node serves every app from the same loops; what keeps one
+// app's flood from slowing another is Limits.
+type App struct {
+	ID string `json:"id"`
+	// Secret signs the app's tokens (HS256). During a rotation the
+	// previous secret stays valid until PreviousUntil.
+	Secret         string    `json:"secret"`
+	PreviousSecret string    `json:"previous_secret,omitempty"`
+	PreviousUntil  time.Time `json:"previous_until,omitzero"`
+	// Disabled apps are refused at the upgrade, and their live connections
+	// are closed with 1008 "app disabled" when the change arrives.
+	Disabled bool      `json:"disabled,omitempty"`
+	Limits   AppLimits `json:"limits,omitzero"`
+	// Retention: messages older than KeepAge or beyond the newest
+	// KeepCount per room are deleted (0: no bound). PostgreSQL only; the
+	// memory store keeps --keep per room.
+	KeepAge   Duration  `json:"keep_age,omitzero"`
+	KeepCount int       `json:"keep_count,omitempty"`
+	Created   time.Time `json:"created,omitzero"`
+}
+
+// Secrets returns the app's valid secrets at now: the current one, and the
+// previous one until it expires.
+func (a *App) Secrets(now time.Time) []string {
+	s := []string{a.Secret}
+	if a.PreviousSecret != "" && now.Before(a.PreviousUntil) {
+		s = append(s, a.PreviousSecret)
+	}
+	return s
+}
+
+// AppLimits are an app's overrides of the node-wide defaults. A nil field
+// takes the node's default; 0 turns that limit off.
+type AppLimits struct {
+	MaxConns     *int64   `json:"max_conns,omitempty"`      // connections of the app, whole cluster
+	MaxUserConns *int64   `json:"max_user_conns,omitempty"` // connections of one user of the app
+	PubRate      *float64 `json:"pub_rate,omitempty"`       // publishes per second of one user
+	PubBurst     *int64   `json:"pub_burst,omitempty"`      // publishes one user may send at once
+	AppPubRate   *float64 `json:"app_pub_rate,omitempty"`   // publishes per second of the whole app, per node
+	MaxMsg       *int64   `json:"max_msg,omitempty"`        // bytes of one message body
+	MaxRooms     *int64   `json:"max_rooms,omitempty"`      // rooms one connection may join
+}
+
+// Duration is a time.Duration that reads and writes as "1h30m" in JSON.
+type Duration time.Duration
+
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + time.Duration(d).String() + `"`), nil
+}
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	if len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' {
+		return errors.New("want a duration string such as \"24h\"")
+	}
+	v, err := time.ParseDuration(string(b[1 : len(b)-1]))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Validate checks what a registry must never hold.
+func (a *App) Validate() error {
+	switch {
+	case !ValidAppID([]byte(a.ID)):
+		return fmt.Errorf("app id %q: want [A-Za-z0-9_.-]{1,64}", a.ID)
+	case len(a.Secret) < 16:
+		return fmt.Errorf("app %s: secret shorter than 16 bytes", a.ID)
+	case a.KeepAge < 0 || a.KeepCount < 0:
+		return fmt.Errorf("app %s: negative retention", a.ID)
+	}
+	l := &a.Limits
+	for _, p := range []*int64{l.MaxConns, l.MaxUserConns, l.PubBurst, l.MaxMsg, l.MaxRooms} {
+		if p != nil && *p < 0 {
+			return fmt.Errorf("app %s: negative limit", a.ID)
+		}
+	}
+	for _, p := range []*float64{l.PubRate, l.AppPubRate} {
+		if p != nil && !(*p >= 0) {
+			return fmt.Errorf("app %s: negative or NaN rate", a.ID)
+		}
+	}
+	return nil
+}
