@@ -66,6 +66,7 @@ type Postgres struct {
 	retainDone  chan struct{}
 	retainMu    sync.Mutex
 	scratchPool sync.Pool
+	reloadApps  chan struct{} // Reload -> WatchApps
 }
 
 var _ Store = (*Postgres)(nil)
@@ -112,7 +113,7 @@ func OpenPostgres(ctx context.Context, url string, cfg PGConfig) (*Postgres, err
 		pool.Close()
 		return nil, fmt.Errorf("cannot connect to PostgreSQL (check --database-url): %w", err)
 	}
-	p := &Postgres{pool: pool, cfg: cfg, log: cfg.Logger, appRooms: make(map[string]*appRooms)}
+	p := &Postgres{pool: pool, cfg: cfg, log: cfg.Logger, appRooms: make(map[string]*appRooms), reloadApps: make(chan struct{}, 1)}
 	for i := range p.rooms {
 		p.rooms[i].ids = make(map[string]int64)
 	}
