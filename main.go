@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,14 +36,20 @@ Usage:
   roost [serve] [flags]     run the node (default; embedded store and broker unless configured)
   roost serve --print-config  show the effective configuration and where each value came from
   roost migrate [flags]     apply the PostgreSQL schema migrations (--database-url)
+  roost app COMMAND ...     the app registry: create, list, show, rotate, disable, enable, set
+  roost token --app A --user U [--ttl 1h] [--rooms 'a,b*']
+                            print a client token (secret from --secret-file, ROOST_SECRET or the registry)
   roost bench SCENARIO ...  the load generator (roost bench alone lists scenarios)
   roost tune [flags]        check kernel and cgroup settings; --emit sysctl|systemd
-  roost version
+  roost version             also --version
+  roost -h                  this text; roost serve -h lists every flag of the node
 
 Settings come from, highest precedence first: command-line flags, the
 environment (ROOST_<FLAG>, e.g. ROOST_LISTEN, ROOST_MAX_FRAME; DATABASE_URL
 and REDIS_URL too), the config file (--config FILE or ROOST_CONFIG: lines of
 "flag-name = value", # comments), then the defaults. See docs/operations.md.
+Secrets belong in the environment or a file (ROOST_APP_SECRET,
+--app-secret-file, --apps FILE, the database), never on the command line.
 `
 
 var version = "dev"
@@ -52,8 +60,18 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
+	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "-help", "--help", "help":
+			fmt.Fprint(stdout, usage)
+			return 0
+		case "-version", "--version", "-V", "version":
+			fmt.Fprintln(stdout, "roost", version, runtime.Version())
+			return 0
+		}
+		if !strings.HasPrefix(args[0], "-") {
+			cmd, args = args[0], args[1:]
+		}
 	}
 	switch cmd {
 	case "serve":
@@ -64,12 +82,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return bench.Main(args, stdout, stderr)
 	case "tune":
 		return tuning.TuneMain(args, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "roost", version, runtime.Version())
-		return 0
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
+	case "app":
+		return appMain(args, stdout, stderr)
+	case "token":
+		return tokenMain(args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "roost: unknown command %q\n\n%s", cmd, usage)
 	return 2
@@ -89,7 +105,7 @@ func newLogger(c *config, w io.Writer) *slog.Logger {
 // for a signal, stop in reverse; each phase logs its duration. stop, when
 // not nil, replaces the signals (tests).
 func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
-	var c config
+	c := config{environ: os.Environ}
 	if errs := parse(args, &c, stderr, os.LookupEnv, os.ReadFile); len(errs) > 0 {
 		var ue usageError
 		switch {
@@ -141,12 +157,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 				return fatal(err)
 			}
 		}
-		maxConns := c.pgMaxConns
-		if maxConns == 0 {
-			// Each worker commits a full batch as up to 4 parallel
-			// commits (persist.PoolConfig.Spread); reads share the rest.
-			maxConns = 4*c.workers + 4
-		}
+		maxConns := pgMaxConns(&c)
 		var err error
 		pg, err = persist.OpenPostgres(ctx, c.databaseURL, persist.PGConfig{MaxConns: int32(maxConns), StatementTimeout: c.stmtTimeout, MaxAppRooms: c.maxAppRooms, Logger: log})
 		if err != nil {
@@ -238,6 +249,35 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		closeStore()
 		return fatal(err)
 	}
+	var reg persist.Registry
+	switch {
+	case c.appsFile != "":
+		reg = persist.OpenAppFile(c.appsFile)
+	case pg != nil:
+		reg = pg
+	}
+	regCtx, stopRegistry := context.WithCancel(ctx)
+	defer stopRegistry()
+	if reg != nil {
+		t0 = time.Now()
+		apps, err := reg.Apps(ctx)
+		if err != nil {
+			closeFan()
+			closeStore()
+			return fatal(err)
+		}
+		srv.SetApps(apps)
+		// Changes reach this node within 2 s: LISTEN/NOTIFY or the file's
+		// mtime at once, the periodic re-read at worst.
+		reg.WatchApps(regCtx, time.Second, srv.SetApps, log)
+		if len(apps) == 0 && len(c.node.Apps) == 0 && !c.node.Insecure {
+			log.Warn("the app registry is empty: every client is refused until `roost app create ID` registers an app")
+		}
+		log.Info("app registry", "apps", len(apps), "where", registryName(&c), "took", time.Since(t0))
+	}
+	if redis != nil {
+		go shareConns(regCtx, redis, srv, log)
+	}
 
 	var ready atomic.Bool
 	var adminSrv *http.Server
@@ -267,7 +307,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		mode = "insecure"
 	}
 	if c.impliedInsecure {
-		log.Warn("no --app-secret given: development mode on loopback (clients name themselves with ?user=&app=, no token); give --app-secret APP=SECRET to require tokens")
+		log.Warn("no apps configured: development mode on loopback (clients name themselves with ?user=&app=, no token); give --apps FILE, --database-url or --app-secret to require tokens")
 	}
 	log.Info("roost serving", "node", c.node.NodeID, "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
 
@@ -275,6 +315,22 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 		stop = sig
+	}
+	if reg != nil {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go func() {
+			for {
+				select {
+				case <-regCtx.Done():
+					return
+				case <-hup:
+					log.Info("SIGHUP: re-reading the app registry")
+					reg.Reload()
+				}
+			}
+		}()
 	}
 	var got os.Signal
 	select {
@@ -302,6 +358,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	// their publishes in flight are answered, commit what is still queued,
 	// stop the loops, then the broker, the store and the admin listener.
 	ready.Store(false)
+	stopRegistry()
 	t0 = time.Now()
 	srv.Drain(1001, c.drain)
 	log.Info("clients closed", "took", time.Since(t0), "in_flight", srv.Stats.InFlight.Load())
@@ -326,6 +383,57 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	log.Info("stopped", "took", time.Since(stopping))
 	return 0
+}
+
+func registryName(c *config) string {
+	if c.appsFile != "" {
+		return "file " + c.appsFile
+	}
+	return "postgresql"
+}
+
+// shareConnsEvery is how often nodes share their connection counts through
+// Redis: the app connection limit holds across the cluster within what the
+// other nodes admit in one period (docs/operations.md).
+const shareConnsEvery = 500 * time.Millisecond
+
+// shareConns keeps every app's count of connections on the other nodes
+// current, for the cluster-wide --app-max-conns.
+func shareConns(ctx context.Context, r *pubsub.Redis, srv *loop.Server, log *slog.Logger) {
+	t := time.NewTicker(shareConnsEvery)
+	defer t.Stop()
+	var failing bool
+	// The counts are keyed by process, not by node id: two nodes given the
+	// same --node-id (or both on port 0 in tests) must not overwrite each
+	// other's count. A restarted node's old entry expires with its TTL.
+	var rnd [6]byte
+	_, _ = crand.Read(rnd[:])
+	instance := srv.NodeID() + "/" + hex.EncodeToString(rnd[:])
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		mine := map[string]int64{}
+		srv.AppConns(func(app string, n int64) {
+			if n > 0 {
+				mine[app] = n
+			}
+		})
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		others, err := r.ShareConns(cctx, instance, mine, 6*shareConnsEvery)
+		cancel()
+		if err != nil {
+			if !failing && ctx.Err() == nil {
+				log.Warn("cannot share connection counts through Redis; app connection limits use the last counts shared meanwhile", "err", err)
+			}
+			failing = true
+			continue
+		}
+		failing = false
+		srv.AppConns(func(app string, _ int64) { srv.SetRemoteConns(app, others[app]) })
+	}
 }
 
 func migrate(args []string, stderr io.Writer) int {

@@ -6,10 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"runtime"
 	"runtime/metrics"
-	"sort"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -62,7 +63,7 @@ func newHistograms() *histograms {
 func adminMux(a *admin) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", redactedCmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -107,6 +108,53 @@ func adminMux(a *admin) *http.ServeMux {
 	return mux
 }
 
+// redactedCmdline is pprof's cmdline with the values of secret-bearing
+// flags and URL passwords masked: the admin listener is for operators, but
+// a secret must not leak through a debug page.
+func redactedCmdline(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, strings.Join(redactArgs(os.Args), "\x00"))
+}
+
+// secretFlags carry secrets in their values.
+var secretFlags = map[string]bool{"app-secret": true, "secret": true}
+
+// redactArgs masks --app-secret and --secret values (in both the "--flag
+// value" and "--flag=value" forms) and the passwords of URLs.
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	maskNext := false
+	for i, a := range args {
+		switch {
+		case maskNext:
+			out[i] = maskSecretValue(a)
+			maskNext = false
+			continue
+		case strings.HasPrefix(a, "-"):
+			name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			if secretFlags[name] {
+				if hasVal {
+					out[i] = a[:len(a)-len(val)] + maskSecretValue(val)
+				} else {
+					out[i], maskNext = a, true
+				}
+				continue
+			}
+		}
+		out[i] = maskURLs(a)
+	}
+	return out
+}
+
+// maskSecretValue masks APP=SECRET lists, keeping the ids, or a bare secret.
+func maskSecretValue(v string) string {
+	if strings.Contains(v, "=") {
+		return maskAppSecrets(v)
+	}
+	return "*****"
+}
+
 // writeMetrics prints the node's metrics in the Prometheus text format.
 // The hot path only bumps atomics; the formatting cost is the scraper's.
 func writeMetrics(w io.Writer, a *admin) error {
@@ -119,16 +167,17 @@ func writeMetrics(w io.Writer, a *admin) error {
 	g := func(name, help string, v int64) { m.Gauge(name, help, float64(v)) }
 	m.Gauge("roost_node_info", "Always 1; labels name this node and its version.", 1, "node", a.srv.NodeID(), "version", version)
 
-	type appConns struct {
-		id string
-		n  int64
-	}
-	var apps []appConns
-	a.srv.AppConns(func(id string, n int64) { apps = append(apps, appConns{id, n}) })
-	sort.Slice(apps, func(i, j int) bool { return apps[i].id < apps[j].id })
-	for _, ac := range apps {
-		m.Gauge("roost_connections", "Open WebSocket connections, by app.", float64(ac.n), "app", ac.id)
-	}
+	a.srv.AppStats(func(id string, st *loop.AppStat) {
+		m.Gauge("roost_connections", "Open WebSocket connections, by app.", float64(st.Conns), "app", id)
+	})
+	a.srv.AppStats(func(id string, st *loop.AppStat) {
+		m.Gauge("roost_app_remote_connections", "The app's connections on the other nodes, as last shared through Redis.", float64(st.Remote), "app", id)
+	})
+	a.srv.AppStats(func(id string, st *loop.AppStat) {
+		for i, name := range loop.RefusalNames {
+			m.Counter("roost_app_refusals_total", "Refusals by app and reason: conn_limit and user_conn_limit (closed 1008), user_rate and app_rate (err rate_limited), too_large, room_limit, auth (bad token or refresh), disabled.", float64(st.Refused[i]), "app", id, "reason", name)
+		}
+	})
 	g("roost_connections_total_open", "Open WebSocket connections, all apps.", st.Conns.Load())
 	g("roost_upgrading_connections", "TCP connections still in the HTTP upgrade.", st.Upgrading.Load())
 	c("roost_accepted_total", "TCP connections accepted.", st.Accepted.Load())

@@ -31,6 +31,10 @@ type config struct {
 	node       loop.Config
 	admin      string
 	appSecrets string
+	// appSecretFile holds APP=SECRET lines (secrets kept off the command
+	// line); appsFile is the JSON app registry of a node without a database.
+	appSecretFile string
+	appsFile      string
 	// impliedInsecure: no --app-secret on a loopback listener, so the node
 	// runs in development mode without --insecure having been given.
 	impliedInsecure bool
@@ -61,6 +65,12 @@ type config struct {
 
 	configFile  string
 	printConfig bool
+
+	// environ lists the environment for the misspelling check (os.Environ
+	// in serve; nil skips the check).
+	environ func() []string
+	// readFile reads --app-secret-file (os.ReadFile; tests pass their own).
+	readFile func(string) ([]byte, error)
 
 	// source names where each setting came from, by flag name: "default",
 	// "flag", "env ROOST_X" or "file PATH:LINE".
@@ -112,7 +122,17 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.ShedAfter, "shed-after", d.ShedAfter, "answer new publishes err overloaded while an event loop's publishes take longer than this from read to commit (0: never)")
 	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
-	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`")
+	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`; give it in ROOST_APP_SECRET or --app-secret-file, never on the command line (ps shows it)")
+	fs.StringVar(&c.appSecretFile, "app-secret-file", "", "read app secrets from `FILE`: APP=SECRET lines, # comments")
+	fs.StringVar(&c.appsFile, "apps", "", "the app registry in a JSON `FILE` (roost app create --apps FILE); re-read on SIGHUP and when it changes. Without it, a node with --database-url keeps the registry in PostgreSQL")
+	fs.DurationVar(&c.node.Leeway, "token-leeway", d.Leeway, "clock skew allowed on a token's exp, nbf and iat")
+	fs.IntVar(&c.node.InsecureMaxApps, "insecure-max-apps", d.InsecureMaxApps, "insecure mode: apps made on first use at most (each is a metric series); then refused (0: no cap)")
+	fs.Int64Var(&c.node.Limits.MaxConns, "app-max-conns", d.Limits.MaxConns, "default connections of one app on the whole cluster (shared through Redis when configured; 0: no limit)")
+	fs.Int64Var(&c.node.Limits.MaxUserConns, "user-max-conns", d.Limits.MaxUserConns, "default connections of one user of an app on this node (0: no limit)")
+	fs.Float64Var(&c.node.Limits.PubRate, "pub-rate", d.Limits.PubRate, "default publishes per second of one user (0: no limit; insecure mode: no limit unless set)")
+	fs.Int64Var(&c.node.Limits.PubBurst, "pub-burst", d.Limits.PubBurst, "default publishes one user may send at once above --pub-rate")
+	fs.Float64Var(&c.node.Limits.AppPubRate, "app-pub-rate", d.Limits.AppPubRate, "default publishes per second of one app on this node (0: no limit; insecure mode: no limit unless set)")
+	fs.Int64Var(&c.node.Limits.MaxMsg, "max-msg", d.Limits.MaxMsg, "default largest pub body in `bytes` (err too_large above; 0: only --max-frame)")
 	fs.StringVar(&c.memStoreMax, "memory-store-max", "512MiB", "memory store's byte budget (e.g. 256MiB; 0: none): past it the rooms written least recently lose their oldest messages first")
 	fs.IntVar(&c.maxAppRooms, "max-rooms-per-app", 100000, "rooms one app may have, in memory and in PostgreSQL; a publish or join that would make one more gets err forbidden (0: no bound)")
 	fs.IntVar(&c.keep, "keep", 1000, "memory store's retention: newest messages kept per room for since and history (the retention flags may keep fewer)")
@@ -159,8 +179,10 @@ func (v *checked) Set(s string) error {
 func (v *checked) want(err error) string {
 	if g, ok := v.Value.(flag.Getter); ok {
 		switch g.Get().(type) {
-		case int:
+		case int, int64:
 			return "want a whole number"
+		case float64:
+			return "want a number"
 		case bool:
 			return "want true or false"
 		case time.Duration:
@@ -262,6 +284,12 @@ func parse(args []string, c *config, stderr io.Writer, getenv envLookup, readFil
 			c.source[f.Name] = fv.where
 		}
 	})
+	if c.environ != nil {
+		errs = append(errs, unknownEnv(c.environ(), fs)...)
+	}
+	if c.readFile == nil {
+		c.readFile = readFile
+	}
 	// A value that did not parse is reported once, not again as out of range.
 	for _, err := range validate(c) {
 		if !slices.ContainsFunc(failed, func(name string) bool { return strings.Contains(err.Error(), "--"+name+" ") }) {
@@ -269,6 +297,64 @@ func parse(args []string, c *config, stderr io.Writer, getenv envLookup, readFil
 		}
 	}
 	return errs
+}
+
+type secretEntry struct{ kv, where string }
+
+// otherEnv are ROOST_ variables that are not settings of serve.
+var otherEnv = map[string]bool{"ROOST_CONFIG": true, "ROOST_APP_SECRETS": true, "ROOST_BENCH_WORKER": true, "ROOST_SECRET": true}
+
+// unknownEnv reports ROOST_ variables that name no setting, as an unknown
+// key of the config file is: a typo must not leave a default in force
+// unnoticed.
+func unknownEnv(environ []string, fs *flag.FlagSet) []error {
+	known := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		for _, n := range envNames(f.Name) {
+			known[n] = true
+		}
+	})
+	var errs []error
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "ROOST_") || known[name] || otherEnv[name] || strings.HasPrefix(name, "ROOST_TEST_") {
+			continue
+		}
+		hint := ""
+		best := 3
+		for k := range known {
+			if d := editDistance(name, k); d < best || (d == best && hint != "" && k < hint) {
+				best, hint = d, k
+			}
+		}
+		if hint != "" {
+			hint = ", did you mean " + hint + "?"
+		}
+		errs = append(errs, fmt.Errorf("env %s: unknown setting%s (variables are ROOST_ and a flag name of roost serve -h, upper case, _ for -)", name, hint))
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errs
+}
+
+// editDistance is the Levenshtein distance of two short names.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // usageError is a command-line error the flag package already reported.
@@ -340,24 +426,58 @@ func validate(c *config) []error {
 		n.NodeID = defaultNodeID(n.Listen)
 	}
 	n.Apps = nil
+	var entries []secretEntry
 	if c.appSecrets != "" {
-		n.Apps = map[string][]byte{}
 		for _, kv := range strings.Split(c.appSecrets, ",") {
-			id, sec, ok := strings.Cut(strings.TrimSpace(kv), "=")
-			if !ok || !proto.ValidAppID([]byte(id)) || sec == "" {
-				bad("invalid --app-secret entry %q: want APP=SECRET with APP matching [A-Za-z0-9_.-]{1,64}", maskAppSecrets(kv))
-				continue
+			entries = append(entries, secretEntry{kv, "--app-secret (from " + c.source["app-secret"] + ")"})
+		}
+	}
+	if c.appSecretFile != "" {
+		b, err := c.readFile(c.appSecretFile)
+		if err != nil {
+			bad("cannot read --app-secret-file: %v", err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && line[0] != '#' {
+				entries = append(entries, secretEntry{line, fmt.Sprintf("--app-secret-file %s:%d", c.appSecretFile, i+1)})
 			}
+		}
+	}
+	for _, e := range entries {
+		if n.Apps == nil {
+			n.Apps = map[string][]byte{}
+		}
+		id, sec, ok := strings.Cut(strings.TrimSpace(e.kv), "=")
+		switch {
+		case !ok || !proto.ValidAppID([]byte(id)) || sec == "":
+			bad("invalid %s entry %q: want APP=SECRET with APP matching [A-Za-z0-9_.-]{1,64}", e.where, maskAppSecrets(e.kv))
+		case n.Apps[id] != nil:
+			bad("invalid %s entry %q: app %s is given twice (remove one)", e.where, maskAppSecrets(e.kv), id)
+		default:
 			n.Apps[id] = []byte(sec)
 		}
-	} else if !n.Insecure {
-		// A newcomer's `go run .` must just work: with no secrets and a
-		// loopback listener the node runs in development mode (serve warns).
-		// Anywhere else, a node without secrets would be open to all, and
-		// Validate says so.
+	}
+	// A registry (PostgreSQL, or --apps) or a secret means token mode:
+	// clients prove who they are. Without any, a newcomer's `go run .` must
+	// just work: on a loopback listener the node runs in development mode
+	// (serve warns); anywhere else it would be open to all, so it refuses.
+	n.Registry = c.appsFile != "" || c.databaseURL != ""
+	c.impliedInsecure = false
+	if !n.Insecure && len(entries) == 0 && !n.Registry {
+		// Anywhere else Validate refuses: a node without apps is open to all.
 		if ip := net.ParseIP(host); err == nil && (host == "localhost" || (ip != nil && ip.IsLoopback())) {
 			n.Insecure = true
 			c.impliedInsecure = true
+		}
+	}
+	if n.Insecure {
+		// Development mode measures the node, not its limits: publish
+		// rates are off unless asked for.
+		if c.source["pub-rate"] == "default" {
+			n.Limits.PubRate = 0
+		}
+		if c.source["app-pub-rate"] == "default" {
+			n.Limits.AppPubRate = 0
 		}
 	}
 	// Every node setting is checked where it is defined (Validate, which
@@ -539,10 +659,55 @@ func printConfig(w io.Writer, c *config) error {
 			err = e
 		}
 	})
+	// Derived: what the settings above add up to.
+	if _, e := fmt.Fprintf(tw, "(auth mode)\t%s\t%s\n", authMode(c), "derived"); e != nil && err == nil {
+		err = e
+	}
 	if e := tw.Flush(); e != nil && err == nil {
 		err = e
 	}
 	return err
+}
+
+// pgMaxConns is the PostgreSQL pool size serve uses.
+func pgMaxConns(c *config) int {
+	if c.pgMaxConns == 0 {
+		// Each worker commits a full batch as up to 4 parallel
+		// commits (persist.PoolConfig.Spread); reads share the rest.
+		return 4*c.workers + 4
+	}
+	return c.pgMaxConns
+}
+
+func pgMaxConnsText(c *config) string {
+	if c.pgMaxConns == 0 {
+		return strconv.Itoa(pgMaxConns(c)) + " (4 x publish workers + 4)"
+	}
+	return strconv.Itoa(c.pgMaxConns)
+}
+
+// authMode says how clients are identified, and where apps come from.
+func authMode(c *config) string {
+	n := &c.node
+	var from []string
+	switch {
+	case c.appsFile != "":
+		from = append(from, "registry file "+c.appsFile)
+	case c.databaseURL != "":
+		from = append(from, "registry in PostgreSQL")
+	}
+	if len(n.Apps) > 0 {
+		from = append(from, strconv.Itoa(len(n.Apps))+" --app-secret app(s)")
+	}
+	switch {
+	case c.impliedInsecure:
+		return "insecure (implied: loopback listener and no apps configured); ?user=&app=, apps made on first use"
+	case n.Insecure && len(from) > 0:
+		return "insecure (--insecure); ?user=&app= or tokens of " + strings.Join(from, " and ")
+	case n.Insecure:
+		return "insecure (--insecure); ?user=&app=, apps made on first use"
+	}
+	return "token (HS256 JWT, leeway " + n.Leeway.String() + "); apps from " + strings.Join(from, " and ")
 }
 
 // bindValues renders c's fields as flag values, keyed by flag name.
@@ -572,6 +737,16 @@ func bindValues(c *config, into map[string]string) {
 		"node-id":             n.NodeID,
 		"admin":               c.admin,
 		"app-secret":          c.appSecrets,
+		"app-secret-file":     c.appSecretFile,
+		"apps":                c.appsFile,
+		"token-leeway":        d(n.Leeway),
+		"insecure-max-apps":   strconv.Itoa(n.InsecureMaxApps),
+		"app-max-conns":       strconv.FormatInt(n.Limits.MaxConns, 10),
+		"user-max-conns":      strconv.FormatInt(n.Limits.MaxUserConns, 10),
+		"pub-rate":            strconv.FormatFloat(n.Limits.PubRate, 'g', -1, 64),
+		"pub-burst":           strconv.FormatInt(n.Limits.PubBurst, 10),
+		"app-pub-rate":        strconv.FormatFloat(n.Limits.AppPubRate, 'g', -1, 64),
+		"max-msg":             strconv.FormatInt(n.Limits.MaxMsg, 10),
 		"keep":                strconv.Itoa(c.keep),
 		"memory-store-max":    c.memStoreMax,
 		"max-rooms-per-app":   strconv.Itoa(c.maxAppRooms),
@@ -581,7 +756,7 @@ func bindValues(c *config, into map[string]string) {
 		"retention-interval":  d(c.retInterval),
 		"database-url":        c.databaseURL,
 		"migrate":             strconv.FormatBool(c.migrate),
-		"pg-max-conns":        strconv.Itoa(c.pgMaxConns),
+		"pg-max-conns":        pgMaxConnsText(c),
 		"statement-timeout":   d(c.stmtTimeout),
 		"publish-workers":     strconv.Itoa(c.workers),
 		"batch-max":           strconv.Itoa(c.batchMax),

@@ -16,6 +16,8 @@ var exposedMetrics = []string{
 	"go_heap_objects_bytes",
 	"go_memory_total_bytes",
 	"roost_accepted_total",
+	"roost_app_refusals_total",
+	"roost_app_remote_connections",
 	"roost_ack_latency_seconds_bucket",
 	"roost_ack_latency_seconds_count",
 	"roost_ack_latency_seconds_sum",

@@ -96,11 +96,16 @@ func inProcessNode(t *testing.T, args ...string) (addr, admin string) {
 // inProcessNodeStop is inProcessNode with a stop function: SIGTERM as the
 // signal handler would deliver it, then wait for serve to return 0.
 func inProcessNodeStop(t *testing.T, args ...string) (addr, admin string, stop func()) {
+	return inProcessServe(t, append([]string{"--insecure"}, args...)...)
+}
+
+// inProcessServe is inProcessNodeStop without --insecure.
+func inProcessServe(t *testing.T, args ...string) (addr, admin string, stop func()) {
 	t.Helper()
 	sig := make(chan os.Signal, 1)
 	logs := &syncBuffer{}
 	done := make(chan int, 1)
-	args = append([]string{"--insecure", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--log-format", "json", "--loops", "2", "--flush", "1ms", "--drain", "100ms"}, args...)
+	args = append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--log-format", "json", "--loops", "2", "--flush", "1ms", "--drain", "100ms"}, args...)
 	go func() { done <- serve(args, io.Discard, logs, sig) }()
 	var once sync.Once
 	stop = func() {
@@ -362,7 +367,10 @@ database-url = postgres://app:filepw@db:5432/chat
 			}
 		}
 	})
-	if lines := strings.Count(s, "\n") - 1; lines != n {
+	if !regexp.MustCompile(`(?m)^\(auth mode\)\s+token .*2 --app-secret app\(s\)\s+derived$`).MatchString(s) {
+		t.Errorf("print-config lacks the auth mode:\n%s", s)
+	}
+	if lines := strings.Count(s, "\n") - 2; lines != n { // less the header and the auth mode
 		t.Errorf("print-config has %d settings, want %d", lines, n)
 	}
 }

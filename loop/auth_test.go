@@ -76,6 +76,7 @@ func TestTokenExpiryCloses(t *testing.T) {
 	n := startNode(t, func(c *Config) {
 		c.Insecure = false
 		c.Apps = map[string][]byte{"acme": secret}
+		c.Leeway = 0
 	})
 	c := n.dialQuery(t, "token="+SignToken(secret, "acme", "a", time.Now().Add(1500*time.Millisecond), nil))
 	c.send(`{"op":"ping"}`)

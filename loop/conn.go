@@ -29,12 +29,12 @@ type conn struct {
 	gc       gnet.Conn
 	l        *loopState
 	app      *app
+	au       *appUser // this connection's count and publish bucket in app; nil until admitted
 	user     string
-	rooms    *roomClaims // allowed rooms from the token; nil = every room
+	rooms    *roomClaims // the token's rooms and expiry; nil: no token (insecure), every room
 	frag     []byte      // a fragmented message being assembled; nil otherwise
 	opened   int64       // Unix ms
 	lastRead int64       // Unix ms of the last input (ticker resolution)
-	exp      int64       // token expiry, Unix s; 0 = none
 	pos      int32       // index in l.conns
 	ip       netip.Addr  // source address counted against MaxConnsPerIP; zero when not counted
 	fragOp   ws.OpCode
@@ -126,7 +126,10 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		s.Stats.Upgrading.Add(-1)
 	} else {
 		s.Stats.Conns.Add(-1)
-		c.app.conns.Add(-1)
+		if c.au != nil {
+			c.app.release(c.user, c.au)
+			c.au = nil
+		}
 	}
 	c.closed = true
 	c.m.Closed = true
@@ -200,8 +203,8 @@ func (c *conn) dueAt() int64 {
 		if c.pinged {
 			d += cfg.IdleInterval.Milliseconds()
 		}
-		if c.exp != 0 && c.exp*1000 < d {
-			d = c.exp * 1000
+		if c.rooms != nil && c.rooms.expMS < d {
+			d = c.rooms.expMS
 		}
 		return d
 	default:
@@ -239,7 +242,7 @@ func (c *conn) upgrade() bool {
 		// Identity first: a browser cannot read why its upgrade was
 		// refused, so a client asks the same URL over plain HTTP and gets
 		// the 401 and its reason; 426 then means the identity is fine.
-		if he := c.identify(req.Query); he != nil {
+		if he := c.identify(&req); he != nil {
 			c.refuse(he)
 			return false
 		}
@@ -247,10 +250,21 @@ func (c *conn) upgrade() bool {
 		c.refuse(&proto.HTTPError{Status: 426, Reason: "upgrade required: /ws speaks WebSocket only"})
 		return false
 	}
-	if he := c.identify(req.Query); he != nil {
+	if he := c.identify(&req); he != nil {
 		c.refuse(he)
 		return false
 	}
+	cfg := c.app.cfg.Load()
+	switch {
+	case cfg == nil: // left the registry since the token was checked
+		c.refuse(errUnknown)
+		return false
+	case cfg.disabled:
+		c.app.refused[RefusedDisabled].Add(1)
+		c.refuse(errDisabled)
+		return false
+	}
+	au, limited := c.app.admit(cfg, c.user)
 	out := proto.AppendUpgradeResponse(l.scratch[:0], req.Key)
 	if s.nodeHeader != nil {
 		// The head ends in an empty line: put the node header before it.
@@ -264,7 +278,13 @@ func (c *conn) upgrade() bool {
 	c.state = stateOpen
 	s.Stats.Upgrading.Add(-1)
 	s.Stats.Conns.Add(1)
-	c.app.conns.Add(1)
+	if limited != "" {
+		// Over a connection limit: the upgrade completes and the close
+		// follows at once, so that a browser can read the reason.
+		c.closeWith(proto.ClosePolicy, []byte(limited))
+		return false
+	}
+	c.au = au
 	return true
 }
 
@@ -421,6 +441,8 @@ func (c *conn) message(p []byte) {
 		c.pub(cmd)
 	case proto.OpHistory:
 		c.history(cmd)
+	case proto.OpAuth:
+		c.refresh(cmd.Token)
 	}
 }
 
@@ -488,6 +510,10 @@ func (c *conn) join(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
 		return
 	}
+	if !c.admitJoin() {
+		c.sendErr(cmd.Room, proto.CodeForbidden, "room limit of this connection reached")
+		return
+	}
 	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), cmd.Since, cmd.HasSince); err {
 	case nil:
 	case fanout.ErrJoined:
@@ -524,6 +550,10 @@ func (c *conn) pub(cmd *proto.Command) {
 		l.srv.Stats.Overloaded.Add(1)
 		l.srv.Stats.Shed.Add(1)
 		c.sendErr(cmd.ID, proto.CodeOverloaded, "node overloaded: retry later with the same id")
+		return
+	}
+	// Limits last: a publish refused for overload spends no rate credit.
+	if !c.admitPub(cmd) {
 		return
 	}
 	req := proto.GetPubRequest()

@@ -21,11 +21,12 @@ const iovMax = 1024
 type taskKind uint8
 
 const (
-	tFanout taskKind = iota + 1 // ev: work for the loop's rooms (fanout.Table.Run)
-	tAck                        // ack: a publish of this loop was answered
-	tFlush                      // the flush tick: write pending output
-	tSweep                      // idle pings, timeouts, token expiry
-	tDrain                      // drain: one round of Server.Drain
+	tFanout   taskKind = iota + 1 // ev: work for the loop's rooms (fanout.Table.Run)
+	tAck                          // ack: a publish of this loop was answered
+	tFlush                        // the flush tick: write pending output
+	tSweep                        // idle pings, timeouts, token expiry
+	tDrain                        // drain: one round of Server.Drain
+	tCloseApp                     // app: close the connections of this app (disabled)
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -35,6 +36,7 @@ type task struct {
 	ev    fanout.Event
 	ack   *pubStamp   // the publish, its outcome filled in
 	drain *drainRound // rare: allocated per round
+	app   string      // tCloseApp
 }
 
 // drainRound is one round of Server.Drain on one loop: with code 0 the loop
@@ -309,6 +311,8 @@ func (l *loopState) run(t *task) {
 	case tDrain:
 		l.drainConns(t.drain.code, t.drain.roundsLeft)
 		t.drain.done()
+	case tCloseApp:
+		l.closeApp(t.app)
 	}
 }
 
@@ -411,6 +415,7 @@ func (l *loopState) retryReason() []byte {
 // l.due and visits only the connections due.
 func (l *loopState) sweep() {
 	now := l.now()
+	l.srv.apps.maybePrune(now)
 	idle := l.srv.cfg.IdleInterval.Milliseconds()
 	upTimeout := l.srv.cfg.UpgradeTimeout.Milliseconds()
 	for i := 0; i < len(l.due); i++ {
@@ -437,7 +442,7 @@ func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
 			c.upgradeTimeout()
 		}
 	case c.state != stateOpen:
-	case c.exp != 0 && now/1000 >= c.exp:
+	case c.rooms != nil && now >= c.rooms.expMS:
 		c.closeWith(proto.ClosePolicy, []byte("token expired"))
 	case silent >= 2*idle:
 		c.closeWith(proto.CloseNormal, []byte("idle timeout"))

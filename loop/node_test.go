@@ -38,6 +38,8 @@ func testConfig() Config {
 	cfg.Insecure = true
 	cfg.Loops = 2
 	cfg.FlushInterval = time.Millisecond
+	// As main does in insecure mode: publish rates off unless a test sets them.
+	cfg.Limits.PubRate, cfg.Limits.AppPubRate = 0, 0
 	return cfg
 }
 

@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/panjf2000/gnet/v2/pkg/logging"
 
@@ -54,7 +55,19 @@ type Config struct {
 	// ShedAfter: while a loop's publishes take longer than this from read
 	// to commit (smoothed), it answers new ones err overloaded (0: never).
 	ShedAfter time.Duration
-	Apps      map[string][]byte // app id -> HS256 secret (production mode)
+	Apps      map[string][]byte // app id -> HS256 secret (--app-secret)
+	// Registry: apps come from a registry (SetApps) too, so a node with
+	// no Apps is still in token mode.
+	Registry bool
+	// Limits are the defaults of every app's limits (the registry
+	// overrides them per app). MaxRooms is the ceiling of rooms per
+	// connection: an app's max_rooms can lower it, not raise it.
+	Limits Limits
+	// Leeway is the clock skew allowed on a token's exp, nbf and iat.
+	Leeway time.Duration
+	// InsecureMaxApps caps the apps made on first use in insecure mode
+	// (each is a metric series and a map entry); 0: no cap.
+	InsecureMaxApps int
 	// MaxConns is the connection budget: TCP connections the client
 	// listener holds at once, upgraded or not (0: no budget). main derives
 	// it from RLIMIT_NOFILE minus a reserve, so that accept never meets
@@ -87,15 +100,18 @@ func Defaults() Config {
 			Readers:       8,
 			GapWindow:     250 * time.Millisecond,
 		},
-		Listen:         "127.0.0.1:8080",
-		MaxFrame:       64 << 10,
-		IdleInterval:   25 * time.Second,
-		FlushInterval:  4 * time.Millisecond, // p99 under 10 ms at 1,000 msg/s in a 330-member room; see docs/benchmarks.md
-		UpgradeTimeout: 10 * time.Second,
-		RetryMin:       500 * time.Millisecond,
-		RetryMax:       5 * time.Second,
-		ShedAfter:      time.Second,
-		InboxLimit:     65536,
+		Listen:          "127.0.0.1:8080",
+		MaxFrame:        64 << 10,
+		IdleInterval:    25 * time.Second,
+		FlushInterval:   4 * time.Millisecond, // p99 under 10 ms at 1,000 msg/s in a 330-member room; see docs/benchmarks.md
+		UpgradeTimeout:  10 * time.Second,
+		RetryMin:        500 * time.Millisecond,
+		RetryMax:        5 * time.Second,
+		ShedAfter:       time.Second,
+		InboxLimit:      65536,
+		Limits:          DefaultLimits(),
+		Leeway:          5 * time.Second,
+		InsecureMaxApps: 100,
 	}
 }
 
@@ -108,6 +124,7 @@ type Server struct {
 	log  *slog.Logger
 	fan  *fanout.Node
 	apps *apps
+	jwt  *jwt.Parser
 	// nodeHeader ends every 101 response: "X-Roost-Node: ID\r\n\r\n".
 	nodeHeader []byte
 	// script and demo are the files of Config.ClientScript and DemoPage.
@@ -263,16 +280,6 @@ func (l *loopState) shedding() bool {
 	return sa > 0 && l.inflight > 0 && l.commitLag > sa
 }
 
-// AppConns calls fn for every app with its open WebSocket connections
-// (for metrics). Any goroutine.
-func (s *Server) AppConns(fn func(app string, conns int64)) {
-	s.apps.mu.RLock()
-	defer s.apps.mu.RUnlock()
-	for id, a := range s.apps.byID {
-		fn(id, a.conns.Load())
-	}
-}
-
 // New builds the client side of a node in front of fan, whose Config must
 // be cfg.Config. It checks cfg first (Validate).
 func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server, error) {
@@ -286,7 +293,8 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		cfg:     cfg,
 		log:     log,
 		fan:     fan,
-		apps:    newApps(cfg.Insecure, cfg.Apps),
+		apps:    newApps(&cfg),
+		jwt:     newTokenParser(cfg.Leeway),
 		booted:  make(chan struct{}),
 		stopped: make(chan struct{}),
 		done:    make(chan struct{}),
@@ -316,8 +324,22 @@ func (c *Config) Validate() []error {
 	} else if ip := net.ParseIP(host); c.Insecure && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		bad("invalid --listen %q with --insecure: insecure mode listens on loopback only (use 127.0.0.1:PORT or drop --insecure)", c.Listen)
 	}
-	if !c.Insecure && len(c.Apps) == 0 {
-		bad("no app secrets for --listen %q: give --app-secret APP=SECRET, or run with --insecure on a loopback address", c.Listen)
+	if c.Leeway < 0 || c.Leeway > time.Hour {
+		bad("invalid --token-leeway %s: want 0 to 1h", c.Leeway)
+	}
+	if c.InsecureMaxApps < 0 {
+		bad("invalid --insecure-max-apps %d: want 0 (no cap) or more", c.InsecureMaxApps)
+	}
+	if l := &c.Limits; l.MaxConns < 0 || l.MaxUserConns < 0 || l.PubBurst < 0 || l.MaxMsg < 0 {
+		bad("invalid limits: --app-max-conns, --user-max-conns, --pub-burst and --max-msg want 0 (off) or more")
+	}
+	if l := &c.Limits; !(l.PubRate >= 0) || !(l.AppPubRate >= 0) {
+		bad("invalid rates: --pub-rate and --app-pub-rate want 0 (off) or more per second")
+	} else if l.PubRate > 0 && l.PubBurst < 1 {
+		bad("invalid --pub-burst %d: want at least 1 with --pub-rate %g", l.PubBurst, l.PubRate)
+	}
+	if !c.Insecure && len(c.Apps) == 0 && !c.Registry {
+		bad("no apps for --listen %q: give --apps FILE, --database-url, or --app-secret APP=SECRET (in ROOST_APP_SECRET), or run with --insecure on a loopback address", c.Listen)
 	}
 	for id, sec := range c.Apps {
 		if !proto.ValidAppID([]byte(id)) || len(sec) == 0 {

@@ -1,0 +1,510 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+)
+
+const appUsage = `Usage: roost app COMMAND [ID] [flags]
+
+  create ID [limits]            register an app; prints {"app":"ID","secret":"..."}
+  list                          every app as JSON (secrets masked)
+  show ID                       one app as JSON (secrets masked)
+  rotate ID [--keep-previous D] new secret (printed alone); the previous one stays valid for D (default 24h)
+  disable ID                    refuse the app's clients; its live connections are closed (1008 app disabled)
+  enable ID                     accept them again
+  set ID [limits]               change limits and retention:
+        --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
+        --max-msg BYTES --max-rooms N --keep-age D --keep-count N
+        (a value "default" returns to the node's default; 0 turns a limit off)
+
+The registry: --database-url URL (PostgreSQL, also ROOST_DATABASE_URL or
+DATABASE_URL) or --apps FILE (JSON, also ROOST_APPS). Running nodes see a
+change within 2 s. stdout is for scripts (JSON, secrets), stderr for words.
+`
+
+// registryFlags are the flags every registry command takes.
+type registryFlags struct {
+	databaseURL, appsFile string
+}
+
+func (r *registryFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&r.databaseURL, "database-url", "", "PostgreSQL `url` holding the registry (default: ROOST_DATABASE_URL or DATABASE_URL)")
+	fs.StringVar(&r.appsFile, "apps", "", "the registry as a JSON `FILE` (default: ROOST_APPS)")
+}
+
+// open returns the registry, and a function to release it.
+func (r *registryFlags) open(ctx context.Context) (persist.Registry, func(), error) {
+	if r.appsFile == "" {
+		r.appsFile = os.Getenv("ROOST_APPS")
+	}
+	if r.databaseURL == "" && r.appsFile == "" {
+		for _, name := range envNames("database-url") {
+			if v, ok := os.LookupEnv(name); ok && v != "" {
+				r.databaseURL = v
+				break
+			}
+		}
+	}
+	switch {
+	case r.appsFile != "":
+		return persist.OpenAppFile(r.appsFile), func() {}, nil
+	case r.databaseURL != "":
+		pg, err := persist.OpenPostgres(ctx, r.databaseURL, persist.PGConfig{MaxConns: 2})
+		if err != nil {
+			return nil, nil, err
+		}
+		ok, err := pg.SchemaCurrent(ctx)
+		if err == nil && !ok {
+			err = errors.New("database schema is outdated: run `roost migrate`")
+		}
+		if err != nil {
+			pg.Close()
+			return nil, nil, err
+		}
+		return pg, pg.Close, nil
+	}
+	return nil, nil, errors.New("no registry: give --database-url URL or --apps FILE (or ROOST_DATABASE_URL, ROOST_APPS)")
+}
+
+// limitFlags are the per-app settings of create and set; each stays nil
+// unless given, and "default" clears an override.
+type limitFlags struct {
+	set map[string]string
+}
+
+var limitNames = []struct{ name, help string }{
+	{"max-conns", "connections of the app on the whole cluster"},
+	{"max-user-conns", "connections of one user on a node"},
+	{"pub-rate", "publishes per second of one user"},
+	{"pub-burst", "publishes one user may send at once"},
+	{"app-pub-rate", "publishes per second of the app on a node"},
+	{"max-msg", "largest message body in bytes"},
+	{"max-rooms", "rooms one connection may join"},
+	{"keep-age", "retention: delete messages older than this (PostgreSQL; 0: forever)"},
+	{"keep-count", "retention: keep this many newest messages per room (PostgreSQL; 0: all)"},
+}
+
+func (l *limitFlags) bind(fs *flag.FlagSet) {
+	l.set = map[string]string{}
+	for _, n := range limitNames {
+		fs.Func(n.name, n.help+` (a number; "default": the node's)`, func(v string) error {
+			l.set[n.name] = v
+			return nil
+		})
+	}
+}
+
+// apply writes the given limits into a.
+func (l *limitFlags) apply(a *proto.App) error {
+	for name, v := range l.set {
+		def := v == "default"
+		bad := func(want string) error { return fmt.Errorf("invalid --%s %q: want %s or \"default\"", name, v, want) }
+		switch name {
+		case "pub-rate", "app-pub-rate":
+			var p *float64
+			if !def {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil || !(f >= 0) {
+					return bad("publishes per second (0: no limit)")
+				}
+				p = &f
+			}
+			if name == "pub-rate" {
+				a.Limits.PubRate = p
+			} else {
+				a.Limits.AppPubRate = p
+			}
+		case "keep-age":
+			d := time.Duration(0)
+			if !def {
+				var err error
+				if d, err = time.ParseDuration(v); err != nil || d < 0 {
+					return bad("a duration such as 720h (0: forever)")
+				}
+			}
+			a.KeepAge = proto.Duration(d)
+		case "keep-count":
+			n := 0
+			if !def {
+				var err error
+				if n, err = strconv.Atoi(v); err != nil || n < 0 {
+					return bad("a whole number (0: all)")
+				}
+			}
+			a.KeepCount = n
+		default:
+			var p *int64
+			if !def {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil || n < 0 {
+					return bad("a whole number (0: no limit)")
+				}
+				p = &n
+			}
+			switch name {
+			case "max-conns":
+				a.Limits.MaxConns = p
+			case "max-user-conns":
+				a.Limits.MaxUserConns = p
+			case "pub-burst":
+				a.Limits.PubBurst = p
+			case "max-msg":
+				a.Limits.MaxMsg = p
+			case "max-rooms":
+				a.Limits.MaxRooms = p
+			}
+		}
+	}
+	return nil
+}
+
+// newSecret is 32 random bytes, base64url: 256 bits for HS256.
+func newSecret() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("BUG: no randomness: " + err.Error())
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// maskSecret keeps the last 4 characters, enough to tell two secrets apart.
+func maskSecret(s string) string {
+	if s == "" {
+		return ""
+	}
+	if len(s) < 24 {
+		return "*****"
+	}
+	return "*****" + s[len(s)-4:]
+}
+
+// appView is an app as list and show print it.
+type appView struct {
+	App            string          `json:"app"`
+	Secret         string          `json:"secret"`
+	PreviousSecret string          `json:"previous_secret,omitempty"`
+	PreviousUntil  *time.Time      `json:"previous_until,omitempty"`
+	Enabled        bool            `json:"enabled"`
+	Limits         proto.AppLimits `json:"limits"`
+	KeepAge        string          `json:"keep_age,omitempty"`
+	KeepCount      int             `json:"keep_count,omitempty"`
+	Created        *time.Time      `json:"created,omitempty"`
+}
+
+func viewOf(a *proto.App) appView {
+	v := appView{App: a.ID, Secret: maskSecret(a.Secret), Enabled: !a.Disabled, Limits: a.Limits, KeepCount: a.KeepCount}
+	if a.PreviousSecret != "" && time.Now().Before(a.PreviousUntil) {
+		v.PreviousSecret = maskSecret(a.PreviousSecret)
+		u := a.PreviousUntil
+		v.PreviousUntil = &u
+	}
+	if a.KeepAge > 0 {
+		v.KeepAge = time.Duration(a.KeepAge).String()
+	}
+	if !a.Created.IsZero() {
+		c := a.Created
+		v.Created = &c
+	}
+	return v
+}
+
+func printJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+// splitPositional separates positional arguments from flags, so that
+// `roost app set ID --max-conns 5` and `roost app set --max-conns 5 ID`
+// both work (the flag package stops at the first non-flag).
+func splitPositional(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func appMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, appUsage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("roost app "+sub, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, appUsage+"\nFlags of roost app "+sub+":\n")
+		fs.PrintDefaults()
+	}
+	var rf registryFlags
+	rf.bind(fs)
+	var lf limitFlags
+	keep := 24 * time.Hour
+	switch sub {
+	case "create", "set":
+		lf.bind(fs)
+	case "rotate":
+		fs.DurationVar(&keep, "keep-previous", keep, "how long the previous secret stays valid (0: not at all)")
+	case "list", "show", "disable", "enable":
+	default:
+		fmt.Fprintf(stderr, "roost app: unknown command %q\n\n%s", sub, appUsage)
+		return 2
+	}
+	pos, err := splitPositional(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	want := 1
+	if sub == "list" {
+		want = 0
+	}
+	if len(pos) != want {
+		if want == 0 {
+			fmt.Fprintf(stderr, "roost app list: unexpected argument %q\n", pos[0])
+		} else {
+			fmt.Fprintf(stderr, "roost app %s: want one app ID, got %d arguments\n", sub, len(pos))
+		}
+		return 2
+	}
+	var id string
+	if want == 1 {
+		id = pos[0]
+		if !proto.ValidAppID([]byte(id)) {
+			fmt.Fprintf(stderr, "roost app %s: invalid app ID %q: want [A-Za-z0-9_.-]{1,64}\n", sub, id)
+			return 2
+		}
+	}
+	if keep < 0 {
+		fmt.Fprintln(stderr, "roost app rotate: invalid --keep-previous: want 0 or more")
+		return 2
+	}
+	// A limit value is checked before the registry is touched.
+	var probe proto.App
+	if err := lf.apply(&probe); err != nil {
+		fmt.Fprintf(stderr, "roost app %s: %v\n", sub, err)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg, closeReg, err := rf.open(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "roost app %s: %v\n", sub, err)
+		return 2
+	}
+	defer closeReg()
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "roost app %s: %v\n", sub, err)
+		if errors.Is(err, persist.ErrNoApp) || errors.Is(err, persist.ErrAppExists) {
+			return 1
+		}
+		return 1
+	}
+	switch sub {
+	case "create":
+		a := proto.App{ID: id, Secret: newSecret()}
+		if err := lf.apply(&a); err != nil {
+			return fail(err)
+		}
+		if err := reg.CreateApp(ctx, a); err != nil {
+			return fail(err)
+		}
+		if err := printJSON(stdout, map[string]string{"app": id, "secret": a.Secret}); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stderr, "roost app create: app %s registered; the secret is shown this once (roost app rotate makes a new one)\n", id)
+	case "list":
+		apps, err := reg.Apps(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		views := make([]appView, 0, len(apps))
+		for i := range apps {
+			views = append(views, viewOf(&apps[i]))
+		}
+		if err := printJSON(stdout, views); err != nil {
+			return fail(err)
+		}
+	case "show":
+		apps, err := reg.Apps(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		for i := range apps {
+			if apps[i].ID == id {
+				if err := printJSON(stdout, viewOf(&apps[i])); err != nil {
+					return fail(err)
+				}
+				return 0
+			}
+		}
+		return fail(fmt.Errorf("app %s: %w", id, persist.ErrNoApp))
+	case "rotate":
+		secret := newSecret()
+		a, err := reg.UpdateApp(ctx, id, func(a *proto.App) error {
+			if keep > 0 {
+				a.PreviousSecret, a.PreviousUntil = a.Secret, time.Now().Add(keep).UTC()
+			} else {
+				a.PreviousSecret, a.PreviousUntil = "", time.Time{}
+			}
+			a.Secret = secret
+			return nil
+		})
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(stdout, a.Secret)
+		if keep > 0 {
+			fmt.Fprintf(stderr, "roost app rotate: new secret for %s; the previous one stays valid until %s\n", id, a.PreviousUntil.Format(time.RFC3339))
+		} else {
+			fmt.Fprintf(stderr, "roost app rotate: new secret for %s; the previous one is no longer valid\n", id)
+		}
+	case "disable", "enable":
+		if _, err := reg.UpdateApp(ctx, id, func(a *proto.App) error {
+			a.Disabled = sub == "disable"
+			return nil
+		}); err != nil {
+			return fail(err)
+		}
+		if sub == "disable" {
+			fmt.Fprintf(stderr, "roost app disable: %s disabled; nodes close its connections within 2 s\n", id)
+		} else {
+			fmt.Fprintf(stderr, "roost app enable: %s enabled\n", id)
+		}
+	case "set":
+		if len(lf.set) == 0 {
+			fmt.Fprintln(stderr, "roost app set: nothing to set: give a limit flag (roost app set -h)")
+			return 2
+		}
+		a, err := reg.UpdateApp(ctx, id, lf.apply)
+		if err != nil {
+			return fail(err)
+		}
+		if err := printJSON(stdout, viewOf(&a)); err != nil {
+			return fail(err)
+		}
+	}
+	return 0
+}
+
+// tokenMain is `roost token`: it prints a client token alone, for scripts.
+func tokenMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("roost token", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	appID := fs.String("app", "", "app `ID` (required)")
+	user := fs.String("user", "", "user id, the token's sub (required)")
+	ttl := fs.Duration("ttl", time.Hour, "how long the token is valid")
+	rooms := fs.String("rooms", "", "rooms the user may join and publish to, comma-separated, `prefix*` allowed (default: every room)")
+	secret := fs.String("secret", "", "the app's `SECRET` (prefer ROOST_SECRET or --secret-file: the command line is visible to every user)")
+	secretFile := fs.String("secret-file", "", "read the secret from `FILE`")
+	var rf registryFlags
+	rf.bind(fs)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: roost token --app A --user U [--ttl 1h] [--rooms 'a,b*'] with --secret-file F, ROOST_SECRET, --secret S, or the registry (--database-url, --apps)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "roost token: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	switch {
+	case !proto.ValidAppID([]byte(*appID)):
+		fmt.Fprintln(stderr, "roost token: give --app ID ([A-Za-z0-9_.-]{1,64})")
+		return 2
+	case *user == "" || len(*user) > 128:
+		fmt.Fprintln(stderr, "roost token: give --user ID (1 to 128 bytes)")
+		return 2
+	case *ttl <= 0:
+		fmt.Fprintln(stderr, "roost token: --ttl must be positive")
+		return 2
+	}
+	var roomList []string
+	if *rooms != "" {
+		for _, r := range strings.Split(*rooms, ",") {
+			r = strings.TrimSpace(r)
+			if !proto.ValidRoom([]byte(strings.TrimSuffix(r, "*"))) && r != "*" {
+				fmt.Fprintf(stderr, "roost token: invalid room %q in --rooms: want [A-Za-z0-9_.:-]{1,128}, optionally ending in *\n", r)
+				return 2
+			}
+			roomList = append(roomList, r)
+		}
+	}
+	sec := *secret
+	if *secretFile != "" {
+		b, err := os.ReadFile(*secretFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "roost token: cannot read --secret-file:", err)
+			return 2
+		}
+		sec = strings.TrimSpace(string(b))
+	}
+	if sec == "" {
+		sec = os.Getenv("ROOST_SECRET")
+	}
+	if sec == "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		reg, closeReg, err := rf.open(ctx)
+		if err != nil {
+			fmt.Fprintln(stderr, "roost token: no secret: give --secret-file, ROOST_SECRET or --secret, or a registry;", err)
+			return 2
+		}
+		defer closeReg()
+		apps, err := reg.Apps(ctx)
+		if err != nil {
+			fmt.Fprintln(stderr, "roost token:", err)
+			return 1
+		}
+		for i := range apps {
+			if apps[i].ID == *appID {
+				sec = apps[i].Secret
+			}
+		}
+		if sec == "" {
+			fmt.Fprintf(stderr, "roost token: app %s is not in the registry\n", *appID)
+			return 1
+		}
+	}
+	tok, err := proto.SignToken([]byte(sec), *appID, *user, time.Now().Add(*ttl), roomList)
+	if err != nil {
+		fmt.Fprintln(stderr, "roost token:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, tok)
+	return 0
+}
