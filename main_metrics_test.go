@@ -45,6 +45,8 @@ var exposedMetrics = []string{
 	"roost_frames_out_total",
 	"roost_gap_closes_total",
 	"roost_gap_repairs_total",
+	"roost_join_reads_total",
+	"roost_join_replays_total",
 	"roost_loop_inbox_depth",
 	"roost_loop_inbox_overflow_total",
 	"roost_memory_store_bytes",
