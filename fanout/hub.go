@@ -28,7 +28,8 @@ type loopSet interface {
 }
 
 // hub knows which loops hold which room, and subscribes the node to a room
-// while any loop holds it. It is the broker's pubsub.Handler.
+// while any loop holds it. The broker's deliveries reach it through the
+// Node (the broker's pubsub.Handler).
 //
 // Lock order: a shard lock is never held while calling the subscriber or
 // the loops (the in-process broker calls back synchronously).
