@@ -3,6 +3,7 @@ module github.com/roost-chat/roost
 go 1.26.8
 
 require (
+	github.com/VictoriaMetrics/metrics v1.45.0
 	github.com/bytedance/sonic v1.15.5
 	github.com/gobwas/ws v1.5.0
 	github.com/golang-jwt/jwt/v5 v5.3.1
@@ -24,6 +25,8 @@ require (
 	github.com/panjf2000/ants/v2 v2.11.3 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/fastrand v1.1.0 // indirect
+	github.com/valyala/histogram v1.2.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect
 	golang.org/x/arch v0.0.0-20210923205945-b76863e36670 // indirect

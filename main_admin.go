@@ -1,24 +1,26 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"runtime"
 	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	vm "github.com/VictoriaMetrics/metrics"
+
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/pubsub"
-	"github.com/roost-chat/roost/tuning"
 )
 
 // admin is what the admin listener reads: the node's counters and its
@@ -39,23 +41,33 @@ var (
 )
 
 // histograms are the node's histograms, fed by the loops and fanout and
-// read by the scrape.
+// written by the scrape through the metrics library (set).
 type histograms struct {
-	writeFrames    *tuning.Histogram // frames per writev: the batch size of one write
-	publishLatency *tuning.Histogram // seconds from a pub frame read to its commit
-	ackLatency     *tuning.Histogram // seconds from a pub frame read to its ack queued
-	brokerLatency  *tuning.Histogram // seconds one broker Publish of a committed message takes
-	deliveryLag    *tuning.Histogram // seconds from commit to arrival through the broker, sampled
+	set            *vm.Set
+	writeFrames    *histogram // frames per writev: the batch size of one write
+	publishLatency *histogram // seconds from a pub frame read to its commit
+	ackLatency     *histogram // seconds from a pub frame read to its ack queued
+	brokerLatency  *histogram // seconds one broker round trip of a commit batch takes
+	deliveryLag    *histogram // seconds from commit to arrival through the broker, sampled
 }
 
 func newHistograms() *histograms {
-	return &histograms{
-		writeFrames:    tuning.NewHistogram(writeFramesBuckets...),
-		publishLatency: tuning.NewHistogram(latencyBuckets...),
-		ackLatency:     tuning.NewHistogram(latencyBuckets...),
-		brokerLatency:  tuning.NewHistogram(latencyBuckets...),
-		deliveryLag:    tuning.NewHistogram(latencyBuckets...),
+	h := &histograms{
+		set:            vm.NewSet(),
+		writeFrames:    newHistogram("roost_write_frames", writeFramesBuckets),
+		publishLatency: newHistogram("roost_publish_latency_seconds", latencyBuckets),
+		ackLatency:     newHistogram("roost_ack_latency_seconds", latencyBuckets),
+		brokerLatency:  newHistogram("roost_broker_publish_seconds", latencyBuckets),
+		deliveryLag:    newHistogram("roost_broker_delivery_lag_seconds", latencyBuckets),
 	}
+	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag}
+	h.set.RegisterMetricsWriter(func(w io.Writer) {
+		e := &expo{w: w}
+		for _, x := range all {
+			x.write(e)
+		}
+	})
+	return h
 }
 
 // adminMux serves operators, apart from clients: pprof from the first day,
@@ -155,121 +167,190 @@ func maskSecretValue(v string) string {
 	return "*****"
 }
 
-// writeMetrics prints the node's metrics in the Prometheus text format.
-// The hot path only bumps atomics; the formatting cost is the scraper's.
+// writeMetrics prints the node's metrics in the Prometheus text format
+// through the metrics library: the counters and gauges the loops, fanout,
+// the pool, the store and the broker keep as atomics (read here, so the hot
+// path only bumps them), the histograms registered in hists.set, and the
+// library's standard go_* and process_* series. The formatting cost is the
+// scraper's.
 func writeMetrics(w io.Writer, a *admin) error {
-	m := tuning.NewMetricsWriter(w)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	m := &expo{w: bw}
 	st := &a.srv.Stats
 	fs := &a.fan.Stats
-	h := a.hists
 	sn := a.srv.Snapshot()
-	c := func(name, help string, v uint64) { m.Counter(name, help, float64(v)) }
-	g := func(name, help string, v int64) { m.Gauge(name, help, float64(v)) }
-	m.Gauge("roost_node_info", "Always 1; labels name this node and its version.", 1, "node", a.srv.NodeID(), "version", version)
+	c := m.counter
+	g := m.gauge
+	m.family("roost_node_info", "gauge")
+	m.line(`roost_node_info{node="`+labelValue(a.srv.NodeID())+`",version="`+labelValue(version)+`"}`, 1)
 
+	// Families with labels: the metadata once, then every series.
+	m.family("roost_connections", "gauge")
 	a.srv.AppStats(func(id string, st *loop.AppStat) {
-		m.Gauge("roost_connections", "Open WebSocket connections, by app.", float64(st.Conns), "app", id)
+		m.line(`roost_connections{app="`+labelValue(id)+`"}`, float64(st.Conns))
 	})
+	m.family("roost_app_remote_connections", "gauge")
 	a.srv.AppStats(func(id string, st *loop.AppStat) {
-		m.Gauge("roost_app_remote_connections", "The app's connections on the other nodes, as last shared through Redis.", float64(st.Remote), "app", id)
+		m.line(`roost_app_remote_connections{app="`+labelValue(id)+`"}`, float64(st.Remote))
 	})
+	m.family("roost_app_refusals_total", "counter")
 	a.srv.AppStats(func(id string, st *loop.AppStat) {
 		for i, name := range loop.RefusalNames {
-			m.Counter("roost_app_refusals_total", "Refusals by app and reason: conn_limit and user_conn_limit (closed 1008), user_rate and app_rate (err rate_limited), too_large, room_limit, auth (bad token or refresh), disabled.", float64(st.Refused[i]), "app", id, "reason", name)
+			m.line(`roost_app_refusals_total{app="`+labelValue(id)+`",reason="`+name+`"}`, float64(st.Refused[i]))
 		}
 	})
-	g("roost_connections_total_open", "Open WebSocket connections, all apps.", st.Conns.Load())
-	g("roost_upgrading_connections", "TCP connections still in the HTTP upgrade.", st.Upgrading.Load())
-	c("roost_accepted_total", "TCP connections accepted.", st.Accepted.Load())
-	c("roost_upgrade_errors_total", "Connections refused before the upgrade (HTTP 4xx).", st.UpgradeErrors.Load())
-	m.Counter("roost_connections_refused_total", "Connections closed at accept: past the connection budget (--max-conns) or the per-address cap (--max-conns-per-ip).", float64(st.RefusedBudget.Load()), "reason", "budget")
-	m.Counter("roost_connections_refused_total", "Connections closed at accept: past the connection budget (--max-conns) or the per-address cap (--max-conns-per-ip).", float64(st.RefusedPerIP.Load()), "reason", "per_ip")
-	g("roost_connection_budget", "The connection budget (--max-conns, or derived from the open-file limit); 0: none.", int64(a.srv.MaxConns()))
-	g("roost_room_memberships", "Live room memberships: joined rooms summed over connections.", fs.Joined.Load())
-	g("roost_rooms", "Rooms this node is subscribed to (at least one member or joiner).", sn.Rooms)
+	g("roost_connections_total_open", st.Conns.Load())
+	g("roost_upgrading_connections", st.Upgrading.Load())
+	c("roost_accepted_total", st.Accepted.Load())
+	c("roost_upgrade_errors_total", st.UpgradeErrors.Load())
+	m.family("roost_connections_refused_total", "counter")
+	m.line(`roost_connections_refused_total{reason="budget"}`, float64(st.RefusedBudget.Load()))
+	m.line(`roost_connections_refused_total{reason="per_ip"}`, float64(st.RefusedPerIP.Load()))
+	g("roost_connection_budget", int64(a.srv.MaxConns()))
+	g("roost_room_memberships", fs.Joined.Load())
+	g("roost_rooms", sn.Rooms)
 
-	c("roost_frames_in_total", "WebSocket frames read from clients.", st.FramesIn.Load())
-	c("roost_frames_out_total", "WebSocket frames written to clients.", st.FramesOut.Load())
-	c("roost_bytes_out_total", "Bytes of frames written to clients.", st.BytesOut.Load())
-	c("roost_writes_total", "Writes to client sockets (one writev each).", st.Writes.Load())
-	m.Histogram("roost_write_frames", "Frames per write to one connection: the outbound batch size.", h.writeFrames.Snapshot())
+	c("roost_frames_in_total", st.FramesIn.Load())
+	c("roost_frames_out_total", st.FramesOut.Load())
+	c("roost_bytes_out_total", st.BytesOut.Load())
+	c("roost_writes_total", st.Writes.Load())
 
-	c("roost_publishes_total", "pub frames submitted for commit.", st.Publishes.Load())
-	c("roost_acks_total", "ack frames sent.", st.Acks.Load())
-	g("roost_publishes_in_flight", "Publishes submitted and not yet answered.", st.InFlight.Load())
-	c("roost_overloaded_total", "Commands answered err overloaded (publish queue or read queue full, draining, or shed).", st.Overloaded.Load()+fs.ReadsRefused.Load())
-	c("roost_publishes_inbox_full_total", "Publishes answered err overloaded because their event loop's inbox held --inbox-limit tasks.", st.InboxFull.Load())
-	c("roost_loop_inbox_overflow_total", "Deliveries that found their event loop's inbox full: not queued; their rooms were read from the store instead.", st.InboxOverflow.Load())
-	c("roost_publishes_shed_total", "Publishes answered err overloaded because their event loop's publishes took longer than --shed-after from read to commit.", st.Shed.Load())
-	m.Histogram("roost_publish_latency_seconds", "From a pub frame read to its commit (including a failed one).", h.publishLatency.Snapshot())
-	m.Histogram("roost_ack_latency_seconds", "From a pub frame read to its ack queued to the client.", h.ackLatency.Snapshot())
+	c("roost_publishes_total", st.Publishes.Load())
+	c("roost_acks_total", st.Acks.Load())
+	g("roost_publishes_in_flight", st.InFlight.Load())
+	c("roost_overloaded_total", st.Overloaded.Load()+fs.ReadsRefused.Load())
+	c("roost_publishes_inbox_full_total", st.InboxFull.Load())
+	c("roost_loop_inbox_overflow_total", st.InboxOverflow.Load())
+	c("roost_publishes_shed_total", st.Shed.Load())
 
 	ps := a.fan.PoolStats()
-	bounds := make([]float64, len(persist.BatchBuckets))
-	for i, b := range persist.BatchBuckets {
-		bounds[i] = float64(b)
-	}
 	// The pool counts batch sizes by bucket but not their sum; publishes
 	// answered is the closest total (it includes those of failed commits).
-	m.Histogram("roost_commit_batch_size", "Publishes per successful group commit; _sum counts every publish answered.",
-		tuning.HistogramValue{Bounds: bounds, Counts: ps.BatchSizes[:], Sum: float64(ps.Requests)})
-	c("roost_commit_batches_total", "Group commits that succeeded.", ps.Batches)
-	c("roost_commit_duplicates_total", "Publishes answered as duplicates (same user, room and id).", ps.Duplicates)
-	c("roost_store_errors_total", "Group commits that failed (their publishes were answered with err).", ps.CommitErrors)
-	c("roost_publishes_refused_total", "Publishes the store refused on their own (a failed group commit split until the bad one stood alone); each is logged.", ps.Refused)
-	c("roost_publish_rejected_total", "Publishes refused because the publish queue was full.", ps.Rejected)
-	g("roost_publish_queue_depth", "Publishes waiting in the publish workers' queues.", int64(ps.QueueDepth))
+	m.family("roost_commit_batch_size", "histogram")
+	var cum uint64
+	for i, b := range persist.BatchBuckets {
+		cum += ps.BatchSizes[i]
+		m.line(`roost_commit_batch_size_bucket{le="`+strconv.Itoa(b)+`"}`, float64(cum))
+	}
+	cum += ps.BatchSizes[len(persist.BatchBuckets)]
+	m.line(`roost_commit_batch_size_bucket{le="+Inf"}`, float64(cum))
+	m.line("roost_commit_batch_size_sum", float64(ps.Requests))
+	m.line("roost_commit_batch_size_count", float64(cum))
+	c("roost_commit_batches_total", ps.Batches)
+	c("roost_commit_duplicates_total", ps.Duplicates)
+	c("roost_store_errors_total", ps.CommitErrors)
+	c("roost_publishes_refused_total", ps.Refused)
+	c("roost_publish_rejected_total", ps.Rejected)
+	g("roost_publish_queue_depth", int64(ps.QueueDepth))
 
 	rs := a.store.RetentionStats()
-	m.Counter("roost_retention_deleted_total", "Messages removed by retention, by rule: age (max age) or count (max count; the memory store's --keep too).", float64(rs.DeletedByAge), "rule", "age")
-	m.Counter("roost_retention_deleted_total", "Messages removed by retention, by rule: age (max age) or count (max count; the memory store's --keep too).", float64(rs.DeletedByCount), "rule", "count")
-	c("roost_retention_runs_total", "Retention rounds completed (every --retention-interval).", rs.Runs)
-	c("roost_retention_errors_total", "Retention rounds that failed (retried at the next round; the log says why).", rs.Errors)
+	m.family("roost_retention_deleted_total", "counter")
+	m.line(`roost_retention_deleted_total{rule="age"}`, float64(rs.DeletedByAge))
+	m.line(`roost_retention_deleted_total{rule="count"}`, float64(rs.DeletedByCount))
+	c("roost_retention_runs_total", rs.Runs)
+	c("roost_retention_errors_total", rs.Errors)
 	switch st := a.store.(type) {
 	case *persist.Memory:
 		ms := st.Stats()
-		g("roost_memory_store_bytes", "Bytes the memory store holds, by its accounting (messages, rooms, ring slots).", ms.Bytes)
-		g("roost_memory_store_max_bytes", "The memory store's byte budget (--memory-store-max; 0: none).", ms.MaxBytes)
-		c("roost_memory_store_evicted_total", "Messages the memory store dropped to stay within --memory-store-max (least recently written rooms first, oldest first).", ms.Evicted)
-		c("roost_rooms_refused_total", "Publishes and joins refused because their app has --max-rooms-per-app rooms.", ms.RoomsRefused)
+		g("roost_memory_store_bytes", ms.Bytes)
+		g("roost_memory_store_max_bytes", ms.MaxBytes)
+		c("roost_memory_store_evicted_total", ms.Evicted)
+		c("roost_rooms_refused_total", ms.RoomsRefused)
 	case *persist.Postgres:
-		c("roost_rooms_refused_total", "Publishes and joins refused because their app has --max-rooms-per-app rooms.", st.RoomsRefused())
+		c("roost_rooms_refused_total", st.RoomsRefused())
 	}
 
-	c("roost_slow_consumer_closes_total", "Connections closed with 1013 for passing --outbound-limit.", fs.SlowCloses.Load())
-	c("roost_gap_repairs_total", "Store reads to fill a gap in a room's stream.", fs.Repairs.Load())
-	c("roost_join_replays_total", "Catch-up pages asked by joins with since (a rejoin far behind asks several).", fs.Replays.Load())
-	c("roost_join_reads_total", "Store reads those catch-ups took: the rejoins of one room share theirs, so a reconnect storm costs about one per room.", fs.ReplayReads.Load())
-	c("roost_gap_closes_total", "Rooms whose members were closed with 1013 because a gap could not be filled.", fs.GapCloses.Load())
-	c("roost_broker_errors_total", "Broker publishes of committed messages that failed (each is retried).", fs.BrokerErrors.Load())
-	c("roost_broker_rebroadcasts_total", "Failed broadcasts delivered by a later retry.", fs.Rebroadcasts.Load())
-	c("roost_broker_dropped_total", "Failed broadcasts given up after their retries (receivers repair from the store).", fs.BrokerDropped.Load())
-	m.Histogram("roost_broker_publish_seconds", "Time one broker round trip takes: the committed messages of one group commit, pipelined; the broker's lag.", h.brokerLatency.Snapshot())
-	m.Histogram("roost_broker_delivery_lag_seconds", "Commit to arrival at this node through the broker, sampled 1 message in 64 (across nodes it includes clock offset).", h.deliveryLag.Snapshot())
+	c("roost_slow_consumer_closes_total", fs.SlowCloses.Load())
+	c("roost_gap_repairs_total", fs.Repairs.Load())
+	c("roost_join_replays_total", fs.Replays.Load())
+	c("roost_join_reads_total", fs.ReplayReads.Load())
+	c("roost_gap_closes_total", fs.GapCloses.Load())
+	c("roost_broker_errors_total", fs.BrokerErrors.Load())
+	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())
+	c("roost_broker_dropped_total", fs.BrokerDropped.Load())
 	if a.redis != nil {
 		rs := a.redis.Stats()
-		c("roost_redis_published_total", "Messages published to Redis.", rs.Published)
-		c("roost_redis_publish_errors_total", "Redis publishes that failed.", rs.PublishErrors)
-		c("roost_redis_received_total", "Messages received from Redis subscriptions.", rs.Received)
-		c("roost_redis_malformed_total", "Undecodable messages on roost's Redis channels.", rs.Malformed)
-		c("roost_redis_resubscribes_total", "Recoveries after a lost Redis subscription connection.", rs.Resubscribes)
-		c("roost_redis_subscribe_errors_total", "Failed Redis SUBSCRIBE/SSUBSCRIBE attempts.", rs.SubscribeErrors)
-		g("roost_redis_subscribed_rooms", "Rooms subscribed on Redis.", rs.Subscribed)
-		g("roost_redis_pending_rooms", "Rooms wanted but not yet subscribed on Redis (subscription lag).", rs.Pending)
+		c("roost_redis_published_total", rs.Published)
+		c("roost_redis_publish_errors_total", rs.PublishErrors)
+		c("roost_redis_received_total", rs.Received)
+		c("roost_redis_malformed_total", rs.Malformed)
+		c("roost_redis_resubscribes_total", rs.Resubscribes)
+		c("roost_redis_subscribe_errors_total", rs.SubscribeErrors)
+		g("roost_redis_subscribed_rooms", rs.Subscribed)
+		g("roost_redis_pending_rooms", rs.Pending)
 	}
 
+	if sn.Loops > 0 {
+		m.family("roost_loop_inbox_depth", "gauge")
+	}
 	for i := 0; i < sn.Loops; i++ {
-		m.Gauge("roost_loop_inbox_depth", "Tasks an event loop took from its inbox in its latest wake-up.", float64(st.InboxDepth[i].Load()), "loop", strconv.Itoa(i))
+		m.line(`roost_loop_inbox_depth{loop="`+strconv.Itoa(i)+`"}`, float64(st.InboxDepth[i].Load()))
 	}
 
-	g("go_goroutines", "Goroutines.", int64(runtime.NumGoroutine()))
 	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/total:bytes"}}
 	metrics.Read(sample)
 	if sample[0].Value.Kind() == metrics.KindUint64 {
-		g("go_heap_objects_bytes", "Bytes of live and not yet swept heap objects.", int64(sample[0].Value.Uint64()))
+		g("go_heap_objects_bytes", int64(sample[0].Value.Uint64()))
 	}
 	if sample[1].Value.Kind() == metrics.KindUint64 {
-		g("go_memory_total_bytes", "Memory mapped by the Go runtime.", int64(sample[1].Value.Uint64()))
+		g("go_memory_total_bytes", int64(sample[1].Value.Uint64()))
 	}
-	return m.Flush()
+	a.hists.set.WritePrometheus(bw)
+	// go_goroutines, go_memstats_*, go_gc_*, process_cpu_seconds_total,
+	// process_resident_memory_bytes, process_open_fds, ...
+	vm.WriteProcessMetrics(bw)
+	// process_open_fds against process_max_fds: a node's connections are
+	// its descriptors (one directory read per scrape).
+	vm.WriteFDMetrics(bw)
+	return bw.Flush()
+}
+
+// expo writes the series whose values are read at scrape time, with the
+// library's HELP/TYPE metadata (vm.ExposeMetadata, set in main): once per
+// family, before its first series.
+type expo struct{ w io.Writer }
+
+func (e *expo) counter(name string, v uint64) { vm.WriteCounterUint64(e.w, name, v) }
+
+func (e *expo) gauge(name string, v int64) {
+	vm.WriteMetadataIfNeeded(e.w, name, "gauge")
+	e.line(name, float64(v))
+}
+
+// family writes the metadata of a family whose series follow as lines.
+func (e *expo) family(name, typ string) { vm.WriteMetadataIfNeeded(e.w, name, typ) }
+
+// line writes one series (name with its labels) without metadata.
+func (e *expo) line(series string, v float64) {
+	num := strconv.FormatFloat(v, 'g', -1, 64)
+	if v == math.Trunc(v) && math.Abs(v) < 1<<53 {
+		num = strconv.FormatInt(int64(v), 10) // counts read better without an exponent
+	}
+	_, _ = io.WriteString(e.w, series+" "+num+"\n")
+}
+
+// Prometheus reads a family's type from its TYPE line; without it every
+// series would be untyped.
+func init() { vm.ExposeMetadata(true) }
+
+// labelValue escapes a label value as the text format wants: backslash,
+// double quote and line feed.
+func labelValue(s string) string {
+	if !strings.ContainsAny(s, "\\\"\n") {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '\\':
+			b.WriteString(`\\`)
+		case '"':
+			b.WriteString(`\"`)
+		case '\n':
+			b.WriteString(`\n`)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

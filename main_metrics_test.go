@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"math"
+	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
+
+	vm "github.com/VictoriaMetrics/metrics"
 
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
@@ -12,6 +18,13 @@ import (
 // memory store, one connection): dashboards and alerts are written
 // against them, so a rename or a loss fails here.
 var exposedMetrics = []string{
+	// The metrics library's standard series (a sample of them).
+	"go_gc_duration_seconds",
+	"go_memstats_alloc_bytes",
+	"go_threads",
+	"process_cpu_seconds_total",
+	"process_open_fds",
+	"process_resident_memory_bytes",
 	"go_goroutines",
 	"go_heap_objects_bytes",
 	"go_memory_total_bytes",
@@ -120,4 +133,181 @@ func TestMetricNamesKept(t *testing.T) {
 	if len(extra) > 0 {
 		t.Errorf("/metrics has roost series not in exposedMetrics (add them): %v", extra)
 	}
+}
+
+// The exposition parses as Prometheus text: one TYPE line per family,
+// before its first sample, and no series twice.
+func TestMetricsExposition(t *testing.T) {
+	_, admin := inProcessNode(t)
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	typed := map[string]string{}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if f, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			name, typ, _ := strings.Cut(f, " ")
+			if typed[name] != "" {
+				t.Errorf("second TYPE line for %s", name)
+			}
+			typed[name] = typ
+			continue
+		}
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		series := line[:strings.LastIndexByte(line, ' ')]
+		if seen[series] {
+			t.Errorf("series %s written twice", series)
+		}
+		seen[series] = true
+		name := series
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+		}
+		family := name
+		if typed[family] == "" {
+			for _, suf := range []string{"_bucket", "_sum", "_count"} {
+				if f, ok := strings.CutSuffix(name, suf); ok && typed[f] != "" {
+					family = f
+				}
+			}
+		}
+		if typed[family] == "" {
+			t.Errorf("%s has no TYPE line before it", series)
+		}
+	}
+	for _, want := range []struct{ name, typ string }{
+		{"roost_acks_total", "counter"},
+		{"roost_rooms", "gauge"},
+		{"roost_publish_latency_seconds", "histogram"},
+		{"roost_commit_batch_size", "histogram"},
+		{"process_cpu_seconds_total", "counter"},
+	} {
+		if typed[want.name] != want.typ {
+			t.Errorf("%s has type %q, want %s", want.name, typed[want.name], want.typ)
+		}
+	}
+}
+
+// Observing a histogram is on the hot path (every write, publish and ack).
+func TestHistogramObserveAllocationFree(t *testing.T) {
+	h := newHistograms()
+	n := testing.AllocsPerRun(1000, func() {
+		h.writeFrames.Observe(3)
+		h.publishLatency.Observe(0.004)
+		h.ackLatency.Observe(0.004)
+		h.brokerLatency.Observe(0.0002)
+		h.deliveryLag.Observe(0.02)
+	})
+	if n != 0 {
+		t.Fatalf("Observe allocates %v times per run, want 0", n)
+	}
+}
+
+// The cost of one histogram update on the hot path, as the loops make it
+// (through the fanout.Observer interface).
+func BenchmarkHistogramObserve(b *testing.B) {
+	var o interface{ Observe(float64) } = newHistograms().publishLatency
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		o.Observe(float64(i&7) * 0.001)
+	}
+}
+
+// Every loop updates the same histograms.
+func BenchmarkHistogramObserveParallel(b *testing.B) {
+	var o interface{ Observe(float64) } = newHistograms().publishLatency
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			o.Observe(float64(i&7) * 0.001)
+		}
+	})
+}
+
+func TestHistogramExposition(t *testing.T) {
+	h := newHistogram("roost_test_seconds", []float64{1, 2, 4})
+	for _, v := range []float64{0.5, 1, 1.5, 2, 3, 4, 5, 100} {
+		h.Observe(v)
+	}
+	var b strings.Builder
+	h.write(&expo{w: &b})
+	want := `# HELP roost_test_seconds
+# TYPE roost_test_seconds histogram
+roost_test_seconds_bucket{le="1"} 2
+roost_test_seconds_bucket{le="2"} 4
+roost_test_seconds_bucket{le="4"} 6
+roost_test_seconds_bucket{le="+Inf"} 8
+roost_test_seconds_sum 117
+roost_test_seconds_count 8
+`
+	if b.String() != want {
+		t.Fatalf("exposition:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+func TestHistogramConcurrent(t *testing.T) {
+	h := newHistogram("roost_test", []float64{10})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 1000; i++ {
+				h.Observe(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n, sum := h.counts[0].Load(), math.Float64frombits(h.sum.Load()); n != 4000 || sum != 4000 {
+		t.Fatalf("count %d sum %v, want 4000 and 4000", n, sum)
+	}
+}
+
+func TestHistogramBoundsMustAscend(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("newHistogram with bounds 2, 1 did not panic")
+		}
+	}()
+	newHistogram("roost_bad", []float64{2, 1})
+}
+
+func TestLabelValueEscaped(t *testing.T) {
+	if got := labelValue("a\\b\"c\nd"); got != `a\\b\"c\nd` {
+		t.Fatalf("labelValue = %q", got)
+	}
+	if got := labelValue("node-1"); got != "node-1" {
+		t.Fatalf("labelValue = %q", got)
+	}
+}
+
+// libraryObserver is the metrics library's own Prometheus histogram behind
+// the same interface: the alternative the node measured and did not take
+// (docs/benchmarks.md).
+type libraryObserver struct{ h *vm.PrometheusHistogram }
+
+func (o libraryObserver) Observe(v float64) { o.h.Update(v) }
+
+func BenchmarkHistogramObserveLibrary(b *testing.B) {
+	var o interface{ Observe(float64) } = libraryObserver{vm.NewSet().NewPrometheusHistogramExt("x", latencyBuckets)}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			o.Observe(float64(i&7) * 0.001)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for i := 0; pb.Next(); i++ {
+				o.Observe(float64(i&7) * 0.001)
+			}
+		})
+	})
 }
