@@ -239,6 +239,7 @@ type engine struct {
 	sources []unix.SockaddrInet4
 	rooms   []string
 	app     string
+	secret  []byte // non-nil: connect with a token of app minted per connection
 
 	loops []*loop
 	sem   chan struct{}
@@ -269,8 +270,11 @@ type engine struct {
 	wg sync.WaitGroup
 }
 
-func newEngine(targets []target, sources []unix.SockaddrInet4, rooms []string, app string, loops, dialConc int, sizeFn func(*uint64) int) (*engine, error) {
-	e := &engine{targets: targets, sources: sources, rooms: rooms, app: app, sizeFn: sizeFn,
+func newEngine(targets []target, sources []unix.SockaddrInet4, rooms []string, app string, secret []byte, loops, dialConc int, sizeFn func(*uint64) int) (*engine, error) {
+	if len(secret) == 0 {
+		secret = nil
+	}
+	e := &engine{targets: targets, sources: sources, rooms: rooms, app: app, secret: secret, sizeFn: sizeFn,
 		sem: make(chan struct{}, dialConc)}
 	e.winStart.Store(math.MaxInt64)
 	e.winEnd.Store(math.MaxInt64)
@@ -820,7 +824,7 @@ func (l *loop) handle(c *conn, events uint32) {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(c.fd)}
 		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, c.fd, &ev)
 		t := &l.e.targets[c.target]
-		c.out = appendUpgrade(c.out, t.host, t.pathQuery+"user="+c.spec.user+"&app="+l.e.app)
+		c.out = appendUpgrade(c.out, t.host, t.pathQuery+l.e.identity(c.spec.user))
 		c.state = stUpgrading
 		l.markDirty(c)
 		return
@@ -1225,6 +1229,20 @@ func (l *loop) appendPub(c *conn, now int64) {
 	size := l.e.sizeFn(&l.rng)
 	*slot = sendSlot{id: id, t: now, size: int32(size)}
 	l.appendPubFrame(c, id, now, size)
+}
+
+// identity is the query naming a connection's user: a token of its own
+// when the bench has the app's secret (minted at connect, off the measured
+// path), else ?user=&app= for an insecure node.
+func (e *engine) identity(user string) string {
+	if e.secret == nil {
+		return "user=" + user + "&app=" + e.app
+	}
+	tok, err := proto.SignToken(e.secret, e.app, user, time.Now().Add(24*time.Hour), nil)
+	if err != nil {
+		panic("BUG: cannot sign a bench token: " + err.Error())
+	}
+	return "token=" + tok
 }
 
 // appendPubFrame appends the pub frame of publish id, sent at now.

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
@@ -120,9 +123,19 @@ func startNode(t *testing.T, extra ...string) testNode {
 // that a test can kill it (the cleanup stops it otherwise).
 func startNodeAt(t *testing.T, port, admin int, extra ...string) (testNode, *os.Process) {
 	t.Helper()
+	return startNodeMode(t, port, admin, true, extra...)
+}
+
+// startNodeMode is startNodeAt, in token mode unless insecure.
+func startNodeMode(t *testing.T, port, admin int, insecure bool, extra ...string) (testNode, *os.Process) {
+	t.Helper()
 	bin := nodeBinary(t)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	args := append([]string{"serve", "--insecure", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin)}, extra...)
+	args := []string{"serve", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin)}
+	if insecure {
+		args = append(args, "--insecure")
+	}
+	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -325,5 +338,26 @@ func TestProcsMergeWorkers(t *testing.T) {
 		t.Fatalf("procs %d", rep.Procs)
 	}
 	checkLevel(t, rep.Levels[0], 34)
+	checkNodeCounters(t, n, rep)
+}
+
+// A node in token mode: the bench mints a token per connection from the
+// app's secret (--secret, here through ROOST_SECRET as an operator would).
+func TestSecureNodeTokens(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "apps.json")
+	const secret = "bench-secret-0123456789abcdef"
+	if err := persist.OpenAppFile(f).CreateApp(context.Background(), proto.App{ID: "chat", Secret: secret}); err != nil {
+		t.Fatal(err)
+	}
+	port, admin := redistest.FreePort(t, false), redistest.FreePort(t, false)
+	n, _ := startNodeMode(t, port, admin, false, "--apps", f)
+	t.Setenv("ROOST_SECRET", secret)
+	rep := runBench(t, "delivery", "--url", n.url, "--app", "chat", "--members=20", "--publishers=4", "--rate=100",
+		"--pid", strconv.Itoa(n.pid))
+	r := rep.Levels[0]
+	checkLevel(t, r, 24)
+	if !r.Sustained {
+		t.Errorf("not sustained: %s", r.Broken)
+	}
 	checkNodeCounters(t, n, rep)
 }

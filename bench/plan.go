@@ -18,6 +18,8 @@ type params struct {
 
 	urls, srcs     string
 	app            string
+	secret         string // the app's secret: mint a token per connection (secure nodes)
+	secretFile     string
 	warmup         time.Duration
 	duration       time.Duration
 	drain          time.Duration
@@ -135,7 +137,9 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	p.scenario = sc.name
 	fs.StringVar(&p.urls, "url", "ws://127.0.0.1:8080/ws", "node URLs, comma-separated; connections go round-robin")
 	fs.StringVar(&p.srcs, "src", "", "source addresses to bind, comma-separated (127.0.0.2,127.0.0.3,…); connections go round-robin")
-	fs.StringVar(&p.app, "app", "bench", "app id of every connection (insecure mode)")
+	fs.StringVar(&p.app, "app", "bench", "app id of every connection")
+	fs.StringVar(&p.secret, "secret", "", "the app's `SECRET`: each connection gets its own token (a node in token mode); prefer ROOST_SECRET or --secret-file, the command line is visible to every user. Empty: ?user=&app= (insecure mode)")
+	fs.StringVar(&p.secretFile, "secret-file", "", "read --secret from `FILE`")
 	fs.DurationVar(&p.warmup, "warmup", 5*time.Second, "warm-up before each measurement window")
 	defDur := 20 * time.Second
 	if sc.name == "soak" {
@@ -194,6 +198,16 @@ func (e errUsage) Error() string { return e.msg }
 func usagef(format string, a ...any) error { return errUsage{fmt.Sprintf(format, a...)} }
 
 func (p *params) validate() error {
+	if p.secretFile != "" {
+		b, err := os.ReadFile(p.secretFile)
+		if err != nil {
+			return usagef("cannot read --secret-file: %v", err)
+		}
+		p.secret = strings.TrimSpace(string(b))
+	}
+	if p.secret == "" {
+		p.secret = os.Getenv("ROOST_SECRET")
+	}
 	if p.loops == 0 {
 		p.loops = defaultLoops(runtime.NumCPU(), max(p.procs, p.workerCount))
 	}

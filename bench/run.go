@@ -38,7 +38,7 @@ type localDriver struct {
 }
 
 func (d *localDriver) connect() error {
-	e, err := newEngine(d.targets, d.sources, d.rooms, d.p.app, d.p.loops, d.p.dialConc, d.p.sizeFunc())
+	e, err := newEngine(d.targets, d.sources, d.rooms, d.p.app, []byte(d.p.secret), d.p.loops, d.p.dialConc, d.p.sizeFunc())
 	if err != nil {
 		return err
 	}
