@@ -358,3 +358,40 @@ func TestCmdlineRedacted(t *testing.T) {
 		}
 	}
 }
+
+// The README's /etc/roost/roost.env example is a node in token mode on
+// every address, with its registry in PostgreSQL.
+func TestREADMEServiceExample(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(b), "# /etc/roost/roost.env")
+	if !ok {
+		t.Fatal("README has no /etc/roost/roost.env example")
+	}
+	block, _, _ := strings.Cut(after, "```")
+	env := map[string]string{}
+	var names []string
+	for _, line := range strings.Split(block, "\n")[1:] {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			env[k] = v
+			names = append(names, k+"="+v)
+		}
+	}
+	if len(env) < 3 {
+		t.Fatalf("example too short: %v", env)
+	}
+	c := config{environ: func() []string { return names }}
+	errs := parse([]string{}, &c, io.Discard, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, noFile)
+	if len(errs) != 0 {
+		t.Fatalf("the README's roost.env: %v", errs)
+	}
+	if c.node.Insecure || !c.node.Registry || c.node.Listen != "0.0.0.0:8080" || !c.migrate {
+		t.Fatalf("the README's roost.env: insecure %v registry %v listen %s migrate %v", c.node.Insecure, c.node.Registry, c.node.Listen, c.migrate)
+	}
+	var out bytes.Buffer
+	if err := printConfig(&out, &c); err != nil || !strings.Contains(out.String(), "token (HS256") || strings.Contains(out.String(), "PASSWORD") {
+		t.Fatalf("print-config: %v\n%s", err, out.String())
+	}
+}

@@ -103,6 +103,20 @@ func (f *AppFile) edit(fn func([]proto.App) ([]proto.App, error)) error {
 		return fmt.Errorf("cannot write the app registry: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
+	// Run as root for a node running as its own user, the new file keeps
+	// the old one's owner (or, for a first file, its directory's): the node
+	// must still be able to read it.
+	if os.Geteuid() == 0 {
+		owner := f.path
+		if _, err := os.Stat(owner); err != nil {
+			owner = filepath.Dir(f.path)
+		}
+		if fi, err := os.Stat(owner); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				_ = tmp.Chown(int(st.Uid), int(st.Gid))
+			}
+		}
+	}
 	if err := tmp.Chmod(0o600); err == nil {
 		_, err = tmp.Write(b)
 		if err == nil {

@@ -69,6 +69,9 @@ type UnitOptions struct {
 	Connections int
 }
 
+// EnvironmentFile is where the unit reads the node's settings and secrets.
+const EnvironmentFile = "/etc/roost/roost.env"
+
 // quotaPeriodMS is the CPUQuotaPeriodSec the unit sets: short enough that a
 // throttled node stalls for milliseconds, not the default 100 ms period's
 // tens of milliseconds.
@@ -100,9 +103,14 @@ func WriteSystemd(w io.Writer, o UnitOptions) error {
 	}
 	fmt.Fprintf(bw, "# roost.service: a roost chat node for %s.\n", strings.Join(size, ", "))
 	fmt.Fprintf(bw, "# Written by `roost tune --emit systemd`. Install as /etc/systemd/system/roost.service,\n")
-	fmt.Fprintf(bw, "# then `systemctl daemon-reload && systemctl enable --now roost`. See docs/tuning.md.\n")
+	fmt.Fprintf(bw, "# write the node's settings to %s (mode 0600), then\n", EnvironmentFile)
+	fmt.Fprintf(bw, "# `systemctl daemon-reload && systemctl enable --now roost`. See docs/tuning.md and README.md.\n")
 	fmt.Fprintf(bw, "\n[Unit]\nDescription=roost chat node\nAfter=network-online.target\nWants=network-online.target\n\n")
 	fmt.Fprintf(bw, "[Service]\nType=exec\n")
+	writeComment(bw, "The listener, the database, Redis and the secrets come from the environment (ROOST_LISTEN, ROOST_DATABASE_URL, ROOST_APP_SECRET...; roost serve -h): never on ExecStart, which every user of the machine can read. systemd reads the file as root, so it can stay 0600.")
+	fmt.Fprintf(bw, "EnvironmentFile=%s\n", EnvironmentFile)
+	writeComment(bw, "A user of its own, made by systemd (no useradd needed); /var/lib/roost is its writable state directory (an --apps registry file can live there).")
+	fmt.Fprintf(bw, "User=roost\nGroup=roost\nDynamicUser=yes\nStateDirectory=roost\n")
 	execLine := escapeSpecifiers(o.Exec)
 	if a := strings.TrimSpace(o.Args); a != "" {
 		execLine += " " + escapeSpecifiers(a)
