@@ -721,3 +721,38 @@ func TestTargets(t *testing.T) {
 		}
 	}
 }
+
+// A rejoin answered recovered:false restarts the member's checker at from
+// and counts the seqs it was told it will not get, so they are not gaps.
+func TestRejoinRecoveredFalse(t *testing.T) {
+	l, c := testLoop(t)
+	l.e.targets = []target{{}}
+	now := time.Now().UnixNano()
+	l.frames(c, serverStream(1, 5, now), now)
+	c.away, c.state = true, stJoining
+	c.inflight[3] = sendSlot{id: 3, t: now, size: 100} // unacked: sent again on rejoin
+	c.spec.publish = true
+	joined := []byte(`{"op":"joined","room":"r0","seq":20,"epoch":"E2","recovered":false,"from":12}`)
+	l.frames(c, appendServerText(nil, joined), now)
+	if len(l.st.Errors) > 0 {
+		t.Fatalf("errors %v", l.st.Errors)
+	}
+	if c.state != stReady || l.st.Unrecov != 1 || l.st.ToldLost != 6 || string(c.epoch) != "E2" || l.st.Rejoins != 1 || l.st.Resent != 1 {
+		t.Fatalf("state %d unrecov %d told lost %d epoch %q rejoins %d resent %d", c.state, l.st.Unrecov, l.st.ToldLost, c.epoch, l.st.Rejoins, l.st.Resent)
+	}
+	l.frames(c, serverStream(12, 9, now), now)
+	if !c.ck.Clean() || c.ck.Last() != 20 {
+		t.Fatalf("after the replay from 12: last %d gaps %d", c.ck.Last(), c.ck.Gaps)
+	}
+	// the resent publish carries its first id and stamp
+	h, hn, err := proto.ParseFrameHeader(c.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := append([]byte(nil), c.out[hn:hn+int(h.Length)]...)
+	proto.Unmask(payload, h.Mask)
+	var cmd proto.Command
+	if err := proto.Decode(payload, &cmd); err != nil || string(cmd.ID) != "3" || bodyStamp(cmd.Body) != now {
+		t.Fatalf("resent %s: %v", payload, err)
+	}
+}
