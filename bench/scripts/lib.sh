@@ -19,8 +19,16 @@ started=()   # PIDs this script started (nodes, Redis), killed on exit by PID
 db=""
 redis_port=""
 
+# machine NAME: what else the machine was doing, for the write-up (the
+# figures of a shared machine are only as good as this).
+machine() {
+  { echo "== $1 $(date -u +%FT%TZ)"; echo "loadavg $(cat /proc/loadavg)"; echo "cpus $(nproc)"
+    top -bn1 2>/dev/null | sed -n '1,5p;7,20p'; } >> "$OUT/machine.txt" 2>&1 || true
+}
+
 cleanup() {
   local rc=$?
+  machine end
   for p in "${started[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
   for p in "${started[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
   if [ -n "$db" ]; then
@@ -41,6 +49,7 @@ die() { log "FAIL: $*"; exit 1; }
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 build() {
+  machine start
   log "building roost"
   (cd "$repo" && go build -o "$bin" .)
 }
