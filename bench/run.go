@@ -286,8 +286,9 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 			r.NodeUsPerPublish = float64(node.Nanoseconds()) / 1e3 / float64(st.Acked)
 		}
 	}
-	if p.pg && s0.err == nil && s1.err == nil {
-		pg := s1.pg - s0.pg
+	// the sum over processes named postgres falls when backends exit during
+	// the window (other clients of a shared server): then it measures nothing
+	if pg := s1.pg - s0.pg; p.pg && s0.err == nil && s1.err == nil && pg >= 0 {
 		r.PGMeasured = true
 		r.PGCPU = pg.Seconds()
 		if st.Acked > 0 {
