@@ -13,7 +13,7 @@ import (
 func FuzzReceivePath(f *testing.F) {
 	now := time.Now().UnixNano()
 	f.Add(serverStream(1, 3, now), 7)
-	f.Add(proto.AppendJoinedFrame(nil, []byte("r0"), 5), 1)
+	f.Add(proto.AppendJoinedFrame(nil, []byte("r0"), &proto.Joined{Seq: 5, Epoch: "e0"}), 1)
 	f.Add([]byte("\x81\x7e\x00\x05hello"), 3)
 	f.Add([]byte("\x88\x02\x03\xe8"), 0)
 	f.Add([]byte("\x01\x03abc\x80\x01d"), 4)

@@ -24,8 +24,8 @@ type Head struct {
 	Epoch string
 }
 
-// MaxEpoch bounds an epoch's length (the wire contract allows 32).
-const MaxEpoch = 32
+// MaxEpoch bounds an epoch's length.
+const MaxEpoch = proto.MaxEpoch
 
 // Bounds limit one read: at most Limit messages and, past the first one,
 // at most MaxBytes of MsgSize (0: no byte bound). A read always returns the

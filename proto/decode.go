@@ -27,6 +27,7 @@ var (
 	ErrBadID       = &Error{CodeBadRequest, "id must be a string of 1 to 64 characters"}
 	ErrMissingBody = &Error{CodeBadRequest, "missing body"}
 	ErrBadNumber   = &Error{CodeBadRequest, "since, before and limit must be non-negative integers"}
+	ErrBadEpoch    = &Error{CodeBadRequest, "epoch must be a string of at most 32 bytes"}
 	ErrBadLimit    = &Error{CodeBadRequest, "limit must be at least 1"}
 	ErrBadToken    = &Error{CodeBadRequest, "token must be a JWT string (no escapes)"}
 	ErrMissingTok  = &Error{CodeBadRequest, "missing token"}
@@ -80,6 +81,7 @@ const (
 	fieldBefore
 	fieldLimit
 	fieldToken
+	fieldEpoch
 	// DecodeServer only.
 	fieldFrom
 	fieldCode
@@ -118,6 +120,8 @@ func keyField(raw []byte, esc bool) field {
 		return fieldLimit
 	case "token":
 		return fieldToken
+	case "epoch":
+		return fieldEpoch
 	case "from":
 		return fieldFrom
 	case "code":
@@ -190,7 +194,7 @@ func Decode(payload []byte, cmd *Command) error {
 	if !ok {
 		return ErrMalformed
 	}
-	var op, room, id, body, since, before, limit, token presence
+	var op, room, id, body, since, before, limit, token, epoch presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -277,6 +281,30 @@ func Decode(payload []byte, cmd *Command) error {
 			default:
 				limit, limitVal = p, v
 			}
+		case fieldEpoch:
+			epoch, cmd.Epoch = invalid, nil
+			if b[i] != '"' {
+				if i, ok = skipValue(b, i, 1); !ok {
+					return ErrMalformed
+				}
+				break
+			}
+			ve, esc, ok := scanString(b, i+1)
+			if !ok {
+				return ErrMalformed
+			}
+			i = ve + 1
+			raw := b[vs+1 : ve]
+			if esc {
+				n, ok := unescape(cmd.epochBuf[:], raw)
+				if !ok {
+					break
+				}
+				raw = cmd.epochBuf[:n]
+			}
+			if len(raw) <= MaxEpoch {
+				epoch, cmd.Epoch = valid, raw
+			}
 		case fieldBody:
 			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
@@ -313,6 +341,7 @@ func Decode(payload []byte, cmd *Command) error {
 
 	cmd.HasSince = since == valid
 	cmd.HasBefore = before == valid
+	cmd.HasEpoch = epoch == valid
 	if limit == valid {
 		cmd.HasLimit = true
 		cmd.Limit = int(min(limitVal, MaxLimit))
@@ -332,6 +361,8 @@ func Decode(payload []byte, cmd *Command) error {
 		return ErrBadNumber
 	case token == invalid:
 		return ErrBadToken
+	case epoch == invalid:
+		return ErrBadEpoch
 	}
 	switch cmd.Op {
 	case OpJoin, OpLeave:
@@ -365,9 +396,9 @@ func Decode(payload []byte, cmd *Command) error {
 // reset clears the decoded fields but not the scratch arrays: clearing
 // those too would cost a 192-byte memclr per frame for bytes nobody reads.
 func (cmd *Command) reset() {
-	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token = OpInvalid, nil, nil, nil, nil
+	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch = OpInvalid, nil, nil, nil, nil, nil
 	cmd.Since, cmd.Before, cmd.Limit = 0, 0, 0
-	cmd.HasSince, cmd.HasBefore, cmd.HasLimit = false, false, false
+	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch = false, false, false, false
 }
 
 // Ref is what an `err` frame echoes for cmd: its id, else its room.

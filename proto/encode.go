@@ -267,9 +267,15 @@ func AppendMsgJSON(dst []byte, m *Message) []byte {
 	return appendMsg(dst, m.Room, m.Seq, m.ID, m.From, m.TS, m.Body)
 }
 
-// AppendHistoryFrame appends a `history` frame holding msgs in order.
-func AppendHistoryFrame(dst, room []byte, msgs []Message) []byte {
+// AppendHistoryFrame appends a `history` frame holding msgs in order; more
+// adds "more":true (the answer stopped at its byte bound with older
+// messages left).
+func AppendHistoryFrame(dst, room []byte, msgs []Message, more bool) []byte {
+	const moreField = `,"more":true`
 	n := len(historyPre) + quotedLen(room) + len(historyMsg) + len("]}")
+	if more {
+		n += len(moreField)
+	}
 	for k := range msgs {
 		m := &msgs[k]
 		if k > 0 {
@@ -288,20 +294,62 @@ func AppendHistoryFrame(dst, room []byte, msgs []Message) []byte {
 		}
 		dst = AppendMsgJSON(dst, &msgs[k])
 	}
-	dst = append(dst, "]}"...)
+	dst = append(dst, ']')
+	if more {
+		dst = append(dst, moreField...)
+	}
+	dst = append(dst, '}')
 	return endText(dst, start, n)
 }
 
-// AppendJoinedFrame appends {"op":"joined","room":..,"seq":..}.
-func AppendJoinedFrame(dst, room []byte, seq uint64) []byte {
-	const pre, mid = `{"op":"joined","room":`, `,"seq":`
-	n := len(pre) + quotedLen(room) + len(mid) + uintLen(seq) + 1
+// Joined is what a `joined` frame says besides its room.
+type Joined struct {
+	Seq   uint64 // the room's newest seq at the join
+	Epoch string // the history Seq belongs to
+	// Resumed: the join had since, so the frame says whether every message
+	// after since follows (Recovered) or, if not, From: the first seq that
+	// will.
+	Resumed   bool
+	Recovered bool
+	From      uint64
+}
+
+// MaxJoinedExtra bounds what a Joined adds to the room name in a frame,
+// for callers sizing a buffer: the fields, two 20-digit seqs and an epoch
+// of up to 32 characters written with escapes.
+const MaxJoinedExtra = 64 + 2*20 + 6*32
+
+// AppendJoinedFrame appends {"op":"joined","room":..,"seq":..,"epoch":..}
+// with "recovered" (and "from") for a join that had since.
+func AppendJoinedFrame(dst, room []byte, j *Joined) []byte {
+	const pre, mid, ep = `{"op":"joined","room":`, `,"seq":`, `,"epoch":`
+	const recT, recF, from = `,"recovered":true`, `,"recovered":false`, `,"from":`
+	epoch := j.Epoch
+	n := len(pre) + quotedLen(room) + len(mid) + uintLen(j.Seq) + len(ep) + quotedLen(epoch) + 1
+	switch {
+	case !j.Resumed:
+	case j.Recovered:
+		n += len(recT)
+	default:
+		n += len(recF) + len(from) + uintLen(j.From)
+	}
 	dst = beginText(dst, n)
 	start := len(dst)
 	dst = append(dst, pre...)
 	dst = appendQuoted(dst, room)
 	dst = append(dst, mid...)
-	dst = strconv.AppendUint(dst, seq, 10)
+	dst = strconv.AppendUint(dst, j.Seq, 10)
+	dst = append(dst, ep...)
+	dst = appendQuoted(dst, epoch)
+	switch {
+	case !j.Resumed:
+	case j.Recovered:
+		dst = append(dst, recT...)
+	default:
+		dst = append(dst, recF...)
+		dst = append(dst, from...)
+		dst = strconv.AppendUint(dst, j.From, 10)
+	}
 	dst = append(dst, '}')
 	return endText(dst, start, n)
 }

@@ -131,18 +131,21 @@ func TestSmallFrames(t *testing.T) {
 		frame []byte
 		want  string
 	}{
-		{AppendJoinedFrame(nil, []byte("lobby"), 57), `{"op":"joined","room":"lobby","seq":57}`},
+		{AppendJoinedFrame(nil, []byte("lobby"), &Joined{Seq: 57, Epoch: "E1"}), `{"op":"joined","room":"lobby","seq":57,"epoch":"E1"}`},
+		{AppendJoinedFrame(nil, []byte("lobby"), &Joined{Seq: 57, Epoch: "E1", Resumed: true, Recovered: true}), `{"op":"joined","room":"lobby","seq":57,"epoch":"E1","recovered":true}`},
+		{AppendJoinedFrame(nil, []byte("lobby"), &Joined{Seq: 57, Epoch: `a"b`, Resumed: true, From: 12}), `{"op":"joined","room":"lobby","seq":57,"epoch":"a\"b","recovered":false,"from":12}`},
 		{AppendLeftFrame(nil, []byte("lobby")), `{"op":"left","room":"lobby"}`},
 		{AppendAckFrame(nil, []byte("m-1"), []byte("lobby"), 58), `{"op":"ack","id":"m-1","room":"lobby","seq":58}`},
 		{AppendErrFrame(nil, []byte("m-1"), CodeRateLimited, "slow down"), `{"op":"err","ref":"m-1","code":"rate_limited","message":"slow down"}`},
 		{AppendErrFrame(nil, nil, CodeBadRequest, ErrBadRoom.Message), `{"op":"err","ref":"","code":"bad_request","message":"room must match [A-Za-z0-9_.:-]{1,128}"}`},
 		{AppendErrFrame(nil, []byte(`"q"`), CodeInternal, "a\\b"), `{"op":"err","ref":"\"q\"","code":"internal","message":"a\\b"}`},
 		{AppendPongFrame(nil), `{"op":"pong"}`},
-		{AppendHistoryFrame(nil, []byte("lobby"), nil), `{"op":"history","room":"lobby","messages":[]}`},
+		{AppendHistoryFrame(nil, []byte("lobby"), nil, false), `{"op":"history","room":"lobby","messages":[]}`},
+		{AppendHistoryFrame(nil, []byte("lobby"), nil, true), `{"op":"history","room":"lobby","messages":[],"more":true}`},
 		{AppendHistoryFrame(nil, []byte("lobby"), []Message{
 			{Room: "lobby", Seq: 1, ID: "a", From: "x", TS: 5, Body: []byte(`1e0`)},
 			{Room: "lobby", Seq: 2, ID: "b\n", From: "y", TS: 6, Body: []byte(`{"k":[]}`)},
-		}), `{"op":"history","room":"lobby","messages":[{"op":"msg","room":"lobby","seq":1,"id":"a","from":"x","ts":5,"body":1e0},{"op":"msg","room":"lobby","seq":2,"id":"b\u000a","from":"y","ts":6,"body":{"k":[]}}]}`},
+		}, false), `{"op":"history","room":"lobby","messages":[{"op":"msg","room":"lobby","seq":1,"id":"a","from":"x","ts":5,"body":1e0},{"op":"msg","room":"lobby","seq":2,"id":"b\u000a","from":"y","ts":6,"body":{"k":[]}}]}`},
 	}
 	for _, tt := range tests {
 		h, payload, rest := readServerFrame(t, tt.frame)
@@ -172,7 +175,7 @@ func TestHistoryRoundTrip(t *testing.T) {
 	for k := range msgs {
 		msgs[k] = Message{Room: "r", Seq: uint64(k + 1), ID: "id", From: "u", TS: int64(k), Body: []byte(`{"n":` + strings.Repeat("1", k%7+1) + `}`)}
 	}
-	frame := AppendHistoryFrame(nil, []byte("r"), msgs)
+	frame := AppendHistoryFrame(nil, []byte("r"), msgs, false)
 	_, payload, _ := readServerFrame(t, frame)
 	var f ServerFrame
 	if err := DecodeServer(payload, &f); err != nil || string(f.Op) != "history" {
@@ -254,8 +257,8 @@ func TestEncodeAllocs(t *testing.T) {
 	fns := map[string]func(){
 		"msg":     func() { dst = AppendMsgFrame(dst[:0], "lobby", 1, id, "alice\x01", 2, body) },
 		"msgjson": func() { dst = AppendMsgJSON(dst[:0], m) },
-		"history": func() { dst = AppendHistoryFrame(dst[:0], room, msgs) },
-		"joined":  func() { dst = AppendJoinedFrame(dst[:0], room, 1) },
+		"history": func() { dst = AppendHistoryFrame(dst[:0], room, msgs, true) },
+		"joined":  func() { dst = AppendJoinedFrame(dst[:0], room, &Joined{Seq: 1, Epoch: "e", Resumed: true, From: 3}) },
 		"left":    func() { dst = AppendLeftFrame(dst[:0], room) },
 		"ack":     func() { dst = AppendAckFrame(dst[:0], id, room, 1) },
 		"err":     func() { dst = AppendErrFrame(dst[:0], id, CodeOverloaded, "busy") },
@@ -297,7 +300,7 @@ func BenchmarkAppendHistoryFrame50(b *testing.B) {
 	dst := make([]byte, 0, 16384)
 	b.ReportAllocs()
 	for b.Loop() {
-		dst = AppendHistoryFrame(dst[:0], []byte("lobby"), msgs)
+		dst = AppendHistoryFrame(dst[:0], []byte("lobby"), msgs, false)
 	}
 	b.SetBytes(int64(len(dst)))
 	sinkBytes = dst

@@ -37,13 +37,22 @@ type Command struct {
 	HasSince  bool
 	HasBefore bool
 	HasLimit  bool
+	// Epoch (join): the epoch the client last saw, at most MaxEpoch
+	// bytes once unescaped; valid if HasEpoch.
+	Epoch    []byte
+	HasEpoch bool
 
 	// Scratch for a room or id that arrived with JSON escapes: Room and ID
 	// then point here instead of into the payload, so Decode stays
 	// allocation-free. A copied Command still points into the original.
-	roomBuf [maxRoom]byte
-	idBuf   [maxID * 4]byte // 64 characters of up to 4 bytes
+	roomBuf  [maxRoom]byte
+	idBuf    [maxID * 4]byte // 64 characters of up to 4 bytes
+	epochBuf [MaxEpoch]byte
 }
+
+// MaxEpoch bounds a room epoch's length in bytes (an epoch names the
+// history a room's seqs belong to; docs/protocol.md, Resume).
+const MaxEpoch = 32
 
 // Message is a stored message as the wire shows it (the room name without
 // its app).
