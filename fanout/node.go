@@ -60,6 +60,7 @@ type Stats struct {
 	ReplayReads   atomic.Uint64 // store reads those took (shared by the rejoins of a room: ReplayShare)
 	GapCloses     atomic.Uint64 // rooms whose members were closed for a gap the store could not fill
 	ReadsRefused  atomic.Uint64 // store reads refused because the read queue was full (answered overloaded)
+	ResumesLost   atomic.Uint64 // joins with since answered recovered:false (the client missed messages)
 	BrokerErrors  atomic.Uint64 // broker publishes that failed (each is retried)
 	Rebroadcasts  atomic.Uint64 // failed broadcasts that a retry delivered
 	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
@@ -85,10 +86,10 @@ type eventKind uint8
 const (
 	evDeliver    eventKind = iota + 1 // key, seq, frame: a message of a room
 	evSubscribed                      // key, err: the node's subscription is up (or failed)
-	evRoomSeq                         // room, seq, err: the room's newest seq, read after subscribing
-	evReplay                          // member, room, frame (many msg frames), cursor, err: a page of catch-up
+	evRoomSeq                         // room, seq, epoch, err: the room's head, read after subscribing
+	evReplay                          // member, room, frame (many msg frames), cursor, seq (first read), flags, err: a page of catch-up
 	evHistory                         // member, key, frame or err
-	evRepair                          // room, held, upto, tail, err: messages read from the store for a gap or a tail
+	evRepair                          // room, held, upto, tail, flags, err: messages read from the store for a gap or a tail
 	evReset                           // the broker may have lost messages
 )
 
@@ -98,8 +99,10 @@ const (
 type Event struct {
 	kind   eventKind
 	tail   bool   // evRepair: a tail read (after a reset), not a gap
+	flags  uint8  // evReplay, evRepair: read flags
 	key    string // evDeliver, evSubscribed, evHistory
-	seq    uint64 // evDeliver: the message's seq; evRoomSeq: the room's newest
+	seq    uint64 // evDeliver: the message's seq; evRoomSeq: the room's newest; evReplay: the first read
+	epoch  string // evRoomSeq: the room's epoch
 	upto   uint64 // evRepair: every seq up to this was asked for
 	cursor uint64 // evReplay: everything up to this has been read
 	frame  []byte
@@ -117,13 +120,13 @@ func (t *Table) Run(ev *Event) {
 	case evSubscribed:
 		t.subscribed(ev.key, ev.err)
 	case evRoomSeq:
-		t.activate(ev.room, ev.seq, ev.err)
+		t.activate(ev.room, ev.seq, ev.epoch, ev.err)
 	case evReplay:
 		t.replayed(ev)
 	case evHistory:
 		t.historyDone(ev)
 	case evRepair:
-		t.repaired(ev.room, ev.held, ev.upto, ev.tail, ev.err)
+		t.repaired(ev.room, ev.held, ev.upto, ev.tail, ev.flags&readMore != 0, ev.err)
 	case evReset:
 		t.reset()
 	}

@@ -18,8 +18,9 @@ const (
 	rRepair                      // a gap (upto > 0) or a broker reset (upto == 0)
 )
 
-// replayPage bounds one catch-up read: a client far behind is caught up a
-// page at a time, each page flushed before the next, under the outbound limit.
+// replayPage bounds one catch-up read by count (pageBytes bounds it by
+// size): a client far behind is caught up a page at a time, each read once
+// the previous one has left.
 const replayPage = 500
 
 // What the replay share keeps of the catch-up reads: long enough for the
@@ -30,6 +31,11 @@ const (
 	replayRooms = 4096
 	replayBytes = 4 << 20
 )
+
+// repairPages bounds one gap or tail repair read, in replay pages: the
+// members get what was missing in steps, the next one once they have taken
+// most of this one (CheckGaps).
+const repairPages = 4
 
 // readJob is a store read for a loop's Table. Store reads may take
 // milliseconds (PostgreSQL), so they never run on a loop: a small pool of
@@ -44,7 +50,17 @@ type readJob struct {
 	upto   uint64
 	before uint64
 	limit  int
+	// first: the first page of a join with since (after is since; see
+	// startJoin); other: the client's epoch is not the room's.
+	first, other bool
 }
+
+// Flags of an evReplay or evRepair Event.
+const (
+	readAhead uint8 = 1 << iota // since is not past the store's newest seq: wait, nothing read
+	readOther                   // the client's seqs belong to another history: the page starts at the oldest stored
+	readMore                    // a repair stopped at its bounds: more follows
+)
 
 const readTimeout = 10 * time.Second
 
@@ -82,6 +98,11 @@ func (n *Node) reader() {
 		case <-n.done:
 			return
 		case j := <-n.reads:
+			if j.member != nil && j.member.reads != nil && j.member.reads.gone.Load() {
+				// Its connection is gone: build nothing for it.
+				j.table.loop.Post(j.failed(proto.ErrClosed))
+				continue
+			}
 			j.table.loop.Post(n.doRead(&j))
 		}
 	}
@@ -92,15 +113,40 @@ func (n *Node) doRead(j *readJob) Event {
 	defer cancel()
 	switch j.kind {
 	case rLastSeq:
-		seq, err := n.store.LastSeq(ctx, j.key)
+		h, err := n.store.Head(ctx, j.key)
 		if err != nil {
 			return j.failed(err)
 		}
-		return Event{kind: evRoomSeq, room: j.room, seq: seq}
+		return Event{kind: evRoomSeq, room: j.room, seq: h.Last, epoch: h.Epoch}
 	case rReplay:
-		msgs, more, err := n.replays.Range(ctx, j.key, j.after, j.upto, persist.Bounds{Limit: replayPage})
-		if err != nil {
-			return j.failed(err)
+		after := j.after
+		var flags uint8
+		if j.first {
+			if !j.other && j.after > j.upto {
+				// Past this loop's newest seq: in flight through the broker,
+				// or another history? The store knows.
+				h, err := n.store.Head(ctx, j.key)
+				if err != nil {
+					return j.failed(err)
+				}
+				if j.after <= h.Last {
+					return Event{kind: evReplay, member: j.member, room: j.room, flags: readAhead}
+				}
+				j.other = true
+			}
+			if j.other {
+				flags |= readOther
+				after = 0
+			}
+		}
+		var msgs []proto.Message
+		more := false
+		if after < j.upto {
+			var err error
+			msgs, more, err = n.replays.Range(ctx, j.key, after, j.upto, persist.Bounds{Limit: replayPage, MaxBytes: n.pageBytes()})
+			if err != nil {
+				return j.failed(err)
+			}
 		}
 		var buf []byte
 		for i := range msgs {
@@ -108,19 +154,25 @@ func (n *Node) doRead(j *readJob) Event {
 			buf = proto.AppendMsgFrame(buf, m.Room, m.Seq, []byte(m.ID), m.From, m.TS, m.Body)
 		}
 		// The cursor moves to the last message read, or to upto when the
-		// page was not full (nothing more is stored up to upto).
-		cursor := j.upto
+		// read got to the end (nothing more is stored up to upto); first is
+		// the first seq read (0: none), which tells a gap.
+		ev := Event{kind: evReplay, member: j.member, room: j.room, frame: buf, cursor: j.upto, flags: flags}
 		if more {
-			cursor = msgs[len(msgs)-1].Seq
+			ev.cursor = msgs[len(msgs)-1].Seq
 		}
-		return Event{kind: evReplay, member: j.member, room: j.room, frame: buf, cursor: cursor}
+		if len(msgs) > 0 {
+			ev.seq = msgs[0].Seq
+		}
+		return ev
 	case rHistory:
-		msgs, _, err := n.store.History(ctx, j.key, j.before, persist.Bounds{Limit: j.limit})
+		msgs, more, err := n.store.History(ctx, j.key, j.before, persist.Bounds{Limit: j.limit, MaxBytes: n.pageBytes()})
 		if err != nil {
 			return j.failed(err)
 		}
 		_, room := proto.SplitKey(j.key)
-		return Event{kind: evHistory, member: j.member, key: j.key, frame: proto.AppendHistoryFrame(nil, []byte(room), msgs)}
+		// more, on the wire, says the answer stopped at its byte bound.
+		frame := proto.AppendHistoryFrame(nil, []byte(room), msgs, more && len(msgs) < j.limit)
+		return Event{kind: evHistory, member: j.member, key: j.key, frame: frame}
 	case rRepair:
 		upto := j.upto
 		if upto == 0 {
@@ -133,7 +185,7 @@ func (n *Node) doRead(j *readJob) Event {
 		if upto <= j.after {
 			return Event{kind: evRepair, room: j.room, upto: upto, tail: j.tail()}
 		}
-		msgs, _, err := n.store.Range(ctx, j.key, j.after, upto, persist.Bounds{Limit: int(min(upto-j.after, 10000))})
+		msgs, more, err := n.store.Range(ctx, j.key, j.after, upto, persist.Bounds{Limit: int(min(upto-j.after, 10000)), MaxBytes: repairPages * n.pageBytes()})
 		if err != nil {
 			return j.failed(err)
 		}
@@ -142,7 +194,11 @@ func (n *Node) doRead(j *readJob) Event {
 			m := &msgs[i]
 			held[i] = Held{Seq: m.Seq, Frame: proto.AppendMsgFrame(nil, m.Room, m.Seq, []byte(m.ID), m.From, m.TS, m.Body)}
 		}
-		return Event{kind: evRepair, room: j.room, held: held, upto: upto, tail: j.tail()}
+		ev := Event{kind: evRepair, room: j.room, held: held, upto: upto, tail: j.tail()}
+		if more {
+			ev.flags = readMore
+		}
+		return ev
 	}
 	return j.failed(errors.New("BUG: unknown read"))
 }

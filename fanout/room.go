@@ -32,6 +32,12 @@ type Room struct {
 	// or for their catch-up to reach last; a room is removed only when it
 	// has no live members and no joiners.
 	joiners []*Member
+	// epoch names the history last belongs to (the store's, read with the
+	// room's head when it became active).
+	epoch string
+	// repairMore: the last repair read stopped at its bounds with more to
+	// read; the next step follows once the members took most of this one.
+	repairMore bool
 }
 
 // Held is a delivery that waits for its turn.
@@ -51,6 +57,20 @@ func (r *Room) Last() uint64 { return r.last }
 
 // Active reports whether the room is live on this loop.
 func (r *Room) Active() bool { return r.active }
+
+// Epoch names the history the room's seqs belong to.
+func (r *Room) Epoch() string { return r.epoch }
+
+// backlogged reports whether a live member of r has more than n bytes of
+// output waiting.
+func (r *Room) backlogged(n int) bool {
+	for _, m := range r.members {
+		if m.bytes+m.Backlog > n {
+			return true
+		}
+	}
+	return false
+}
 
 // idle reports whether the room can be dropped from its table.
 func (r *Room) idle() bool { return len(r.members) == 0 && len(r.joiners) == 0 }
@@ -81,6 +101,12 @@ type joinState struct {
 	// would receive those messages a second time.
 	ahead bool
 	after uint64 // catch-up cursor: everything <= after has been sent
+	// epoch is the one the client sent (hasEpoch); joined is set once the
+	// joined frame went out (after the first page told whether the replay
+	// recovers everything).
+	epoch    string
+	hasEpoch bool
+	joined   bool
 }
 
 func (m *Member) findJoin(r *Room) *joinState {
@@ -107,18 +133,28 @@ func (m *Member) dropJoin(r *Room) {
 	}
 }
 
-// Errors of Join, for the loop to answer with an err frame.
+// Errors of Join and History, for the loop to answer with an err frame.
 var (
-	ErrJoined    = errors.New("already joined: leave first")
-	ErrRoomLimit = errors.New("room limit of this connection reached")
+	ErrJoined       = errors.New("already joined: leave first")
+	ErrRoomLimit    = errors.New("room limit of this connection reached")
+	ErrTooManyReads = errors.New("too many history requests waiting: read the answers first")
 )
+
+// Resume is what a join says of the client's position (docs/protocol.md,
+// Resume): since and, when the client kept it, the epoch it came from.
+type Resume struct {
+	Since    uint64
+	HasSince bool
+	Epoch    []byte
+	HasEpoch bool
+}
 
 // Join makes m a member of the room key (RoomKey). With hasSince, the
 // stored messages after since are replayed first, a page at a time, and m
 // goes live once the replay reaches the room's newest seq, so it sees no
 // gap and no duplicate. m hears `joined` with the room's newest seq once
 // the room is live on this loop. Loop only.
-func (t *Table) Join(m *Member, key []byte, since uint64, hasSince bool) error {
+func (t *Table) Join(m *Member, key []byte, rs Resume) error {
 	r := t.lookup(key)
 	if r != nil && (m.in(r) || m.findJoin(r) != nil) {
 		return ErrJoined
@@ -126,19 +162,22 @@ func (t *Table) Join(m *Member, key []byte, since uint64, hasSince bool) error {
 	if m.Rooms()+m.Joining() >= t.node.cfg.MaxRooms {
 		return ErrRoomLimit
 	}
-	if r != nil && r.active && (!hasSince || since == r.last) {
+	if r != nil && r.active && (!rs.HasSince || rs.Since == r.last && (!rs.HasEpoch || string(rs.Epoch) == r.epoch)) {
 		// Fast path: the room is live on this loop and there is nothing
 		// to replay: a member at once, nothing allocated.
 		t.join(r, m)
 		t.node.Stats.Joined.Add(1)
-		t.sendJoined(m, r)
+		t.sendJoined(m, r, &proto.Joined{Seq: r.last, Epoch: r.epoch, Resumed: rs.HasSince, Recovered: true})
 		return nil
 	}
 	if r == nil {
 		r = t.add(key)
 		defer t.node.hub.join(r.key, t.idx) // after the join is parked: the answer may come at once
 	}
-	j := &joinState{room: r, since: since, hasSince: hasSince}
+	j := &joinState{room: r, since: rs.Since, hasSince: rs.HasSince, hasEpoch: rs.HasEpoch}
+	if rs.HasEpoch {
+		j.epoch = string(rs.Epoch)
+	}
 	m.joins = append(m.joins, j)
 	r.joiners = append(r.joiners, m)
 	if r.active {
@@ -168,6 +207,10 @@ func (t *Table) Leave(m *Member, key []byte) {
 // The loop calls it when the connection is gone (m.Closed set). Loop only.
 func (t *Table) Close(m *Member) {
 	t.node.Stats.Joined.Add(-int64(m.Rooms()))
+	if m.reads != nil {
+		m.reads.gone.Store(true)
+		m.reads.items = nil
+	}
 	for _, j := range m.joins {
 		j.room.removeJoiner(m)
 		t.removeIfIdle(j.room)
@@ -178,16 +221,23 @@ func (t *Table) Close(m *Member) {
 }
 
 // History reads up to limit stored messages of the room key before seq
-// before (0: the newest) and queues them to m as one history frame.
+// before (0: the newest) and queues them to m as one history frame,
+// bounded by bytes too (more:true when it stopped there). A member's
+// history answers come one at a time, in order, each read once the
+// previous one has left; at most maxQueuedReads wait (ErrTooManyReads).
 // Loop only.
-func (t *Table) History(m *Member, key string, before uint64, limit int) {
-	t.node.read(readJob{kind: rHistory, table: t, member: m, key: key, before: before, limit: limit})
+func (t *Table) History(m *Member, key string, before uint64, limit int) error {
+	if m.reads != nil && len(m.reads.items) >= maxQueuedReads {
+		return ErrTooManyReads
+	}
+	t.queueRead(m, readItem{key: key, before: before, limit: limit})
+	return nil
 }
 
-func (t *Table) sendJoined(m *Member, r *Room) {
+func (t *Table) sendJoined(m *Member, r *Room, jf *proto.Joined) {
 	a := t.arena
 	room := roomName(r.key)
-	t.Enqueue(m, a.Keep(proto.AppendJoinedFrame(a.Space(64+len(room)), room, r.last)))
+	t.Enqueue(m, a.Keep(proto.AppendJoinedFrame(a.Space(len(room)+proto.MaxJoinedExtra), room, jf)))
 }
 
 func (t *Table) sendErr(m *Member, ref []byte, code proto.Code, msg string) {
@@ -195,24 +245,29 @@ func (t *Table) sendErr(m *Member, ref []byte, code proto.Code, msg string) {
 	t.Enqueue(m, a.Keep(proto.AppendErrFrame(a.Space(64+6*len(ref)+2*len(msg)), ref, code, msg)))
 }
 
-// startJoin runs once the room is active on this loop: joined goes out with
-// the room's newest seq, then (with since) the stored messages after since
-// are replayed; a since past the room's newest seq here waits for the room
-// to reach it.
+// startJoin runs once the room is active on this loop. Without since,
+// joined goes out with the room's newest seq and the member is live. With
+// since, the first page of the replay is read before joined goes out, so
+// that joined can say whether everything after since follows (Resume): the
+// epoch differs or since is past the store's newest seq (the client's seqs
+// belong to another history: the replay starts at the oldest stored
+// message), or retention removed messages after since. The replay goes on
+// a page at a time, each read once the previous one has left (pump); the
+// member goes live when it has reached the room's newest seq, so it sees no
+// gap and no duplicate. A since past the room's newest seq here but not
+// past the store's waits for the room to reach it (its messages are on
+// their way through the broker).
 func (t *Table) startJoin(m *Member, j *joinState) {
 	r := j.room
-	t.sendJoined(m, r)
-	if !j.hasSince || j.since == r.last {
+	if !j.hasSince || j.since == r.last && (!j.hasEpoch || j.epoch == r.epoch) {
+		t.sendJoined(m, r, &proto.Joined{Seq: r.last, Epoch: r.epoch, Resumed: j.hasSince, Recovered: true})
+		j.joined = true
 		t.goLive(m, j)
-		return
-	}
-	if j.since > r.last {
-		j.ahead, j.after = true, j.since
 		return
 	}
 	j.catchingUp = true
 	j.after = j.since
-	t.node.read(readJob{kind: rReplay, table: t, member: m, room: r, key: r.key, after: j.after, upto: r.last})
+	t.queueRead(m, readItem{join: j})
 }
 
 func (t *Table) goLive(m *Member, j *joinState) {
@@ -223,47 +278,100 @@ func (t *Table) goLive(m *Member, j *joinState) {
 	t.node.Stats.Joined.Add(1)
 }
 
-// replayed takes one page of catch-up.
+// replayed takes one page of catch-up. The first one decides what joined
+// says.
 func (t *Table) replayed(ev *Event) {
 	m := ev.member
+	m.readDone()
 	if m.Closed {
 		return
 	}
+	defer t.pump(m)
 	j := m.findJoin(ev.room)
 	if j == nil || !j.catchingUp {
 		return // left meanwhile
 	}
 	r := j.room
 	if ev.err != nil {
-		r.removeJoiner(m)
-		m.dropJoin(r)
-		t.removeIfIdle(r)
-		m.Owner.Resync()
+		t.abandon(m, j)
+		return
+	}
+	if !j.joined {
+		j.joined = true
+		jf := proto.Joined{Seq: r.last, Epoch: r.epoch, Resumed: true, Recovered: true}
+		switch {
+		case ev.flags&readAhead != 0:
+			// Not past the store's newest seq: the rest is on its way to
+			// this loop. Wait for the room to reach since, or catch up to
+			// where it got meanwhile.
+			t.sendJoined(m, r, &jf)
+			if j.since > r.last {
+				j.catchingUp = false
+				j.ahead, j.after = true, j.since
+				return
+			}
+			if j.since == r.last {
+				t.goLive(m, j)
+				return
+			}
+			t.queueRead(m, readItem{join: j})
+			return
+		case ev.flags&readOther != 0:
+			// Another history: everything stored follows, from the oldest.
+			jf.Recovered = false
+			jf.From = ev.seq
+		case ev.seq != 0 && ev.seq != j.since+1, ev.seq == 0 && ev.cursor > j.since:
+			// Retention removed messages after since.
+			jf.Recovered = false
+			jf.From = ev.seq
+		}
+		if !jf.Recovered {
+			t.node.Stats.ResumesLost.Add(1)
+			if jf.From == 0 {
+				jf.From = ev.cursor + 1 // nothing stored up to the page's end: the next live one
+			}
+		}
+		t.sendJoined(m, r, &jf)
+		j.after = ev.cursor // for another history, below since: it starts over
+	} else if ev.seq != 0 && ev.seq != j.after+1 || ev.seq == 0 && ev.cursor > j.after {
+		// Retention removed messages while the catch-up ran: this stream
+		// cannot continue without a gap. The client rejoins and is told.
+		t.abandon(m, j)
 		return
 	}
 	if len(ev.frame) > 0 {
-		t.Enqueue(m, ev.frame)
+		t.enqueueReplay(m, ev.frame)
 	}
-	if ev.cursor > j.after {
-		j.after = ev.cursor
-	}
+	j.after = max(j.after, ev.cursor)
 	if j.after >= r.last {
 		t.goLive(m, j)
 		return
 	}
-	t.node.read(readJob{kind: rReplay, table: t, member: m, room: r, key: r.key, after: j.after, upto: r.last})
+	t.queueRead(m, readItem{join: j})
+}
+
+// abandon ends a catch-up that cannot go on (the store failed, or messages
+// vanished under it): the client is closed with 1013 and rejoins.
+func (t *Table) abandon(m *Member, j *joinState) {
+	r := j.room
+	r.removeJoiner(m)
+	m.dropJoin(r)
+	t.removeIfIdle(r)
+	m.Owner.Resync()
 }
 
 func (t *Table) historyDone(ev *Event) {
 	m := ev.member
+	m.readDone()
 	if m.Closed {
 		return
 	}
+	defer t.pump(m)
 	if ev.err != nil {
 		t.sendErr(m, roomName(ev.key), proto.CodeOverloaded, "cannot read history now: retry")
 		return
 	}
-	t.Enqueue(m, ev.frame)
+	t.enqueueReplay(m, ev.frame)
 }
 
 // removeIfIdle drops a room nobody on this loop needs any more.
@@ -285,7 +393,7 @@ func (t *Table) subscribed(key string, err error) {
 		return
 	}
 	if err != nil {
-		t.activate(r, 0, err)
+		t.activate(r, 0, "", err)
 		return
 	}
 	t.node.read(readJob{kind: rLastSeq, table: t, room: r, key: r.key})
@@ -293,7 +401,7 @@ func (t *Table) subscribed(key string, err error) {
 
 // activate makes a room live on this loop at seq, releases what was held,
 // and starts the parked joins.
-func (t *Table) activate(r *Room, seq uint64, err error) {
+func (t *Table) activate(r *Room, seq uint64, epoch string, err error) {
 	if t.rooms[r.key] != r || r.active {
 		return
 	}
@@ -318,6 +426,7 @@ func (t *Table) activate(r *Room, seq uint64, err error) {
 	}
 	r.active = true
 	r.last = seq
+	r.epoch = epoch
 	held := r.held
 	r.held = nil
 	for _, h := range held {
@@ -473,6 +582,9 @@ func (t *Table) CheckGaps() {
 		if r.repairing || now-r.gapSince < window {
 			continue
 		}
+		if r.repairMore && r.backlogged(t.limit/2) && now-r.gapSince < 10*window {
+			continue // paced: members still hold much of the last step
+		}
 		r.repairing = true
 		t.node.Stats.Repairs.Add(1)
 		t.node.read(readJob{kind: rRepair, table: t, room: r, key: r.key, after: r.last, upto: r.held[0].Seq - 1})
@@ -485,7 +597,7 @@ func (t *Table) CheckGaps() {
 // a gap, or for a tail read what the broker may have lost. If the store
 // did not have them either, members cannot be given a gapless stream:
 // they are closed with 1013 and rejoin with since.
-func (t *Table) repaired(r *Room, held []Held, upto uint64, tail bool, err error) {
+func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err error) {
 	defer t.readTails()
 	if tail {
 		t.tailReads--
@@ -506,6 +618,19 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail bool, err error
 		}
 		return // a gap is tried again after the next window
 	}
+	if more {
+		// One bounded step of a long repair: the next follows once the
+		// members have taken most of this one (CheckGaps; readTails).
+		r.repairMore = true
+		if r.gapSince != 0 {
+			r.gapSince = t.loop.Now() - t.node.cfg.GapWindow.Milliseconds()
+		}
+		if tail {
+			t.queueTail(r)
+		}
+		return
+	}
+	r.repairMore = false
 	if r.last >= upto || len(r.held) == 0 || r.held[0].Seq == r.last+1 {
 		// Everything asked for is delivered. What is still held waits
 		// behind a newer gap (messages in flight meanwhile), which gets a

@@ -9,6 +9,10 @@ type Owner interface {
 	// of a room cannot continue here without a gap, and the client rejoins
 	// with since.
 	Resync()
+	// Buffered is what the transport still holds of earlier writes: with
+	// the member's pending bytes, what has not left for the client yet.
+	// Replays read their next page only once that is under a page.
+	Buffered() int
 }
 
 // Member is a connection's side of fan-out: its live room memberships, its
@@ -29,6 +33,7 @@ type Member struct {
 	Backlog int
 	slots   []slot
 	joins   []*joinState
+	reads   *readQueue // its store reads; nil until it makes one
 	dirty   bool
 	urgent  bool
 	// slow is set once the member passed the outbound limit: nothing more
@@ -37,6 +42,9 @@ type Member struct {
 	// Closed is set by the loop once the connection is closing or gone;
 	// nothing more is queued for it and queued work for it is skipped.
 	Closed bool
+	// Parked is the loop's: the member's frames wait for the transport to
+	// drain what the kernel refused (Sent).
+	Parked bool
 }
 
 type slot struct {
@@ -97,6 +105,8 @@ type Table struct {
 	tailReads   int
 	tailRetry   []*Room
 	tailRetryAt int64
+
+	paced []*Member // members whose next store read waits for their output to leave (pump)
 }
 
 // pending-list size classes: most flushes carry a handful of frames; a busy
@@ -203,17 +213,33 @@ func (t *Table) fan(r *Room, frame []byte) {
 	}
 }
 
-// Enqueue queues one frame for one member (an ack, a joined, a replay).
+// Enqueue queues one frame for one member (an ack, a joined, a message).
 func (t *Table) Enqueue(m *Member, frame []byte) {
 	if m.slow || m.Closed {
 		return
 	}
-	n := len(frame)
-	if m.bytes+m.Backlog+n > t.limit {
+	if m.bytes+m.Backlog+len(frame) > t.limit {
 		m.slow = true
 		t.slow = append(t.slow, m)
 		return
 	}
+	t.queue(m, frame)
+}
+
+// enqueueReplay queues a page of a replay (catch-up, history answer)
+// without the outbound limit: a replay's next page is read only once the
+// previous one has left (pump), so what a replay adds is bounded by its
+// page size, and a replay never makes a client a slow consumer. The limit
+// judges live messages only.
+func (t *Table) enqueueReplay(m *Member, frame []byte) {
+	if m.slow || m.Closed {
+		return
+	}
+	t.queue(m, frame)
+}
+
+func (t *Table) queue(m *Member, frame []byte) {
+	n := len(frame)
 	if len(m.pending) == cap(m.pending) {
 		t.grow(m)
 	}
@@ -290,6 +316,29 @@ func (t *Table) Flushed(m *Member) {
 	m.urgent = false
 }
 
+// Sent tells the table that the first n of m's pending frames were handed
+// to the transport; the rest stay queued, in order, for a later write: the
+// kernel refused them, and the loop keeps them here rather than copying
+// them into the transport, so a slow consumer's backlog costs references to
+// shared frames, and dropping it (a slow consumer's close) cuts no frame.
+// m is not dirty afterwards: the loop writes it again once the transport
+// has drained.
+func (t *Table) Sent(m *Member, n int) {
+	if n >= len(m.pending) {
+		t.Flushed(m)
+		return
+	}
+	rest := copy(m.pending, m.pending[n:])
+	clear(m.pending[rest:])
+	m.pending = m.pending[:rest]
+	m.bytes = 0
+	for _, f := range m.pending {
+		m.bytes += len(f)
+	}
+	m.dirty = false
+	m.urgent = false
+}
+
 // Drop discards m's pending output (the connection is gone or is being
 // closed as a slow consumer).
 func (t *Table) Drop(m *Member) {
@@ -340,8 +389,9 @@ func (t *Table) CloseSlow() {
 }
 
 // NeedsTick reports whether the next flush tick has work: pending output,
-// or a held gap or a failed tail read waiting for its window (checked at
-// each tick, or a quiet room would wait for the next sweep).
+// a held gap or a failed tail read waiting for its window (checked at each
+// tick, or a quiet room would wait for the next sweep), or a replay waiting
+// for its member's output to leave.
 func (t *Table) NeedsTick() bool {
-	return len(t.dirty) > 0 || len(t.gaps) > 0 || len(t.tailRetry) > 0
+	return len(t.dirty) > 0 || len(t.gaps) > 0 || len(t.tailRetry) > 0 || len(t.paced) > 0
 }

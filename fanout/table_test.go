@@ -8,8 +8,9 @@ import (
 // testOwner counts what the table asks of a member's connection.
 type testOwner struct{ writes, resyncs int }
 
-func (o *testOwner) Write()  { o.writes++ }
-func (o *testOwner) Resync() { o.resyncs++ }
+func (o *testOwner) Write()        { o.writes++ }
+func (o *testOwner) Resync()       { o.resyncs++ }
+func (o *testOwner) Buffered() int { return 0 }
 
 func members(n int) []*Member {
 	ms := make([]*Member, n)

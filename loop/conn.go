@@ -32,7 +32,7 @@ type conn struct {
 	au       *appUser // this connection's count and publish bucket in app; nil until admitted
 	user     string
 	rooms    *roomClaims // the token's rooms and expiry; nil: no token (insecure), every room
-	frag     []byte      // a fragmented message being assembled; nil otherwise
+	frag     *[]byte     // a fragmented message being assembled, nil otherwise (rare: a pointer keeps conn small)
 	opened   int64       // Unix ms
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
@@ -325,7 +325,7 @@ func (c *conn) frame(b []byte) int {
 		c.closeWith(proto.CloseProtocolError, []byte("client frames must be masked"))
 		return 0
 	}
-	if h.Length > int64(s.cfg.MaxFrame) || (h.OpCode == ws.OpContinuation && int64(len(c.frag))+h.Length > int64(s.cfg.MaxFrame)) {
+	if h.Length > int64(s.cfg.MaxFrame) || (h.OpCode == ws.OpContinuation && c.frag != nil && int64(len(*c.frag))+h.Length > int64(s.cfg.MaxFrame)) {
 		c.closeWith(proto.CloseTooBig, []byte("frame too large"))
 		return 0
 	}
@@ -343,7 +343,8 @@ func (c *conn) frame(b []byte) int {
 			return 0
 		}
 		if !h.Fin {
-			c.frag = append(make([]byte, 0, min(int(h.Length)*2, s.cfg.MaxFrame)), payload...)
+			buf := append(make([]byte, 0, min(int(h.Length)*2, s.cfg.MaxFrame)), payload...)
+			c.frag = &buf
 			c.fragOp = ws.OpText
 			return total
 		}
@@ -353,9 +354,9 @@ func (c *conn) frame(b []byte) int {
 			c.closeWith(proto.CloseProtocolError, []byte("continuation without a message"))
 			return 0
 		}
-		c.frag = append(c.frag, payload...)
+		*c.frag = append(*c.frag, payload...)
 		if h.Fin {
-			msg := c.frag
+			msg := *c.frag
 			c.frag = nil
 			c.message(msg)
 		}
@@ -460,14 +461,18 @@ func (c *conn) sendErr(ref []byte, code proto.Code, msg string) {
 
 // closeWith flushes what is pending, sends a close frame and closes. The
 // close frame goes behind the pending frames so nothing acknowledged to the
-// client is cut off mid-stream.
+// client is cut off mid-stream (a slow consumer's were dropped before: its
+// close frame follows at most the one frame gnet holds). The socket is
+// closed once the close frame has left, or after lingerMax: closing it at
+// once would throw the frame away with what the kernel had not taken, and
+// the client would see the connection drop (1006) without its retry hint.
 func (c *conn) closeWith(code int, reason []byte) {
 	if c.closed || c.state == stateClosing {
 		return
 	}
 	l := c.l
 	if c.m.PendingBytes() > 0 && !c.m.Slow() {
-		l.write(c)
+		l.writeOut(c, true)
 		if c.closed || c.state == stateClosing {
 			return
 		}
@@ -476,7 +481,9 @@ func (c *conn) closeWith(code int, reason []byte) {
 	f := proto.AppendCloseFrame(l.arena.Space(2+125+14), uint16(code), string(reason))
 	_, _ = c.gc.Write(f)
 	c.closing()
-	_ = c.gc.Close()
+	if !c.closed {
+		l.lingerClose(c)
+	}
 }
 
 // closing marks the connection as on its way out: nothing more is queued
@@ -502,6 +509,14 @@ func (c *conn) Write() { c.l.write(c) }
 // client rejoins with since, here or on another node.
 func (c *conn) Resync() { c.closeWith(proto.CloseTryAgain, c.l.retryReason()) }
 
+// Buffered is what gnet holds of earlier writes (fanout.Owner).
+func (c *conn) Buffered() int {
+	if c.closed {
+		return 0
+	}
+	return c.gc.OutboundBuffered()
+}
+
 var _ fanout.Owner = (*conn)(nil)
 
 func (c *conn) join(cmd *proto.Command) {
@@ -514,7 +529,8 @@ func (c *conn) join(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "room limit of this connection reached")
 		return
 	}
-	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), cmd.Since, cmd.HasSince); err {
+	rs := fanout.Resume{Since: cmd.Since, HasSince: cmd.HasSince, Epoch: cmd.Epoch, HasEpoch: cmd.HasEpoch}
+	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), rs); err {
 	case nil:
 	case fanout.ErrJoined:
 		c.sendErr(cmd.Room, proto.CodeBadRequest, err.Error())
@@ -604,18 +620,15 @@ func (c *conn) history(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
 		return
 	}
-	if cmd.HasBefore && cmd.Before <= 1 {
-		// before is exclusive and seqs start at 1: nothing is older than
-		// 0 or 1. (The store reads before 0 as "no bound", which is what a
-		// request without before gets.)
-		a := l.arena
-		c.send(a.Keep(proto.AppendHistoryFrame(a.Space(64+len(cmd.Room)), cmd.Room, nil)))
-		return
-	}
 	key := l.intern(l.roomKey(c, cmd.Room))
-	before := uint64(0)
+	before := uint64(0) // the store reads 0 as "no bound"
 	if cmd.HasBefore {
-		before = cmd.Before
+		// before is exclusive and seqs start at 1: before 0 asks for
+		// nothing older than 0, which is what before 1 gets. It still
+		// waits its turn, so that answers keep the order of requests.
+		before = max(cmd.Before, 1)
 	}
-	l.table.History(&c.m, key, before, cmd.Limit)
+	if err := l.table.History(&c.m, key, before, cmd.Limit); err != nil {
+		c.sendErr(cmd.Room, proto.CodeRateLimited, err.Error())
+	}
 }

@@ -76,7 +76,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 		_ = syscall.SetsockoptInt(fds[0], syscall.SOL_SOCKET, syscall.SO_SNDBUF, 1<<20)
 		c := &conn{gc: &sockConn{fd: fds[0]}, l: l, state: stateOpen}
 		c.m.Owner = c
-		if err := l.table.Join(&c.m, []byte(rig.key), 0, false); err != nil {
+		if err := l.table.Join(&c.m, []byte(rig.key), fanout.Resume{}); err != nil {
 			tb.Fatal(err)
 		}
 		last = c
@@ -93,7 +93,9 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 	}
 	// The room goes live once the node's subscription is up and its newest
 	// seq read (on fanout's goroutines).
-	rig.pump(tb, func() bool { return last.m.Rooms() == 1 })
+	if last != nil {
+		rig.pump(tb, func() bool { return last.m.Rooms() == 1 })
+	}
 	// Start from rest: the joined frames written, no tick armed, no
 	// counts.
 	l.flush()

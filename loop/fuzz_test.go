@@ -35,7 +35,7 @@ func (c *memConn) Peek(n int) ([]byte, error) {
 }
 func (c *memConn) Discard(n int) (int, error) { c.in = c.in[n:]; return n, nil }
 func (c *memConn) InboundBuffered() int       { return len(c.in) }
-func (c *memConn) OutboundBuffered() int      { return 1 } // never the writev fast path: no fd
+func (c *memConn) OutboundBuffered() int      { return 0 } // Fd -1: the loop hands everything to Write
 
 func (c *memConn) Write(p []byte) (int, error) { c.out = append(c.out, p...); return len(p), nil }
 func (c *memConn) Close() error                { c.closed = true; return nil }

@@ -3,15 +3,20 @@ package loop
 import (
 	"fmt"
 	"testing"
+
+	"github.com/roost-chat/roost/persist"
 )
 
 // TestJoinSinceAhead: a client that saw newer messages on another node than
-// have reached this one rejoins here with since past the room's newest seq.
-// It must get only what comes after since: the messages it already has
-// must not be delivered again when they reach this node. (A Redis-delivered
-// message that lagged behind the client's rejoin was delivered twice.)
+// have reached this one rejoins here with since past the room's newest seq
+// on this node (but not past the store's: those messages are committed and
+// on their way through the broker). It must get only what comes after
+// since: the messages it already has must not be delivered again when they
+// reach this node. (A Redis-delivered message that lagged behind the
+// client's rejoin was delivered twice.)
 func TestJoinSinceAhead(t *testing.T) {
-	n := startNode(t, func(c *Config) { c.Loops = 1 })
+	b := &bus{}
+	n := startNodeWith(t, func() Config { c := testConfig(); c.Loops = 1; return c }(), persist.NewMemory(1000), testLogger(), b.broker)
 	p := n.dial(t, "pub")
 	pub := func(i int) {
 		p.send(fmt.Sprintf(`{"op":"pub","room":"r","id":"m%d","body":%d}`, i, i))
@@ -24,11 +29,17 @@ func TestJoinSinceAhead(t *testing.T) {
 		pub(i)
 		w.expect(map[string]any{"op": "msg", "seq": i})
 	}
+	b.hold(0) // 6 and 7: committed, still in flight to this node
+	pub(6)
+	pub(7)
 	a := n.dial(t, "ahead")
 	a.send(`{"op":"join","room":"r","since":7}`)
-	a.expect(map[string]any{"op": "joined", "room": "r", "seq": 5})
+	a.expect(map[string]any{"op": "joined", "room": "r", "seq": 5, "recovered": true})
+	b.release(0)
 	for i := 6; i <= 8; i++ {
-		pub(i)
+		if i == 8 {
+			pub(8)
+		}
 		w.expect(map[string]any{"op": "msg", "seq": i})
 	}
 	// 6 and 7 it has; 8 is the first it gets, and nothing before it

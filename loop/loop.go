@@ -92,17 +92,23 @@ type loopState struct {
 	sweepT   *time.Timer
 	onSweepT func()
 
-	conns     []*conn // every connection of the loop, for the sweep
-	due       []int64 // due[i]: when conns[i] next needs the sweep (conn.dueAt)
-	cmd       proto.Command
-	keyBuf    []byte
-	scratch   []byte
-	iov       [iovMax]unix.Iovec
-	interns   map[string]string
-	draining  bool
-	stamps    []*pubStamp   // free list of publish stamps (server.go)
-	inflight  int           // publishes of this loop submitted and not yet answered
-	commitLag time.Duration // smoothed read-to-answer time of its publishes (shedding)
+	conns []*conn // every connection of the loop, for the sweep
+	due   []int64 // due[i]: when conns[i] next needs the sweep (conn.dueAt)
+	// parked: connections whose frames wait for gnet to drain (write);
+	// lingers: closing connections waiting for their close frame to
+	// leave. Both are checked at every tick.
+	parked      []*conn
+	spareParked []*conn
+	lingers     []linger
+	cmd         proto.Command
+	keyBuf      []byte
+	scratch     []byte
+	iov         [iovMax]unix.Iovec
+	interns     map[string]string
+	draining    bool
+	stamps      []*pubStamp   // free list of publish stamps (server.go)
+	inflight    int           // publishes of this loop submitted and not yet answered
+	commitLag   time.Duration // smoothed read-to-answer time of its publishes (shedding)
 }
 
 func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
@@ -254,9 +260,12 @@ func (l *loopState) kick() {
 	l.armTick()
 }
 
-// hasTickWork: output is pending, or a held gap or a failed tail read is
-// waiting for its window.
-func (l *loopState) hasTickWork() bool { return l.table.NeedsTick() }
+// hasTickWork: output is pending, a held gap or a failed tail read is
+// waiting for its window, a replay for its output, or a connection for its
+// transport to drain (parked, lingering).
+func (l *loopState) hasTickWork() bool {
+	return l.table.NeedsTick() || len(l.parked) > 0 || len(l.lingers) > 0
+}
 
 // armTick arms the next flush tick. Ticks fall on a fixed grid (multiples
 // of FlushInterval since the process started), so a tick that follows a
@@ -322,9 +331,14 @@ func (l *loopState) run(t *task) {
 func (l *loopState) now() int64 { return time.Now().UnixMilli() }
 
 // flush writes every dirty connection's pending frames, one writev each,
-// and returns how many connections it wrote.
+// and returns how many connections it wrote. Connections waiting on their
+// transport (parked, lingering) and replays waiting for their output to
+// leave are seen to as well.
 func (l *loopState) flush() int {
 	n := l.flushMembers(l.table.TakeDirty())
+	l.unpark()
+	l.closeLingering()
+	l.table.PumpPaced()
 	l.table.CheckGaps()
 	return n
 }
@@ -344,19 +358,35 @@ func (l *loopState) flushMembers(ms []*fanout.Member) int {
 // write hands c's pending frames to the kernel. Fast path: the transport
 // holds nothing from before, so one writev syscall on the socket with the
 // loop's iovec array (gnet's Writev goes through x/sys, which allocates
-// past 8 slices). Whatever the kernel does not take goes into gnet's
-// outbound buffer, which gnet drains when the socket turns writable.
-func (l *loopState) write(c *conn) {
+// past 8 slices). Slow path: what the kernel does not take stays queued
+// here, as references to the shared frames, except the first frame (or
+// what is left of it), which goes into gnet's outbound buffer so that gnet
+// watches the socket; once gnet has drained it, the tick writes the rest
+// (park). A consumer's backlog thus costs no copy, and what the node still
+// holds for it can be dropped (a slow consumer's close) without cutting a
+// frame.
+func (l *loopState) write(c *conn) { l.writeOut(c, false) }
+
+// writeOut is write; with all, everything the kernel refuses goes into
+// gnet at once (a close frame follows it and the connection ends).
+func (l *loopState) writeOut(c *conn, all bool) {
 	m := &c.m
 	frames := m.Pending()
-	st := &l.srv.Stats
-	st.FramesOut.Add(uint64(len(frames)))
-	st.BytesOut.Add(uint64(m.PendingBytes()))
-	st.Writes.Add(1)
-	st.WriteFrames.Observe(float64(len(frames)))
+	if len(frames) == 0 {
+		return
+	}
 	gc := c.gc
-	if gc.OutboundBuffered() == 0 {
-		fd := gc.Fd()
+	fd := gc.Fd()
+	if fd < 0 {
+		all = true // a transport without a socket (tests' in-memory conn) takes everything
+	}
+	if gc.OutboundBuffered() > 0 && !all {
+		l.park(c)
+		return
+	}
+	before := m.PendingBytes()
+	done := 0 // frames handed to the kernel or to gnet
+	if gc.OutboundBuffered() == 0 && fd >= 0 {
 		for len(frames) > 0 {
 			n := min(len(frames), iovMax)
 			total := 0
@@ -379,29 +409,121 @@ func (l *loopState) write(c *conn) {
 			}
 			if int(w) == total {
 				frames = frames[n:]
+				done += n
 				continue
 			}
 			rest := int(w)
 			for rest >= len(frames[0]) {
 				rest -= len(frames[0])
 				frames = frames[1:]
+				done++
 			}
 			frames[0] = frames[0][rest:]
 			break
 		}
 	}
-	// Slow path: the socket is full (or was): queue the rest in gnet, in
-	// order. The first Write may try the socket once more; the rest append.
-	for _, f := range frames {
-		if c.closed {
-			break
+	if len(frames) > 0 {
+		// The socket is full (or was). The first Write may try it once
+		// more; the rest append.
+		keep := 1
+		if all {
+			keep = len(frames)
 		}
-		_, _ = gc.Write(f)
+		for _, f := range frames[:keep] {
+			if c.closed {
+				break
+			}
+			_, _ = gc.Write(f)
+		}
+		done += keep
 	}
-	l.table.Flushed(m)
-	if !c.closed {
-		m.Backlog = gc.OutboundBuffered()
+	st := &l.srv.Stats
+	st.FramesOut.Add(uint64(done))
+	st.Writes.Add(1)
+	st.WriteFrames.Observe(float64(done))
+	l.table.Sent(m, done)
+	st.BytesOut.Add(uint64(before - m.PendingBytes()))
+	if c.closed {
+		return
 	}
+	m.Backlog = gc.OutboundBuffered()
+	if m.PendingBytes() > 0 {
+		l.park(c)
+	}
+}
+
+// park remembers a connection whose frames wait for gnet to drain what the
+// kernel refused; every tick checks it (unpark).
+func (l *loopState) park(c *conn) {
+	if !c.m.Parked {
+		c.m.Parked = true
+		l.parked = append(l.parked, c)
+	}
+}
+
+// unpark writes the parked connections whose transport has drained, and
+// refreshes the backlog of the others (the outbound limit counts it).
+func (l *loopState) unpark() {
+	if len(l.parked) == 0 {
+		return
+	}
+	ps := l.parked
+	l.parked = l.spareParked[:0]
+	for i, c := range ps {
+		ps[i] = nil
+		c.m.Parked = false
+		if c.closed || c.state != stateOpen {
+			continue
+		}
+		c.m.Backlog = c.gc.OutboundBuffered()
+		if c.m.Backlog > 0 {
+			l.park(c)
+			continue
+		}
+		l.write(c)
+	}
+	l.spareParked = ps[:0]
+}
+
+// lingerMax bounds how long a closing connection waits for its close frame
+// to leave before the socket is closed anyway.
+const lingerMax = time.Second
+
+type linger struct {
+	c     *conn
+	until int64 // Unix ms
+}
+
+// lingerClose closes c once gnet has handed its close frame to the kernel,
+// or after lingerMax.
+func (l *loopState) lingerClose(c *conn) {
+	if c.gc.OutboundBuffered() == 0 {
+		_ = c.gc.Close()
+		return
+	}
+	l.lingers = append(l.lingers, linger{c: c, until: l.now() + lingerMax.Milliseconds()})
+}
+
+// closeLingering closes the lingering connections that are done or out of
+// time.
+func (l *loopState) closeLingering() {
+	if len(l.lingers) == 0 {
+		return
+	}
+	now := l.now()
+	keep := l.lingers[:0]
+	for _, lg := range l.lingers {
+		if lg.c.closed {
+			continue
+		}
+		if lg.c.gc.OutboundBuffered() == 0 || now >= lg.until {
+			_ = lg.c.gc.Close()
+			continue
+		}
+		keep = append(keep, lg)
+	}
+	clear(l.lingers[len(keep):])
+	l.lingers = keep
 }
 
 func (l *loopState) retryReason() []byte {
