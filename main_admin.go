@@ -264,6 +264,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_gap_repairs_total", fs.Repairs.Load())
 	c("roost_join_replays_total", fs.Replays.Load())
 	c("roost_join_reads_total", fs.ReplayReads.Load())
+	c("roost_resumes_lost_total", fs.ResumesLost.Load())
 	c("roost_gap_closes_total", fs.GapCloses.Load())
 	c("roost_broker_errors_total", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())

@@ -85,6 +85,7 @@ var exposedMetrics = []string{
 	"roost_redis_resubscribes_total",
 	"roost_redis_subscribe_errors_total",
 	"roost_redis_subscribed_rooms",
+	"roost_resumes_lost_total",
 	"roost_retention_deleted_total",
 	"roost_retention_errors_total",
 	"roost_retention_runs_total",

@@ -210,6 +210,9 @@ func TestResumeHistoryGone(t *testing.T) {
 		for _, x := range []*client{c, d, e, f} {
 			x.expect(map[string]any{"op": "msg", "seq": 4})
 		}
+		if got := n2.fan.Stats.ResumesLost.Load(); got != 3 {
+			t.Fatalf("resumes lost %d, want 3 (c, d, e)", got)
+		}
 	})
 }
 
