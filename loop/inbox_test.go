@@ -152,3 +152,27 @@ func TestInboxOverflowRepairedOverSockets(t *testing.T) {
 	alice.send(`{"op":"ping"}`)
 	alice.expect(map[string]any{"op": "pong"})
 }
+
+// TestInboxAllocationFree: a delivery through the bounded inbox, its drain
+// and the write at once allocate nothing in steady state (under the limit).
+func TestInboxAllocationFree(t *testing.T) {
+	rig := newFanoutRig(t, 300, false)
+	l, s := rig.l, rig.l.srv
+	s.cfg.FlushInterval = time.Second
+	cycle := func() {
+		for i := 0; i < 4; i++ {
+			rig.seq++
+			s.fan.OnMessage(rig.key, rig.seq, rig.frame)
+		}
+		rig.el.pending.Store(false)
+		_ = l.drain(context.Background())
+		l.tick() // writes nothing: stops ticking, so the next cycle writes at once
+	}
+	cycle()
+	if n := testing.AllocsPerRun(20, cycle); n != 0 {
+		t.Fatalf("delivery through the inbox allocates %.1f per cycle", n)
+	}
+	if got, want := s.Stats.FramesOut.Load(), uint64(300*4*22); got != want {
+		t.Fatalf("%d frames written, want %d: the cycle did not fan out", got, want)
+	}
+}
