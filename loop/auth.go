@@ -640,6 +640,7 @@ func (c *conn) admitPub(cmd *proto.Command) bool {
 	}
 	if cfg.maxMsg > 0 && int64(len(cmd.Body)) > cfg.maxMsg {
 		c.app.refused[RefusedTooLarge].Add(1)
+		c.l.refusedFlood = true
 		c.sendErr(cmd.ID, proto.CodeTooLarge, "message body larger than the app's max-msg")
 		return false
 	}
@@ -663,6 +664,7 @@ func (c *conn) admitPub(cmd *proto.Command) bool {
 }
 
 func (c *conn) sendRateLimited(ref []byte, msg string, waitNS int64) {
+	c.l.refusedFlood = true
 	a := c.l.arena
 	c.send(a.Keep(proto.AppendRateLimitedFrame(a.Space(96+6*len(ref)+len(msg)), ref, msg, retryAfterMS(waitNS))))
 }

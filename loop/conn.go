@@ -182,6 +182,18 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	if !c.closed {
 		c.l.due[c.pos] = c.dueAt()
 	}
+	if c.l.refusedFlood {
+		// This read drew limit refusals: they leave now, in one write for
+		// the whole read, instead of keeping the loop's flush tick armed.
+		// A client flooding past its app's rate would otherwise keep the
+		// tick running and every other connection of the loop (other
+		// apps included) waiting for the tick grid; its answers cost it
+		// one write per read of its own instead.
+		c.l.refusedFlood = false
+		if !c.closed && c.state == stateOpen && c.m.PendingBytes() > 0 && !c.m.Slow() {
+			c.l.write(c)
+		}
+	}
 	c.l.settle()
 	c.l.kick()
 	return gnet.None

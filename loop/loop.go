@@ -51,6 +51,10 @@ type drainRound struct {
 // loopState is everything one gnet loop owns. Only that loop's goroutine
 // touches it, except the inbox and the timers' callbacks (which only push).
 type loopState struct {
+	// refusedFlood: the connection being read drew limit refusals
+	// (rate_limited, too_large), written at the end of its read.
+	refusedFlood bool
+
 	srv   *Server
 	el    gnet.EventLoop
 	idx   int
