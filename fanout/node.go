@@ -49,6 +49,11 @@ type Parts struct {
 	// arrival at this node from the broker, sampled one message in 64.
 	// Across nodes it includes their clock offset.
 	DeliveryLag Observer
+	// OnControl, when set, receives every control message the broker
+	// delivers (proto.ControlKey), from any node, this one included. It
+	// runs on the broker's goroutine: it must not block, and msg is valid
+	// during the call only.
+	OnControl func(msg []byte)
 }
 
 // Stats are fanout's counters, updated without locks.
@@ -153,6 +158,7 @@ type Node struct {
 	tables [MaxLoops]atomic.Pointer[Table]
 
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
+	onControl    func(msg []byte)
 
 	reads     chan readJob
 	replays   *ReplayShare
@@ -206,6 +212,16 @@ func New(cfg Config, p Parts) (*Node, error) {
 		n.bus = bus
 	}
 	n.hub.sub = n.bus
+	if p.OnControl != nil {
+		n.onControl = p.OnControl
+		// Node-wide and never unsubscribed; the Redis broker keeps it
+		// wanted through reconnects.
+		n.bus.Subscribe(proto.ControlKey, func(err error) {
+			if err != nil {
+				n.log.Warn("cannot subscribe to control messages yet; retrying", "err", err)
+			}
+		})
+	}
 	n.pool = persist.NewPool(p.Store, n, p.Pool)
 	for i := 0; i < cfg.Readers; i++ {
 		n.wg.Add(1)
@@ -299,7 +315,22 @@ var brokerBatchPool = sync.Pool{New: func() any { return new(brokerBatch) }}
 // OnMessage hands a message the broker delivered to every loop holding its
 // room (pubsub.Handler). Fast path: one read lock of one hub shard and one
 // post per loop.
-func (n *Node) OnMessage(key string, seq uint64, frame []byte) { n.hub.OnMessage(key, seq, frame) }
+func (n *Node) OnMessage(key string, seq uint64, frame []byte) {
+	if key == proto.ControlKey {
+		if n.onControl != nil {
+			n.onControl(frame)
+		}
+		return
+	}
+	n.hub.OnMessage(key, seq, frame)
+}
+
+// Control hands msg to every node's OnControl, this one's included,
+// through the broker. Any goroutine; it waits for the broker (one round
+// trip to Redis).
+func (n *Node) Control(ctx context.Context, msg []byte) error {
+	return n.bus.Publish(ctx, proto.ControlKey, 0, msg)
+}
 
 // OnReset tells every loop to read its rooms' tails from the store: the
 // broker may have lost messages (pubsub.Handler).

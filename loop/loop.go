@@ -21,12 +21,13 @@ const iovMax = 1024
 type taskKind uint8
 
 const (
-	tFanout   taskKind = iota + 1 // ev: work for the loop's rooms (fanout.Table.Run)
-	tAck                          // ack: a publish of this loop was answered
-	tFlush                        // the flush tick: write pending output
-	tSweep                        // idle pings, timeouts, token expiry
-	tDrain                        // drain: one round of Server.Drain
-	tCloseApp                     // app: close the connections of this app (disabled)
+	tFanout     taskKind = iota + 1 // ev: work for the loop's rooms (fanout.Table.Run)
+	tAck                            // ack: a publish of this loop was answered
+	tFlush                          // the flush tick: write pending output
+	tSweep                          // idle pings, timeouts, token expiry
+	tDrain                          // drain: one round of Server.Drain
+	tCloseApp                       // app: close the connections of this app (disabled)
+	tDisconnect                     // app, disc: close the connections of one user of the app
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -36,7 +37,8 @@ type task struct {
 	ev    fanout.Event
 	ack   *pubStamp   // the publish, its outcome filled in
 	drain *drainRound // rare: allocated per round
-	app   string      // tCloseApp
+	app   string      // tCloseApp, tDisconnect
+	disc  *disconnect // rare: allocated per call
 }
 
 // drainRound is one round of Server.Drain on one loop: with code 0 the loop
@@ -326,6 +328,8 @@ func (l *loopState) run(t *task) {
 		t.drain.done()
 	case tCloseApp:
 		l.closeApp(t.app)
+	case tDisconnect:
+		l.disconnect(t.app, t.disc)
 	}
 }
 

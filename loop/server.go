@@ -184,6 +184,7 @@ type Stats struct {
 	RefusedBudget atomic.Uint64 // connections closed at accept: MaxConns reached
 	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
 	InFlight      atomic.Int64  // publishes submitted and not yet answered
+	Disconnected  atomic.Uint64 // connections closed by Disconnect (the server API's disconnect, from any node)
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.

@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"github.com/redis/rueidis"
+
+	"github.com/roost-chat/roost/proto"
 )
 
 // Sentinel errors of the Redis broker.
@@ -674,8 +676,16 @@ func (r *Redis) apply(batch []op) {
 		}
 	}
 	clear(r.readies)
-	r.subscribed.Store(int64(len(r.activeOn)))
-	r.pending.Store(int64(len(r.unsynced)))
+	// The gauges count rooms: the node-wide control subscription is not one.
+	sub, pend := len(r.activeOn), len(r.unsynced)
+	if _, ok := r.activeOn[proto.ControlKey]; ok {
+		sub--
+	}
+	if _, ok := r.unsynced[proto.ControlKey]; ok {
+		pend--
+	}
+	r.subscribed.Store(int64(sub))
+	r.pending.Store(int64(pend))
 	if r.lostKeys && len(r.unsynced) == 0 && r.ctx.Err() == nil {
 		r.lostKeys = false
 		r.resubscribes.Add(1)
