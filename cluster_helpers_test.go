@@ -174,7 +174,7 @@ func launchNode(t testing.TB, e *env, name string, extra []string) (*roostNode, 
 		}
 		args := append([]string{"serve",
 			"--database-url", e.dbURL, "--redis-url", e.redisURL, "--migrate", "--insecure",
-			"--listen", n.addr, "--admin", n.admin,
+			"--listen", n.addr, "--admin", n.admin, "--api", "off",
 			"--loops", "1", "--publish-workers", "2", "--drain", "200ms", "--flush", "1ms",
 		}, extra...)
 		lf, err := os.Create(n.logf)

@@ -35,7 +35,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	admin := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	const window = 2 * time.Second
 	logs := &syncBuffer{}
-	cmd := exec.Command(bin, "serve", "--insecure", "--listen", addr, "--admin", admin, "--database-url", dbURL, "--migrate",
+	cmd := exec.Command(bin, "serve", "--insecure", "--listen", addr, "--admin", admin, "--api", "off", "--database-url", dbURL, "--migrate",
 		"--loops", "2", "--drain", window.String(), "--flush", "1ms", "--log-format", "json")
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

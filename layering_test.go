@@ -16,6 +16,7 @@ import (
 var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
 	"loop":             {"fanout", "proto"},
+	"api":              {"fanout", "persist", "proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
 	"persist":          {"proto"},
 	"persist/pgtest":   {},

@@ -22,10 +22,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/roost-chat/roost/api"
 	"github.com/roost-chat/roost/bench"
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
 	"github.com/roost-chat/roost/tuning"
 )
@@ -212,6 +214,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		BrokerLatency:  hists.brokerLatency,
 		DeliveryLag:    hists.deliveryLag,
 	}
+	// Control messages (a server API disconnect, from any node) reach the
+	// loops once they exist; none can concern a connection before that.
+	var loops atomic.Pointer[loop.Server]
+	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
 	if c.redisURL != "" {
 		rc, err := pubsub.ParseRedisURL(c.redisURL)
 		if err != nil {
@@ -249,6 +255,18 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		closeStore()
 		return fatal(err)
 	}
+	loops.Store(srv)
+	var apiSrv *api.Server
+	if c.api != "off" && c.api != "" {
+		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps},
+			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
+	}
+	setApps := func(apps []proto.App) {
+		srv.SetApps(apps)
+		if apiSrv != nil {
+			apiSrv.SetApps(apps)
+		}
+	}
 	var reg persist.Registry
 	switch {
 	case c.appsFile != "":
@@ -266,10 +284,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(err)
 		}
-		srv.SetApps(apps)
+		setApps(apps)
 		// Changes reach this node within 2 s: LISTEN/NOTIFY or the file's
 		// mtime at once, the periodic re-read at worst.
-		reg.WatchApps(regCtx, time.Second, srv.SetApps, log)
+		reg.WatchApps(regCtx, time.Second, setApps, log)
 		if len(apps) == 0 && len(c.node.Apps) == 0 && !c.node.Insecure {
 			log.Warn("the app registry is empty: every client is refused until `roost app create ID` registers an app")
 		}
@@ -290,9 +308,23 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
 		ln = newLimitListener(ln, adminMaxConns)
-		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready}), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
+	}
+
+	var apiHTTP *http.Server
+	if apiSrv != nil {
+		t0 = time.Now()
+		ln, err := net.Listen("tcp", c.api)
+		if err != nil {
+			closeFan()
+			closeStore()
+			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
+		}
+		apiHTTP = newAPIServer(apiSrv.Handler(), log)
+		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
+		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
 	t0 = time.Now()
@@ -349,6 +381,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		if adminSrv != nil {
 			_ = adminSrv.Close()
 		}
+		if apiHTTP != nil {
+			_ = apiHTTP.Close()
+		}
 		return 1
 	}
 	stopping := time.Now()
@@ -359,9 +394,21 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	// stop the loops, then the broker, the store and the admin listener.
 	ready.Store(false)
 	stopRegistry()
+	// The server API stops taking requests with the drain; the publishes
+	// it has taken are answered before the publish pool closes.
+	apiDone := make(chan struct{})
+	go func() {
+		defer close(apiDone)
+		if apiHTTP != nil {
+			actx, cancel := context.WithTimeout(ctx, c.drain+10*time.Second)
+			defer cancel()
+			_ = apiHTTP.Shutdown(actx)
+		}
+	}()
 	t0 = time.Now()
 	srv.Drain(1001, c.drain)
 	log.Info("clients closed", "took", time.Since(t0), "in_flight", srv.Stats.InFlight.Load())
+	<-apiDone
 	t0 = time.Now()
 	fan.ClosePublishes()
 	log.Info("publish pool closed", "took", time.Since(t0))
@@ -383,6 +430,35 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	log.Info("stopped", "took", time.Since(stopping))
 	return 0
+}
+
+// newAPIServer serves the server API: timeouts that a stuck or slow
+// backend cannot hold a connection past, and a bound on request heads
+// (bodies are bounded per request by the app's max-msg).
+func newAPIServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+}
+
+// onControl acts on a control message from the broker: a disconnect
+// closes the user's connections on this node. It runs on the broker's
+// goroutine, so the close (which waits for the loops) runs on its own.
+func onControl(srv *loop.Server, msg []byte, log *slog.Logger) {
+	var c proto.Control
+	if err := proto.ParseControl(msg, &c); err != nil {
+		log.Warn("malformed control message on the broker", "len", len(msg))
+		return
+	}
+	if srv != nil {
+		go srv.Disconnect(c.App, c.User, 2*time.Second)
+	}
 }
 
 func registryName(c *config) string {

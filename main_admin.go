@@ -17,6 +17,7 @@ import (
 
 	vm "github.com/VictoriaMetrics/metrics"
 
+	"github.com/roost-chat/roost/api"
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
@@ -32,6 +33,7 @@ type admin struct {
 	store persist.Store
 	redis *pubsub.Redis
 	ready *atomic.Bool
+	api   *api.Server // nil: --api off
 }
 
 // Bucket bounds of the node's histograms.
@@ -49,6 +51,7 @@ type histograms struct {
 	ackLatency     *histogram // seconds from a pub frame read to its ack queued
 	brokerLatency  *histogram // seconds one broker round trip of a commit batch takes
 	deliveryLag    *histogram // seconds from commit to arrival through the broker, sampled
+	apiPublish     *histogram // seconds from a server API publish request read to its commit answered
 }
 
 func newHistograms() *histograms {
@@ -59,8 +62,9 @@ func newHistograms() *histograms {
 		ackLatency:     newHistogram("roost_ack_latency_seconds", latencyBuckets),
 		brokerLatency:  newHistogram("roost_broker_publish_seconds", latencyBuckets),
 		deliveryLag:    newHistogram("roost_broker_delivery_lag_seconds", latencyBuckets),
+		apiPublish:     newHistogram("roost_api_publish_seconds", latencyBuckets),
 	}
-	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag}
+	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag, h.apiPublish}
 	h.set.RegisterMetricsWriter(func(w io.Writer) {
 		e := &expo{w: w}
 		for _, x := range all {
@@ -279,6 +283,20 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_redis_subscribe_errors_total", rs.SubscribeErrors)
 		g("roost_redis_subscribed_rooms", rs.Subscribed)
 		g("roost_redis_pending_rooms", rs.Pending)
+	}
+
+	c("roost_disconnected_total", st.Disconnected.Load())
+	if a.api != nil {
+		as := &a.api.Stats
+		m.family("roost_api_requests_total", "counter")
+		for r, route := range api.RouteNames {
+			for k, code := range api.CodeNames {
+				m.line(`roost_api_requests_total{route="`+route+`",code="`+code+`"}`, float64(as.Requests[r][k].Load()))
+			}
+		}
+		c("roost_api_published_total", as.Published.Load())
+		c("roost_api_publish_duplicates_total", as.Duplicates.Load())
+		c("roost_api_disconnected_total", as.Disconnected.Load())
 	}
 
 	if sn.Loops > 0 {

@@ -204,7 +204,7 @@ func TestSIGHUPReloadsRegistry(t *testing.T) {
 	sig := make(chan os.Signal, 1)
 	done := make(chan int, 1)
 	go func() {
-		done <- serve([]string{"--apps", f, "--listen", "127.0.0.1:0", "--admin", "off", "--log-format", "json"}, io.Discard, logs, sig)
+		done <- serve([]string{"--apps", f, "--listen", "127.0.0.1:0", "--admin", "off", "--api", "off", "--log-format", "json"}, io.Discard, logs, sig)
 	}()
 	t.Cleanup(func() { sig <- syscall.SIGTERM; <-done })
 	waitLog(t, logs, "roost serving")

@@ -30,6 +30,9 @@ import (
 type config struct {
 	node       loop.Config
 	admin      string
+	api        string
+	apiRate    float64
+	apiBurst   int
 	appSecrets string
 	// appSecretFile holds APP=SECRET lines (secrets kept off the command
 	// line); appsFile is the JSON app registry of a node without a database.
@@ -122,6 +125,9 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.ShedAfter, "shed-after", d.ShedAfter, "answer new publishes err overloaded while an event loop's publishes take longer than this from read to commit (0: never)")
 	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
+	fs.StringVar(&c.api, "api", "127.0.0.1:8090", "server API listener `host:port` (HTTP JSON for apps' backends: publish, history, rooms, disconnect); \"off\" disables")
+	fs.Float64Var(&c.apiRate, "api-rate", 1000, "server API requests per second of one app on this node, all routes together (429 rate_limited above; 0: no limit)")
+	fs.IntVar(&c.apiBurst, "api-burst", 2000, "server API requests one app may make at once above --api-rate")
 	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`; give it in ROOST_APP_SECRET or --app-secret-file, never on the command line (ps shows it)")
 	fs.StringVar(&c.appSecretFile, "app-secret-file", "", "read app secrets from `FILE`: APP=SECRET lines, # comments")
 	fs.StringVar(&c.appsFile, "apps", "", "the app registry in a JSON `FILE` (roost app create --apps FILE); re-read on SIGHUP and when it changes. Without it, a node with --database-url keeps the registry in PostgreSQL")
@@ -421,6 +427,17 @@ func validate(c *config) []error {
 		if _, _, err := net.SplitHostPort(c.admin); err != nil {
 			bad("invalid --admin %q: want host:port or off", c.admin)
 		}
+	}
+	if c.api != "off" && c.api != "" {
+		if _, _, err := net.SplitHostPort(c.api); err != nil {
+			bad("invalid --api %q: want host:port or off", c.api)
+		}
+	}
+	if c.apiRate < 0 {
+		bad("invalid --api-rate %g: want 0 (no limit) or more", c.apiRate)
+	}
+	if c.apiBurst < 1 {
+		bad("invalid --api-burst %d: want at least 1", c.apiBurst)
 	}
 	if n.NodeID == "" {
 		n.NodeID = defaultNodeID(n.Listen)
@@ -736,6 +753,9 @@ func bindValues(c *config, into map[string]string) {
 		"shed-after":          d(n.ShedAfter),
 		"node-id":             n.NodeID,
 		"admin":               c.admin,
+		"api":                 c.api,
+		"api-rate":            strconv.FormatFloat(c.apiRate, 'g', -1, 64),
+		"api-burst":           strconv.Itoa(c.apiBurst),
 		"app-secret":          c.appSecrets,
 		"app-secret-file":     c.appSecretFile,
 		"apps":                c.appsFile,

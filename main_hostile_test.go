@@ -52,7 +52,7 @@ func plainNode(t *testing.T, nofile int, noWait bool, extra ...string) *roostNod
 
 func startPlain(t *testing.T, n *roostNode, bin string, nofile int, noWait bool, extra []string) *roostNode {
 	t.Helper()
-	args := append([]string{"serve", "--insecure", "--listen", n.addr, "--admin", n.admin,
+	args := append([]string{"serve", "--insecure", "--listen", n.addr, "--admin", n.admin, "--api", "off",
 		"--loops", "1", "--drain", "200ms", "--flush", "1ms"}, extra...)
 	lf, err := os.Create(n.logf)
 	if err != nil {

@@ -14,6 +14,11 @@ import (
 // wait in the kernel's backlog and cost the node no descriptor.
 const adminMaxConns = 32
 
+// apiMaxConns bounds the server API listener's connections: an app's
+// backend keeps a few long-lived ones, a deployment's backends together
+// far fewer than this. Past it, connections wait in the kernel's backlog.
+const apiMaxConns = 128
+
 // Descriptors the node needs besides client connections, beyond those
 // counted from the configuration: the runtime's poller, log and config
 // files, /proc and cgroup reads of tuning, DNS lookups, pprof's files.
@@ -24,7 +29,7 @@ const (
 )
 
 // descriptorReserve is what the connection budget leaves free of the
-// open-file limit: the PostgreSQL pool, Redis, the admin listener, the
+// open-file limit: the PostgreSQL pool, Redis, the admin and API listeners, the
 // loops' own descriptors and files.
 func descriptorReserve(c *config) int {
 	r := reserveFixed + reservePerLoop*c.node.Loops
@@ -44,6 +49,9 @@ func descriptorReserve(c *config) int {
 	}
 	if c.admin != "off" && c.admin != "" {
 		r += adminMaxConns
+	}
+	if c.api != "off" && c.api != "" {
+		r += apiMaxConns
 	}
 	return r
 }

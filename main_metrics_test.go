@@ -100,11 +100,19 @@ var exposedMetrics = []string{
 	"roost_write_frames_count",
 	"roost_write_frames_sum",
 	"roost_writes_total",
+	"roost_disconnected_total",
+	"roost_api_requests_total",
+	"roost_api_published_total",
+	"roost_api_publish_duplicates_total",
+	"roost_api_disconnected_total",
+	"roost_api_publish_seconds_bucket",
+	"roost_api_publish_seconds_count",
+	"roost_api_publish_seconds_sum",
 }
 
 func TestMetricNamesKept(t *testing.T) {
 	redistest.Require(t)
-	addr, admin := inProcessNode(t, "--redis-url", "redis://"+redistest.Addr+"?prefix="+redistest.Prefix(t))
+	addr, admin := inProcessNode(t, "--redis-url", "redis://"+redistest.Addr+"?prefix="+redistest.Prefix(t), "--api", "127.0.0.1:0")
 	c := dialOps(t, addr, "user=u&app=names")
 	if err := c.send(`{"op":"join","room":"r"}`); err != nil {
 		t.Fatal(err)

@@ -105,7 +105,7 @@ func inProcessServe(t *testing.T, args ...string) (addr, admin string, stop func
 	sig := make(chan os.Signal, 1)
 	logs := &syncBuffer{}
 	done := make(chan int, 1)
-	args = append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--log-format", "json", "--loops", "2", "--flush", "1ms", "--drain", "100ms"}, args...)
+	args = append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--api", "off", "--log-format", "json", "--loops", "2", "--flush", "1ms", "--drain", "100ms"}, args...)
 	go func() { done <- serve(args, io.Discard, logs, sig) }()
 	var once sync.Once
 	stop = func() {
@@ -502,7 +502,7 @@ func TestServeRefusesOutdatedSchema(t *testing.T) {
 	sig := make(chan os.Signal, 1)
 	done := make(chan int, 1)
 	go func() {
-		done <- serve([]string{"--insecure", "--listen", "127.0.0.1:0", "--admin", "off", "--database-url", url}, io.Discard, logs, sig)
+		done <- serve([]string{"--insecure", "--listen", "127.0.0.1:0", "--admin", "off", "--api", "off", "--database-url", url}, io.Discard, logs, sig)
 	}()
 	var code int
 	select {

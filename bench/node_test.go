@@ -131,7 +131,7 @@ func startNodeMode(t *testing.T, port, admin int, insecure bool, extra ...string
 	t.Helper()
 	bin := nodeBinary(t)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	args := []string{"serve", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin)}
+	args := []string{"serve", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin), "--api", "off"}
 	if insecure {
 		args = append(args, "--insecure")
 	}

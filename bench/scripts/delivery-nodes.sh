@@ -43,7 +43,7 @@ for n in 1 2 3; do
     # (killed with -9 between runs: a draining node would keep its
     # SO_REUSEPORT listener and share the port with the next run)
     sh -c "echo \$\$ > $cg/cgroup.procs; exec taskset -c $((1 - k % 2)) $bin serve --insecure --database-url '$url' \
-      --redis-url 'redis://127.0.0.1:6379?prefix=figs$$n' --loops 1 --listen 127.0.0.1:$port --admin off --log-level error" &
+      --redis-url 'redis://127.0.0.1:6379?prefix=figs$$n' --loops 1 --listen 127.0.0.1:$port --admin off --api off --log-level error" &
     pids+=($!)
     urls="${urls:+$urls,}ws://127.0.0.1:$port/ws"
   done

@@ -116,7 +116,7 @@ stop_redis() {
 start_node() {
   local name=$1 port=$2
   shift 2
-  ${NODE_PREFIX:-} "$bin" serve --insecure --listen "127.0.0.1:$port" --admin "127.0.0.1:$((port + 1000))" \
+  ${NODE_PREFIX:-} "$bin" serve --insecure --listen "127.0.0.1:$port" --admin "127.0.0.1:$((port + 1000))" --api off \
     --node-id "$name" --log-level warn "$@" >>"$OUT/$name.log" 2>&1 &
   local pid=$!
   started+=("$pid")

@@ -1,0 +1,535 @@
+// Package api is the server API: HTTP/1.1 JSON for an app's backend, on
+// its own listener (docs/protocol.md, "Server API"). A backend keeps a few
+// long-lived connections, so this is a plain net/http server, not the event
+// loops; its publishes enter the same publish path as a socket's
+// (fanout.Node.Publish), with the API as their proto.Origin.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/time/rate"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+)
+
+// Config is the API's settings.
+type Config struct {
+	// Rate is the requests per second one app may make on this node, all
+	// routes together (0: no limit); Burst is how many it may make at
+	// once.
+	Rate  float64
+	Burst int
+	// MaxMsg is the default largest message body in bytes; an app's
+	// max_msg in the registry overrides it (0: no bound but MaxRequest).
+	MaxMsg int64
+	// Static are the apps of --app-secret: id -> secret.
+	Static map[string][]byte
+}
+
+// envelope is what a publish request may hold beyond its body: the id,
+// the sender and the JSON around them.
+const envelope = 4 << 10
+
+// maxRequest bounds a publish request whose app has no max_msg.
+const maxRequest = 16 << 20
+
+// historyBytes bounds one history answer, as the socket's history is
+// bounded: the answer says "more" when it stopped early.
+const historyBytes = 1 << 20
+
+// disconnectWait is how long a disconnect waits for this node's loops.
+const disconnectWait = 2 * time.Second
+
+// Parts are what the API is built on.
+type Parts struct {
+	Fan   *fanout.Node
+	Store persist.Store
+	// Disconnect closes the open connections of user of app on this node
+	// with 1008 "disconnected" and returns how many it closed.
+	Disconnect func(app, user string, wait time.Duration) int
+	Log        *slog.Logger
+	// PublishLatency observes seconds from a publish request read to its
+	// commit answered; nil: not observed.
+	PublishLatency fanout.Observer
+}
+
+// Routes, counted in Stats.
+const (
+	RoutePublish = iota
+	RouteHistory
+	RouteRoom
+	RouteDisconnect
+	RouteOther // no such route
+	numRoutes
+)
+
+// RouteNames label the routes in metrics.
+var RouteNames = [numRoutes]string{"publish", "history", "room", "disconnect", "other"}
+
+// Answer codes counted per route: 0 is a 2xx answer, the others are the
+// error codes (proto.Code values).
+const numCodes = int(proto.CodeInternal) + 1
+
+// CodeNames label the answers in metrics.
+var CodeNames = func() [numCodes]string {
+	var n [numCodes]string
+	n[0] = "ok"
+	for c := proto.CodeBadRequest; c <= proto.CodeInternal; c++ {
+		n[c] = c.String()
+	}
+	return n
+}()
+
+// Stats are the API's counters.
+type Stats struct {
+	Requests     [numRoutes][numCodes]atomic.Uint64
+	Published    atomic.Uint64 // messages stored through the API
+	Duplicates   atomic.Uint64 // publishes answered with the seq of an earlier one
+	Disconnected atomic.Uint64 // connections this node closed for its own disconnect calls (the "closed" answers)
+}
+
+// Server serves the API. Build it with New, serve Handler.
+type Server struct {
+	cfg   Config
+	fan   *fanout.Node
+	store persist.Store
+	disc  func(app, user string, wait time.Duration) int
+	log   *slog.Logger
+	pubLa fanout.Observer
+
+	mu   sync.RWMutex
+	apps map[string]*tenant
+
+	mux   *http.ServeMux
+	Stats Stats
+}
+
+// tenant is one app as the API knows it.
+type tenant struct {
+	app    proto.App
+	maxMsg int64
+	lim    *rate.Limiter // nil: no rate limit
+}
+
+type noObserver struct{}
+
+func (noObserver) Observe(float64) {}
+
+// New builds the API. SetApps gives it the registry.
+func New(cfg Config, p Parts) *Server {
+	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.pubLa == nil {
+		s.pubLa = noObserver{}
+	}
+	s.SetApps(nil)
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/apps/{app}/rooms/{room}/messages", s.publish)
+	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}/messages", s.history)
+	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}", s.room)
+	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/disconnect", s.disconnect)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
+	})
+	s.mux = mux
+	return s
+}
+
+// Handler is the API's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// SetApps installs the registry's apps (any goroutine), beside the static
+// ones. An app keeps its rate bucket across changes.
+func (s *Server) SetApps(reg []proto.App) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string]*tenant, len(reg)+len(s.cfg.Static))
+	add := func(a proto.App) {
+		t := &tenant{app: a, maxMsg: s.cfg.MaxMsg}
+		if a.Limits.MaxMsg != nil {
+			t.maxMsg = *a.Limits.MaxMsg
+		}
+		if old := s.apps[a.ID]; old != nil {
+			t.lim = old.lim
+		} else if s.cfg.Rate > 0 {
+			t.lim = rate.NewLimiter(rate.Limit(s.cfg.Rate), max(1, s.cfg.Burst))
+		}
+		next[a.ID] = t
+	}
+	for id, sec := range s.cfg.Static {
+		add(proto.App{ID: id, Secret: string(sec)})
+	}
+	for i := range reg {
+		add(reg[i])
+	}
+	s.apps = next
+}
+
+// apiError is the body of every error answer.
+type apiError struct {
+	Error struct {
+		Code       string `json:"code"`
+		Message    string `json:"message"`
+		RetryAfter int64  `json:"retry_after,omitempty"` // ms, rate_limited only
+	} `json:"error"`
+}
+
+func (s *Server) fail(w http.ResponseWriter, route, status int, code proto.Code, msg string) {
+	s.failRetry(w, route, status, code, msg, 0)
+}
+
+func (s *Server) failRetry(w http.ResponseWriter, route, status int, code proto.Code, msg string, retryMS int64) {
+	s.Stats.Requests[route][code].Add(1)
+	var e apiError
+	e.Error.Code, e.Error.Message, e.Error.RetryAfter = code.String(), msg, retryMS
+	b, _ := json.Marshal(&e)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if retryMS > 0 {
+		h.Set("Retry-After", strconv.FormatInt((retryMS+999)/1000, 10))
+	}
+	if status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="roost"`)
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func (s *Server) ok(w http.ResponseWriter, route int, body []byte) {
+	s.Stats.Requests[route][0].Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// admit checks the app in the path, the request's secret and the app's
+// rate; it answers the refusal itself.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tenant, bool) {
+	id := r.PathValue("app")
+	if !proto.ValidAppID([]byte(id)) {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid app id: want [A-Za-z0-9_.-]{1,64}")
+		return nil, false
+	}
+	auth := r.Header.Get("Authorization")
+	scheme, secret, found := strings.Cut(auth, " ")
+	if !found || !strings.EqualFold(scheme, "Bearer") || secret == "" {
+		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
+		return nil, false
+	}
+	s.mu.RLock()
+	t := s.apps[id]
+	s.mu.RUnlock()
+	// One answer for an unknown app and a wrong secret: a caller without
+	// a secret learns nothing about which apps exist.
+	if t == nil || !secretMatches(&t.app, []byte(secret), time.Now()) {
+		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
+		return nil, false
+	}
+	if t.app.Disabled {
+		s.fail(w, route, http.StatusForbidden, proto.CodeForbidden, "app disabled")
+		return nil, false
+	}
+	if t.lim != nil {
+		now := time.Now()
+		res := t.lim.ReserveN(now, 1)
+		if d := res.DelayFrom(now); !res.OK() || d > 0 {
+			res.CancelAt(now)
+			ms := max(1, d.Milliseconds())
+			s.failRetry(w, route, http.StatusTooManyRequests, proto.CodeRateLimited, "request rate of this app exceeded (--api-rate): retry after retry_after ms", ms)
+			return nil, false
+		}
+	}
+	return t, true
+}
+
+// secretMatches compares secret with every current secret of a in
+// constant time (the current one, and the previous one during a rotation),
+// without stopping at the first match.
+func secretMatches(a *proto.App, secret []byte, now time.Time) bool {
+	ok := 0
+	for _, s := range a.Secrets(now) {
+		if s != "" {
+			ok |= subtle.ConstantTimeCompare([]byte(s), secret)
+		}
+	}
+	return ok == 1
+}
+
+func (s *Server) roomOf(w http.ResponseWriter, r *http.Request, route int) (string, bool) {
+	room := r.PathValue("room")
+	if !proto.ValidRoom([]byte(room)) {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid room name: want [A-Za-z0-9_.:-]{1,128}")
+		return "", false
+	}
+	return room, true
+}
+
+// storeFail answers a store error.
+func (s *Server) storeFail(w http.ResponseWriter, route int, err error) {
+	switch {
+	case errors.Is(err, proto.ErrRoomLimit):
+		s.fail(w, route, http.StatusForbidden, proto.CodeForbidden, "the app has its maximum of rooms")
+	case errors.Is(err, proto.ErrOverloaded), errors.Is(err, proto.ErrClosed), errors.Is(err, context.DeadlineExceeded):
+		s.failRetry(w, route, http.StatusServiceUnavailable, proto.CodeOverloaded, "store unavailable: retry later", 1000)
+	default:
+		s.log.Warn("server API: store error", "err", err)
+		s.fail(w, route, http.StatusInternalServerError, proto.CodeInternal, "internal error")
+	}
+}
+
+// pubRequest is a publish request's JSON. The body is kept as sent.
+type pubRequest struct {
+	ID   *string         `json:"id"`
+	From *string         `json:"from"`
+	Body json.RawMessage `json:"body"`
+}
+
+// waiter is the proto.Origin of one API publish: the publish worker hands
+// it the outcome, the request's goroutine waits for it.
+type waiter chan proto.PubResult
+
+func (c waiter) Published(_ *proto.PubRequest, res *proto.PubResult) {
+	c <- proto.PubResult{Seq: res.Seq, TS: res.TS, Duplicate: res.Duplicate, Err: res.Err} // buffered: never blocks
+}
+
+func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
+	const route = RoutePublish
+	start := time.Now()
+	t, ok := s.admit(w, r, route)
+	if !ok {
+		return
+	}
+	room, ok := s.roomOf(w, r, route)
+	if !ok {
+		return
+	}
+	limit := int64(maxRequest)
+	if t.maxMsg > 0 {
+		limit = t.maxMsg + envelope
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			s.fail(w, route, http.StatusRequestEntityTooLarge, proto.CodeTooLarge, "request larger than the app's max-msg allows")
+			return
+		}
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "cannot read the request body")
+		return
+	}
+	// Bodies reach clients in text frames, which must be valid UTF-8; the
+	// JSON decoder would silently replace bad bytes in the id and sender.
+	if !utf8.Valid(raw) {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body is not valid UTF-8")
+		return
+	}
+	var req pubRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body is not a JSON object of id, from and body: "+err.Error())
+		return
+	}
+	switch {
+	case req.ID == nil || !proto.ValidID([]byte(*req.ID)):
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "id must be a string of 1 to 64 characters")
+		return
+	case req.From == nil || !proto.ValidUser([]byte(*req.From)):
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "from must be a user id: 1 to 128 characters without control characters")
+		return
+	case len(req.Body) == 0:
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "missing body")
+		return
+	case t.maxMsg > 0 && int64(len(req.Body)) > t.maxMsg:
+		s.fail(w, route, http.StatusRequestEntityTooLarge, proto.CodeTooLarge, "message body larger than the app's max-msg")
+		return
+	}
+	done := make(waiter, 1)
+	pr := &proto.PubRequest{
+		Key:    proto.RoomKey(t.app.ID, room),
+		From:   *req.From,
+		ID:     []byte(*req.ID),
+		Body:   req.Body, // aliases raw, which nothing else holds
+		Origin: done,
+	}
+	if err := s.fan.Publish(pr); err != nil {
+		msg := "publish queue full: retry later with the same id"
+		if errors.Is(err, proto.ErrClosed) {
+			msg = "node shutting down: retry on another node with the same id"
+		}
+		s.failRetry(w, route, http.StatusServiceUnavailable, proto.CodeOverloaded, msg, 1000)
+		return
+	}
+	var res proto.PubResult
+	select {
+	case res = <-done:
+	case <-r.Context().Done():
+		// The caller left; the publish completes anyway, and a retry with
+		// the same id gets its seq.
+		return
+	}
+	if res.Err != nil {
+		s.storeFail(w, route, res.Err)
+		return
+	}
+	s.pubLa.Observe(time.Since(start).Seconds())
+	if res.Duplicate {
+		s.Stats.Duplicates.Add(1)
+	} else {
+		s.Stats.Published.Add(1)
+	}
+	b := append([]byte(`{"room":`), quote(room)...)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, res.Seq, 10)
+	b = append(b, `,"id":`...)
+	b = append(b, quote(*req.ID)...)
+	s.ok(w, route, append(b, '}'))
+}
+
+func quote(s string) []byte {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// uintParam reads a query parameter as an unsigned integer.
+func uintParam(r *http.Request, name string) (v uint64, present bool, err error) {
+	q := r.URL.Query()
+	if !q.Has(name) {
+		return 0, false, nil
+	}
+	v, err = strconv.ParseUint(q.Get(name), 10, 64)
+	return v, true, err
+}
+
+func (s *Server) history(w http.ResponseWriter, r *http.Request) {
+	const route = RouteHistory
+	t, ok := s.admit(w, r, route)
+	if !ok {
+		return
+	}
+	room, ok := s.roomOf(w, r, route)
+	if !ok {
+		return
+	}
+	after, hasAfter, err1 := uintParam(r, "after")
+	before, hasBefore, err2 := uintParam(r, "before")
+	limit, hasLimit, err3 := uintParam(r, "limit")
+	switch {
+	case err1 != nil || err2 != nil || err3 != nil:
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "after, before and limit must be unsigned integers")
+		return
+	case hasAfter && hasBefore:
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "give after or before, not both")
+		return
+	case hasLimit && limit < 1:
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "limit must be at least 1")
+		return
+	}
+	if !hasLimit {
+		limit = proto.DefaultLimit
+	}
+	b := persist.Bounds{Limit: int(min(limit, proto.MaxLimit)), MaxBytes: historyBytes}
+	key := proto.RoomKey(t.app.ID, room)
+	ctx := r.Context()
+	head, err := s.store.Head(ctx, key)
+	if err != nil {
+		s.storeFail(w, route, err)
+		return
+	}
+	var msgs []proto.Message
+	var more bool
+	switch {
+	case hasAfter:
+		msgs, more, err = s.store.Range(ctx, key, after, head.Last, b)
+	case hasBefore && before <= 1:
+		// before is exclusive and seqs start at 1 (the store reads 0 as
+		// "no bound").
+	default:
+		msgs, more, err = s.store.History(ctx, key, before, b)
+	}
+	if err != nil {
+		s.storeFail(w, route, err)
+		return
+	}
+	out := append([]byte(`{"room":`), quote(room)...)
+	out = append(out, `,"epoch":`...)
+	out = append(out, quote(head.Epoch)...)
+	out = append(out, `,"messages":[`...)
+	for i := range msgs {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		msgs[i].Room = room
+		out = proto.AppendMsgJSON(out, &msgs[i])
+	}
+	out = append(out, `],"more":`...)
+	out = strconv.AppendBool(out, more)
+	s.ok(w, route, append(out, '}'))
+}
+
+func (s *Server) room(w http.ResponseWriter, r *http.Request) {
+	const route = RouteRoom
+	t, ok := s.admit(w, r, route)
+	if !ok {
+		return
+	}
+	room, ok := s.roomOf(w, r, route)
+	if !ok {
+		return
+	}
+	head, err := s.store.Head(r.Context(), proto.RoomKey(t.app.ID, room))
+	if err != nil {
+		s.storeFail(w, route, err)
+		return
+	}
+	out := append([]byte(`{"room":`), quote(room)...)
+	out = append(out, `,"epoch":`...)
+	out = append(out, quote(head.Epoch)...)
+	out = append(out, `,"seq":`...)
+	out = strconv.AppendUint(out, head.Last, 10)
+	// Presence is not built yet: no node knows who is in a room across
+	// the cluster, so the count is 0 (docs/protocol.md says so).
+	out = append(out, `,"presence":{"count":0}}`...)
+	s.ok(w, route, out)
+}
+
+func (s *Server) disconnect(w http.ResponseWriter, r *http.Request) {
+	const route = RouteDisconnect
+	t, ok := s.admit(w, r, route)
+	if !ok {
+		return
+	}
+	user := r.PathValue("user")
+	if !proto.ValidUser([]byte(user)) {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user id: 1 to 128 characters without control characters")
+		return
+	}
+	n := s.disc(t.app.ID, user, disconnectWait)
+	s.Stats.Disconnected.Add(uint64(n))
+	msg := proto.AppendControl(nil, &proto.Control{Op: proto.ControlDisconnect, App: t.app.ID, User: user})
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.fan.Control(ctx, msg); err != nil {
+		s.log.Warn("server API: cannot send a disconnect to the other nodes", "app", t.app.ID, "err", err)
+		s.failRetry(w, route, http.StatusServiceUnavailable, proto.CodeOverloaded,
+			"closed "+strconv.Itoa(n)+" connection(s) on this node but cannot reach the other nodes through the broker: retry", 1000)
+		return
+	}
+	b := strconv.AppendInt([]byte(`{"closed":`), int64(n), 10)
+	s.ok(w, route, append(b, '}'))
+}
