@@ -321,7 +321,7 @@ func checkDecodeOracle(t *testing.T, in []byte) {
 		// encoding/json keeps the last duplicate too, byte for byte.
 		t.Fatalf("Decode(%q) body %q, encoding/json %q", in, cmd.Body, raw)
 	}
-	for key, got := range map[string][]byte{"room": cmd.Room, "id": cmd.ID} {
+	for key, got := range map[string][]byte{"room": cmd.Room, "id": cmd.ID, "epoch": cmd.Epoch} {
 		if got == nil {
 			continue
 		}
