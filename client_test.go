@@ -1,4 +1,4 @@
-package main
+package main_test
 
 // The browser client's own tests, run as part of `go test ./...`: the unit
 // tests of its state machine with Node's test runner, and the end-to-end
@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/persist/pgtest"
 )
 
 // needTool finds a program or skips (fails with CI=true).
@@ -57,13 +59,20 @@ func TestClientUnit(t *testing.T) {
 	runNode(t, 2*time.Minute, nil, "test/roost.test.mjs")
 }
 
-// The node serves the very bytes of client/roost.js.
-func TestClientScriptEmbedded(t *testing.T) {
-	src, err := os.ReadFile(filepath.Join("client", "roost.js"))
-	if err != nil {
-		t.Fatal(err)
+// TestClientBrowser runs client/test/browser.test.mjs: two pages exchanging
+// 1,000 messages while a PostgreSQL-backed node is killed twice, drained
+// once and one page reloaded; a memory-store node restarted under a page;
+// 200 clients reconnecting after a kill and a drain.
+func TestClientBrowser(t *testing.T) {
+	chromium := needTool(t, "chromium", "apt-get install -y chromium")
+	if _, err := os.Stat(filepath.Join("client", "node_modules", "playwright-core", "package.json")); err != nil {
+		msg := "playwright-core not installed: run `npm ci` in client/"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
 	}
-	if !bytes.Equal(src, clientScript) {
-		t.Fatal("the embedded client differs from client/roost.js")
-	}
+	db := pgtest.NewDB(t)
+	bin := roostBinary(t)
+	runNode(t, 6*time.Minute, []string{"ROOST_BIN=" + bin, "ROOST_DATABASE_URL=" + db, "CHROMIUM=" + chromium}, "test/browser.test.mjs")
 }

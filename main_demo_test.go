@@ -9,6 +9,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -259,4 +260,15 @@ func TestDemoPageInChromium(t *testing.T) {
 	}
 	b.waitTrue(alice, "the outbox shows the queued publish",
 		`demo.client.outbox.length === 1 && document.getElementById("outbox").innerText.includes("waiting for a connection")`)
+}
+
+// The node serves the very bytes of client/roost.js.
+func TestClientScriptEmbedded(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("client", "roost.js"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(src, clientScript) {
+		t.Fatal("the embedded client differs from client/roost.js")
+	}
 }

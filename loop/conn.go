@@ -1,8 +1,10 @@
 package loop
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"math"
 	"net"
 	"net/netip"
@@ -297,6 +299,12 @@ func (c *conn) upgrade() bool {
 		return false
 	}
 	c.au = au
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		// When each client came (and from where) is what a reconnect storm
+		// is read from; off by default, so the arguments are built only
+		// when asked for.
+		s.log.Debug("connection open", "app", c.app.id, "user", c.user, "remote", c.gc.RemoteAddr().String())
+	}
 	return true
 }
 

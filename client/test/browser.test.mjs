@@ -1,0 +1,462 @@
+// End-to-end tests of roost.js in headless Chromium against real roost
+// processes: nodes killed, drained and restarted under the pages, a reload
+// in the middle, a memory-store restart, and 200 clients reconnecting.
+// Run by the repository's `go test` (client_test.go), which builds the
+// binary and gives each run its own PostgreSQL database:
+//   ROOST_BIN=path/to/roost ROOST_DATABASE_URL=postgres://... node --test test/browser.test.mjs
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import http from "node:http";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const BIN = process.env.ROOST_BIN;
+const DB = process.env.ROOST_DATABASE_URL;
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const skip = !BIN ? "ROOST_BIN is not set: run through go test (client_test.go)" : false;
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function until(what, cond, timeout = 30000) {
+  const end = Date.now() + timeout;
+  for (;;) {
+    const v = await cond();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out after ${timeout} ms waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+const logDir = fs.mkdtempSync(path.join(os.tmpdir(), "roost-browser-"));
+
+// RoostNode is one `roost serve` process, restartable on the same ports
+// (the clients reconnect to the same URL).
+class RoostNode {
+  constructor(name, args) {
+    this.name = name;
+    this.args = args;
+    this.proc = null;
+    this.starts = 0;
+  }
+
+  async start() {
+    if (!this.port) {
+      this.port = await freePort();
+      this.admin = await freePort();
+    }
+    for (let attempt = 0; ; attempt++) {
+      const logf = path.join(logDir, `${this.name}-${this.starts++}.log`);
+      this.logf = logf;
+      const out = fs.openSync(logf, "w");
+      const proc = spawn(
+        BIN,
+        ["serve", "--insecure", "--listen", `127.0.0.1:${this.port}`, "--admin", `127.0.0.1:${this.admin}`,
+          "--log-format", "json", "--loops", "1", "--flush", "1ms", ...this.args],
+        { stdio: ["ignore", out, out], env: cleanEnv() },
+      );
+      fs.closeSync(out);
+      this.proc = proc;
+      this.exited = new Promise((r) => proc.once("exit", r));
+      const ok = await Promise.race([this.ready(15000), this.exited.then(() => false)]);
+      if (ok) return;
+      const log = fs.readFileSync(logf, "utf8");
+      if (/address already in use/.test(log) && attempt < 20) {
+        await sleep(100); // the port of the killed process is not free yet
+        continue;
+      }
+      throw new Error(`${this.name} did not start:\n${log}`);
+    }
+  }
+
+  async ready(timeout) {
+    const end = Date.now() + timeout;
+    while (Date.now() < end) {
+      try {
+        const r = await fetch(`http://127.0.0.1:${this.admin}/readyz`);
+        if (r.status === 200) return true;
+      } catch {
+        // not listening yet
+      }
+      if (this.proc.exitCode !== null) return false;
+      await sleep(10);
+    }
+    throw new Error(`${this.name} not ready within ${timeout} ms`);
+  }
+
+  async kill() {
+    this.proc.kill("SIGKILL");
+    await this.exited;
+  }
+
+  async drain() {
+    this.proc.kill("SIGTERM");
+    const t = setTimeout(() => this.proc.kill("SIGKILL"), 15000);
+    const code = await this.exited;
+    clearTimeout(t);
+    assert.equal(code, 0, `${this.name} drained with exit ${code}`);
+  }
+
+  async accepted() {
+    const r = await fetch(`http://127.0.0.1:${this.admin}/metrics`);
+    const m = /^roost_accepted_total (\d+)/m.exec(await r.text());
+    return m ? Number(m[1]) : 0;
+  }
+
+  log() {
+    try {
+      return fs.readFileSync(this.logf, "utf8").split("\n").slice(-40).join("\n");
+    } catch {
+      return "";
+    }
+  }
+}
+
+// cleanEnv keeps the node's configuration to its flags.
+function cleanEnv() {
+  const env = {};
+  for (const [k, v] of Object.entries(process.env)) {
+    if (!k.startsWith("ROOST_") && k !== "DATABASE_URL" && k !== "REDIS_URL") env[k] = v;
+  }
+  return env;
+}
+
+// The pages' origin: a static server of e2e.html and roost.js, apart from
+// the nodes, so that a page can be reloaded while its node is down.
+let site;
+let siteURL;
+let browser;
+const nodes = [];
+
+before(async () => {
+  if (skip) return;
+  const files = {
+    "/e2e.html": [path.join(here, "e2e.html"), "text/html; charset=utf-8"],
+    "/roost.js": [path.join(here, "..", "roost.js"), "text/javascript; charset=utf-8"],
+    "/blank.html": [null, "text/html; charset=utf-8"],
+  };
+  site = http.createServer((req, res) => {
+    const f = files[new URL(req.url, "http://x").pathname];
+    if (!f) {
+      res.writeHead(404).end();
+      return;
+    }
+    res.writeHead(200, { "Content-Type": f[1], "Cache-Control": "no-store" });
+    res.end(f[0] ? fs.readFileSync(f[0]) : "<!doctype html><title>blank</title>");
+  });
+  await new Promise((r) => site.listen(0, "127.0.0.1", r));
+  siteURL = `http://127.0.0.1:${site.address().port}`;
+  const { chromium } = await import("playwright-core");
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-dev-shm-usage"],
+  });
+});
+
+after(async () => {
+  for (const n of nodes) if (n.proc && n.proc.exitCode === null) n.proc.kill("SIGKILL");
+  if (browser) await browser.close();
+  if (site) site.close();
+});
+
+function node(name, args) {
+  const n = new RoostNode(name, args);
+  nodes.push(n);
+  return n;
+}
+
+// openPage loads e2e.html as user and collects what the page reports.
+async function openPage(ctx, n, user, room) {
+  const page = await ctx.newPage();
+  const rec = { msg: [], ack: [], nack: [], reset: [], close: [], error: [], state: [], joined: [], loaded: [] };
+  await page.exposeBinding("__rec", (_src, kind, data) => {
+    (rec[kind] ||= []).push(data);
+  });
+  const q = new URLSearchParams({ user, room, node: `ws://127.0.0.1:${n.port}/ws` });
+  await page.goto(`${siteURL}/e2e.html?${q}`);
+  await page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
+  return { page, rec, user };
+}
+
+function checkExactlyOnce(p, total) {
+  const seqs = p.rec.msg.map((m) => m.seq);
+  const want = Array.from({ length: total }, (_, i) => i + 1);
+  if (seqs.length !== total || seqs.some((s, i) => s !== i + 1)) {
+    const dups = seqs.filter((s, i) => seqs.indexOf(s) !== i);
+    const missing = want.filter((s) => !seqs.includes(s));
+    assert.fail(`${p.user} was given ${seqs.length} messages, not 1..${total} in order: duplicates ${dups.slice(0, 10)}, missing ${missing.slice(0, 10)}`);
+  }
+}
+
+test("two pages exchange 1,000 messages across two kills, a drain and a reload: each sees every message once, in order; every publish acked once", { skip: skip || (!DB && "ROOST_DATABASE_URL is not set") }, async (t) => {
+  const n = node("pg", ["--database-url", DB, "--migrate", "--drain", "300ms", "--retry-min", "200ms", "--retry-max", "800ms"]);
+  await n.start();
+  const ctx = await browser.newContext();
+  t.after(() => ctx.close());
+  const room = "e2e-" + Math.random().toString(36).slice(2, 8);
+  const alice = await openPage(ctx, n, "alice", room);
+  const bob = await openPage(ctx, n, "bob", room);
+  const pages = [alice, bob];
+  const acked = () => alice.rec.ack.length + bob.rec.ack.length;
+  const events = [];
+  const mark = (what) => events.push(`${what} at ${acked()} acks`);
+  try {
+    await alice.page.evaluate(() => window.publishAll(500, 6));
+    await bob.page.evaluate(() => window.publishAll(500, 6));
+
+    await until("150 acks", () => acked() >= 150);
+    mark("kill");
+    await n.kill();
+    await sleep(300);
+    await n.start();
+
+    await until("400 acks", () => acked() >= 400);
+    mark("drain");
+    await n.drain();
+    await n.start();
+
+    await until("600 acks", () => acked() >= 600);
+    mark("reload of bob");
+    await bob.page.reload();
+    await bob.page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
+
+    await until("800 acks", () => acked() >= 800);
+    mark("kill");
+    await n.kill();
+    await sleep(300);
+    await n.start();
+
+    await until("every publish acked and every message delivered to both pages",
+      () => acked() >= 1000 && alice.rec.msg.length >= 1000 && bob.rec.msg.length >= 1000, 90000);
+    await sleep(500); // anything extra (a duplicate) would arrive now
+  } catch (err) {
+    err.message += `\nevents: ${events.join(", ")}; acks ${acked()}, alice ${alice.rec.msg.length} msgs, bob ${bob.rec.msg.length} msgs` +
+      `\nnacks ${JSON.stringify([...alice.rec.nack, ...bob.rec.nack].slice(0, 5))}\nnode log:\n${n.log()}`;
+    throw err;
+  }
+
+  for (const p of pages) {
+    checkExactlyOnce(p, 1000);
+    assert.deepEqual(p.rec.nack, [], `${p.user}: refused publishes`);
+    assert.deepEqual(p.rec.reset, [], `${p.user}: a reset where the node kept every message`);
+  }
+  // Every publish acknowledged exactly once, the acks naming each seq once,
+  // and the message delivered under each seq is the one acknowledged.
+  const acks = [...alice.rec.ack, ...bob.rec.ack];
+  const byId = new Map();
+  for (const a of acks) {
+    assert.ok(!byId.has(a.id), `${a.id} acknowledged twice`);
+    byId.set(a.id, a.seq);
+  }
+  assert.equal(byId.size, 1000);
+  for (const u of ["alice", "bob"]) for (let i = 0; i < 500; i++) assert.ok(byId.has(`${u}-${i}`), `${u}-${i} never acknowledged`);
+  const bySeq = new Map(alice.rec.msg.map((m) => [m.seq, m.id]));
+  for (const [id, seq] of byId) assert.equal(bySeq.get(seq), id, `seq ${seq} acknowledged as ${id}, delivered as ${bySeq.get(seq)}`);
+  // The disruptions happened under the pages: drops, a drain with its hint.
+  for (const p of pages) {
+    assert.ok(p.rec.close.some((c) => c.code === 1001 && c.retry !== null), `${p.user} saw no drain close`);
+    assert.ok(p.rec.close.filter((c) => c.code === 1006 && c.wasOpen).length >= 1, `${p.user} saw no lost connection`);
+  }
+  assert.equal(bob.rec.loaded.length, 2);
+  assert.ok(bob.rec.loaded[1].seq > 0, "the reloaded page resumed from its stored position");
+  t.diagnostic(`events: ${events.join(", ")}; closes alice ${alice.rec.close.map((c) => c.code)} bob ${bob.rec.close.map((c) => c.code)}; bob reloaded at seq ${bob.rec.loaded[1].seq}`);
+});
+
+test("a memory-store node restarted under a page: onReset, then the new history", { skip }, async (t) => {
+  const n = node("mem", ["--drain", "200ms"]);
+  await n.start();
+  const ctx = await browser.newContext();
+  t.after(() => ctx.close());
+  const alice = await openPage(ctx, n, "alice", "reset");
+  await alice.page.evaluate(() => window.publishAll(5, 5));
+  await until("5 messages", () => alice.rec.msg.length === 5 && alice.rec.ack.length === 5);
+  const before = alice.rec.joined[0];
+
+  await n.kill();
+  await n.start();
+  await until("alice reset", () => alice.rec.reset.length >= 1, 15000);
+  assert.equal(alice.rec.reset[0].since, 5);
+  assert.equal(alice.rec.reset[0].room, "reset");
+  if (before.epoch === undefined) {
+    // A node that does not name its histories holds back seqs up to the
+    // client's since (it cannot tell another history from its own): the
+    // new messages below would wait for seq 6.
+    t.diagnostic("the node sends no epoch: the delivery of the new history after the reset is not checked");
+    return;
+  }
+  // The new history goes on from the reset.
+  const bob = await openPage(ctx, n, "bob", "reset");
+  await bob.page.evaluate(() => window.publishAll(2, 5));
+  await until("alice given the new messages", () => alice.rec.msg.length >= 7, 10000);
+  await sleep(300);
+
+  assert.equal(alice.rec.reset.length, 1, "onReset exactly once");
+  const info = alice.rec.reset[0];
+  assert.deepEqual(alice.rec.msg.slice(5).map((m) => m.from), ["bob", "bob"]);
+  const after = alice.rec.msg.slice(5).map((m) => m.seq);
+  // The node names its histories: recovered:false with the new epoch, and
+  // the replay starts at the new history's first message.
+  assert.notEqual(info.epoch, before.epoch);
+  assert.equal(info.previousEpoch, before.epoch);
+  assert.equal(info.from, 1);
+  assert.deepEqual(after, [1, 2]);
+  t.diagnostic(`reset ${JSON.stringify(info)}; then seqs ${after}`);
+});
+
+// reconnectTimes reads the node's log (--log-level debug writes a line
+// when a connection opens) until want connections have opened, and returns
+// their times in ms since t0.
+async function reconnectTimes(n, t0, want, timeout) {
+  const end = Date.now() + timeout;
+  for (;;) {
+    const times = [];
+    for (const line of fs.readFileSync(n.logf, "utf8").split("\n")) {
+      if (!line.includes('"connection open"')) continue;
+      const at = Date.parse(JSON.parse(line).time) - t0;
+      if (at >= 0) times.push(at);
+    }
+    if (times.length >= want || Date.now() > end) return times.sort((a, b) => a - b);
+    await sleep(50);
+  }
+}
+
+// maxInWindow is the most times (sorted) within any span of w ms.
+function maxInWindow(times, w) {
+  let best = 0;
+  for (let i = 0, j = 0; j < times.length; j++) {
+    while (times[j] - times[i] > w) i++;
+    best = Math.max(best, j - i + 1);
+  }
+  return best;
+}
+
+function spread(times, from, to, buckets) {
+  const w = (to - from) / buckets;
+  const counts = new Array(buckets).fill(0);
+  for (const t of times) counts[Math.min(buckets - 1, Math.max(0, Math.floor((t - from) / w)))]++;
+  return counts;
+}
+
+test("the backoff spreads 200 clients' reconnects over the retry window", { skip }, async (t) => {
+  const N = 200;
+  const n = node("spread", ["--drain", "200ms", "--retry-min", "1s", "--retry-max", "3s", "--log-level", "debug"]);
+  await n.start();
+  // Ten clients a page, a browser context each. Chromium opens one
+  // WebSocket to an address at a time per context, about 10 ms apart, and
+  // delays a renderer's handshakes by how many are pending: a guard against
+  // reconnect storms that, with 200 clients in one page, would measure the
+  // browser rather than the client. Real users have a browser each.
+  const perPage = 10;
+  const all = [];
+  let ctx;
+  for (let p = 0; p < N / perPage; p++) {
+    const c = (ctx = await browser.newContext());
+    t.after(() => c.close());
+    const page = await ctx.newPage();
+    all.push(page);
+    await page.goto(`${siteURL}/blank.html`);
+    await page.evaluate(async ({ url, count, p }) => {
+      // Each client's closes and connection attempts, for the client-side
+      // view of its backoff.
+      window.attempts = [];
+      const Real = window.WebSocket;
+      window.WebSocket = class extends Real {
+        constructor(u) {
+          super(u);
+          const who = new URL(u).searchParams.get("user");
+          window.attempts.push({ who, kind: "new", at: Date.now() });
+          this.addEventListener("close", () => window.attempts.push({ who, kind: "close", at: Date.now() }));
+        }
+      };
+      const { Roost } = await import("/roost.js");
+      window.clients = [];
+      for (let i = 0; i < count; i++) {
+        const c = new Roost(url, { user: `u${p}-${i}`, app: "spread", storage: null });
+        c.room("spread", {});
+        window.clients.push(c);
+      }
+    }, { url: `ws://127.0.0.1:${n.port}/ws`, count: perPage, p });
+  }
+  const open = async () => {
+    let k = 0;
+    for (const p of all) k += await p.evaluate(() => window.clients.filter((c) => c.state === "open" && c.rooms.get("spread").joined).length);
+    return k;
+  };
+  await until(`${N} clients open`, async () => (await open()) === N, 30000);
+
+  // A killed node: no close frame, no hint. The clients' own full jitter
+  // spreads them over [0.5 s, 1 s] after the loss (the node is back before
+  // the first of them).
+  const tKill = Date.now();
+  await n.kill();
+  await n.start();
+  const upKill = Date.now() - tKill;
+  const kill = await reconnectTimes(n, tKill, N, 20000);
+  await until(`${N} clients open after the kill`, async () => (await open()) === N, 30000);
+  // The client side: each client's first attempt after its close.
+  const delays = [];
+  for (const p of all) {
+    const ev = await p.evaluate((t0) => window.attempts.filter((e) => e.at >= t0), tKill);
+    const closed = new Map();
+    for (const e of ev) {
+      if (e.kind === "close" && !closed.has(e.who)) closed.set(e.who, e.at);
+      else if (e.kind === "new" && closed.has(e.who) && closed.get(e.who) !== null) {
+        delays.push(e.at - closed.get(e.who));
+        closed.set(e.who, null);
+      }
+    }
+  }
+  delays.sort((a, b) => a - b);
+
+  // A drain: 1001 with retry=MS drawn from [1 s, 3 s); the clients wait
+  // exactly their hint.
+  const tDrain = Date.now();
+  await n.drain();
+  await n.start();
+  const upDrain = Date.now() - tDrain;
+  const drain = await reconnectTimes(n, tDrain, N, 20000);
+  await until(`${N} clients open after the drain`, async () => (await open()) === N, 30000);
+
+  const delayBuckets = spread(delays, 500, 1000, 5);
+  const killBuckets = spread(kill, 500, 1000, 5);
+  const drainBuckets = spread(drain, 1000, 3200, 8);
+  t.diagnostic(`after a kill: the clients waited ${delays[0]} to ${delays.at(-1)} ms, per 100 ms from 0.5 s ${delayBuckets}`);
+  t.diagnostic(`after a kill (node up at ${upKill} ms): the node accepted them from ${kill[0]} to ${kill.at(-1)} ms, per 100 ms from 0.5 s ${killBuckets}, at most ${maxInWindow(kill, 50)} in 50 ms`);
+  t.diagnostic(`after a drain (node up at ${upDrain} ms): the node accepted them from ${drain[0]} to ${drain.at(-1)} ms, per 275 ms from 1 s ${drainBuckets}`);
+  assert.equal(delays.length, N);
+  assert.equal(kill.length, N);
+  assert.equal(drain.length, N);
+  // The bounds hold on a loaded machine too (timers fire late, never
+  // early); a crowd reconnecting at once would fail the spreads.
+  const pct = (xs, q) => xs[Math.floor((xs.length - 1) * q)];
+  // The client's backoff itself: no attempt before 0.5 s, the waits spread
+  // over the window (uniform over [0.5 s, 1 s] puts 80% of them across 400 ms).
+  assert.ok(delays[0] >= 495, `an attempt ${delays[0]} ms after its close, before the 0.5 s floor`);
+  assert.ok(delays.at(-1) <= 2000, `an attempt ${delays.at(-1)} ms after its close, far past the 1 s window`);
+  assert.ok(pct(delays, 0.9) - pct(delays, 0.1) >= 250, `the clients' waits bunched: ${delayBuckets}`);
+  // At the node (its log's times): nothing before the backoff's floor, and
+  // no crowd in any 50 ms.
+  assert.ok(kill[0] >= 480 || upKill >= 480, `a reconnect ${kill[0]} ms after the kill, before the 0.5 s floor`);
+  assert.ok(pct(kill, 0.9) - pct(kill, 0.1) >= 200, `kill: 80% of the reconnects within ${pct(kill, 0.9) - pct(kill, 0.1)} ms at the node`);
+  assert.ok(maxInWindow(kill, 50) <= N / 4, `kill: ${maxInWindow(kill, 50)} reconnects within 50 ms at the node`);
+  // The drain's hints: none back before 1 s, spread over [1 s, 3 s).
+  assert.ok(drain[0] >= 950, `a reconnect ${drain[0]} ms after the drain began, before the 1 s hint floor`);
+  assert.ok(pct(drain, 0.9) - pct(drain, 0.1) >= 1000, `drain: 80% of the reconnects within ${pct(drain, 0.9) - pct(drain, 0.1)} ms`);
+  assert.ok(maxInWindow(drain, 100) <= N / 6, `drain: ${maxInWindow(drain, 100)} reconnects within 100 ms at the node`);
+});
