@@ -181,17 +181,29 @@ function node(name, args) {
   return n;
 }
 
-// openPage loads e2e.html as user and collects what the page reports.
+// openPage loads e2e.html as user; sync(p) brings p.rec up to date with
+// what the page recorded.
 async function openPage(ctx, n, user, room) {
   const page = await ctx.newPage();
-  const rec = { msg: [], ack: [], nack: [], reset: [], close: [], error: [], state: [], joined: [], loaded: [] };
-  await page.exposeBinding("__rec", (_src, kind, data) => {
-    (rec[kind] ||= []).push(data);
-  });
+  const p = { page, user, seen: 0, rec: { msg: [], ack: [], nack: [], reset: [], close: [], error: [], state: [], joined: [], loaded: [] } };
   const q = new URLSearchParams({ user, room, node: `ws://127.0.0.1:${n.port}/ws` });
   await page.goto(`${siteURL}/e2e.html?${q}`);
   await page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
-  return { page, rec, user };
+  return p;
+}
+
+async function sync(...ps) {
+  for (const p of ps) {
+    let recs;
+    try {
+      recs = await p.page.evaluate((from) => window.records(from), p.seen);
+    } catch {
+      continue; // navigating (a reload): next time
+    }
+    for (const [kind, data] of recs) (p.rec[kind] ||= []).push(data);
+    p.seen += recs.length;
+  }
+  return true;
 }
 
 function checkExactlyOnce(p, total) {
@@ -214,37 +226,47 @@ test("two pages exchange 1,000 messages across two kills, a drain and a reload: 
   const bob = await openPage(ctx, n, "bob", room);
   const pages = [alice, bob];
   const acked = () => alice.rec.ack.length + bob.rec.ack.length;
+  // The seq alice was last given counts the messages stored.
+  const stored = () => alice.page.evaluate(() => window.room.seq || 0);
+  // Each disruption waits for both pages to be connected, so that it
+  // happens to both.
+  const reached = async (k) => {
+    if ((await stored()) < k) return false;
+    for (const p of pages) if (!(await p.page.evaluate(() => window.client.state === "open" && window.room.joined))) return false;
+    return true;
+  };
   const events = [];
-  const mark = (what) => events.push(`${what} at ${acked()} acks`);
+  const mark = async (what) => events.push(`${what} at seq ${await stored()}`);
   try {
-    await alice.page.evaluate(() => window.publishAll(500, 6));
-    await bob.page.evaluate(() => window.publishAll(500, 6));
+    await alice.page.evaluate(() => window.publishAll(500, 8));
+    await bob.page.evaluate(() => window.publishAll(500, 8));
 
-    await until("150 acks", () => acked() >= 150);
-    mark("kill");
+    await until("150 messages stored", () => reached(150));
+    await mark("kill");
     await n.kill();
     await sleep(300);
     await n.start();
 
-    await until("400 acks", () => acked() >= 400);
-    mark("drain");
+    await until("400 messages stored", () => reached(400));
+    await mark("drain");
     await n.drain();
     await n.start();
 
-    await until("600 acks", () => acked() >= 600);
-    mark("reload of bob");
+    await until("600 messages stored", () => reached(600));
+    await mark("reload of bob");
     await bob.page.reload();
     await bob.page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
 
-    await until("800 acks", () => acked() >= 800);
-    mark("kill");
+    await until("750 messages stored", () => reached(750));
+    await mark("kill");
     await n.kill();
     await sleep(300);
     await n.start();
 
     await until("every publish acked and every message delivered to both pages",
-      () => acked() >= 1000 && alice.rec.msg.length >= 1000 && bob.rec.msg.length >= 1000, 90000);
+      async () => (await sync(alice, bob)) && acked() >= 1000 && alice.rec.msg.length >= 1000 && bob.rec.msg.length >= 1000, 90000);
     await sleep(500); // anything extra (a duplicate) would arrive now
+    await sync(alice, bob);
   } catch (err) {
     err.message += `\nevents: ${events.join(", ")}; acks ${acked()}, alice ${alice.rec.msg.length} msgs, bob ${bob.rec.msg.length} msgs` +
       `\nnacks ${JSON.stringify([...alice.rec.nack, ...bob.rec.nack].slice(0, 5))}\nnode log:\n${n.log()}`;
@@ -269,8 +291,13 @@ test("two pages exchange 1,000 messages across two kills, a drain and a reload: 
   const bySeq = new Map(alice.rec.msg.map((m) => [m.seq, m.id]));
   for (const [id, seq] of byId) assert.equal(bySeq.get(seq), id, `seq ${seq} acknowledged as ${id}, delivered as ${bySeq.get(seq)}`);
   // The disruptions happened under the pages: drops, a drain with its hint.
+  const closes = `events: ${events.join(", ")}; closes alice ${alice.rec.close.map((c) => c.code)} bob ${bob.rec.close.map((c) => c.code)}`;
+  // A page publishing as the node closes it may get no close frame: the
+  // node closes the socket with the page's last publishes unread, and the
+  // kernel's reset can beat the close frame to the browser (1006). So the
+  // drain's 1001 and hint are asked of one page, not of both.
+  assert.ok(pages.some((p) => p.rec.close.some((c) => c.code === 1001 && c.retry !== null)), `no page saw the drain's close: ${closes}`);
   for (const p of pages) {
-    assert.ok(p.rec.close.some((c) => c.code === 1001 && c.retry !== null), `${p.user} saw no drain close`);
     assert.ok(p.rec.close.filter((c) => c.code === 1006 && c.wasOpen).length >= 1, `${p.user} saw no lost connection`);
   }
   assert.equal(bob.rec.loaded.length, 2);
@@ -285,12 +312,12 @@ test("a memory-store node restarted under a page: onReset, then the new history"
   t.after(() => ctx.close());
   const alice = await openPage(ctx, n, "alice", "reset");
   await alice.page.evaluate(() => window.publishAll(5, 5));
-  await until("5 messages", () => alice.rec.msg.length === 5 && alice.rec.ack.length === 5);
+  await until("5 messages", async () => (await sync(alice)) && alice.rec.msg.length === 5 && alice.rec.ack.length === 5);
   const before = alice.rec.joined[0];
 
   await n.kill();
   await n.start();
-  await until("alice reset", () => alice.rec.reset.length >= 1, 15000);
+  await until("alice reset", async () => (await sync(alice)) && alice.rec.reset.length >= 1, 15000);
   assert.equal(alice.rec.reset[0].since, 5);
   assert.equal(alice.rec.reset[0].room, "reset");
   if (before.epoch === undefined) {
@@ -303,8 +330,9 @@ test("a memory-store node restarted under a page: onReset, then the new history"
   // The new history goes on from the reset.
   const bob = await openPage(ctx, n, "bob", "reset");
   await bob.page.evaluate(() => window.publishAll(2, 5));
-  await until("alice given the new messages", () => alice.rec.msg.length >= 7, 10000);
+  await until("alice given the new messages", async () => (await sync(alice)) && alice.rec.msg.length >= 7, 10000);
   await sleep(300);
+  await sync(alice);
 
   assert.equal(alice.rec.reset.length, 1, "onReset exactly once");
   const info = alice.rec.reset[0];
