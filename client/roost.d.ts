@@ -158,6 +158,8 @@ export interface RoostEvents {
   state: State;
   open: { transport: "websocket" | "sse" };
   close: CloseInfo;
+  /** A reconnect is scheduled in wait ms; why: "backoff" or "hint" (the node's retry=MS); attempt: the backoff's count of consecutive failures. */
+  reconnect: { wait: number; attempt: number; why: "backoff" | "hint" };
   error: RoostError;
   reset: ResetInfo;
   outbox: OutboxEntry[];

@@ -120,7 +120,7 @@ export class Roost {
   }
 
   /**
-   * on("state"|"open"|"close"|"error"|"reset"|"outbox"|"message", fn) → a
+   * on("state"|"open"|"close"|"reconnect"|"error"|"reset"|"outbox"|"message", fn) → a
    * function that removes the listener.
    */
   on(event, fn) {
@@ -315,8 +315,8 @@ export class Roost {
     if ((code === CLOSE_TRY_AGAIN || code === CLOSE_GOING_AWAY) && retry !== null) {
       // The node jitters its hint already: waiting exactly that long keeps
       // its spread.
-      this._schedule(retry, () => this._connect());
       this._setState("reconnecting");
+      this._reconnectIn(retry, "hint");
       return;
     }
     if (!wasOpen) {
@@ -403,7 +403,7 @@ export class Roost {
       return;
     }
     this._setState(this._everOpened ? "reconnecting" : "connecting");
-    this._schedule(this._backoff(), () => this._connect());
+    this._reconnectIn(this._backoff(), "backoff");
   }
 
   // _backoff is full jitter: uniform between backoffMin and a window that
@@ -414,6 +414,13 @@ export class Roost {
     const win = Math.min(hi, lo * 2 ** (this._attempt + 1));
     this._attempt++;
     return Math.round(lo + this._random() * (win - lo));
+  }
+
+  // _reconnectIn schedules the next attempt and says when (an app can show
+  // "reconnecting in 3 s").
+  _reconnectIn(wait, why) {
+    this._schedule(wait, () => this._connect());
+    this._emit("reconnect", { wait, attempt: this._attempt, why });
   }
 
   _stop(err) {
@@ -762,7 +769,7 @@ export class Roost {
         this._emit("close", { code: CLOSE_ABNORMAL, reason: "sse failed", retry: null, wasOpen });
         this._wsBlocked = 0;
         this._setState("reconnecting");
-        this._schedule(this._backoff(), () => this._connect());
+        this._reconnectIn(this._backoff(), "backoff");
         return;
       }
       this._setState("reconnecting"); // the browser reconnects by itself

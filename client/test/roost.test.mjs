@@ -174,6 +174,8 @@ test("a connection that stayed open starts the backoff over", async () => {
 test("retry=MS on 1013 and 1001 is waited exactly", async () => {
   for (const code of [1013, 1001]) {
     const env = setup();
+    const plans = [];
+    env.client.on("reconnect", (r) => plans.push(r));
     const ws = await openWith(env);
     ws.serverClose(code, "retry=3456");
     assert.equal(env.client.state, "reconnecting");
@@ -181,6 +183,7 @@ test("retry=MS on 1013 and 1001 is waited exactly", async () => {
     assert.equal(env.WS.all.length, 1, `${code}: reconnected before the hint`);
     await env.clock.advance(1);
     assert.equal(env.WS.all.length, 2, `${code}: not reconnected at the hint`);
+    assert.deepEqual(plans, [{ wait: 3456, attempt: 0, why: "hint" }]);
   }
 });
 
