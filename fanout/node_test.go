@@ -1,0 +1,213 @@
+package fanout
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+)
+
+// testLoop is a loop driven by the test: Post queues, pump runs what was
+// posted on the test's goroutine (as a loop runs its inbox).
+type testLoop struct {
+	mu  sync.Mutex
+	evs []Event
+}
+
+func (l *testLoop) Post(ev Event) {
+	l.mu.Lock()
+	l.evs = append(l.evs, ev)
+	l.mu.Unlock()
+}
+
+func (l *testLoop) Now() int64 { return time.Now().UnixMilli() }
+
+// pump runs posted events (and the gap check of each flush tick) until
+// done holds.
+func (l *testLoop) pump(t *testing.T, tb *Table, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatal("state not reached in time")
+		}
+		l.mu.Lock()
+		evs := l.evs
+		l.evs = nil
+		l.mu.Unlock()
+		for i := range evs {
+			tb.Run(&evs[i])
+		}
+		if len(evs) == 0 {
+			time.Sleep(time.Millisecond)
+			tb.CheckGaps()
+		}
+	}
+}
+
+// acks records the outcome of each publish (proto.Origin).
+type acks struct {
+	mu  sync.Mutex
+	got map[string]uint64 // id -> seq
+	err []error
+}
+
+func (a *acks) Published(req *proto.PubRequest, res *proto.PubResult) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if res.Err != nil {
+		a.err = append(a.err, res.Err)
+		return
+	}
+	a.got[string(req.ID)] = res.Seq
+}
+
+func (a *acks) n() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.got) + len(a.err)
+}
+
+func testNode(t *testing.T, store persist.Store) (*Node, *Table, *testLoop) {
+	t.Helper()
+	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 2, GapWindow: 10 * time.Millisecond},
+		Parts{Store: store, Pool: persist.PoolConfig{Window: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	l := &testLoop{}
+	return n, n.NewTable(0, l), l
+}
+
+// seqs lists the seq of every msg frame queued for m, in order.
+func seqs(m *Member) []int {
+	var out []int
+	for _, f := range m.Pending() {
+		i := bytes.Index(f, []byte(`"op":"msg"`))
+		j := bytes.Index(f, []byte(`"seq":`))
+		if i < 0 || j < 0 {
+			continue
+		}
+		k := j + len(`"seq":`)
+		n := 0
+		for ; k < len(f) && f[k] >= '0' && f[k] <= '9'; k++ {
+			n = n*10 + int(f[k]-'0')
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func sameInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestPublishWalk: a publish walks fanout -> store -> fanout -> broker ->
+// fanout -> the loop's member, and its source hears the seq.
+func TestPublishWalk(t *testing.T) {
+	n, tb, l := testNode(t, persist.NewMemory(100))
+	key := proto.RoomKey("app", "r")
+	m := &Member{Owner: &testOwner{}}
+	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
+		t.Fatal(err)
+	}
+	l.pump(t, tb, func() bool { return m.Rooms() == 1 })
+	if err := tb.Join(m, []byte(key), Resume{}); err != ErrJoined {
+		t.Fatalf("second join: %v, want ErrJoined", err)
+	}
+	src := &acks{got: map[string]uint64{}}
+	for i := 1; i <= 3; i++ {
+		req := proto.GetPubRequest()
+		req.Key, req.From, req.Origin = key, "alice", src
+		req.ID = append(req.ID, "m-"+strconv.Itoa(i)...)
+		req.Body = append(req.Body, strconv.Itoa(i)...)
+		if err := n.Publish(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.pump(t, tb, func() bool { return src.n() == 3 && len(seqs(m)) == 3 })
+	if !sameInts(seqs(m), []int{1, 2, 3}) || src.got["m-1"] != 1 || src.got["m-3"] != 3 {
+		t.Fatalf("delivered %v, acked %v", seqs(m), src.got)
+	}
+	if got := n.Stats.Joined.Load(); got != 1 {
+		t.Fatalf("joined %d, want 1", got)
+	}
+	tb.Close(m)
+	if got := n.Stats.Joined.Load(); got != 0 || n.Rooms() != 0 {
+		t.Fatalf("after Close: joined %d rooms %d", got, n.Rooms())
+	}
+}
+
+// commit stores count messages of key directly (as another node's
+// publishes would be) and returns their frames by seq.
+func commit(t *testing.T, st persist.Store, key string, count int) map[int][]byte {
+	t.Helper()
+	frames := map[int][]byte{}
+	_, room := proto.SplitKey(key)
+	for i := 0; i < count; i++ {
+		req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("x-" + strconv.Itoa(i)), Body: []byte("1")}
+		res := make([]proto.PubResult, 1)
+		if err := st.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
+			t.Fatal(err, res[0].Err)
+		}
+		frames[int(res[0].Seq)] = proto.AppendMsgFrame(nil, room, res[0].Seq, req.ID, req.From, res[0].TS, req.Body)
+	}
+	return frames
+}
+
+// TestGapHeldThenReadFromStore: a message ahead of a missing seq is held;
+// after GapWindow the gap is read from the store and the stream goes out
+// in order, a late duplicate dropped.
+func TestGapHeldThenReadFromStore(t *testing.T) {
+	st := persist.NewMemory(100)
+	n, tb, l := testNode(t, st)
+	key := proto.RoomKey("app", "g")
+	m := &Member{Owner: &testOwner{}}
+	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
+		t.Fatal(err)
+	}
+	l.pump(t, tb, func() bool { return m.Rooms() == 1 })
+	frames := commit(t, st, key, 3) // stored, but the broker lost 1 and 2
+	tb.Deliver(key, 3, frames[3])
+	if len(seqs(m)) != 0 || !tb.NeedsTick() {
+		t.Fatalf("message ahead of a gap went out (%v) or no tick asked for", seqs(m))
+	}
+	l.pump(t, tb, func() bool { return len(seqs(m)) == 3 })
+	tb.Deliver(key, 2, frames[2]) // the broker's copy, late
+	if !sameInts(seqs(m), []int{1, 2, 3}) || n.Stats.Repairs.Load() != 1 {
+		t.Fatalf("delivered %v, repairs %d; want 1 2 3 after one repair", seqs(m), n.Stats.Repairs.Load())
+	}
+}
+
+// TestGapTheStoreCannotFill: when the store does not have the missing
+// messages either, the members cannot get a gapless stream: they are
+// resynced (closed with 1013, to rejoin with since).
+func TestGapTheStoreCannotFill(t *testing.T) {
+	n, tb, l := testNode(t, persist.NewMemory(100))
+	key := proto.RoomKey("app", "h")
+	o := &testOwner{}
+	m := &Member{Owner: o}
+	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
+		t.Fatal(err)
+	}
+	l.pump(t, tb, func() bool { return m.Rooms() == 1 })
+	tb.Deliver(key, 5, proto.AppendMsgFrame(nil, "h", 5, []byte("x"), "bob", 1, []byte("1")))
+	l.pump(t, tb, func() bool { return o.resyncs == 1 })
+	if n.Stats.GapCloses.Load() != 1 {
+		t.Fatalf("gap closes %d, want 1", n.Stats.GapCloses.Load())
+	}
+}
