@@ -8,6 +8,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
+import crypto from "node:crypto";
 import http from "node:http";
 import net from "node:net";
 import os from "node:os";
@@ -66,7 +67,7 @@ class RoostNode {
       const out = fs.openSync(logf, "w");
       const proc = spawn(
         BIN,
-        ["serve", "--insecure", "--listen", `127.0.0.1:${this.port}`, "--admin", `127.0.0.1:${this.admin}`,
+        ["serve", ...(this.args.includes("--app-secret") ? [] : ["--insecure"]), "--listen", `127.0.0.1:${this.port}`, "--admin", `127.0.0.1:${this.admin}`,
           "--log-format", "json", "--loops", "1", "--flush", "1ms", ...this.args],
         { stdio: ["ignore", out, out], env: cleanEnv() },
       );
@@ -136,6 +137,15 @@ function cleanEnv() {
   return env;
 }
 
+const SECRET = "s3cret-" + Math.random().toString(36).slice(2);
+const tokensIssued = [];
+
+function signToken(secret, claims) {
+  const enc = (o) => Buffer.from(JSON.stringify(o)).toString("base64url");
+  const msg = `${enc({ alg: "HS256", typ: "JWT" })}.${enc(claims)}`;
+  return `${msg}.${crypto.createHmac("sha256", secret).update(msg).digest("base64url")}`;
+}
+
 // The pages' origin: a static server of e2e.html and roost.js, apart from
 // the nodes, so that a page can be reloaded while its node is down.
 let site;
@@ -151,7 +161,16 @@ before(async () => {
     "/blank.html": [null, "text/html; charset=utf-8"],
   };
   site = http.createServer((req, res) => {
-    const f = files[new URL(req.url, "http://x").pathname];
+    const u = new URL(req.url, "http://x");
+    if (u.pathname === "/token") {
+      // An app backend's token endpoint: ?sub=&ttl=S&secret=
+      tokensIssued.push(u.searchParams.get("sub"));
+      const exp = Math.floor(Date.now() / 1000) + Number(u.searchParams.get("ttl"));
+      res.writeHead(200, { "Content-Type": "text/plain", "Cache-Control": "no-store" });
+      res.end(signToken(u.searchParams.get("secret") || SECRET, { app: "tapp", sub: u.searchParams.get("sub"), exp }));
+      return;
+    }
+    const f = files[u.pathname];
     if (!f) {
       res.writeHead(404).end();
       return;
@@ -345,6 +364,61 @@ test("a memory-store node restarted under a page: onReset, then the new history"
   assert.equal(info.from, 1);
   assert.deepEqual(after, [1, 2]);
   t.diagnostic(`reset ${JSON.stringify(info)}; then seqs ${after}`);
+});
+
+test("tokens: refreshed on the live connection past the first one's expiry; a refused token or refresh stops the client", { skip }, async (t) => {
+  const n = node("tok", ["--app-secret", `tapp=${SECRET}`]);
+  await n.start();
+  const ctx = await browser.newContext();
+  t.after(() => ctx.close());
+  const page = await ctx.newPage();
+  await page.goto(`${siteURL}/blank.html`);
+  const url = `ws://127.0.0.1:${n.port}/ws`;
+  await page.evaluate(async (url) => {
+    const { Roost } = await import("/roost.js");
+    window.make = (name, token) => {
+      const c = new Roost(url, { token, storage: null });
+      const r = { closes: [], errors: [], plans: [], states: [] };
+      c.on("close", (e) => r.closes.push(e));
+      c.on("error", (e) => r.errors.push({ code: e.code, message: e.message }));
+      c.on("reconnect", (e) => r.plans.push(e));
+      c.on("state", (s) => r.states.push(s));
+      c.room("t", {});
+      window[name] = { c, r };
+    };
+    let n = 0;
+    // good: 8 s tokens, refreshed through the auth op.
+    window.make("good", async () => (await fetch("/token?sub=alice&ttl=8")).text());
+    // forged: signed with another secret: the node refuses the upgrade.
+    window.make("forged", async () => (await fetch("/token?sub=eve&ttl=60&secret=wrong")).text());
+    // swapped: the refresh names another user: the node refuses the auth op.
+    window.make("swapped", async () => (await fetch(`/token?sub=${n++ === 0 ? "bob" : "mallory"}&ttl=6`)).text());
+  }, url);
+  const get = (name) => page.evaluate((name) => ({ state: window[name].c.state, error: window[name].c.error && { code: window[name].c.error.code, message: window[name].c.error.message }, ...window[name].r }), name);
+
+  await until("the forged token refused", async () => (await get("forged")).state === "closed", 15000);
+  await until("the swapped refresh refused", async () => (await get("swapped")).state === "closed", 20000);
+  // Past the good client's first token (8 s), and its second one's too.
+  await sleep(Math.max(0, 11000));
+  const good = await get("good");
+  const published = await page.evaluate(() => window.good.c.rooms.get("t").publish("still here").then((a) => a.seq, (e) => e.code));
+  const forged = await get("forged");
+  const swapped = await get("swapped");
+  t.diagnostic(`tokens issued: ${tokensIssued.join(",")}; good closes ${JSON.stringify(good.closes)}; forged ${JSON.stringify(forged.error)}; swapped ${JSON.stringify(swapped.error)}`);
+
+  assert.equal(good.state, "open");
+  assert.deepEqual(good.closes, [], "the refreshed connection was never closed");
+  assert.ok(tokensIssued.filter((s) => s === "alice").length >= 2, "the good client refreshed its token");
+  assert.equal(published, 1);
+
+  assert.equal(forged.error.code, "unauthorized");
+  assert.match(forged.error.message, /401 token signature does not match/);
+  assert.deepEqual(forged.plans, [], "a refused token is not retried in a loop");
+  assert.equal(tokensIssued.filter((s) => s === "eve").length, 1);
+
+  assert.equal(swapped.error.code, "token_refused");
+  assert.match(swapped.error.message, /token is for another user/);
+  assert.deepEqual(swapped.plans, []);
 });
 
 // reconnectTimes reads the node's log (--log-level debug writes a line
