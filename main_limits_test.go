@@ -56,11 +56,17 @@ func TestConnectionBudgetFromNoFile(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	// 64 fixed, 3 per loop, 8 PostgreSQL (workers + 4), 16 per Redis seed, 32 admin.
-	want := 64 + 2*3 + 8 + 2*16 + 32
+	// 64 fixed, 3 per loop, 8 PostgreSQL (workers + 4), 16 per Redis seed,
+	// 32 admin, 128 server API.
+	want := 64 + 2*3 + 8 + 2*16 + 32 + 128
 	if r := descriptorReserve(&c); r != want {
 		t.Fatalf("reserve %d, want %d", r, want)
 	}
+	c.api = "off"
+	if r := descriptorReserve(&c); r != want-128 {
+		t.Fatalf("reserve with --api off %d, want %d", r, want-128)
+	}
+	c.api = "127.0.0.1:8090"
 	if err := connBudget(&c, 1100, nil, log); err != nil || c.node.MaxConns != 1100-want {
 		t.Fatalf("budget %d (%v), want %d", c.node.MaxConns, err, 1100-want)
 	}
