@@ -17,6 +17,7 @@ var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
 	"loop":             {"fanout", "proto"},
 	"api":              {"fanout", "persist", "proto"},
+	"webhook":          {"proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
 	"persist":          {"proto"},
 	"persist/pgtest":   {},

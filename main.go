@@ -30,6 +30,7 @@ import (
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
 	"github.com/roost-chat/roost/tuning"
+	"github.com/roost-chat/roost/webhook"
 )
 
 const usage = `roost: a chat node.
@@ -218,6 +219,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	// loops once they exist; none can concern a connection before that.
 	var loops atomic.Pointer[loop.Server]
 	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
+	// Webhooks take each committed batch before its acks; with no app
+	// having one, that costs one atomic load per batch.
+	hooks := webhook.New(webhook.Config{Log: log})
+	defer hooks.Close()
+	parts.OnCommitted = hooks.Committed
 	if c.redisURL != "" {
 		rc, err := pubsub.ParseRedisURL(c.redisURL)
 		if err != nil {
@@ -263,6 +269,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	setApps := func(apps []proto.App) {
 		srv.SetApps(apps)
+		hooks.SetApps(apps)
 		if apiSrv != nil {
 			apiSrv.SetApps(apps)
 		}
@@ -308,7 +315,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
 		ln = newLimitListener(ln, adminMaxConns)
-		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv}), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}
@@ -412,6 +419,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	t0 = time.Now()
 	fan.ClosePublishes()
 	log.Info("publish pool closed", "took", time.Since(t0))
+	if owed := hooks.Stats.Owed.Load(); owed > 0 {
+		// In memory only: what the receivers have not taken is lost.
+		log.Warn("webhook events still owed at exit are lost", "events", owed)
+	}
 	t0 = time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -22,6 +22,7 @@ import (
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/pubsub"
+	"github.com/roost-chat/roost/webhook"
 )
 
 // admin is what the admin listener reads: the node's counters and its
@@ -34,6 +35,7 @@ type admin struct {
 	redis *pubsub.Redis
 	ready *atomic.Bool
 	api   *api.Server // nil: --api off
+	hooks *webhook.Dispatcher
 }
 
 // Bucket bounds of the node's histograms.
@@ -297,6 +299,16 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_api_published_total", as.Published.Load())
 		c("roost_api_publish_duplicates_total", as.Duplicates.Load())
 		c("roost_api_disconnected_total", as.Disconnected.Load())
+	}
+
+	if a.hooks != nil {
+		ws := &a.hooks.Stats
+		c("roost_webhook_events_total", ws.Queued.Load())
+		c("roost_webhook_delivered_total", ws.Delivered.Load())
+		c("roost_webhook_posts_total", ws.Posts.Load())
+		c("roost_webhook_failures_total", ws.Failures.Load())
+		c("roost_webhook_dropped_total", ws.Dropped.Load())
+		g("roost_webhook_owed", ws.Owed.Load())
 	}
 
 	if sn.Loops > 0 {

@@ -3,13 +3,19 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,4 +338,93 @@ func TestServerAPIRateLimit(t *testing.T) {
 	time.Sleep(600 * time.Millisecond)
 	apiCall(t, "GET", url, "", "").want(t, "no secret", 401, "forbidden")
 	apiCall(t, "GET", url, apiSecret, "").want(t, "after a wait", 200, "")
+}
+
+// TestWebhooksFromNode: `roost app set --webhook-url` reaches a running
+// node, which POSTs the messages of the rooms it names, published through
+// the API and through sockets, to a real receiver: every one, in seq
+// order, signed with both secrets of the rotation.
+func TestWebhooksFromNode(t *testing.T) {
+	redistest.Require(t)
+	type event struct {
+		Type string `json:"type"`
+		Room string `json:"room"`
+		Seq  uint64 `json:"seq"`
+		ID   string `json:"id"`
+		From string `json:"from"`
+	}
+	var mu sync.Mutex
+	var got []event
+	var badSig string
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		ts := r.Header.Get("X-Roost-Timestamp")
+		want := []string{}
+		for _, s := range []string{apiSecret, apiPrevSecret} {
+			m := hmac.New(sha256.New, []byte(s))
+			m.Write([]byte(ts + "." + string(body)))
+			want = append(want, "sha256="+hex.EncodeToString(m.Sum(nil)))
+		}
+		var p struct {
+			App    string  `json:"app"`
+			Events []event `json:"events"`
+		}
+		_ = json.Unmarshal(body, &p)
+		mu.Lock()
+		defer mu.Unlock()
+		if sig := r.Header.Get("X-Roost-Signature"); sig != strings.Join(want, ",") && badSig == "" {
+			badSig = sig
+		}
+		if p.App != testApp {
+			badSig = "app " + p.App
+		}
+		got = append(got, p.Events...)
+	}))
+	t.Cleanup(recv.Close)
+
+	e := newEnv(t, redistest.Addr)
+	apps := writeAPIApps(t)
+	set := exec.Command(roostBinary(t), "app", "set", testApp, "--apps", apps, "--webhook-url", recv.URL+"/hook", "--webhook-rooms", "r*", "--webhook-timeout", "2s")
+	if out, err := set.CombinedOutput(); err != nil || !strings.Contains(string(out), `"webhook"`) {
+		t.Fatalf("roost app set --webhook-url: %v\n%s", err, out)
+	}
+	n0, api0 := apiNode(t, e, "node0", apps)
+	alice := dialClient(t, n0, "alice")
+	const total = 300
+	for i := 1; i <= total; i++ {
+		if i%3 == 0 {
+			if err := alice.send(fmt.Sprintf(`{"op":"pub","room":"r1","id":"s-%d","body":%d}`, i, i)); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		apiCall(t, "POST", api0+"/v1/apps/"+testApp+"/rooms/r1/messages", apiSecret, fmt.Sprintf(`{"id":"a-%d","from":"bot","body":%d}`, i, i)).want(t, "publish", 200, "")
+	}
+	apiCall(t, "POST", api0+"/v1/apps/"+testApp+"/rooms/other/messages", apiSecret, `{"id":"o-1","from":"bot","body":1}`).want(t, "publish elsewhere", 200, "")
+	redistest.WaitFor(t, 15*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if badSig != "" {
+			return fmt.Errorf("bad signature or app: %s", badSig)
+		}
+		next := uint64(1)
+		for _, ev := range got {
+			switch {
+			case ev.Room != "r1" || ev.Type != "msg":
+				return fmt.Errorf("event %+v: not of room r1", ev)
+			case ev.Seq == next:
+				next++
+			case ev.Seq > next:
+				return fmt.Errorf("seq %d arrived before %d", ev.Seq, next)
+			}
+		}
+		if next != total+1 {
+			return fmt.Errorf("delivered up to seq %d of %d", next-1, total)
+		}
+		return nil
+	})
+	m := n0.metrics(t)
+	if m["roost_webhook_delivered_total"] < total || m["roost_webhook_dropped_total"] != 0 {
+		t.Fatalf("webhook metrics: delivered %v, dropped %v", m["roost_webhook_delivered_total"], m["roost_webhook_dropped_total"])
+	}
 }

@@ -29,6 +29,7 @@ const appUsage = `Usage: roost app COMMAND [ID] [flags]
   set ID [limits]               change limits and retention:
         --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
         --max-msg BYTES --max-rooms N --keep-age D --keep-count N
+        --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s
         (a value "default" returns to the node's default; 0 turns a limit off)
 
 The registry: --database-url URL (PostgreSQL, also ROOST_DATABASE_URL or
@@ -98,6 +99,13 @@ var limitNames = []struct{ name, help string }{
 	{"keep-count", "retention: keep this many newest messages per room (PostgreSQL; 0: all)"},
 }
 
+// webhookNames are the webhook's settings, set like the limits.
+var webhookNames = []struct{ name, help string }{
+	{"webhook-url", "POST the app's messages to this http(s) `URL` (\"none\": no webhook)"},
+	{"webhook-rooms", "only the messages of these rooms, comma-separated, `prefix*` allowed (\"\" or \"*\": every room)"},
+	{"webhook-timeout", "bound of one webhook POST (default 5s, at most 1m)"},
+}
+
 func (l *limitFlags) bind(fs *flag.FlagSet) {
 	l.set = map[string]string{}
 	for _, n := range limitNames {
@@ -106,11 +114,67 @@ func (l *limitFlags) bind(fs *flag.FlagSet) {
 			return nil
 		})
 	}
+	for _, n := range webhookNames {
+		fs.Func(n.name, n.help, func(v string) error {
+			l.set[n.name] = v
+			return nil
+		})
+	}
+}
+
+// applyWebhook writes the webhook settings given into a.
+func (l *limitFlags) applyWebhook(a *proto.App) error {
+	u, hasURL := l.set["webhook-url"]
+	rooms, hasRooms := l.set["webhook-rooms"]
+	to, hasTO := l.set["webhook-timeout"]
+	if !hasURL && !hasRooms && !hasTO {
+		return nil
+	}
+	if hasURL && (u == "none" || u == "") {
+		if hasRooms || hasTO {
+			return errors.New("--webhook-url none removes the webhook: give no other --webhook- flag with it")
+		}
+		a.Webhook = nil
+		return nil
+	}
+	w := proto.Webhook{}
+	if a.Webhook != nil {
+		w = *a.Webhook
+	}
+	if hasURL {
+		w.URL = u
+	}
+	if w.URL == "" {
+		return errors.New("the app has no webhook: give --webhook-url URL")
+	}
+	if hasRooms {
+		w.Rooms = nil
+		for _, r := range strings.Split(rooms, ",") {
+			if r = strings.TrimSpace(r); r != "" && r != "*" {
+				w.Rooms = append(w.Rooms, r)
+			}
+		}
+	}
+	if hasTO {
+		d, err := time.ParseDuration(to)
+		if err != nil {
+			return fmt.Errorf("invalid --webhook-timeout %q: want a duration such as 5s", to)
+		}
+		w.Timeout = proto.Duration(d)
+	}
+	a.Webhook = &w
+	return nil
 }
 
 // apply writes the given limits into a.
 func (l *limitFlags) apply(a *proto.App) error {
+	if err := l.applyWebhook(a); err != nil {
+		return err
+	}
 	for name, v := range l.set {
+		if strings.HasPrefix(name, "webhook-") {
+			continue
+		}
 		def := v == "default"
 		bad := func(want string) error { return fmt.Errorf("invalid --%s %q: want %s or \"default\"", name, v, want) }
 		switch name {
@@ -203,10 +267,11 @@ type appView struct {
 	KeepAge        string          `json:"keep_age,omitempty"`
 	KeepCount      int             `json:"keep_count,omitempty"`
 	Created        *time.Time      `json:"created,omitempty"`
+	Webhook        *proto.Webhook  `json:"webhook,omitempty"`
 }
 
 func viewOf(a *proto.App) appView {
-	v := appView{App: a.ID, Secret: maskSecret(a.Secret), Enabled: !a.Disabled, Limits: a.Limits, KeepCount: a.KeepCount}
+	v := appView{App: a.ID, Secret: maskSecret(a.Secret), Enabled: !a.Disabled, Limits: a.Limits, KeepCount: a.KeepCount, Webhook: a.Webhook}
 	if a.PreviousSecret != "" && time.Now().Before(a.PreviousUntil) {
 		v.PreviousSecret = maskSecret(a.PreviousSecret)
 		u := a.PreviousUntil

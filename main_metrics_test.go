@@ -108,6 +108,12 @@ var exposedMetrics = []string{
 	"roost_api_publish_seconds_bucket",
 	"roost_api_publish_seconds_count",
 	"roost_api_publish_seconds_sum",
+	"roost_webhook_events_total",
+	"roost_webhook_delivered_total",
+	"roost_webhook_posts_total",
+	"roost_webhook_failures_total",
+	"roost_webhook_dropped_total",
+	"roost_webhook_owed",
 }
 
 func TestMetricNamesKept(t *testing.T) {

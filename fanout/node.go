@@ -54,6 +54,11 @@ type Parts struct {
 	// runs on the broker's goroutine: it must not block, and msg is valid
 	// during the call only.
 	OnControl func(msg []byte)
+	// OnCommitted, when set, sees every answered batch of the publish pool
+	// after the broker and before the sources hear of it (the webhooks
+	// take their messages here). It runs on a publish worker: it must not
+	// block, and the slices are valid during the call only.
+	OnCommitted func(reqs []*proto.PubRequest, res []proto.PubResult)
 }
 
 // Stats are fanout's counters, updated without locks.
@@ -159,6 +164,7 @@ type Node struct {
 
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
 	onControl    func(msg []byte)
+	onCommitted  func(reqs []*proto.PubRequest, res []proto.PubResult)
 
 	reads     chan readJob
 	replays   *ReplayShare
@@ -212,6 +218,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		n.bus = bus
 	}
 	n.hub.sub = n.bus
+	n.onCommitted = p.OnCommitted
 	if p.OnControl != nil {
 		n.onControl = p.OnControl
 		// Node-wide and never unsubscribed; the Redis broker keeps it
@@ -298,6 +305,9 @@ func (n *Node) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
 	clear(sc.pubs)
 	sc.pubs = sc.pubs[:0]
 	brokerBatchPool.Put(sc)
+	if n.onCommitted != nil {
+		n.onCommitted(reqs, res)
+	}
 	for i, req := range reqs {
 		req.Origin.Published(req, &res[i])
 	}

@@ -46,16 +46,28 @@ var (
 )
 
 const appColumns = `id, secret, coalesce(previous_secret, ''), previous_until, disabled, limits,
-	coalesce((extract(epoch FROM max_age) * 1000)::int8, 0), coalesce(max_count, 0), created_at`
+	coalesce((extract(epoch FROM max_age) * 1000)::int8, 0), coalesce(max_count, 0), created_at, settings`
+
+// appSettings is the settings column: what an app configures beyond its
+// limits.
+type appSettings struct {
+	Webhook *proto.Webhook `json:"webhook,omitempty"`
+}
 
 func scanApp(row pgx.Row) (proto.App, error) {
 	var a proto.App
 	var until *time.Time
 	var limits []byte
 	var ageMS int64
-	if err := row.Scan(&a.ID, &a.Secret, &a.PreviousSecret, &until, &a.Disabled, &limits, &ageMS, &a.KeepCount, &a.Created); err != nil {
+	var settings []byte
+	if err := row.Scan(&a.ID, &a.Secret, &a.PreviousSecret, &until, &a.Disabled, &limits, &ageMS, &a.KeepCount, &a.Created, &settings); err != nil {
 		return a, err
 	}
+	var st appSettings
+	if err := json.Unmarshal(settings, &st); err != nil {
+		return a, fmt.Errorf("app %s: cannot read its settings: %w", a.ID, err)
+	}
+	a.Webhook = st.Webhook
 	if until != nil {
 		a.PreviousUntil = *until
 	}
@@ -109,7 +121,11 @@ func appArgs(a *proto.App) ([]any, error) {
 		c := int32(min(a.KeepCount, 1<<31-1))
 		count = &c
 	}
-	return []any{a.ID, a.Secret, prev, until, a.Disabled, limits, age, count}, nil
+	settings, err := json.Marshal(&appSettings{Webhook: a.Webhook})
+	if err != nil {
+		return nil, err
+	}
+	return []any{a.ID, a.Secret, prev, until, a.Disabled, limits, age, count, settings}, nil
 }
 
 // CreateApp registers a; an existing row without a secret (made on first
@@ -123,11 +139,11 @@ func (p *Postgres) CreateApp(ctx context.Context, a proto.App) error {
 		return err
 	}
 	tag, err := p.pool.Exec(ctx, `
-INSERT INTO apps (id, secret, previous_secret, previous_until, disabled, limits, max_age, max_count)
-VALUES ($1, $2, $3, $4, $5, $6, $7::interval, $8)
+INSERT INTO apps (id, secret, previous_secret, previous_until, disabled, limits, max_age, max_count, settings)
+VALUES ($1, $2, $3, $4, $5, $6, $7::interval, $8, $9)
 ON CONFLICT (id) DO UPDATE SET secret = EXCLUDED.secret, previous_secret = EXCLUDED.previous_secret,
 	previous_until = EXCLUDED.previous_until, disabled = EXCLUDED.disabled, limits = EXCLUDED.limits,
-	max_age = EXCLUDED.max_age, max_count = EXCLUDED.max_count, updated_at = now()
+	max_age = EXCLUDED.max_age, max_count = EXCLUDED.max_count, settings = EXCLUDED.settings, updated_at = now()
 WHERE apps.secret IS NULL`, args...)
 	if err != nil {
 		return p.wrap("create app", err)
@@ -166,7 +182,7 @@ func (p *Postgres) UpdateApp(ctx context.Context, id string, fn func(*proto.App)
 	}
 	if _, err := tx.Exec(ctx, `
 UPDATE apps SET secret = $2, previous_secret = $3, previous_until = $4, disabled = $5, limits = $6,
-	max_age = $7::interval, max_count = $8, updated_at = now()
+	max_age = $7::interval, max_count = $8, settings = $9, updated_at = now()
 WHERE id = $1`, args...); err != nil {
 		return proto.App{}, p.wrap("update app", err)
 	}

@@ -3,6 +3,8 @@ package proto
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"time"
 )
 
@@ -27,6 +29,51 @@ type App struct {
 	KeepAge   Duration  `json:"keep_age,omitzero"`
 	KeepCount int       `json:"keep_count,omitempty"`
 	Created   time.Time `json:"created,omitzero"`
+	// Webhook, when set, receives the app's messages (docs/protocol.md,
+	// Webhooks).
+	Webhook *Webhook `json:"webhook,omitempty"`
+}
+
+// Webhook is where an app's messages are POSTed.
+type Webhook struct {
+	URL string `json:"url"`
+	// Rooms are room names or `prefix*` patterns; empty: every room.
+	Rooms []string `json:"rooms,omitempty"`
+	// Timeout bounds one POST (0: DefaultWebhookTimeout).
+	Timeout Duration `json:"timeout,omitzero"`
+}
+
+// DefaultWebhookTimeout bounds a webhook POST without its own timeout.
+const DefaultWebhookTimeout = 5 * time.Second
+
+// Matches reports whether the webhook wants the messages of room.
+func (w *Webhook) Matches(room string) bool {
+	if len(w.Rooms) == 0 {
+		return true
+	}
+	for _, p := range w.Rooms {
+		if pre, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(room, pre) || p == room {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *Webhook) validate() error {
+	u, err := url.Parse(w.URL)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return fmt.Errorf("webhook url %q: want an http:// or https:// URL", w.URL)
+	}
+	if w.Timeout < 0 || time.Duration(w.Timeout) > time.Minute {
+		return fmt.Errorf("webhook timeout %s: want 0 (the default, 5s) to 1m", time.Duration(w.Timeout))
+	}
+	for _, p := range w.Rooms {
+		name, _ := strings.CutSuffix(p, "*")
+		if name != "" && !ValidRoom([]byte(name)) || name == "" && p != "*" {
+			return fmt.Errorf("webhook room pattern %q: want a room name or prefix*", p)
+		}
+	}
+	return nil
 }
 
 // Secrets returns the app's valid secrets at now: the current one, and the
@@ -79,6 +126,11 @@ func (a *App) Validate() error {
 		return fmt.Errorf("app %s: secret shorter than 16 bytes", a.ID)
 	case a.KeepAge < 0 || a.KeepCount < 0:
 		return fmt.Errorf("app %s: negative retention", a.ID)
+	}
+	if a.Webhook != nil {
+		if err := a.Webhook.validate(); err != nil {
+			return fmt.Errorf("app %s: %w", a.ID, err)
+		}
 	}
 	l := &a.Limits
 	for _, p := range []*int64{l.MaxConns, l.MaxUserConns, l.PubBurst, l.MaxMsg, l.MaxRooms} {

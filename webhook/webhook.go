@@ -1,0 +1,393 @@
+// Package webhook POSTs an app's committed messages to its backend
+// (docs/protocol.md, Webhooks), from memory: what is owed lives in this
+// process only, so a restart (or a queue past its bound) loses it, and the
+// docs say so. Each app with a webhook has its own queue and its own
+// delivery goroutine with one POST in flight: a slow receiver costs only
+// its own app, its events stay in commit order (so in seq order per room),
+// and whatever arrived during a POST goes out in the next one, which is
+// how a receiver that falls behind gets many events per POST.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// Config bounds the dispatcher.
+type Config struct {
+	MaxQueue      int           // events owed per app before new ones are dropped (counted, logged)
+	MaxBatch      int           // events per POST at most
+	MaxBatchBytes int           // bytes of events per POST at most (one larger event still goes alone)
+	MaxAge        time.Duration // an event not delivered by then is dropped (counted, logged)
+	RetryMin      time.Duration // first retry delay; doubled per failure
+	RetryMax      time.Duration // longest retry delay
+	Client        *http.Client  // nil: a keep-alive client of its own
+	Log           *slog.Logger
+}
+
+// Defaults are the dispatcher's bounds unless told otherwise.
+func Defaults() Config {
+	return Config{MaxQueue: 100_000, MaxBatch: 500, MaxBatchBytes: 1 << 20, MaxAge: 24 * time.Hour,
+		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute}
+}
+
+// Stats are the dispatcher's counters.
+type Stats struct {
+	Queued    atomic.Uint64 // events taken from commits
+	Delivered atomic.Uint64 // events a receiver answered 2xx for
+	Posts     atomic.Uint64 // POSTs answered 2xx
+	Failures  atomic.Uint64 // POSTs that failed (status, timeout, connection): each is retried
+	Dropped   atomic.Uint64 // events dropped: queue full, or past MaxAge
+	Owed      atomic.Int64  // events queued and not yet delivered, all apps
+}
+
+// Dispatcher takes committed messages (Committed) and delivers them to
+// the apps' webhooks.
+type Dispatcher struct {
+	cfg    Config
+	log    *slog.Logger
+	client *http.Client
+	any    atomic.Bool // some app has a webhook: Committed does nothing otherwise
+
+	mu   sync.RWMutex
+	apps map[string]*target
+
+	dropLogged atomic.Int64 // Unix ns of the last drop logged
+	Stats      Stats
+}
+
+// target is one app's webhook: its settings, queue and delivery goroutine.
+type target struct {
+	id  string
+	cfg atomic.Pointer[hookCfg]
+
+	mu    sync.Mutex
+	queue []event // owed, oldest first
+	wake  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+type hookCfg struct {
+	hook    proto.Webhook
+	app     proto.App // for its secrets, read at each POST (a rotation signs twice)
+	timeout time.Duration
+}
+
+type event struct {
+	json []byte    // {"type":"msg",...}
+	at   time.Time // when it was committed here
+}
+
+// New returns a dispatcher; SetApps gives it the webhooks.
+func New(cfg Config) *Dispatcher {
+	d := Defaults()
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = d.MaxQueue
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = d.MaxBatch
+	}
+	if cfg.MaxBatchBytes <= 0 {
+		cfg.MaxBatchBytes = d.MaxBatchBytes
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = d.MaxAge
+	}
+	if cfg.RetryMin <= 0 {
+		cfg.RetryMin = d.RetryMin
+	}
+	if cfg.RetryMax < cfg.RetryMin {
+		cfg.RetryMax = max(d.RetryMax, cfg.RetryMin)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	c := cfg.Client
+	if c == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 4
+		c = &http.Client{Transport: tr}
+	}
+	return &Dispatcher{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*target{}}
+}
+
+// SetApps installs the registry's webhooks (any goroutine). An app that
+// gains one starts delivering from its next message; one that loses it
+// drops what it owed (logged).
+func (d *Dispatcher) SetApps(reg []proto.App) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seen := map[string]bool{}
+	for i := range reg {
+		a := &reg[i]
+		if a.Webhook == nil || a.Webhook.URL == "" || a.Disabled {
+			continue
+		}
+		seen[a.ID] = true
+		hc := &hookCfg{hook: *a.Webhook, app: *a, timeout: time.Duration(a.Webhook.Timeout)}
+		if hc.timeout <= 0 {
+			hc.timeout = proto.DefaultWebhookTimeout
+		}
+		t := d.apps[a.ID]
+		if t == nil {
+			t = &target{id: a.ID, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+			t.cfg.Store(hc)
+			d.apps[a.ID] = t
+			go d.deliver(t)
+			continue
+		}
+		t.cfg.Store(hc)
+	}
+	for id, t := range d.apps {
+		if !seen[id] {
+			delete(d.apps, id)
+			close(t.stop)
+		}
+	}
+	d.any.Store(len(d.apps) > 0)
+}
+
+// Close stops every delivery goroutine; what is owed is lost.
+func (d *Dispatcher) Close() { d.SetApps(nil) }
+
+// Committed takes one answered batch of the publish pool (fanout calls it
+// before the acks go out): every new message of an app with a webhook
+// that wants its room is queued. It never blocks on a receiver.
+func (d *Dispatcher) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+	if !d.any.Load() {
+		return
+	}
+	now := time.Now()
+	for i, req := range reqs {
+		r := &res[i]
+		if r.Err != nil || r.Duplicate {
+			continue
+		}
+		app, room := proto.SplitKey(req.Key)
+		d.mu.RLock()
+		t := d.apps[app]
+		d.mu.RUnlock()
+		if t == nil || !t.cfg.Load().hook.Matches(room) {
+			continue
+		}
+		m := proto.Message{Room: room, Seq: r.Seq, ID: string(req.ID), From: req.From, TS: r.TS, Body: req.Body}
+		d.push(t, event{json: eventJSON(&m), at: now})
+	}
+}
+
+// msgPrefix starts every msg object; an event is the same object with
+// "type" for "op".
+const msgPrefix, eventPrefix = `{"op":"msg",`, `{"type":"msg",`
+
+func eventJSON(m *proto.Message) []byte {
+	b := proto.AppendMsgJSON(make([]byte, 0, len(eventPrefix)+len(m.Body)+len(m.Room)+len(m.ID)+len(m.From)+64), m)
+	if !bytes.HasPrefix(b, []byte(msgPrefix)) {
+		panic("BUG: webhook: a msg object does not start with " + msgPrefix)
+	}
+	return append([]byte(eventPrefix), b[len(msgPrefix):]...)
+}
+
+func (d *Dispatcher) push(t *target, ev event) {
+	t.mu.Lock()
+	if len(t.queue) >= d.cfg.MaxQueue {
+		t.mu.Unlock()
+		d.Stats.Dropped.Add(1)
+		d.logDrop(t.id, "queue full: the receiver is too far behind")
+		return
+	}
+	t.queue = append(t.queue, ev)
+	t.mu.Unlock()
+	d.Stats.Queued.Add(1)
+	d.Stats.Owed.Add(1)
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// logDrop logs dropped events at most once a second.
+func (d *Dispatcher) logDrop(app, why string) {
+	now := time.Now().UnixNano()
+	last := d.dropLogged.Load()
+	if now-last < int64(time.Second) || !d.dropLogged.CompareAndSwap(last, now) {
+		return
+	}
+	d.log.Warn("webhook events dropped", "app", app, "why", why, "dropped_total", d.Stats.Dropped.Load())
+}
+
+// deliver is one app's delivery goroutine.
+func (d *Dispatcher) deliver(t *target) {
+	defer close(t.done)
+	failures := 0
+	var body bytes.Buffer
+	for {
+		t.mu.Lock()
+		n, size := 0, 0
+		for n < len(t.queue) && n < d.cfg.MaxBatch && (n == 0 || size+len(t.queue[n].json) <= d.cfg.MaxBatchBytes) {
+			size += len(t.queue[n].json) + 1
+			n++
+		}
+		batch := t.queue[:n:n]
+		t.mu.Unlock()
+		if n == 0 {
+			select {
+			case <-t.stop:
+				d.dropOwed(t)
+				return
+			case <-t.wake:
+				continue
+			}
+		}
+		if age := time.Since(batch[0].at); age > d.cfg.MaxAge {
+			d.take(t, 1)
+			d.Stats.Dropped.Add(1)
+			d.logDrop(t.id, "older than the maximum age: the receiver failed for too long")
+			continue
+		}
+		hc := t.cfg.Load()
+		body.Reset()
+		body.WriteString(`{"app":`)
+		body.Write(quote(t.id))
+		body.WriteString(`,"events":[`)
+		for i := range batch {
+			if i > 0 {
+				body.WriteByte(',')
+			}
+			body.Write(batch[i].json)
+		}
+		body.WriteString("]}")
+		err := d.post(hc, body.Bytes())
+		if err == nil {
+			failures = 0
+			d.take(t, n)
+			d.Stats.Posts.Add(1)
+			d.Stats.Delivered.Add(uint64(n))
+			continue
+		}
+		d.Stats.Failures.Add(1)
+		failures++
+		wait := backoff(d.cfg.RetryMin, d.cfg.RetryMax, failures)
+		if failures == 1 || failures%10 == 0 {
+			d.log.Warn("webhook POST failed; retrying", "app", t.id, "url", hc.hook.URL, "err", err, "failures", failures, "retry_in", wait, "owed", d.owed(t))
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-t.stop:
+			timer.Stop()
+			d.dropOwed(t)
+			return
+		case <-timer.C:
+		}
+	}
+}
+
+// backoff is the delay after the given number of failures in a row:
+// min doubled per failure up to max, with jitter over its upper half so
+// that many nodes retrying one receiver do not come back at once.
+func backoff(lo, hi time.Duration, failures int) time.Duration {
+	d := hi
+	if failures < 32 {
+		d = min(hi, lo<<(failures-1))
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func (d *Dispatcher) take(t *target, n int) {
+	t.mu.Lock()
+	clear(t.queue[:n])
+	t.queue = t.queue[n:]
+	if len(t.queue) == 0 {
+		t.queue = nil // let the backing array go
+	}
+	t.mu.Unlock()
+	d.Stats.Owed.Add(-int64(n))
+}
+
+func (d *Dispatcher) owed(t *target) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.queue)
+}
+
+func (d *Dispatcher) dropOwed(t *target) {
+	t.mu.Lock()
+	n := len(t.queue)
+	t.queue = nil
+	t.mu.Unlock()
+	if n > 0 {
+		d.Stats.Owed.Add(-int64(n))
+		d.Stats.Dropped.Add(uint64(n))
+		d.log.Warn("webhook removed or node stopping: events owed are dropped", "app", t.id, "events", n)
+	}
+}
+
+type statusError int
+
+func (e statusError) Error() string { return "receiver answered " + strconv.Itoa(int(e)) }
+
+// post sends one batch, signed with every current secret of the app.
+func (d *Dispatcher) post(hc *hookCfg, body []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), hc.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, hc.hook.URL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "roost-webhook")
+	req.Header.Set("X-Roost-Timestamp", ts)
+	req.Header.Set("X-Roost-Signature", Sign(hc.app.Secrets(time.Now()), ts, body))
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return err
+	}
+	// Read a little of the answer so the connection can be reused.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return statusError(resp.StatusCode)
+	}
+	return nil
+}
+
+// Sign is the X-Roost-Signature value: sha256=HEX of HMAC-SHA256 over
+// "TIMESTAMP.BODY" with each secret, comma-separated (two during a
+// rotation).
+func Sign(secrets []string, ts string, body []byte) string {
+	var out []byte
+	for _, s := range secrets {
+		if s == "" {
+			continue
+		}
+		m := hmac.New(sha256.New, []byte(s))
+		m.Write([]byte(ts))
+		m.Write([]byte{'.'})
+		m.Write(body)
+		if len(out) > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, "sha256="...)
+		out = hex.AppendEncode(out, m.Sum(nil))
+	}
+	return string(out)
+}
+
+func quote(s string) []byte {
+	// App ids match [A-Za-z0-9_.-]: nothing to escape.
+	return []byte(`"` + s + `"`)
+}

@@ -1,0 +1,279 @@
+package webhook
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// receiver is a real HTTP server that checks every POST's signatures and
+// records the (room, seq) of every event in arrival order.
+type receiver struct {
+	t       *testing.T
+	secrets []string
+
+	mu       sync.Mutex
+	fail     int // answer this many POSTs with 500 first
+	posts    int
+	events   int
+	seen     map[string][]uint64 // room -> seqs in arrival order
+	sigCount map[int]int         // signatures per POST -> POSTs
+	badSig   string
+}
+
+func newReceiver(t *testing.T, secrets ...string) *receiver {
+	return &receiver{t: t, secrets: secrets, seen: map[string][]uint64{}, sigCount: map[int]int{}}
+}
+
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	ts := r.Header.Get("X-Roost-Timestamp")
+	sigs := strings.Split(r.Header.Get("X-Roost-Signature"), ",")
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.sigCount[len(sigs)]++
+	// Every current secret signs; each signature must verify with one.
+	for _, sg := range sigs {
+		ok := false
+		for _, s := range rc.secrets {
+			m := hmac.New(sha256.New, []byte(s))
+			m.Write([]byte(ts + "." + string(body)))
+			if hmac.Equal([]byte(sg), []byte("sha256="+hex.EncodeToString(m.Sum(nil)))) {
+				ok = true
+			}
+		}
+		if !ok && rc.badSig == "" {
+			rc.badSig = sg
+		}
+	}
+	if rc.fail > 0 {
+		rc.fail--
+		http.Error(w, "not now", http.StatusInternalServerError)
+		return
+	}
+	var p struct {
+		App    string `json:"app"`
+		Events []struct {
+			Type string          `json:"type"`
+			Room string          `json:"room"`
+			Seq  uint64          `json:"seq"`
+			Body json.RawMessage `json:"body"`
+		} `json:"events"`
+	}
+	if err := json.Unmarshal(body, &p); err != nil || p.App != "chat" {
+		rc.t.Errorf("bad webhook body %.200s: %v", body, err)
+		return
+	}
+	rc.posts++
+	for _, e := range p.Events {
+		if e.Type != "msg" {
+			rc.t.Errorf("event type %q", e.Type)
+		}
+		rc.seen[e.Room] = append(rc.seen[e.Room], e.Seq)
+		rc.events++
+	}
+}
+
+// check reports whether each room got 1..n, in order, each at least once
+// (a retried batch may repeat, never reorder).
+func (rc *receiver) check(rooms []string, n uint64) error {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.badSig != "" {
+		return fmt.Errorf("a signature did not verify: %s", rc.badSig)
+	}
+	for _, room := range rooms {
+		next := uint64(1)
+		for _, s := range rc.seen[room] {
+			switch {
+			case s == next:
+				next++
+			case s < next: // a redelivery
+			default:
+				return fmt.Errorf("room %s: seq %d arrived before %d", room, s, next)
+			}
+		}
+		if next != n+1 {
+			return fmt.Errorf("room %s: got up to %d of %d", room, next-1, n)
+		}
+	}
+	return nil
+}
+
+func app(url string, secrets ...string) proto.App {
+	a := proto.App{ID: "chat", Secret: secrets[0], Webhook: &proto.Webhook{URL: url, Rooms: []string{"r*"}, Timeout: proto.Duration(2 * time.Second)}}
+	if len(secrets) > 1 {
+		a.PreviousSecret, a.PreviousUntil = secrets[1], time.Now().Add(time.Hour)
+	}
+	return a
+}
+
+// commit feeds d batches as the publish pool would: n messages in each of
+// rooms, interleaved, plus messages of a room the webhook does not want.
+func commit(d *Dispatcher, rooms []string, n int) {
+	var reqs []*proto.PubRequest
+	var res []proto.PubResult
+	flush := func() {
+		d.Committed(reqs, res)
+		reqs, res = reqs[:0], res[:0]
+	}
+	for i := 1; i <= n; i++ {
+		for _, room := range append(rooms, "other") {
+			reqs = append(reqs, &proto.PubRequest{Key: proto.RoomKey("chat", room), From: "alice", ID: []byte(fmt.Sprint("m-", i)), Body: []byte(`{"n":` + fmt.Sprint(i) + `}`)})
+			res = append(res, proto.PubResult{Seq: uint64(i), TS: time.Now().UnixMilli()})
+		}
+		if len(reqs) >= 64 {
+			flush()
+		}
+	}
+	flush()
+}
+
+// TestBurstDeliveredInOrderSigned: a 10,000-message burst over three rooms
+// reaches a real receiver that fails its first POSTs: every message at
+// least once, in seq order per room, in batches, each POST signed with
+// both secrets of a rotation.
+func TestBurstDeliveredInOrderSigned(t *testing.T) {
+	secrets := []string{"current-secret-0123456789", "previous-secret-0123456789"}
+	rc := newReceiver(t, secrets...)
+	rc.fail = 3
+	srv := &http.Server{Handler: rc}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+
+	cfg := Defaults()
+	cfg.RetryMin, cfg.RetryMax = 10*time.Millisecond, 100*time.Millisecond
+	d := New(cfg)
+	defer d.Close()
+	d.SetApps([]proto.App{app("http://"+ln.Addr().String()+"/hook", secrets...)})
+	rooms := []string{"r1", "r2", "r3"}
+	start := time.Now()
+	commit(d, rooms, 10_000/len(rooms)+1)
+	n := uint64(10_000/len(rooms) + 1)
+	waitFor(t, 20*time.Second, func() error { return rc.check(rooms, n) })
+	took := time.Since(start)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.sigCount[2] == 0 || rc.sigCount[1] != 0 {
+		t.Fatalf("signatures per POST: %v, want 2 on every POST during the rotation", rc.sigCount)
+	}
+	if _, ok := rc.seen["other"]; ok {
+		t.Fatal("a room outside the webhook's patterns was delivered")
+	}
+	if rc.posts*10 > rc.events {
+		t.Fatalf("%d POSTs for %d events: the burst was not batched", rc.posts, rc.events)
+	}
+	if d.Stats.Failures.Load() < 3 || d.Stats.Owed.Load() != 0 || d.Stats.Dropped.Load() != 0 {
+		t.Fatalf("stats: failures %d, owed %d, dropped %d", d.Stats.Failures.Load(), d.Stats.Owed.Load(), d.Stats.Dropped.Load())
+	}
+	t.Logf("%d events in %d POSTs, %v", rc.events, rc.posts, took)
+}
+
+// TestReceiverDownThenBack: with nothing listening (connection refused),
+// events wait and are retried with backoff; once a receiver listens on
+// the address again everything arrives, in order.
+func TestReceiverDownThenBack(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // down
+	cfg := Defaults()
+	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 200*time.Millisecond
+	d := New(cfg)
+	defer d.Close()
+	d.SetApps([]proto.App{app("http://"+addr+"/hook", "current-secret-0123456789")})
+	commit(d, []string{"r"}, 500)
+	time.Sleep(1500 * time.Millisecond)
+	if f := d.Stats.Failures.Load(); f < 3 {
+		t.Fatalf("%d failed POSTs while the receiver was down, want retries", f)
+	}
+	if o := d.Stats.Owed.Load(); o != 500 {
+		t.Fatalf("owed %d while down, want 500", o)
+	}
+	rc := newReceiver(t, "current-secret-0123456789")
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addr, err)
+	}
+	srv := &http.Server{Handler: rc}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	waitFor(t, 10*time.Second, func() error { return rc.check([]string{"r"}, 500) })
+}
+
+// TestSlowReceiverTimesOut: a receiver slower than the webhook's timeout
+// counts as a failure and the batch is sent again.
+func TestSlowReceiverTimesOut(t *testing.T) {
+	rc := newReceiver(t, "current-secret-0123456789")
+	var slow sync.Once
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		stall := false
+		slow.Do(func() { stall = true })
+		if stall {
+			time.Sleep(700 * time.Millisecond)
+		}
+		rc.ServeHTTP(w, r)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	cfg := Defaults()
+	cfg.RetryMin = 10 * time.Millisecond
+	d := New(cfg)
+	defer d.Close()
+	a := app("http://"+ln.Addr().String(), "current-secret-0123456789")
+	a.Webhook.Timeout = proto.Duration(300 * time.Millisecond)
+	d.SetApps([]proto.App{a})
+	commit(d, []string{"r"}, 20)
+	waitFor(t, 10*time.Second, func() error { return rc.check([]string{"r"}, 20) })
+	if d.Stats.Failures.Load() == 0 {
+		t.Fatal("the stalled POST was not counted as a failure")
+	}
+}
+
+func TestBackoffGrowsWithJitter(t *testing.T) {
+	for f := 1; f < 40; f++ {
+		want := min(time.Minute, 100*time.Millisecond<<min(f-1, 31))
+		if f >= 32 {
+			want = time.Minute
+		}
+		if got := backoff(100*time.Millisecond, time.Minute, f); got < want/2 || got > want {
+			t.Fatalf("backoff after %d failures: %v, want within [%v, %v]", f, got, want/2, want)
+		}
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
