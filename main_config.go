@@ -307,8 +307,13 @@ func parse(args []string, c *config, stderr io.Writer, getenv envLookup, readFil
 
 type secretEntry struct{ kv, where string }
 
-// otherEnv are ROOST_ variables that are not settings of serve.
-var otherEnv = map[string]bool{"ROOST_CONFIG": true, "ROOST_APP_SECRETS": true, "ROOST_BENCH_WORKER": true, "ROOST_SECRET": true}
+// otherEnv are ROOST_ variables that are not settings of serve: read by
+// other commands (roost token, roost bench), or knobs of the tests and
+// figure commands, whose nodes inherit the environment.
+var otherEnv = map[string]bool{"ROOST_CONFIG": true, "ROOST_APP_SECRETS": true, "ROOST_SECRET": true, "ROOST_NODE_CPU_QUOTA": true}
+
+// otherEnvPrefixes are families of such variables.
+var otherEnvPrefixes = []string{"ROOST_TEST_", "ROOST_BENCH_", "ROOST_XNODE_", "ROOST_FUZZ_"}
 
 // unknownEnv reports ROOST_ variables that name no setting, as an unknown
 // key of the config file is: a typo must not leave a default in force
@@ -323,7 +328,8 @@ func unknownEnv(environ []string, fs *flag.FlagSet) []error {
 	var errs []error
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "ROOST_") || known[name] || otherEnv[name] || strings.HasPrefix(name, "ROOST_TEST_") {
+		if !strings.HasPrefix(name, "ROOST_") || known[name] || otherEnv[name] ||
+			slices.ContainsFunc(otherEnvPrefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
 			continue
 		}
 		hint := ""
