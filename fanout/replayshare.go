@@ -100,6 +100,15 @@ func (g *ReplayShare) Range(ctx context.Context, key string, after, upto uint64,
 			g.mu.Unlock()
 			return msgs, more, nil
 		}
+		if e != nil && e.lo <= after && after < e.hi {
+			// A caller whose bounds end inside what is kept (a page of a
+			// long, paced catch-up) is served from it, not sent to read
+			// the tail it does not need yet.
+			if msgs, more := e.slice(after, e.hi, b); more {
+				g.mu.Unlock()
+				return msgs, true, nil
+			}
+		}
 		if e != nil && e.pending != nil {
 			f := e.pending
 			if (f.from <= after || e.lo <= after && f.from <= e.hi) && upto <= f.upto {
@@ -135,7 +144,15 @@ func (g *ReplayShare) Range(ctx context.Context, key string, after, upto uint64,
 
 		// up to the newest stored message, not only upto: the rejoins that
 		// follow have seen newer messages committed
-		msgs, more, err := g.store.Range(ctx, key, from, math.MaxUint64, persist.Bounds{Limit: ReplaySharePage})
+		// A caller bounded by bytes (a paced catch-up page) gets a read
+		// bounded by bytes too, at half what a room may keep: a page of
+		// big messages is not read whole for a caller that takes a
+		// fraction of it, and what is read stays to serve the next pages.
+		inner := persist.Bounds{Limit: ReplaySharePage}
+		if b.MaxBytes > 0 {
+			inner.MaxBytes = max(b.MaxBytes, g.maxBytes/2)
+		}
+		msgs, more, err := g.store.Range(ctx, key, from, math.MaxUint64, inner)
 		g.reads.Add(1)
 
 		g.mu.Lock()

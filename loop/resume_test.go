@@ -407,10 +407,15 @@ func TestLongReplayToSlowReader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("160 MB replay")
 	}
-	rs := &resumeStore{name: "memory", keep: 10000}
+	eachStore(t, 10000, testLongReplay)
+}
+
+func testLongReplay(t *testing.T, rs *resumeStore) {
 	n, _ := rs.start(t, nil)
 	const total, size = 10000, 16 << 10
+	t0 := time.Now()
 	fillStore(t, n.store, proto.RoomKey("test", "long"), 1, total, size)
+	t.Logf("%s: stored %d x %d B in %s", rs.name, total, size, time.Since(t0))
 
 	// Bystanders: a member of another room, and its publisher, timing
 	// each round trip while the replay runs.
@@ -461,6 +466,10 @@ func TestLongReplayToSlowReader(t *testing.T) {
 	start := time.Now()
 	for seq := 1; seq <= total; seq++ {
 		h, p := c.next()
+		if h.OpCode == ws.OpPing {
+			seq-- // the node's idle ping: this client only reads
+			continue
+		}
 		if h.OpCode != ws.OpText {
 			t.Fatalf("at seq %d: opcode %v %q", seq, h.OpCode, p)
 		}
@@ -483,7 +492,7 @@ func TestLongReplayToSlowReader(t *testing.T) {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	p50, p99 := ds[len(ds)/2], ds[len(ds)*99/100]
-	t.Logf("replay of %d x %d B took %s; bystander round trips: %d, p50 %s, p99 %s, max %s", total, size, took, len(ds), p50, p99, ds[len(ds)-1])
+	t.Logf("%s: replay of %d x %d B took %s; bystander round trips: %d, p50 %s, p99 %s, max %s", rs.name, total, size, took, len(ds), p50, p99, ds[len(ds)-1])
 	// A loose bound on a shared machine: the point is that the bystander
 	// is never stuck behind the replay (that would be seconds).
 	if ds[len(ds)-1] > time.Second {
