@@ -35,6 +35,10 @@ func TestDecode(t *testing.T) {
 		{`{"op":"pub","room":"lobby","id":"m-1","body":{"text":"hi"}}`, want{op: OpPub, room: "lobby", id: "m-1", body: `{"text":"hi"}`}},
 		{`{"op":"history","room":"lobby","before":58,"limit":50}`, want{op: OpHistory, room: "lobby", before: 58, limit: 50, has: "bl"}},
 		{`{"op":"ping"}`, want{op: OpPing}},
+		{`{"op":"auth","token":"eyJ.eyJ.sig"}`, want{op: OpAuth}},
+		{`{"op":"auth"}`, want{err: ErrMissingTok, op: OpAuth}},
+		{`{"op":"auth","token":"a\u002eb"}`, want{err: ErrBadToken, op: OpAuth}},
+		{`{"op":"auth","token":7}`, want{err: ErrBadToken, op: OpAuth}},
 
 		// Whitespace, key order, duplicates (last wins), unknown fields.
 		{" \t\r\n{ \"room\" : \"a\" , \"op\" : \"leave\" } \n", want{op: OpLeave, room: "a"}},
@@ -188,6 +192,16 @@ func TestDecode(t *testing.T) {
 
 // TestDecodeResets fills every exported field and checks Decode clears
 // them all, so a field added to Command is not left out of reset.
+func TestDecodeAuthToken(t *testing.T) {
+	var cmd Command
+	if err := Decode([]byte(`{"token":"h.p.s","op":"auth"}`), &cmd); err != nil || cmd.Op != OpAuth || string(cmd.Token) != "h.p.s" {
+		t.Fatalf("err %v op %v token %q", err, cmd.Op, cmd.Token)
+	}
+	if err := Decode([]byte(`{"op":"ping"}`), &cmd); err != nil || cmd.Token != nil {
+		t.Fatalf("token not reset: %q", cmd.Token)
+	}
+}
+
 func TestDecodeResets(t *testing.T) {
 	var cmd Command
 	v := reflect.ValueOf(&cmd).Elem()
@@ -321,7 +335,7 @@ func checkDecodeOracle(t *testing.T, in []byte) {
 		// encoding/json keeps the last duplicate too, byte for byte.
 		t.Fatalf("Decode(%q) body %q, encoding/json %q", in, cmd.Body, raw)
 	}
-	for key, got := range map[string][]byte{"room": cmd.Room, "id": cmd.ID, "epoch": cmd.Epoch} {
+	for key, got := range map[string][]byte{"room": cmd.Room, "id": cmd.ID, "epoch": cmd.Epoch, "token": cmd.Token} {
 		if got == nil {
 			continue
 		}
@@ -349,6 +363,7 @@ func TestDecodeAllocs(t *testing.T) {
 		[]byte(`{"op":"pub","room":"r","id":"\u00e9\u00e9","body":[` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `]}`),
 		[]byte(`{"op":"history","room":"r","limit":0}`),
 		[]byte(`{"op":"ping",}`),
+		[]byte(`{"op":"auth","token":"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ1In0.c2ln"}`),
 	}
 	var cmd Command
 	for _, in := range inputs {

@@ -271,3 +271,15 @@ func BenchmarkAppendUpgradeResponse(b *testing.B) {
 		dst = AppendUpgradeResponse(dst[:0], key)
 	}
 }
+
+// Authorization and If-None-Match share a name length: both are read.
+func TestAuthorizationHeader(t *testing.T) {
+	in := "GET /ws?x=1 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nauthorization:  Bearer a.b.c \r\nIf-None-Match: \"e\"\r\n\r\n"
+	var r Request
+	if n, err := ParseRequest([]byte(in), &r); err != nil || n != len(in) || string(r.Authorization) != "Bearer a.b.c" || string(r.IfNoneMatch) != `"e"` {
+		t.Fatalf("n %d err %v Authorization %q If-None-Match %q", n, err, r.Authorization, r.IfNoneMatch)
+	}
+	if _, err := ParseRequest([]byte("GET /ws HTTP/1.1\r\nHost: x\r\n\r\n"), &r); err != nil || r.Authorization != nil {
+		t.Fatalf("absent header: %v %q", err, r.Authorization)
+	}
+}
