@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -276,4 +277,77 @@ func waitFor(t *testing.T, d time.Duration, f func() error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// BenchmarkDelivery: messages committed to one app, delivered to a local
+// receiver that answers 200 at once; reports delivered messages per second
+// and the lag from commit to the receiver's read (p50, p99). "burst"
+// commits b.N messages as fast as it can (throughput); "1000/s" commits
+// them at 1,000 a second, 10 per 10 ms as group commits come (lag).
+func BenchmarkDelivery(b *testing.B) {
+	b.Run("burst", func(b *testing.B) { benchDelivery(b, 0) })
+	b.Run("1000/s", func(b *testing.B) { benchDelivery(b, 1000) })
+}
+
+func benchDelivery(b *testing.B, rate int) {
+	var mu sync.Mutex
+	var lags []time.Duration
+	delivered := 0
+	done := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var p struct {
+			Events []struct {
+				Body struct{ T int64 } `json:"body"`
+			} `json:"events"`
+		}
+		_ = json.Unmarshal(body, &p)
+		now := time.Now().UnixNano()
+		mu.Lock()
+		for _, e := range p.Events {
+			lags = append(lags, time.Duration(now-e.Body.T))
+		}
+		delivered += len(p.Events)
+		if delivered >= b.N {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+		}
+		mu.Unlock()
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	d := New(Defaults())
+	defer d.Close()
+	d.SetApps([]proto.App{app("http://"+ln.Addr().String(), "current-secret-0123456789")})
+	b.ResetTimer()
+	start := time.Now()
+	reqs := make([]*proto.PubRequest, 0, 64)
+	res := make([]proto.PubResult, 0, 64)
+	for i := 1; i <= b.N; i++ {
+		reqs = append(reqs, &proto.PubRequest{Key: "chat/r1", From: "alice", ID: []byte("m"), Body: []byte(fmt.Sprintf(`{"t":%d}`, time.Now().UnixNano()))})
+		res = append(res, proto.PubResult{Seq: uint64(i), TS: time.Now().UnixMilli()})
+		if len(reqs) == cap(reqs) || i == b.N || rate > 0 && len(reqs) == rate/100 {
+			d.Committed(reqs, res)
+			reqs, res = reqs[:0], res[:0]
+			if rate > 0 {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+			}
+		}
+	}
+	<-done
+	el := time.Since(start)
+	b.StopTimer()
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(lags)
+	b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
+	b.ReportMetric(float64(lags[len(lags)/2].Microseconds())/1000, "lag-p50-ms")
+	b.ReportMetric(float64(lags[len(lags)*99/100].Microseconds())/1000, "lag-p99-ms")
 }
