@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// TestFlushSchedule: output after a quiet tick leaves at once, output
-// within a tick waits for it (one writev per connection per tick), and a
-// tick that finds nothing stops the ticking.
+// TestFlushSchedule: output after a pause leaves at once, output within a
+// tick waits for it (one writev per connection per tick), output after one
+// quiet tick still waits, and two quiet ticks in a row stop the ticking.
 func TestFlushSchedule(t *testing.T) {
 	rig := newFanoutRig(t, 3, false)
 	l := rig.l
@@ -34,13 +34,27 @@ func TestFlushSchedule(t *testing.T) {
 		t.Fatalf("frames out %d, want 9", got)
 	}
 	l.tick()
-	if writes() != 6 || l.ticking {
-		t.Fatalf("quiet tick: %d writes, ticking %v; want the loop to stop ticking", writes(), l.ticking)
+	if writes() != 6 || !l.ticking {
+		t.Fatalf("one quiet tick: %d writes, ticking %v; want one more tick", writes(), l.ticking)
 	}
 	rig.next()
 	l.kick()
+	if writes() != 6 {
+		t.Fatalf("output one quiet tick after a write: %d writes; want it held for the tick", writes())
+	}
+	l.tick()
 	if writes() != 9 || !l.ticking {
-		t.Fatalf("after the quiet tick: %d writes; want the frame written at once", writes())
+		t.Fatalf("tick with held output: %d writes, ticking %v", writes(), l.ticking)
+	}
+	l.tick()
+	l.tick()
+	if writes() != 9 || l.ticking {
+		t.Fatalf("two quiet ticks: %d writes, ticking %v; want the loop to stop ticking", writes(), l.ticking)
+	}
+	rig.next()
+	l.kick()
+	if writes() != 12 || !l.ticking {
+		t.Fatalf("after the pause: %d writes; want the frame written at once", writes())
 	}
 }
 
@@ -57,7 +71,8 @@ func TestFlushScheduleAllocationFree(t *testing.T) {
 		rig.next()
 		l.kick() // waits for the tick
 		l.tick() // written, re-armed
-		l.tick() // quiet: stops
+		l.tick() // quiet once: one more tick
+		l.tick() // quiet twice: stops
 	}
 	cycle()
 	if n := testing.AllocsPerRun(20, cycle); n != 0 {
@@ -73,7 +88,7 @@ func TestFirstFramesLeaveAtOnce(t *testing.T) {
 	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
 	alice.send(`{"op":"join","room":"r"}`)
 	alice.expect(map[string]any{"op": "joined", "room": "r"})
-	time.Sleep(2100 * time.Millisecond) // the tick behind the reply finds nothing: quiet
+	time.Sleep(3300 * time.Millisecond) // the two ticks behind the reply find nothing: a pause
 
 	t0 := time.Now()
 	bob.send(`{"op":"pub","room":"r","id":"m-1","body":1}`)
@@ -85,7 +100,9 @@ func TestFirstFramesLeaveAtOnce(t *testing.T) {
 	if first > 500*time.Millisecond {
 		t.Errorf("first message after a pause took %v; want it written at once, not at the 1s tick", first)
 	}
-	if second < 500*time.Millisecond {
+	// The tick after a write made at once is the next grid point at least
+	// a quarter tick away (250 ms here).
+	if second < 200*time.Millisecond {
 		t.Errorf("second message %v after the first; want it held for the tick (one write per connection per tick)", second)
 	}
 }
