@@ -144,7 +144,7 @@ func (l *limitFlags) applyWebhook(a *proto.App) error {
 	if hasURL {
 		w.URL = u
 	}
-	if w.URL == "" {
+	if w.URL == "" && a.ID != "" { // the probe of the flags' values is a zero App
 		return errors.New("the app has no webhook: give --webhook-url URL")
 	}
 	if hasRooms {

@@ -83,6 +83,23 @@ func appCommands(t *testing.T, reg ...string) {
 		t.Fatalf("unknown app: %d %s", code, errs)
 	}
 
+	// The webhook: set, kept across other changes, partly changed, removed.
+	mustRoost(t, with("app", "set", "chat", "--webhook-url", "https://backend.example/hook", "--webhook-rooms", "lobby, team-*", "--webhook-timeout", "2s")...)
+	mustRoost(t, with("app", "set", "chat", "--pub-burst", "9")...)
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--webhook-timeout", "3s")...)), &v); err != nil || v.Webhook == nil ||
+		v.Webhook.URL != "https://backend.example/hook" || strings.Join(v.Webhook.Rooms, ",") != "lobby,team-*" || time.Duration(v.Webhook.Timeout) != 3*time.Second {
+		t.Fatalf("webhook after set: %v %+v", err, v.Webhook)
+	}
+	for _, bad := range [][]string{{"--webhook-url", "ftp://x"}, {"--webhook-timeout", "2m"}, {"--webhook-rooms", "bad room"}} {
+		if code, _, errs := roost(t, with(append([]string{"app", "set", "chat"}, bad...)...)...); code != 1 || !strings.Contains(errs, "webhook") {
+			t.Fatalf("set %v: exit %d %s", bad, code, errs)
+		}
+	}
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--webhook-url", "none")...)), &v); err != nil || v.Webhook != nil {
+		t.Fatalf("webhook after --webhook-url none: %v %+v", err, v.Webhook)
+	}
+
 	rotated := strings.TrimSpace(mustRoost(t, with("app", "rotate", "chat", "--keep-previous", "1h")...))
 	if len(rotated) < 40 || rotated == created.Secret {
 		t.Fatalf("rotate printed %q", rotated)
