@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -427,4 +428,102 @@ func TestWebhooksFromNode(t *testing.T) {
 	if m["roost_webhook_delivered_total"] < total || m["roost_webhook_dropped_total"] != 0 {
 		t.Fatalf("webhook metrics: delivered %v, dropped %v", m["roost_webhook_delivered_total"], m["roost_webhook_dropped_total"])
 	}
+}
+
+// BenchmarkWebhookThroughNode: messages published through the server API
+// of a real node (PostgreSQL store, Redis broker) to one app whose webhook
+// is a local receiver answering 200 at once. It reports the delivered
+// rate and the lag from each message's commit (its ts) to the receiver's
+// read. "max" publishes from 100 concurrent backends as fast as the node
+// commits; "1000/s" paces them at 1,000 a second.
+//
+//	go test -run XXX -bench WebhookThroughNode -benchtime 5000x .
+func BenchmarkWebhookThroughNode(b *testing.B) {
+	b.Run("max", func(b *testing.B) { benchWebhookNode(b, 0) })
+	b.Run("1000/s", func(b *testing.B) { benchWebhookNode(b, 1000) })
+}
+
+func benchWebhookNode(b *testing.B, rate int) {
+	redistest.Require(b)
+	var mu sync.Mutex
+	var lags []float64
+	done := make(chan struct{})
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		now := float64(time.Now().UnixMicro()) / 1000
+		var p struct {
+			Events []struct{ TS int64 } `json:"events"`
+		}
+		_ = json.Unmarshal(body, &p)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range p.Events {
+			lags = append(lags, now-float64(e.TS))
+		}
+		if len(lags) >= b.N {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+		}
+	}))
+	defer recv.Close()
+	e := newEnv(b, redistest.Addr)
+	f := filepath.Join(b.TempDir(), "apps.json")
+	body := fmt.Sprintf(`{"apps":[{"id":%q,"secret":%q,"webhook":{"url":%q}}]}`, testApp, apiSecret, recv.URL)
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(b, false))
+	if _, err := launchNode(b, e, "node0", []string{"--apps", f, "--api", addr, "--api-rate", "0"}); err != nil {
+		b.Fatal(err)
+	}
+	url := "http://" + addr + "/v1/apps/" + testApp + "/rooms/r/messages"
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 100}, Timeout: 10 * time.Second}
+	jobs := make(chan int, 64)
+	var wg sync.WaitGroup
+	for w := 0; w < 100; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				req, _ := http.NewRequest("POST", url, strings.NewReader(fmt.Sprintf(`{"id":"m-%d","from":"bot","body":%d}`, i, i)))
+				req.Header.Set("Authorization", "Bearer "+apiSecret)
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Errorf("publish: %s", resp.Status)
+				}
+			}
+		}()
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		if rate > 0 {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+		}
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		b.Fatalf("delivered %d of %d", len(lags), b.N)
+	}
+	el := time.Since(start)
+	b.StopTimer()
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(lags)
+	b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
+	b.ReportMetric(lags[len(lags)/2], "lag-p50-ms")
+	b.ReportMetric(lags[len(lags)*99/100], "lag-p99-ms")
 }
