@@ -16,8 +16,8 @@ import (
 var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
 	"loop":             {"fanout", "proto"},
-	"api":              {"fanout", "persist", "proto"},
-	"webhook":          {"proto"},
+	"fanout/api":       {"fanout", "persist", "proto"},
+	"fanout/webhook":   {"proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
 	"persist":          {"proto"},
 	"persist/pgtest":   {},

@@ -22,15 +22,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/roost-chat/roost/api"
 	"github.com/roost-chat/roost/bench"
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/api"
+	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
 	"github.com/roost-chat/roost/tuning"
-	"github.com/roost-chat/roost/webhook"
 )
 
 const usage = `roost: a chat node.

@@ -17,12 +17,12 @@ import (
 
 	vm "github.com/VictoriaMetrics/metrics"
 
-	"github.com/roost-chat/roost/api"
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/api"
+	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/pubsub"
-	"github.com/roost-chat/roost/webhook"
 )
 
 // admin is what the admin listener reads: the node's counters and its
