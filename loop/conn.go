@@ -38,6 +38,7 @@ type conn struct {
 	opened   int64       // Unix ms
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
+	skip     int32       // closing: payload bytes of the client's current frame still to discard; -1: discard all
 	ip       netip.Addr  // source address counted against MaxConnsPerIP; zero when not counted
 	fragOp   ws.OpCode
 	state    uint8
@@ -174,12 +175,22 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 		}
 		used += n
 	}
+	peerClosed := false
 	if c.state == stateClosing {
-		// Ignore the rest: the close is under way.
-		used = len(buf)
+		// The close is under way: what the client sends is read and
+		// dropped unprocessed until its close frame (or EOF), so that the
+		// socket is never closed on unread input (the kernel would answer
+		// with a reset and the client lose the close frame).
+		n, pc := c.discardInput(buf[used:])
+		used += n
+		peerClosed = pc
 	}
 	if used > 0 {
 		_, _ = gc.Discard(used)
+	}
+	if peerClosed && !c.closed && gc.OutboundBuffered() == 0 {
+		// The client answered the close: nothing more will come.
+		_ = gc.Close()
 	}
 	if !c.closed {
 		c.l.due[c.pos] = c.dueAt()
@@ -400,6 +411,40 @@ func (c *conn) frame(b []byte) int {
 	return total
 }
 
+// discardInput skips the frames of a closing connection without looking
+// at their payloads, and reports how much of b it used and whether the
+// client's close frame came. A header cut at the end of b stays in gnet's
+// buffer (at most 14 bytes); a payload cut there is counted in c.skip.
+// Input that does not parse as frames, or a frame past MaxFrame, is
+// dropped whole until the client goes or the linger runs out.
+func (c *conn) discardInput(b []byte) (int, bool) {
+	used := 0
+	for used < len(b) {
+		if c.skip < 0 {
+			return len(b), false
+		}
+		if c.skip > 0 {
+			n := min(int(c.skip), len(b)-used)
+			used += n
+			c.skip -= int32(n)
+			continue
+		}
+		h, hn, err := proto.ParseFrameHeader(b[used:])
+		switch {
+		case err != nil || h.Length > int64(c.l.srv.cfg.MaxFrame) || h.Length > math.MaxInt32:
+			c.skip = -1
+			continue
+		case hn == 0:
+			return used, false
+		case h.OpCode == ws.OpClose:
+			return len(b), true
+		}
+		used += hn
+		c.skip = int32(h.Length)
+	}
+	return used, false
+}
+
 // peerClose answers a client's close frame with the same code (RFC 6455 5.5.1).
 func (c *conn) peerClose(p []byte) {
 	switch {
@@ -479,13 +524,18 @@ func (c *conn) sendErr(ref []byte, code proto.Code, msg string) {
 	c.send(a.Keep(proto.AppendErrFrame(a.Space(64+6*len(ref)+2*len(msg)), ref, code, msg)))
 }
 
-// closeWith flushes what is pending, sends a close frame and closes. The
-// close frame goes behind the pending frames so nothing acknowledged to the
-// client is cut off mid-stream (a slow consumer's were dropped before: its
-// close frame follows at most the one frame gnet holds). The socket is
-// closed once the close frame has left, or after lingerMax: closing it at
-// once would throw the frame away with what the kernel had not taken, and
-// the client would see the connection drop (1006) without its retry hint.
+// closeWith flushes what is pending, sends a close frame and starts the
+// closing handshake (RFC 6455 7.1.1). The close frame goes behind the
+// pending frames so nothing acknowledged to the client is cut off
+// mid-stream (a slow consumer's were dropped before: its close frame
+// follows at most the one frame gnet holds). From then on the client's
+// input is read and dropped, never processed (discardInput); once the
+// close frame has left, the write side is shut (FIN after it), and the
+// socket is closed when the client's close frame or EOF arrives, or after
+// lingerMax (lingerClose). Closing at once would throw the frame away:
+// with the client's input unread, or arriving after the close, the kernel
+// answers with a reset, the client's stack discards what it had not read,
+// and the client sees 1006 without its code and retry hint.
 func (c *conn) closeWith(code int, reason []byte) {
 	if c.closed || c.state == stateClosing {
 		return

@@ -28,6 +28,7 @@ const (
 	tDrain                          // drain: one round of Server.Drain
 	tCloseApp                       // app: close the connections of this app (disabled)
 	tDisconnect                     // app, disc: close the connections of one user of the app
+	tLinger                         // the linger timer: close handshakes out of time
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -102,11 +103,16 @@ type loopState struct {
 	conns []*conn // every connection of the loop, for the sweep
 	due   []int64 // due[i]: when conns[i] next needs the sweep (conn.dueAt)
 	// parked: connections whose frames wait for gnet to drain (write);
-	// lingers: closing connections waiting for their close frame to
-	// leave. Both are checked at every tick.
+	// lingers: closing connections in their closing handshake
+	// (lingerClose). Parked ones are checked at every tick, lingering ones
+	// while their close frame is in gnet, and at their deadlines by the
+	// linger timer.
 	parked      []*conn
 	spareParked []*conn
 	lingers     []linger
+	unshut      int // lingers whose close frame is still in gnet (the tick watches them)
+	lingerArmed bool
+	lingerT     *time.Timer
 	cmd         proto.Command
 	keyBuf      []byte
 	scratch     []byte
@@ -134,6 +140,8 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 	l.flushT.Stop()
 	l.sweepT = time.AfterFunc(time.Hour, l.onSweepT)
 	l.sweepT.Stop()
+	l.lingerT = time.AfterFunc(time.Hour, func() { l.push(task{kind: tLinger}) })
+	l.lingerT.Stop()
 	return l
 }
 
@@ -156,6 +164,7 @@ var _ fanout.Loop = (*loopState)(nil)
 func (l *loopState) stopTimers() {
 	l.flushT.Stop()
 	l.sweepT.Stop()
+	l.lingerT.Stop()
 }
 
 // push hands t to the loop, whatever the inbox holds. Any goroutine.
@@ -269,9 +278,9 @@ func (l *loopState) kick() {
 
 // hasTickWork: output is pending, a held gap or a failed tail read is
 // waiting for its window, a replay for its output, or a connection for its
-// transport to drain (parked, lingering).
+// transport to drain (parked, or a close frame still in gnet).
 func (l *loopState) hasTickWork() bool {
-	return l.table.NeedsTick() || len(l.parked) > 0 || len(l.lingers) > 0
+	return l.table.NeedsTick() || len(l.parked) > 0 || l.unshut > 0
 }
 
 // armTick arms the next flush tick. Ticks fall on a fixed grid (multiples
@@ -346,6 +355,10 @@ func (l *loopState) run(t *task) {
 		l.closeApp(t.app)
 	case tDisconnect:
 		l.disconnect(t.app, t.disc)
+	case tLinger:
+		l.lingerArmed = false
+		l.closeLingering()
+		l.armLinger()
 	}
 }
 
@@ -509,45 +522,106 @@ func (l *loopState) unpark() {
 	l.spareParked = ps[:0]
 }
 
-// lingerMax bounds how long a closing connection waits for its close frame
-// to leave before the socket is closed anyway.
+// lingerMax bounds a closing handshake: how long a connection whose close
+// frame was sent waits for it to leave and for the client's answer (its
+// close frame or EOF) before the socket is closed anyway. A browser
+// answers within a round trip; one that does not (gone, or not reading)
+// costs its descriptor this long at most.
 const lingerMax = time.Second
+
+// lingerSlack batches the linger timer: one firing closes every
+// connection due within this much, so a drain round's closes take one
+// wake-up, not one each. Early is harmless: the client had most of
+// lingerMax to answer.
+const lingerSlack = 50 * time.Millisecond
 
 type linger struct {
 	c     *conn
 	until int64 // Unix ms
+	shut  bool  // the close frame has left and the write side is shut
 }
 
-// lingerClose closes c once gnet has handed its close frame to the kernel,
-// or after lingerMax.
+// lingerClose waits for c's closing handshake to finish (closeWith). Its
+// close frame is in gnet or the kernel; once gnet holds nothing more the
+// write side is shut, so a FIN follows the frame. The client's close frame
+// then closes the socket (OnTraffic), as does its EOF (gnet); the linger
+// timer closes what is left at lingerMax. A close frame still in gnet is
+// watched by the flush tick (unshut), the rest only by the linger timer:
+// no goroutine per connection, no tick for a loop that only waits.
 func (l *loopState) lingerClose(c *conn) {
-	if c.gc.OutboundBuffered() == 0 {
-		_ = c.gc.Close()
+	lg := linger{c: c, until: l.now() + lingerMax.Milliseconds()}
+	if !l.shutWrite(&lg) {
+		l.unshut++
+	}
+	if c.closed {
 		return
 	}
-	l.lingers = append(l.lingers, linger{c: c, until: l.now() + lingerMax.Milliseconds()})
+	l.lingers = append(l.lingers, lg)
+	l.armLinger()
 }
 
-// closeLingering closes the lingering connections that are done or out of
-// time.
+// shutWrite shuts the write side of lg's socket once gnet has handed
+// everything to the kernel, and reports whether it is shut.
+func (l *loopState) shutWrite(lg *linger) bool {
+	if lg.shut {
+		return true
+	}
+	gc := lg.c.gc
+	if gc.OutboundBuffered() > 0 {
+		return false
+	}
+	lg.shut = true
+	if fd := gc.Fd(); fd >= 0 {
+		_ = unix.Shutdown(fd, unix.SHUT_WR) // ENOTCONN: the peer is gone already; the close is what is left
+	} else {
+		_ = gc.Close() // no socket (tests' in-memory transport): no handshake to wait for
+	}
+	return true
+}
+
+// armLinger arms the linger timer for the earliest deadline, if it is not
+// armed. Loop only.
+func (l *loopState) armLinger() {
+	if l.lingerArmed || len(l.lingers) == 0 {
+		return
+	}
+	first := l.lingers[0].until
+	for _, lg := range l.lingers[1:] {
+		first = min(first, lg.until)
+	}
+	l.lingerArmed = true
+	l.lingerT.Reset(max(time.Duration(first-l.now())*time.Millisecond, 0) + lingerSlack/2)
+}
+
+// closeLingering shuts the write side of the lingering connections whose
+// close frame has left, and closes those that are out of time. The flush
+// tick calls it while some close frame is still in gnet, the linger timer
+// at the deadlines.
 func (l *loopState) closeLingering() {
 	if len(l.lingers) == 0 {
 		return
 	}
 	now := l.now()
 	keep := l.lingers[:0]
+	unshut := 0
 	for _, lg := range l.lingers {
 		if lg.c.closed {
 			continue
 		}
-		if lg.c.gc.OutboundBuffered() == 0 || now >= lg.until {
+		if now+lingerSlack.Milliseconds() >= lg.until {
 			_ = lg.c.gc.Close()
 			continue
 		}
-		keep = append(keep, lg)
+		if !l.shutWrite(&lg) {
+			unshut++
+		}
+		if !lg.c.closed {
+			keep = append(keep, lg)
+		}
 	}
 	clear(l.lingers[len(keep):])
 	l.lingers = keep
+	l.unshut = unshut
 }
 
 func (l *loopState) retryReason() []byte {

@@ -1,0 +1,232 @@
+package loop
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/proto/prototest"
+)
+
+// publisher dials user and publishes into room without pause until the
+// connection ends; the frames it gets back are read and dropped.
+func publisher(t *testing.T, n *node, user, room string) *prototest.Client {
+	t.Helper()
+	var last atomic.Value
+	c := prototest.DialT(t, "ws://"+n.addr+"/ws?app=test&user="+user, prototest.Options{
+		OnFrame: func(f prototest.Frame) {
+			if f.Op == ws.OpClose {
+				last.Store(f)
+			}
+		},
+	})
+	go func() {
+		body := `{"op":"pub","room":"` + room + `","id":"%d","body":"` + strings.Repeat("x", 200) + `"}`
+		for i := 0; ; i++ {
+			if c.Send(fmt.Sprintf(body, i)) != nil {
+				return
+			}
+		}
+	}()
+	return c
+}
+
+// closedWith waits for c to end and checks that it ended on the node's
+// close frame with code and a reason starting with prefix, not on a reset.
+func closedWith(t *testing.T, c *prototest.Client, code int, prefix string) {
+	t.Helper()
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("connection not closed within 5s")
+	}
+	got := c.CloseCodes()
+	if len(got) != 1 || got[0] != code {
+		t.Fatalf("close codes %v, want [%d]; the connection ended with: %v", got, code, c.Err())
+	}
+	if want := fmt.Sprintf("closed by server with %d %q", code, prefix); !strings.HasPrefix(c.Err().Error(), want[:len(want)-1]) {
+		t.Fatalf("ended with %v, want %s...", c.Err(), want[:len(want)-1])
+	}
+}
+
+// startNodes starts k one-loop nodes at once (a node's start takes a
+// while on a busy machine, and a drain ends a node).
+func startNodes(t *testing.T, k int) []*node {
+	t.Helper()
+	ns := make([]*node, k)
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	for i := range ns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := testConfig()
+			cfg.Loops = 1
+			store := persist.NewMemory(1000)
+			fan, err := fanout.New(cfg.Config, fanout.Parts{Store: store, Log: testLogger()})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			srv, err := New(cfg, fan, testLogger(), Histograms{})
+			if err == nil {
+				err = srv.Start()
+			}
+			if err != nil {
+				_ = fan.Close()
+				errs[i] = err
+				return
+			}
+			ns[i] = &node{srv: srv, fan: fan, store: store, addr: srv.Addr()}
+		}()
+	}
+	wg.Wait()
+	for _, n := range ns {
+		if n == nil {
+			continue
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			n.fan.ClosePublishes()
+			_ = n.srv.Stop(ctx)
+			_ = n.fan.Close()
+		})
+	}
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ns
+}
+
+// TestDrainWhilePublishing: a client whose publishes are still arriving
+// when the node drains it gets the 1001 close frame and its retry hint,
+// every time, not a reset (1006) that throws the frame away: 50 clients,
+// five on each of ten nodes, all publishing without pause into the drain.
+func TestDrainWhilePublishing(t *testing.T) {
+	const nodes, each = 10, 5
+	for _, n := range startNodes(t, nodes) {
+		cs := make([]*prototest.Client, each)
+		for i := range cs {
+			cs[i] = publisher(t, n, fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i%2))
+		}
+		// the publishes are flowing before the drain
+		prototest.WaitFor(t, 5*time.Second, func() error {
+			if got := n.srv.Stats.Publishes.Load(); got < 100*each {
+				return fmt.Errorf("%d publishes", got)
+			}
+			return nil
+		})
+		n.srv.Drain(proto.CloseGoingAway, 10*time.Millisecond)
+		for _, c := range cs {
+			closedWith(t, c, proto.CloseGoingAway, "retry=")
+		}
+	}
+}
+
+// TestDisconnectWhilePublishing: the same for a 1008 close of one user,
+// and a bystander in the same room keeps publishing and getting acks.
+func TestDisconnectWhilePublishing(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.Loops = 1 })
+	by := n.dial(t, "bob")
+	for i := 0; i < 50; i++ {
+		c := publisher(t, n, "alice", "r")
+		prototest.WaitFor(t, 5*time.Second, func() error {
+			if n.srv.Stats.Publishes.Load() < uint64(100*(i+1)) {
+				return fmt.Errorf("%d publishes", n.srv.Stats.Publishes.Load())
+			}
+			return nil
+		})
+		if got := n.srv.Disconnect("test", "alice", 5*time.Second); got != 1 {
+			t.Fatalf("disconnected %d, want 1", got)
+		}
+		closedWith(t, c, proto.ClosePolicy, "disconnected")
+		id := fmt.Sprintf("b%d", i)
+		by.send(`{"op":"pub","room":"q","id":"` + id + `","body":1}`)
+		by.expect(map[string]any{"op": "ack", "id": id})
+	}
+}
+
+// TestCloseAnsweredPromptly: a client that sends nothing but answers the
+// close is gone as soon as its answer arrives, not after the linger.
+func TestCloseAnsweredPromptly(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.Loops = 1 })
+	c := prototest.DialT(t, "ws://"+n.addr+"/ws?app=test&user=alice", prototest.Options{})
+	prototest.WaitFor(t, 5*time.Second, func() error {
+		if n.srv.Stats.Conns.Load() != 1 {
+			return fmt.Errorf("%d connections", n.srv.Stats.Conns.Load())
+		}
+		return nil
+	})
+	start := time.Now()
+	n.srv.Disconnect("test", "alice", 5*time.Second)
+	<-c.Done()
+	prototest.WaitFor(t, 5*time.Second, func() error {
+		if n.srv.Stats.Conns.Load() != 0 {
+			return fmt.Errorf("%d connections", n.srv.Stats.Conns.Load())
+		}
+		return nil
+	})
+	if d := time.Since(start); d >= lingerMax {
+		t.Fatalf("closed after %v: the node waited out its linger for a client that answered", d)
+	}
+	closedWithCodes(t, c, proto.ClosePolicy)
+}
+
+func closedWithCodes(t *testing.T, c *prototest.Client, code int) {
+	t.Helper()
+	if got := c.CloseCodes(); len(got) != 1 || got[0] != code {
+		t.Fatalf("close codes %v, want [%d] (%v)", got, code, c.Err())
+	}
+}
+
+// TestCloseSilentClient: a client that never reads nor answers is closed
+// once the linger runs out, and its close frame was there to read.
+func TestCloseSilentClient(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.Loops = 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, br, _, err := ws.Dial(ctx, "ws://"+n.addr+"/ws?app=test&user=alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	prototest.WaitFor(t, 5*time.Second, func() error {
+		if n.srv.Stats.Conns.Load() != 1 {
+			return fmt.Errorf("%d connections", n.srv.Stats.Conns.Load())
+		}
+		return nil
+	})
+	start := time.Now()
+	n.srv.Disconnect("test", "alice", 5*time.Second)
+	prototest.WaitFor(t, 5*time.Second, func() error {
+		if n.srv.Stats.Conns.Load() != 0 {
+			return fmt.Errorf("%d connections", n.srv.Stats.Conns.Load())
+		}
+		return nil
+	})
+	if d := time.Since(start); d > lingerMax+500*time.Millisecond {
+		t.Fatalf("closed after %v, linger is %v", d, lingerMax)
+	}
+	var rd net.Conn = conn
+	if br != nil {
+		_ = br // the upgrade read nothing past the head
+	}
+	_ = rd.SetReadDeadline(time.Now().Add(2 * time.Second))
+	h, err := ws.ReadHeader(rd)
+	if err != nil || h.OpCode != ws.OpClose {
+		t.Fatalf("read %v %v, want the close frame", h, err)
+	}
+}
