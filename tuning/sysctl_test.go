@@ -110,7 +110,7 @@ func TestCheckDialer(t *testing.T) {
 			t.Fatalf("%s %d/%d: got %+v; want recommended %q low %v why ~%q", root, conns, dests, p, wantRec, wantLow, wantWhy)
 		}
 	}
-	// The design documents' wall: 84,000 connections through one LB address
+	// The LB wall of docs/tuning.md: 84,000 connections through one LB address
 	// to 3 nodes is 28,000 per node, right at the default range's 28,232.
 	f("testdata/sysctl/low", 84000, 3, "10240 65535", false, "28232 ports for 28000 connections")
 	f("testdata/sysctl/low", 90000, 3, "10240 65535", true, "28232 ports for 30000 connections")
