@@ -91,18 +91,24 @@ func startNodes(t *testing.T, k int) []*node {
 		}()
 	}
 	wg.Wait()
-	for _, n := range ns {
-		if n == nil {
-			continue
+	t.Cleanup(func() { // at once too: a stop takes a while as well
+		var wg sync.WaitGroup
+		for _, n := range ns {
+			if n == nil {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				n.fan.ClosePublishes()
+				_ = n.srv.Stop(ctx)
+				_ = n.fan.Close()
+			}()
 		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			n.fan.ClosePublishes()
-			_ = n.srv.Stop(ctx)
-			_ = n.fan.Close()
-		})
-	}
+		wg.Wait()
+	})
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
@@ -136,27 +142,71 @@ func TestDrainWhilePublishing(t *testing.T) {
 	}
 }
 
-// TestDisconnectWhilePublishing: the same for a 1008 close of one user,
-// and a bystander in the same room keeps publishing and getting acks.
+// TestDisconnectWhilePublishing: the same for a 1008 close of one user
+// (three connections, all publishing), fifty times on one node; a
+// bystander in the same room keeps publishing and getting acks.
 func TestDisconnectWhilePublishing(t *testing.T) {
+	const each = 3
 	n := startNode(t, func(c *Config) { c.Loops = 1 })
-	by := n.dial(t, "bob")
+	// bob is on the same loop, in a room of his own (in theirs he would be
+	// a slow consumer of three unpaced publishers)
+	acks := make(chan string, 64)
+	var msgs atomic.Int64
+	by := prototest.DialT(t, "ws://"+n.addr+"/ws?app=test&user=bob", prototest.Options{
+		OnFrame: func(f prototest.Frame) {
+			switch m := f.Map(); m["op"] {
+			case "msg":
+				msgs.Add(1)
+			case "ack", "joined":
+				acks <- fmt.Sprint(m["id"], m["room"])
+			}
+		},
+	})
+	if err := by.Send(`{"op":"join","room":"q"}`); err != nil {
+		t.Fatal(err)
+	}
+	bobGets := func(want string) {
+		t.Helper()
+		select {
+		case got := <-acks:
+			if got != want {
+				t.Fatalf("bob got %s, want %s", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("bob got no %s within 5s (%v)", want, by.Err())
+		}
+	}
+	bobGets("<nil>q")
 	for i := 0; i < 50; i++ {
-		c := publisher(t, n, "alice", "r")
+		cs := make([]*prototest.Client, each)
+		for j := range cs {
+			cs[j] = publisher(t, n, "alice", "r0")
+		}
+		from := n.srv.Stats.Publishes.Load()
 		prototest.WaitFor(t, 5*time.Second, func() error {
-			if n.srv.Stats.Publishes.Load() < uint64(100*(i+1)) {
-				return fmt.Errorf("%d publishes", n.srv.Stats.Publishes.Load())
+			if got := n.srv.Stats.Publishes.Load() - from; got < 100*each {
+				return fmt.Errorf("%d publishes", got)
 			}
 			return nil
 		})
-		if got := n.srv.Disconnect("test", "alice", 5*time.Second); got != 1 {
-			t.Fatalf("disconnected %d, want 1", got)
+		if got := n.srv.Disconnect("test", "alice", 5*time.Second); got != each {
+			t.Fatalf("disconnected %d, want %d", got, each)
 		}
-		closedWith(t, c, proto.ClosePolicy, "disconnected")
+		for _, c := range cs {
+			closedWith(t, c, proto.ClosePolicy, "disconnected")
+		}
 		id := fmt.Sprintf("b%d", i)
-		by.send(`{"op":"pub","room":"q","id":"` + id + `","body":1}`)
-		by.expect(map[string]any{"op": "ack", "id": id})
+		if err := by.Send(`{"op":"pub","room":"q","id":"` + id + `","body":1}`); err != nil {
+			t.Fatal(err)
+		}
+		bobGets(id + "q")
 	}
+	prototest.WaitFor(t, 5*time.Second, func() error {
+		if by.Dead() || msgs.Load() != 50 {
+			return fmt.Errorf("bob: %d of his 50 messages, ended: %v", msgs.Load(), by.Err())
+		}
+		return nil
+	})
 }
 
 // TestCloseAnsweredPromptly: a client that sends nothing but answers the
