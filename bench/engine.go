@@ -703,9 +703,10 @@ func (l *loop) rejoined(c *conn) {
 // pubFailed handles an err answering one of c's publishes: one the node
 // could not take now (overloaded, internal: its database went away) is
 // sent again with the same id after a short jittered wait, as a client
-// would; others are counted and given up.
+// would, so that the run's verdict is about what was lost, not refused
+// for now (the refusals are counted by code); others are given up.
 func (l *loop) pubFailed(c *conn, f *proto.ServerFrame) {
-	if !c.spec.publish || l.e.reconnect == reconnectOff {
+	if !c.spec.publish {
 		return
 	}
 	switch string(f.Code) {

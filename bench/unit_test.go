@@ -756,3 +756,29 @@ func TestRejoinRecoveredFalse(t *testing.T) {
 		t.Fatalf("resent %s: %v", payload, err)
 	}
 }
+
+// A publish answered err overloaded is sent again with its id after a
+// short wait, with or without --reconnect: a client retries what the
+// node refused for now.
+func TestOverloadedPublishSentAgain(t *testing.T) {
+	l, c := testLoop(t)
+	now := time.Now().UnixNano()
+	l.appendPub(c, now)
+	c.out = c.out[:0]
+	l.frames(c, appendServerText(nil, []byte(`{"op":"err","ref":"1","code":"overloaded","message":"busy"}`)), now)
+	if l.st.Errors["overloaded"] != 1 || len(l.resendq) != 1 {
+		t.Fatalf("errors %v resend queue %d", l.st.Errors, len(l.resendq))
+	}
+	l.resendDue(now) // too early
+	if len(c.out) != 0 {
+		t.Fatal("sent again at once")
+	}
+	l.resendDue(now + int64(time.Second))
+	if l.st.Resent != 1 || len(c.out) == 0 || !c.inflight[1].resent {
+		t.Fatalf("resent %d, %d bytes out", l.st.Resent, len(c.out))
+	}
+	l.frames(c, appendServerText(nil, []byte(`{"op":"ack","id":"1","room":"r0","seq":1}`)), now+int64(2*time.Second))
+	if l.st.Acked != 1 {
+		t.Fatalf("acked %d", l.st.Acked)
+	}
+}
