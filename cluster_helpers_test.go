@@ -82,6 +82,18 @@ func roostBinary(t testing.TB) string {
 	return binPath
 }
 
+// nodeEnv is this process's environment without ROOST_* and the URLs a
+// node reads from it: only the flags a test gives may configure its node.
+func nodeEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ROOST_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // syncBuffer collects a node's log while it runs.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -187,13 +199,7 @@ func launchNode(t testing.TB, e *env, name string, extra []string) (*roostNode, 
 			// quota and CPU set from its first instruction.
 			cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && c=$1 b=$2 && shift 2 && exec taskset -c "$c" "$b" "$@"`, cg.dir, cg.cpu, bin}, args...)...)
 		}
-		// The node reads ROOST_* and the URLs from its environment: only
-		// the flags above may configure it.
-		for _, kv := range os.Environ() {
-			if !strings.HasPrefix(kv, "ROOST_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
-				cmd.Env = append(cmd.Env, kv)
-			}
-		}
+		cmd.Env = nodeEnv()
 		cmd.Stdout, cmd.Stderr = lf, lf
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {

@@ -37,6 +37,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	logs := &syncBuffer{}
 	cmd := exec.Command(bin, "serve", "--insecure", "--listen", addr, "--admin", admin, "--api", "off", "--database-url", dbURL, "--migrate",
 		"--loops", "2", "--drain", window.String(), "--flush", "1ms", "--log-format", "json")
+	cmd.Env = nodeEnv()
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

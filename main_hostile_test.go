@@ -64,11 +64,7 @@ func startPlain(t *testing.T, n *roostNode, bin string, nofile int, noWait bool,
 		// node's from its first instruction, as under systemd's LimitNOFILE.
 		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$1" && shift && exec "$0" "$@"`, bin, strconv.Itoa(nofile)}, args...)...)
 	}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ROOST_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	cmd.Env = nodeEnv()
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

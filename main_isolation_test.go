@@ -64,6 +64,7 @@ func TestAppIsolation(t *testing.T) {
 	addr := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t, false))
 	admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t, false))
 	cmd := exec.Command(roostBinary(t), "serve", "--apps", f, "--listen", addr, "--admin", admin, "--api", "off", "--log-level", "error")
+	cmd.Env = nodeEnv()
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
