@@ -280,3 +280,54 @@ func TestCloseSilentClient(t *testing.T) {
 		t.Fatalf("read %v %v, want the close frame", h, err)
 	}
 }
+
+// TestDiscardInput feeds a closing connection's input in reads of every
+// size from 1 byte up: the frames before the client's close frame are
+// skipped whatever the cuts (a header cut stays buffered, a payload cut is
+// counted), the close frame is found as soon as its header is complete,
+// and input that is not frames (or a frame past the limit) is dropped
+// whole without a close ever being seen in it.
+func TestDiscardInput(t *testing.T) {
+	var stream []byte
+	for _, n := range []int{0, 3, 125, 126, 300, 65535, 65536, 70000} {
+		stream = append(stream, clientFrame(ws.OpText, true, []byte(strings.Repeat("x", n)))...)
+	}
+	stream = append(stream, clientFrame(ws.OpPing, true, []byte("p"))...)
+	closeAt := len(stream)
+	stream = append(stream, clientFrame(ws.OpClose, true, []byte{0x03, 0xe8})...)
+	newConn := func() *conn {
+		return &conn{l: &loopState{srv: &Server{cfg: Config{MaxFrame: 1 << 20}}}, state: stateClosing}
+	}
+	for _, step := range []int{1, 2, 7, 13, 100, 4096, 65536, len(stream)} {
+		c := newConn()
+		var held []byte // what gnet keeps of earlier reads
+		fed, closed := 0, false
+		for fed < len(stream) && !closed {
+			k := min(step, len(stream)-fed)
+			held = append(held, stream[fed:fed+k]...)
+			fed += k
+			used, pc := c.discardInput(held)
+			if len(held)-used > 14 {
+				t.Fatalf("step %d: %d bytes held, want at most a header", step, len(held)-used)
+			}
+			held = held[used:]
+			closed = pc
+		}
+		if !closed {
+			t.Fatalf("step %d: close frame not seen", step)
+		}
+		if fed < closeAt+6 { // a masked close frame's header is 6 bytes
+			t.Fatalf("step %d: close seen after %d bytes, before its header (%d..%d)", step, fed, closeAt, closeAt+6)
+		}
+	}
+	for _, junk := range [][]byte{
+		[]byte("GET / HTTP/1.1\r\n\r\n" + string(clientFrame(ws.OpClose, true, nil))),
+		append(clientFrame(ws.OpText, true, make([]byte, 2<<20)), clientFrame(ws.OpClose, true, nil)...),
+	} {
+		c := newConn()
+		used, pc := c.discardInput(junk)
+		if pc || used != len(junk) || c.skip != -1 {
+			t.Fatalf("junk: used %d of %d, close %v, skip %d", used, len(junk), pc, c.skip)
+		}
+	}
+}
