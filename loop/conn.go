@@ -20,7 +20,7 @@ import (
 const (
 	stateUpgrading uint8 = iota
 	stateOpen
-	stateClosing // a close frame is on its way; input is ignored
+	stateClosing // a close frame is on its way; input is read and dropped (discardInput)
 )
 
 // conn is one client connection. Loop only. Kept small: an idle joined
@@ -233,7 +233,7 @@ func (c *conn) dueAt() int64 {
 		}
 		return d
 	default:
-		return math.MaxInt64 // closing: gnet ends it
+		return math.MaxInt64 // closing: the client's answer, its EOF or the linger timer ends it
 	}
 }
 
