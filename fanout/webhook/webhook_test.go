@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/proto/prototest"
 )
 
 // receiver is a real HTTP server that checks every POST's signatures and
@@ -166,7 +167,7 @@ func TestBurstDeliveredInOrderSigned(t *testing.T) {
 	start := time.Now()
 	commit(d, rooms, 10_000/len(rooms)+1)
 	n := uint64(10_000/len(rooms) + 1)
-	waitFor(t, 20*time.Second, func() error { return rc.check(rooms, n) })
+	prototest.WaitFor(t, 20*time.Second, func() error { return rc.check(rooms, n) })
 	took := time.Since(start)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
@@ -216,7 +217,7 @@ func TestReceiverDownThenBack(t *testing.T) {
 	srv := &http.Server{Handler: rc}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
-	waitFor(t, 10*time.Second, func() error { return rc.check([]string{"r"}, 500) })
+	prototest.WaitFor(t, 10*time.Second, func() error { return rc.check([]string{"r"}, 500) })
 }
 
 // TestSlowReceiverTimesOut: a receiver slower than the webhook's timeout
@@ -246,7 +247,7 @@ func TestSlowReceiverTimesOut(t *testing.T) {
 	a.Webhook.Timeout = proto.Duration(300 * time.Millisecond)
 	d.SetApps([]proto.App{a})
 	commit(d, []string{"r"}, 20)
-	waitFor(t, 10*time.Second, func() error { return rc.check([]string{"r"}, 20) })
+	prototest.WaitFor(t, 10*time.Second, func() error { return rc.check([]string{"r"}, 20) })
 	if d.Stats.Failures.Load() == 0 {
 		t.Fatal("the stalled POST was not counted as a failure")
 	}
@@ -261,21 +262,6 @@ func TestBackoffGrowsWithJitter(t *testing.T) {
 		if got := backoff(100*time.Millisecond, time.Minute, f); got < want/2 || got > want {
 			t.Fatalf("backoff after %d failures: %v, want within [%v, %v]", f, got, want/2, want)
 		}
-	}
-}
-
-func waitFor(t *testing.T, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
