@@ -64,7 +64,7 @@ export interface RoomOptions<Body = unknown> {
   onMessage?(msg: Message<Body>): void;
   /** The node said recovered:false: messages were lost to this client; reload the view. */
   onReset?(info: ResetInfo): void;
-  /** Subscribe to presence changes of the room. */
+  /** Subscribe to presence changes of the room (not served by roost nodes yet). */
   presence?: boolean;
   onPresence?(diff: PresenceDiff): void;
   /** Each join's answer. */
@@ -98,6 +98,7 @@ export declare class Room<Body = unknown> {
   /** Resolves once the node has stored the message; rejects with a RoostError. */
   publish(body: Body, opts?: PublishOptions): Promise<Ack>;
   history(opts?: { before?: number; limit?: number }): Promise<{ room: string; messages: Message<Body>[]; more?: boolean }>;
+  /** Not served by roost nodes yet: rejects with bad_request. */
   presence(): Promise<{ room: string; count: number; users: string[]; more?: boolean }>;
   leave(): void;
 }
@@ -129,7 +130,7 @@ export interface RoostOptions {
   storage?: PositionStorage | null;
   /** Scope of the stored positions; default node URL + app + user. */
   storageKey?: string;
-  /** Allow the listen-only Server-Sent Events fallback when WebSocket cannot be opened. */
+  /** Allow the listen-only Server-Sent Events fallback when WebSocket cannot be opened (roost nodes do not serve /sse yet). */
   sse?: boolean;
   /** false: do not connect until connect() is called. */
   connect?: boolean;
