@@ -134,6 +134,7 @@ type conn struct {
 	// publisher state
 	resendIDs []uint64
 	resendAt  int64
+	refusals  int // refusals in a row: the wait before sending again doubles with each
 	tokens    float64
 	lastFill  int64
 	nextID    uint64
@@ -720,7 +721,11 @@ func (l *loop) pubFailed(c *conn, f *proto.ServerFrame) {
 	}
 	c.resendIDs = append(c.resendIDs, id)
 	if c.resendAt == 0 {
-		c.resendAt = time.Now().UnixNano() + int64(100*time.Millisecond) + int64(l.rand()%uint64(200*time.Millisecond))
+		// 100-300 ms, doubling with each refusal in a row up to 6.4-19.2 s:
+		// an overloaded node is not hammered by its own refusals
+		c.refusals = min(c.refusals+1, 7)
+		base := int64(100*time.Millisecond) << (c.refusals - 1)
+		c.resendAt = time.Now().UnixNano() + base + int64(l.rand()%uint64(2*base))
 		l.resendq = append(l.resendq, c)
 	}
 }
@@ -1088,6 +1093,7 @@ func (l *loop) onFrame(c *conn, f *proto.ServerFrame, payload []byte, now int64)
 			return
 		}
 		s.id = 0
+		c.refusals = 0
 		if l.inWindow(s.t) {
 			l.st.Acked++
 			l.winAcked++
