@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"path"
+	"strconv"
 	"strings"
 )
 
@@ -124,11 +125,11 @@ func WriteSystemd(w io.Writer, o UnitOptions) error {
 		procs := GoMaxProcs(o.VCPU, 0)
 		stall := quotaPeriodMS * (1 - o.VCPU/float64(procs))
 		if stall >= 0.05 {
-			writeComment(bw, fmt.Sprintf("%s vCPU; roost reads the quota and sets GOMAXPROCS=%d itself. The %d ms period bounds a throttling stall to about %.1f ms (the default 100 ms period: %.0f ms).",
-				fmtCores(o.VCPU), procs, quotaPeriodMS, stall, stall*100/quotaPeriodMS))
+			writeComment(bw, fmt.Sprintf("%s vCPU; roost reads the quota and runs %s itself (GOMAXPROCS=%d: one more P for Go's netpoller, idle nearly always). The %d ms period bounds a throttling stall to about %.1f ms (the default 100 ms period: %.0f ms).",
+				fmtCores(o.VCPU), loopsText(procs), procs+1, quotaPeriodMS, stall, stall*100/quotaPeriodMS))
 		} else {
-			writeComment(bw, fmt.Sprintf("%s vCPU; roost reads the quota and sets GOMAXPROCS=%d itself, so Go rarely exceeds the quota; the %d ms period keeps a stall short when it does (the default period is 100 ms).",
-				fmtCores(o.VCPU), procs, quotaPeriodMS))
+			writeComment(bw, fmt.Sprintf("%s vCPU; roost reads the quota and runs %s itself (GOMAXPROCS=%d: one more P for Go's netpoller, idle nearly always), so Go rarely exceeds the quota; the %d ms period keeps a stall short when it does (the default period is 100 ms).",
+				fmtCores(o.VCPU), loopsText(procs), procs+1, quotaPeriodMS))
 		}
 		fmt.Fprintf(bw, "CPUQuota=%s%%\n", fmtCores(o.VCPU*100))
 		fmt.Fprintf(bw, "CPUQuotaPeriodSec=%dms\n", quotaPeriodMS)
@@ -153,4 +154,12 @@ func fmtCores(v float64) string {
 	s := fmt.Sprintf("%.2f", v)
 	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
 	return s
+}
+
+// loopsText is "1 event loop" or "N event loops".
+func loopsText(n int) string {
+	if n == 1 {
+		return "1 event loop"
+	}
+	return strconv.Itoa(n) + " event loops"
 }
