@@ -93,7 +93,7 @@ func TestWriteSysctl(t *testing.T) {
 
 func TestWriteSystemd(t *testing.T) {
 	var buf bytes.Buffer
-	err := WriteSystemd(&buf, UnitOptions{Exec: "/usr/local/bin/roost", Args: "serve --listen :8080", VCPU: 0.5, Memory: 512 << 20, Connections: 100000})
+	err := WriteSystemd(&buf, UnitOptions{Exec: "/usr/local/bin/roost", Args: "serve", VCPU: 0.5, Memory: 512 << 20, Connections: 100000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestWriteSystemd(t *testing.T) {
 		"User=roost",
 		"DynamicUser=yes",
 		"StateDirectory=roost",
-		"ExecStart=/usr/local/bin/roost serve --listen :8080",
+		"ExecStart=/usr/local/bin/roost serve",
 		"LimitNOFILE=111616",
 		"CPUQuota=50%",
 		"CPUQuotaPeriodSec=10ms",

@@ -20,8 +20,7 @@ cap a node holding --connections connections, with what to change and why.
 With --emit it writes a ready file to stdout instead:
 
   roost tune --emit sysctl > /etc/sysctl.d/60-roost.conf && sysctl --system
-  roost tune --emit systemd --vcpu 0.5 --memory 512MiB \
-      --args "serve --listen :8080" > /etc/systemd/system/roost.service
+  roost tune --emit systemd --vcpu 0.5 --memory 512MiB > /etc/systemd/system/roost.service
 
 Flags:
 `
