@@ -1022,13 +1022,6 @@ func (l *loop) text(c *conn, payload []byte, now int64, f *proto.ServerFrame) {
 		return
 	}
 	if err := proto.DecodeServer(payload, f); err != nil {
-		// a joined with recovered:false carries "from" as a seq, which the
-		// generic decoder holds as a msg's sender and refuses as a number
-		if seq, ok := joinedSeq(payload); ok {
-			*f = proto.ServerFrame{Op: []byte("joined"), Seq: seq}
-			l.onFrame(c, f, payload, now)
-			return
-		}
 		l.st.Errors["undecodable"]++
 		l.nerr++
 		return

@@ -213,24 +213,3 @@ func retryHint(reason []byte) int64 {
 	}
 	return int64(v) * 1e6
 }
-
-// joinedSeq reads the seq of a joined frame the generic decoder refused
-// (see text); ok is false for anything else.
-func joinedSeq(p []byte) (uint64, bool) {
-	if !bytes.HasPrefix(p, []byte(`{"op":"joined",`)) {
-		return 0, false
-	}
-	i := bytes.Index(p, []byte(`"seq":`))
-	if i < 0 {
-		return 0, false
-	}
-	rest := p[i+len(`"seq":`):]
-	j := 0
-	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
-		j++
-	}
-	if j == 0 {
-		return 0, false
-	}
-	return parseUint(rest[:j])
-}

@@ -15,10 +15,14 @@ var ErrServerFrame = errors.New("proto: server frame field has the wrong type")
 // escapes '"', '\\', control characters and invalid UTF-8, so they equal
 // the value unless it held one of those; use AppendUnescaped when it may.
 // Body and Messages are the raw JSON values. All alias the payload.
+//
+// `from` has two meanings on the wire: the sender of a msg (a string), and
+// on a joined frame answered recovered:false the first seq that follows (a
+// number). The first goes to From, the second to FromSeq.
 type ServerFrame struct {
-	Op, Room, ID, From, Code, Ref, Message, Body, Messages []byte
-	Seq                                                    uint64
-	TS                                                     int64
+	Op, Room, ID, From, Code, Ref, Message, Body, Messages, Epoch []byte
+	Seq, FromSeq                                                  uint64
+	TS                                                            int64
 }
 
 // DecodeServer parses a server frame payload into f (reset first). It
@@ -42,8 +46,14 @@ func DecodeServer(payload []byte, f *ServerFrame) error {
 			return ErrMalformed
 		}
 		v := b[vs:i]
-		switch fl := keyField(b[ks:ke], kesc); fl {
-		case fieldOp, fieldRoom, fieldID, fieldFrom, fieldCode, fieldRef, fieldMessage:
+		fl := keyField(b[ks:ke], kesc)
+		if fl == fieldFrom && v[0] != '"' {
+			f.FromSeq, ok = parseUint(v)
+			bad = bad || !ok
+			fl = fieldUnknown
+		}
+		switch fl {
+		case fieldOp, fieldRoom, fieldID, fieldFrom, fieldCode, fieldRef, fieldMessage, fieldEpoch:
 			var s []byte
 			if v[0] == '"' {
 				s = v[1 : len(v)-1]
@@ -63,6 +73,8 @@ func DecodeServer(payload []byte, f *ServerFrame) error {
 				f.Code = s
 			case fieldRef:
 				f.Ref = s
+			case fieldEpoch:
+				f.Epoch = s
 			default:
 				f.Message = s
 			}

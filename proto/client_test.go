@@ -14,6 +14,11 @@ func TestDecodeServer(t *testing.T) {
 		want ServerFrame
 	}{
 		{`{"op":"joined","room":"lobby","seq":57}`, nil, ServerFrame{Op: b("joined"), Room: b("lobby"), Seq: 57}},
+		{`{"op":"joined","room":"lobby","seq":57,"epoch":"e1","recovered":false,"from":3}`, nil,
+			ServerFrame{Op: b("joined"), Room: b("lobby"), Seq: 57, Epoch: b("e1"), FromSeq: 3}},
+		{`{"op":"joined","room":"lobby","seq":57,"epoch":"e1","recovered":true}`, nil, ServerFrame{Op: b("joined"), Room: b("lobby"), Seq: 57, Epoch: b("e1")}},
+		{`{"from":-3}`, ErrServerFrame, ServerFrame{}},
+		{`{"from":null}`, ErrServerFrame, ServerFrame{}},
 		{`{"op":"ack","id":"m-1","room":"lobby","seq":58}`, nil, ServerFrame{Op: b("ack"), ID: b("m-1"), Room: b("lobby"), Seq: 58}},
 		{`{"op":"err","ref":"m-1","code":"rate_limited","message":"a\"b"}`, nil, ServerFrame{Op: b("err"), Ref: b("m-1"), Code: b("rate_limited"), Message: b(`a\"b`)}},
 		{`{"op":"msg","room":"lobby","seq":58,"id":"m-1","from":"alice","ts":1764484800123,"body":{"x":[1e0]}}`, nil,
@@ -48,7 +53,7 @@ func sameFrame(x, y ServerFrame) bool {
 	eq := bytes.Equal
 	return eq(x.Op, y.Op) && eq(x.Room, y.Room) && eq(x.ID, y.ID) && eq(x.From, y.From) && eq(x.Code, y.Code) &&
 		eq(x.Ref, y.Ref) && eq(x.Message, y.Message) && eq(x.Body, y.Body) && eq(x.Messages, y.Messages) &&
-		x.Seq == y.Seq && x.TS == y.TS
+		eq(x.Epoch, y.Epoch) && x.Seq == y.Seq && x.FromSeq == y.FromSeq && x.TS == y.TS
 }
 
 func TestAppendUnescaped(t *testing.T) {
