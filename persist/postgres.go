@@ -156,33 +156,78 @@ func (p *Postgres) cacheRoom(key string, id int64) {
 }
 
 // ensureRooms creates the apps and rooms of keys (all distinct, none
-// cached) in one statement and caches their ids. Slow path: once per room
-// per process. With MaxAppRooms, a new room of an app that has that many
-// already is not made, and its key stays uncached (the caller answers
-// proto.ErrRoomLimit); see boundRooms.
+// cached) and caches their ids. Slow path: once per room per process. With
+// MaxAppRooms, a new room of an app that has that many already is not
+// made, and its key stays uncached (the caller answers proto.ErrRoomLimit);
+// see boundRooms.
+//
+// It takes no lock on a room that exists: an upsert (ON CONFLICT DO UPDATE)
+// would lock every existing row it names, in input order, and two nodes
+// making overlapping rooms at once (every node after a fleet start) then
+// deadlock, or deadlock with a commit that holds those rows. Existing rooms
+// are read plainly; only missing ones are inserted, in one order on every
+// node (COLLATE "C"), so concurrent inserts of the same new rooms wait on
+// each other without a cycle; a room another node made meanwhile is read
+// again by a later statement, which sees its commit.
 func (p *Postgres) ensureRooms(ctx context.Context, keys []string) error {
 	if p.cfg.MaxAppRooms > 0 {
 		var err error
 		if keys, err = p.boundRooms(ctx, keys); err != nil || len(keys) == 0 {
 			return err
 		}
+	} else if err := p.readRooms(ctx, keys); err != nil {
+		return err
 	}
+	var apps, names []string
+	for _, k := range keys {
+		if _, ok := p.cachedRoom(k); !ok {
+			a, n := proto.SplitKey(k)
+			apps, names = append(apps, a), append(names, n)
+		}
+	}
+	if len(apps) == 0 {
+		return nil
+	}
+	rows, err := p.pool.Query(ctx, `
+WITH a AS (
+	INSERT INTO apps (id) SELECT x FROM (SELECT DISTINCT x FROM unnest($1::text[]) AS x) d ORDER BY x COLLATE "C" ON CONFLICT DO NOTHING
+)
+INSERT INTO rooms (app, name)
+SELECT k.app, k.name FROM unnest($1::text[], $2::text[]) AS k (app, name) ORDER BY k.app COLLATE "C", k.name COLLATE "C"
+ON CONFLICT (app, name) DO NOTHING
+RETURNING id, app, name`, apps, names)
+	if err != nil {
+		return err
+	}
+	if err := p.scanRooms(rows); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if _, ok := p.cachedRoom(k); !ok {
+			// Made by another node while we inserted: visible now.
+			return p.readRooms(ctx, keys)
+		}
+	}
+	return nil
+}
+
+// readRooms caches the ids of the rooms of keys that exist, without locks.
+func (p *Postgres) readRooms(ctx context.Context, keys []string) error {
 	apps := make([]string, len(keys))
 	names := make([]string, len(keys))
 	for i, k := range keys {
 		apps[i], names[i] = proto.SplitKey(k)
 	}
-	// The no-op DO UPDATE makes RETURNING report rooms that already exist.
 	rows, err := p.pool.Query(ctx, `
-WITH a AS (
-	INSERT INTO apps (id) SELECT DISTINCT unnest($1::text[]) ON CONFLICT DO NOTHING
-)
-INSERT INTO rooms (app, name) SELECT * FROM unnest($1::text[], $2::text[])
-ON CONFLICT (app, name) DO UPDATE SET app = EXCLUDED.app
-RETURNING id, app, name`, apps, names)
+SELECT r.id, r.app, r.name FROM unnest($1::text[], $2::text[]) AS k (app, name)
+JOIN rooms r ON r.app = k.app AND r.name = k.name`, apps, names)
 	if err != nil {
 		return err
 	}
+	return p.scanRooms(rows)
+}
+
+func (p *Postgres) scanRooms(rows pgx.Rows) error {
 	defer rows.Close()
 	for rows.Next() {
 		var id int64
@@ -211,29 +256,12 @@ type appRooms struct {
 // the rooms this node makes are added in between: nodes that make rooms
 // within the same minute can pass the bound by those rooms.
 func (p *Postgres) boundRooms(ctx context.Context, keys []string) ([]string, error) {
+	if err := p.readRooms(ctx, keys); err != nil {
+		return nil, err
+	}
 	apps := make([]string, len(keys))
-	names := make([]string, len(keys))
 	for i, k := range keys {
-		apps[i], names[i] = proto.SplitKey(k)
-	}
-	rows, err := p.pool.Query(ctx, `
-SELECT r.id, r.app, r.name FROM unnest($1::text[], $2::text[]) AS k (app, name)
-JOIN rooms r ON r.app = k.app AND r.name = k.name`, apps, names)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var id int64
-		var app, name string
-		if err := rows.Scan(&id, &app, &name); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		p.cacheRoom(proto.RoomKey(app, name), id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
+		apps[i], _ = proto.SplitKey(k)
 	}
 	var stale []string
 	now := time.Now()
@@ -551,25 +579,8 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScrat
 	if err != nil {
 		return err
 	}
-	var freshTS int64
-	for rows.Next() {
-		var kind int32
-		var a, b int64
-		var ts time.Time
-		if err := rows.Scan(&kind, &a, &b, &ts); err != nil {
-			rows.Close()
-			return err
-		}
-		if kind == 0 {
-			res[a] = proto.PubResult{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
-			s.isOld[a] = true
-		} else {
-			s.base[a] = uint64(b)
-			freshTS = ts.UnixMilli()
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	freshTS, err := p.readCommit(rows, s, res)
+	if err != nil {
 		return err
 	}
 	for _, ord := range s.uOrd {
@@ -586,6 +597,29 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScrat
 		res[ord] = proto.PubResult{Seq: base, TS: freshTS}
 	}
 	return nil
+}
+
+// readCommit reads commitSQL's answer; rows.Err after Close reports a
+// failure up to the end of the statement, its commit included.
+func (p *Postgres) readCommit(rows pgx.Rows, s *pgScratch, res []proto.PubResult) (freshTS int64, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		var kind int32
+		var a, b int64
+		var ts time.Time
+		if err := rows.Scan(&kind, &a, &b, &ts); err != nil {
+			return 0, err
+		}
+		if kind == 0 {
+			res[a] = proto.PubResult{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
+			s.isOld[a] = true
+		} else {
+			s.base[a] = uint64(b)
+			freshTS = ts.UnixMilli()
+		}
+	}
+	rows.Close()
+	return freshTS, rows.Err()
 }
 
 // resolve settles a commit whose outcome is unknown (see CommitBatch).
