@@ -54,7 +54,17 @@ make_db
 redis_url() { echo "redis://127.0.0.1:$redis_port"; }
 if [ $cluster = 1 ]; then
   need redis-cli "Redis"
-  cports=($(free_ports 4))
+  # A cluster node also listens on its port + 10000 (the cluster bus).
+  # free_ports' range (20000-29999) would put that bus port in the
+  # ephemeral range, where the run's own outgoing connections can take it
+  # before the fourth node starts mid-run (it then cannot bind: "nothing
+  # listening"). These ports keep both below it and apart from the nodes'.
+  cports=()
+  cp=$((14000 + RANDOM % 3000))
+  while [ ${#cports[@]} -lt 4 ]; do
+    cp=$((cp + 1))
+    port_free "$cp" && port_free $((cp + 10000)) && cports+=("$cp")
+  done
   start_cluster_node() {
     mkdir -p "$work/redis/$1"
     redis-server --port "$1" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file "$work/redis/$1/nodes.conf" \
