@@ -109,7 +109,10 @@ func TestReconnectAfterKill(t *testing.T) {
 	if uint64(msgs) != rep.TotalSent || holey != 0 {
 		t.Errorf("database holds %d messages (%d rooms with holes), the bench published %d distinct ones", msgs, holey, rep.TotalSent)
 	}
-	if len(rep.Windows) != 2 || rep.Windows[0].Name != "node SIGKILL" || rep.Windows[1].Rejoined != 60 || rep.Windows[1].RejoinMax <= 0 {
+	// A client may rejoin before "node started" is marked: it reconnects as
+	// soon as the new process listens, which is before startNodeAt returns.
+	// So the two windows share the 60 rejoins between them.
+	if len(rep.Windows) != 2 || rep.Windows[0].Name != "node SIGKILL" || rep.Windows[0].Rejoined+rep.Windows[1].Rejoined != 60 || rep.Windows[1].RejoinMax <= 0 {
 		t.Errorf("windows %+v", rep.Windows)
 	}
 	if len(rep.Series) < 20 || len(rep.SeriesNames) != 1 || len(rep.RSSTail) != 1 || !rep.RSSTail[0].Restarted && rep.RSSTail[0].FirstMiB <= 0 {
