@@ -29,7 +29,7 @@ const appUsage = `Usage: roost app COMMAND [ID] [flags]
   set ID [limits]               change limits and retention:
         --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
         --max-msg BYTES --max-rooms N --keep-age D --keep-count N
-        --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s
+        --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s --webhook-max-age 24h
         (a value "default" returns to the node's default; 0 turns a limit off)
 
 The registry: --database-url URL (PostgreSQL, also ROOST_DATABASE_URL or
@@ -104,6 +104,7 @@ var webhookNames = []struct{ name, help string }{
 	{"webhook-url", "POST the app's messages to this http(s) `URL` (\"none\": no webhook)"},
 	{"webhook-rooms", "only the messages of these rooms, comma-separated, `prefix*` allowed (\"\" or \"*\": every room)"},
 	{"webhook-timeout", "bound of one webhook POST (default 5s, at most 1m)"},
+	{"webhook-max-age", "how long a message is retried before it becomes a dead letter (default 24h; PostgreSQL keeps dead letters)"},
 }
 
 func (l *limitFlags) bind(fs *flag.FlagSet) {
@@ -127,11 +128,12 @@ func (l *limitFlags) applyWebhook(a *proto.App) error {
 	u, hasURL := l.set["webhook-url"]
 	rooms, hasRooms := l.set["webhook-rooms"]
 	to, hasTO := l.set["webhook-timeout"]
-	if !hasURL && !hasRooms && !hasTO {
+	age, hasAge := l.set["webhook-max-age"]
+	if !hasURL && !hasRooms && !hasTO && !hasAge {
 		return nil
 	}
 	if hasURL && (u == "none" || u == "") {
-		if hasRooms || hasTO {
+		if hasRooms || hasTO || hasAge {
 			return errors.New("--webhook-url none removes the webhook: give no other --webhook- flag with it")
 		}
 		a.Webhook = nil
@@ -161,6 +163,13 @@ func (l *limitFlags) applyWebhook(a *proto.App) error {
 			return fmt.Errorf("invalid --webhook-timeout %q: want a duration such as 5s", to)
 		}
 		w.Timeout = proto.Duration(d)
+	}
+	if hasAge {
+		d, err := time.ParseDuration(age)
+		if err != nil || d < 0 {
+			return fmt.Errorf("invalid --webhook-max-age %q: want a duration such as 24h", age)
+		}
+		w.MaxAge = proto.Duration(d)
 	}
 	a.Webhook = &w
 	return nil

@@ -138,7 +138,12 @@ func (p *Postgres) CreateApp(ctx context.Context, a proto.App) error {
 	if err != nil {
 		return err
 	}
-	tag, err := p.pool.Exec(ctx, `
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return p.wrap("create app", err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after Commit
+	tag, err := tx.Exec(ctx, `
 INSERT INTO apps (id, secret, previous_secret, previous_until, disabled, limits, max_age, max_count, settings)
 VALUES ($1, $2, $3, $4, $5, $6, $7::interval, $8, $9)
 ON CONFLICT (id) DO UPDATE SET secret = EXCLUDED.secret, previous_secret = EXCLUDED.previous_secret,
@@ -150,6 +155,14 @@ WHERE apps.secret IS NULL`, args...)
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("cannot create app %s: %w", a.ID, ErrAppExists)
+	}
+	// Rooms made on first use before the app was registered owe nothing
+	// from before its webhook.
+	if err := startHookCursors(ctx, tx, a.ID, nil, a.Webhook); err != nil {
+		return p.wrap("create app", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return p.wrap("create app", err)
 	}
 	return nil
 }
@@ -169,6 +182,11 @@ func (p *Postgres) UpdateApp(ctx context.Context, id string, fn func(*proto.App)
 	if err != nil {
 		return proto.App{}, p.wrap("update app", err)
 	}
+	var before *proto.Webhook
+	if a.Webhook != nil {
+		w := *a.Webhook
+		before = &w
+	}
 	if err := fn(&a); err != nil {
 		return proto.App{}, err
 	}
@@ -184,6 +202,9 @@ func (p *Postgres) UpdateApp(ctx context.Context, id string, fn func(*proto.App)
 UPDATE apps SET secret = $2, previous_secret = $3, previous_until = $4, disabled = $5, limits = $6,
 	max_age = $7::interval, max_count = $8, settings = $9, updated_at = now()
 WHERE id = $1`, args...); err != nil {
+		return proto.App{}, p.wrap("update app", err)
+	}
+	if err := startHookCursors(ctx, tx, id, before, a.Webhook); err != nil {
 		return proto.App{}, p.wrap("update app", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

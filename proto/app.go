@@ -41,7 +41,14 @@ type Webhook struct {
 	Rooms []string `json:"rooms,omitempty"`
 	// Timeout bounds one POST (0: DefaultWebhookTimeout).
 	Timeout Duration `json:"timeout,omitzero"`
+	// MaxAge is how long a message is retried before it becomes a dead
+	// letter (0: DefaultWebhookMaxAge).
+	MaxAge Duration `json:"max_age,omitzero"`
 }
+
+// DefaultWebhookMaxAge is how long a webhook event is retried unless the
+// app says otherwise.
+const DefaultWebhookMaxAge = 24 * time.Hour
 
 // DefaultWebhookTimeout bounds a webhook POST without its own timeout.
 const DefaultWebhookTimeout = 5 * time.Second
@@ -66,6 +73,9 @@ func (w *Webhook) validate() error {
 	}
 	if w.Timeout < 0 || time.Duration(w.Timeout) > time.Minute {
 		return fmt.Errorf("webhook timeout %s: want 0 (the default, 5s) to 1m", time.Duration(w.Timeout))
+	}
+	if w.MaxAge < 0 {
+		return fmt.Errorf("webhook max age %s: want 0 (the default, 24h) or more", time.Duration(w.MaxAge))
 	}
 	for _, p := range w.Rooms {
 		name, _ := strings.CutSuffix(p, "*")
