@@ -172,16 +172,16 @@ ON CONFLICT (room_id) DO UPDATE SET delivered = greatest(webhook_cursors.deliver
 // DeadLetter is a batch of one room's events a receiver did not take
 // within the app's max age.
 type DeadLetter struct {
-	ID         int64           `json:"id"`
-	App        string          `json:"app"`
-	Room       string          `json:"room"`
-	FromSeq    uint64          `json:"from_seq"`
-	ToSeq      uint64          `json:"to_seq"`
-	FailedAt   time.Time       `json:"failed_at"`
-	LastError  string          `json:"last_error"`
-	Events     int             `json:"events"`
-	ReplayedAt *time.Time      `json:"replayed_at,omitempty"`
-	Body       []byte          `json:"-"` // the events, a JSON array
+	ID         int64      `json:"id"`
+	App        string     `json:"app"`
+	Room       string     `json:"room"`
+	FromSeq    uint64     `json:"from_seq"`
+	ToSeq      uint64     `json:"to_seq"`
+	FailedAt   time.Time  `json:"failed_at"`
+	LastError  string     `json:"last_error"`
+	Events     int        `json:"events"`
+	ReplayedAt *time.Time `json:"replayed_at,omitempty"`
+	Body       []byte     `json:"-"` // the events, a JSON array
 }
 
 // AddDeadLetter records events (a JSON array of one room's events, from..to)
