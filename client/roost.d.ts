@@ -67,6 +67,14 @@ export interface RoomOptions<Body = unknown> {
   /** Subscribe to presence changes of the room (not served by roost nodes yet). */
   presence?: boolean;
   onPresence?(diff: PresenceDiff): void;
+  /**
+   * A publish to this room was acknowledged: stored once, under seq. Called
+   * for the publishes of this page and for those an earlier page of the tab
+   * left unacknowledged (restored: true), which have no promise.
+   */
+  onAck?(ack: AckEvent<Body>): void;
+  /** A publish to this room was refused for good (or given up by close()). */
+  onNack?(nack: NackEvent<Body>): void;
   /** Each join's answer. */
   onJoined?(info: { room: string; seq: number; epoch?: string; recovered?: boolean }): void;
   /** The node refused the join (forbidden, bad_request, ...); the room is not retried. */
@@ -83,6 +91,22 @@ export interface Ack {
   room: string;
 }
 
+/** Every acknowledged publish (the "ack" event, a room's onAck). */
+export interface AckEvent<Body = unknown> extends Ack {
+  body: Body;
+  /** Published by an earlier page of this tab and re-sent from the stored outbox. */
+  restored: boolean;
+}
+
+/** Every publish refused for good (the "nack" event, a room's onNack). */
+export interface NackEvent<Body = unknown> {
+  id: string;
+  room: string;
+  body: Body;
+  restored: boolean;
+  error: RoostError;
+}
+
 export interface PublishOptions {
   /** The idempotency key (1 to 64 characters); default: unique per client. */
   id?: string;
@@ -95,7 +119,11 @@ export declare class Room<Body = unknown> {
   readonly seq: number | undefined;
   readonly epoch: string | undefined;
   readonly joined: boolean;
-  /** Resolves once the node has stored the message; rejects with a RoostError. */
+  /**
+   * Resolves once the node has stored the message; rejects with a
+   * RoostError. Publishing an id already in the outbox (one restored after
+   * a reload included) gives that entry's promise, and sends nothing more.
+   */
   publish(body: Body, opts?: PublishOptions): Promise<Ack>;
   history(opts?: { before?: number; limit?: number }): Promise<{ room: string; messages: Message<Body>[]; more?: boolean }>;
   /** Not served by roost nodes yet: rejects with bad_request. */
@@ -109,6 +137,8 @@ export interface OutboxEntry {
   body: unknown;
   /** Sent on the current connection and awaiting its ack. */
   sent: boolean;
+  /** Left by an earlier page of this tab (restored from storage): no promise. */
+  restored: boolean;
 }
 
 export interface CloseInfo {
@@ -128,8 +158,13 @@ export interface RoostOptions {
   app?: string;
   /** Positions store; null for none. Default sessionStorage (memory when unavailable). */
   storage?: PositionStorage | null;
-  /** Scope of the stored positions; default node URL + app + user. */
+  /** Scope of the stored positions and outbox; default node URL + app + user. */
   storageKey?: string;
+  /**
+   * Keep unacknowledged publishes in storage too (default true), so that
+   * the next page of the tab re-sends them under their ids.
+   */
+  persistOutbox?: boolean;
   /** Allow the listen-only Server-Sent Events fallback when WebSocket cannot be opened (roost nodes do not serve /sse yet). */
   sse?: boolean;
   /** false: do not connect until connect() is called. */
@@ -164,6 +199,8 @@ export interface RoostEvents {
   error: RoostError;
   reset: ResetInfo;
   outbox: OutboxEntry[];
+  ack: AckEvent;
+  nack: NackEvent;
   message: Message;
 }
 

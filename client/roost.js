@@ -41,6 +41,7 @@ const defaults = {
   maxOutbox: 10000, // publishes held at most (the next one is refused: outbox_full)
   maxFrame: 65536, // bytes: the node's default frame limit; larger publishes are refused here
   refreshMargin: 5000, // ms before expiry by which a token refresh must have been sent
+  persistOutbox: true, // keep unacknowledged publishes in storage too, so a reload re-sends them
   sse: false, // allow the listen-only Server-Sent Events fallback
   sseAfter: 2, // consecutive WebSocket failures with HTTP reachable before falling back
   wsProbeInterval: 30000, // ms, jittered: how often an SSE client tries WebSocket again
@@ -100,6 +101,8 @@ export class Roost {
     this._idPrefix = randomId(this._random);
     this._idSeq = 0;
     this._requests = []; // history / presence requests
+    this._outboxLoaded = false; // the stored outbox has been read (needs the storage scope)
+    this._restoreOutbox();
 
     if (o.connect !== false) this._schedule(0, () => this._connect());
   }
@@ -116,11 +119,11 @@ export class Roost {
 
   /** The publishes not yet acknowledged, oldest first. */
   get outbox() {
-    return [...this._outbox.values()].map((e) => ({ id: e.id, room: e.room, body: e.body, sent: e.sent }));
+    return [...this._outbox.values()].map((e) => ({ id: e.id, room: e.room, body: e.body, sent: e.sent, restored: !!e.restored }));
   }
 
   /**
-   * on("state"|"open"|"close"|"reconnect"|"error"|"reset"|"outbox"|"message", fn) → a
+   * on("state"|"open"|"close"|"reconnect"|"error"|"reset"|"outbox"|"ack"|"nack"|"message", fn) → a
    * function that removes the listener.
    */
   on(event, fn) {
@@ -186,6 +189,7 @@ export class Roost {
       return;
     }
     if (this._closed) return;
+    this._restoreOutbox(); // the token names the storage scope
     let ws;
     try {
       ws = new this._WebSocket(this._url(this.url, token));
@@ -441,13 +445,13 @@ export class Roost {
     this._closeSSE();
     this._transport = null;
     const reason = err || new RoostError("closed", "Roost: the client was closed");
-    const entries = [...this._outbox.values()];
-    this._outbox.clear();
+    // A closed client gives its publishes up (and forgets them in storage):
+    // their promises say they may not be stored. A page that just goes away
+    // (reload, navigation) keeps them for the next page.
+    const n = this._outbox.size;
+    for (const e of [...this._outbox.values()]) this._settle(e, null, reason, false);
     this._inFlight = 0;
-    for (const e of entries) {
-      this._clearEntryTimer(e);
-      e.reject(reason);
-    }
+    if (n) this._emit("outbox", []);
     for (const q of this._requests.splice(0)) {
       this._clearTimer(q.timer);
       q.reject(reason);
@@ -568,7 +572,7 @@ export class Roost {
     const id = opts.id !== undefined ? String(opts.id) : `${this._idPrefix}-${(++this._idSeq).toString(36)}`;
     if (id.length < 1 || id.length > 64) return Promise.reject(new RoostError("bad_request", "Roost: a publish id is 1 to 64 characters"));
     const same = this._outbox.get(id);
-    if (same) return same.promise;
+    if (same) return entryPromise(same);
     if (body === undefined) return Promise.reject(new RoostError("bad_request", "Roost: publish needs a body (any JSON value)"));
     let frame;
     try {
@@ -582,15 +586,114 @@ export class Roost {
     if (this._outbox.size >= this.options.maxOutbox) {
       return Promise.reject(new RoostError("outbox_full", `Roost: ${this._outbox.size} publishes are waiting already (maxOutbox)`));
     }
-    const e = { id, room, body, frame, sent: false, tries: 0, timer: null };
-    e.promise = new Promise((resolve, reject) => {
-      e.resolve = resolve;
-      e.reject = reject;
-    });
+    const e = { id, room, body, frame, sent: false, tries: 0, timer: null, restored: false, promise: null };
     this._outbox.set(id, e);
+    // Stored before it can be sent: a reload from here on re-sends it.
+    this._storeEntry(e);
     this._pump();
     this._emit("outbox", this.outbox);
-    return e.promise;
+    return entryPromise(e);
+  }
+
+  // ---- the outbox in storage ----------------------------------------------
+  //
+  // Each entry is its own key (its frame), and one index key lists the ids
+  // in publish order: a publish or an ack rewrites the index, never the
+  // other entries' bodies. The keys are scoped like positions (node, app,
+  // user), so a reload, the same user again, re-sends them under their ids
+  // and the node stores each once.
+
+  _outboxStorage() {
+    if (!this._storage || !this.options.persistOutbox) return null;
+    const o = this.options;
+    // In token mode the scope is the token's app and user: unknown before
+    // the first token.
+    if (!o.storageKey && o.token !== undefined && !this._token) return null;
+    return this._storage;
+  }
+
+  _outboxKey(suffix) {
+    return this._storageKey("#outbox") + suffix;
+  }
+
+  _writeIndex(st) {
+    try {
+      if (this._outbox.size) st.setItem(this._outboxKey(""), JSON.stringify([...this._outbox.keys()]));
+      else st.removeItem(this._outboxKey(""));
+    } catch {
+      // full or unavailable: the outbox then lives in the page only
+    }
+  }
+
+  _storeEntry(e) {
+    const st = this._outboxLoaded && this._outboxStorage();
+    if (!st) return;
+    try {
+      st.setItem(this._outboxKey(":" + e.id), e.frame);
+    } catch {
+      return; // full: this entry lives in the page only
+    }
+    this._writeIndex(st);
+  }
+
+  _unstoreEntry(e) {
+    const st = this._outboxLoaded && this._outboxStorage();
+    if (!st) return;
+    try {
+      st.removeItem(this._outboxKey(":" + e.id));
+    } catch {
+      // unavailable
+    }
+    this._writeIndex(st);
+  }
+
+  // _restoreOutbox reads what an earlier page of this tab left unacknowledged
+  // (once, as soon as the scope is known) and puts it ahead of this page's
+  // own publishes, which it then stores too.
+  _restoreOutbox() {
+    if (this._outboxLoaded) return;
+    const st = this._outboxStorage();
+    if (!st) {
+      if (!this._storage || !this.options.persistOutbox) this._outboxLoaded = true;
+      return;
+    }
+    this._outboxLoaded = true;
+    const mine = [...this._outbox.values()];
+    const restored = [];
+    try {
+      const ids = JSON.parse(st.getItem(this._outboxKey("")) || "[]");
+      for (const id of Array.isArray(ids) ? ids : []) {
+        if (typeof id !== "string" || this._outbox.has(id)) continue;
+        const frame = st.getItem(this._outboxKey(":" + id));
+        if (!frame) continue;
+        let f;
+        try {
+          f = JSON.parse(frame);
+        } catch {
+          continue;
+        }
+        if (!f || f.op !== "pub" || f.id !== id || typeof f.room !== "string") continue;
+        restored.push({ id, room: f.room, body: f.body, frame, sent: false, tries: 0, timer: null, restored: true, promise: null });
+      }
+    } catch {
+      // unreadable: nothing to restore
+    }
+    if (!restored.length && !mine.length) return;
+    this._outbox.clear();
+    for (const e of restored) this._outbox.set(e.id, e);
+    for (const e of mine) this._outbox.set(e.id, e);
+    for (const e of mine) {
+      try {
+        st.setItem(this._outboxKey(":" + e.id), e.frame);
+      } catch {
+        // full
+      }
+    }
+    this._writeIndex(st);
+    if (restored.length) {
+      this._pump();
+      this._emit("outbox", this.outbox);
+    }
   }
 
   _pump() {
@@ -608,16 +711,33 @@ export class Roost {
   _onAck(f) {
     const e = this._outbox.get(f.id);
     if (!e || e.room !== f.room) return; // an ack of a re-send already settled
-    this._settle(e);
-    e.resolve({ seq: f.seq, id: f.id, room: f.room });
+    this._settle(e, { seq: f.seq, id: f.id, room: f.room }, null);
   }
 
-  _settle(e) {
+  // _settle ends an entry: acknowledged (ack) or refused for good (err).
+  // Its promise, if this page made one, settles; the ack and nack events
+  // and the room's onAck / onNack tell every page, a reloaded one included.
+  _settle(e, ack, err, pump = true) {
     this._outbox.delete(e.id);
     this._clearEntryTimer(e);
     if (e.sent) this._inFlight--;
-    this._pump();
-    this._emit("outbox", this.outbox);
+    this._unstoreEntry(e);
+    const r = this.rooms.get(e.room);
+    if (ack) {
+      if (e.resolve) e.resolve(ack);
+      const info = { ...ack, body: e.body, restored: e.restored };
+      if (r && r._opts.onAck) safeCall(r._opts.onAck, info);
+      this._emit("ack", info);
+    } else {
+      if (e.reject) e.reject(err);
+      const info = { id: e.id, room: e.room, body: e.body, restored: e.restored, error: err };
+      if (r && r._opts.onNack) safeCall(r._opts.onNack, info);
+      this._emit("nack", info);
+    }
+    if (pump) {
+      this._pump();
+      this._emit("outbox", this.outbox);
+    }
   }
 
   _clearEntryTimer(e) {
@@ -645,8 +765,7 @@ export class Roost {
         this._pump();
         return;
       }
-      this._settle(e);
-      e.reject(err);
+      this._settle(e, null, err);
       return;
     }
     const r = f.ref !== undefined ? this.rooms.get(f.ref) : undefined;
@@ -1051,6 +1170,19 @@ function safeCall(fn, arg) {
 /** Where exceptions thrown by app callbacks go (default: reportError, as uncaught). */
 export function setErrorReporter(fn) {
   reportError = fn;
+}
+
+// entryPromise is the promise of an outbox entry, made on first demand: an
+// entry restored after a reload has none until the app publishes its id
+// again.
+function entryPromise(e) {
+  if (!e.promise) {
+    e.promise = new Promise((resolve, reject) => {
+      e.resolve = resolve;
+      e.reject = reject;
+    });
+  }
+  return e.promise;
 }
 
 function pickStorage(s) {

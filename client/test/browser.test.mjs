@@ -1,12 +1,13 @@
 // End-to-end tests of roost.js in headless Chromium against real roost
-// processes: nodes killed, drained and restarted under the pages, a reload
-// in the middle, a memory-store restart, and 200 clients reconnecting.
+// processes: nodes killed, drained and restarted under the pages, reloads
+// in the middle (one while the node is down, its outbox full), a
+// memory-store restart, and 200 clients reconnecting.
 // Run by the repository's `go test` (client_test.go), which builds the
 // binary and gives each run its own PostgreSQL database:
 //   ROOST_BIN=path/to/roost ROOST_DATABASE_URL=postgres://... node --test test/browser.test.mjs
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import crypto from "node:crypto";
 import http from "node:http";
@@ -204,7 +205,7 @@ function node(name, args) {
 // what the page recorded.
 async function openPage(ctx, n, user, room) {
   const page = await ctx.newPage();
-  const p = { page, user, seen: 0, rec: { msg: [], ack: [], nack: [], reset: [], close: [], error: [], state: [], joined: [], loaded: [] } };
+  const p = { page, user, seen: 0, rec: { msg: [], ack: [], nack: [], pack: [], pnack: [], reset: [], close: [], error: [], state: [], joined: [], loaded: [] } };
   const q = new URLSearchParams({ user, room, node: `ws://127.0.0.1:${n.port}/ws` });
   await page.goto(`${siteURL}/e2e.html?${q}`);
   await page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
@@ -235,7 +236,7 @@ function checkExactlyOnce(p, total) {
   }
 }
 
-test("two pages exchange 1,000 messages across two kills, a drain and a reload: each sees every message once, in order; every publish acked once", { skip: skip || (!DB && "ROOST_DATABASE_URL is not set") }, async (t) => {
+test("two pages exchange 1,000 messages across two kills, a drain and two reloads (one while the node is down): each sees every message once, in order; every publish acked once", { skip: skip || (!DB && "ROOST_DATABASE_URL is not set") }, async (t) => {
   const n = node("pg", ["--database-url", DB, "--migrate", "--drain", "300ms", "--retry-min", "200ms", "--retry-max", "800ms"]);
   await n.start();
   const ctx = await browser.newContext();
@@ -278,9 +279,12 @@ test("two pages exchange 1,000 messages across two kills, a drain and a reload: 
     await bob.page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
 
     await until("800 messages stored", () => reached(800));
-    await mark("kill");
+    await mark("kill, and a reload of bob while the node is down");
     await n.kill();
-    await sleep(300);
+    await sleep(300); // bob's publishes wait in his outbox
+    await bob.page.reload();
+    await bob.page.waitForFunction(() => window.client, null, { timeout: 10000 });
+    await sleep(100);
     await n.start();
 
     await until("every publish acked and every message delivered to both pages",
@@ -310,6 +314,20 @@ test("two pages exchange 1,000 messages across two kills, a drain and a reload: 
   for (const u of ["alice", "bob"]) for (let i = 0; i < 500; i++) assert.ok(byId.has(`${u}-${i}`), `${u}-${i} never acknowledged`);
   const bySeq = new Map(alice.rec.msg.map((m) => [m.seq, m.id]));
   for (const [id, seq] of byId) assert.equal(bySeq.get(seq), id, `seq ${seq} acknowledged as ${id}, delivered as ${bySeq.get(seq)}`);
+  // Each promise settled once, with its ack; alice's page lived throughout,
+  // so every one of hers did. bob's publishes unacknowledged at his reload
+  // were re-sent by the next page from the stored outbox, without promise.
+  for (const p of pages) {
+    assert.deepEqual(p.rec.pnack, [], `${p.user}: rejected promises`);
+    const packs = new Map();
+    for (const a of p.rec.pack) {
+      assert.ok(!packs.has(a.id), `${a.id}: its promise settled twice`);
+      assert.equal(a.seq, byId.get(a.id), `${a.id}: its promise and its ack disagree`);
+      packs.set(a.id, a.seq);
+    }
+    if (p === alice) assert.equal(packs.size, 500);
+  }
+  const restored = bob.rec.ack.filter((a) => a.restored).length;
   // The disruptions happened under the pages: drops, a drain with its hint.
   // The drain's 1001 and retry hint reach every page, the publishing ones
   // too: the node reads and drops what they still send until they answer
@@ -321,9 +339,62 @@ test("two pages exchange 1,000 messages across two kills, a drain and a reload: 
   for (const p of pages) {
     assert.ok(p.rec.close.filter((c) => c.code === 1006 && c.wasOpen).length >= 1, `${p.user} saw no lost connection`);
   }
-  assert.equal(bob.rec.loaded.length, 2);
+  assert.equal(bob.rec.loaded.length, 3);
+  assert.ok(restored > 0, "bob's reload while the node was down left nothing in his outbox");
   assert.ok(bob.rec.loaded[1].seq > 0 && bob.rec.loaded[1].seq < 1000, `bob reloaded at seq ${bob.rec.loaded[1].seq}: not in the middle of the stream`);
-  t.diagnostic(`${closes}; bob reloaded at seq ${bob.rec.loaded[1].seq}`);
+  t.diagnostic(`${closes}; bob reloaded at seq ${bob.rec.loaded[1].seq} and ${bob.rec.loaded[2].seq} (node down), ${restored} of his publishes acked from a restored outbox`);
+});
+
+// storedIds reads the room's messages from PostgreSQL itself (psql), or
+// null without psql.
+function storedIds(app, room) {
+  if (!DB) return null;
+  const r = spawnSync("psql", [DB, "-At", "-c",
+    `SELECT m.seq, m.sender, convert_from(m.idem_key, 'UTF8') FROM messages m JOIN rooms r ON r.id = m.room_id WHERE r.app = '${app}' AND r.name = '${room}' ORDER BY m.seq`], { encoding: "utf8" });
+  if (r.error || r.status !== 0) return null;
+  return r.stdout.trim().split("\n").filter(Boolean).map((l) => l.split("|"));
+}
+
+test("the outbox outlives a reload: publishes made while the node was frozen or down are stored exactly once after the next page re-sends them", { skip: skip || (!DB && "ROOST_DATABASE_URL is not set") }, async (t) => {
+  const n = node("outbox", ["--database-url", DB, "--migrate", "--drain", "200ms"]);
+  await n.start();
+  const ctx = await browser.newContext();
+  t.after(() => ctx.close());
+  const room = "ob-" + Math.random().toString(36).slice(2, 8);
+  const alice = await openPage(ctx, n, "alice", room);
+  const outbox = () => alice.page.evaluate(() => window.client.outbox.map((e) => [e.id, e.sent, e.restored]));
+  // Frozen: the socket stays up, the publishes go out and no ack comes.
+  n.proc.kill("SIGSTOP");
+  await alice.page.evaluate(() => { window.publish(0); window.publish(1); });
+  assert.deepEqual(await outbox(), [["alice-0", true, false], ["alice-1", true, false]]);
+  // Down: the connection drops with those two unanswered; two more wait.
+  await n.kill();
+  await until("the page sees the node gone", () => alice.page.evaluate(() => window.client.state !== "open"), 10000);
+  await alice.page.evaluate(() => { window.publish(2); window.publish(3); });
+  assert.deepEqual((await outbox()).map((e) => e[1]), [false, false, false, false]);
+  // The reload: no promise survives; the next page restores the outbox.
+  await alice.page.reload();
+  await alice.page.waitForFunction(() => window.client, null, { timeout: 10000 });
+  assert.deepEqual(await outbox(), [0, 1, 2, 3].map((i) => [`alice-${i}`, false, true]));
+  await n.start();
+  await until("4 acks", async () => (await sync(alice)) && alice.rec.ack.length >= 4, 20000);
+  await sleep(500); // a second ack of an id would arrive now
+  await sync(alice);
+  assert.deepEqual(alice.rec.ack.map((a) => [a.id, a.restored]).sort(), [0, 1, 2, 3].map((i) => [`alice-${i}`, true]));
+  assert.deepEqual(alice.rec.pack, [], "no promise of the first page settled");
+  assert.deepEqual(alice.rec.nack, []);
+  assert.deepEqual(await outbox(), []);
+  // The node's history and PostgreSQL hold each once, and the page was
+  // given each once.
+  const h = await alice.page.evaluate(() => window.room.history({ limit: 100 }));
+  assert.deepEqual(h.messages.map((m) => m.id).sort(), ["alice-0", "alice-1", "alice-2", "alice-3"]);
+  assert.deepEqual(h.messages.map((m) => m.seq), [1, 2, 3, 4]);
+  await until("4 messages delivered", async () => (await sync(alice)) && alice.rec.msg.length >= 4, 10000);
+  assert.deepEqual(alice.rec.msg.map((m) => m.seq), [1, 2, 3, 4]);
+  const rows = storedIds("e2e", room);
+  if (rows === null) t.diagnostic("psql not available: PostgreSQL's rows not read directly");
+  else assert.deepEqual(rows.map((r) => r[2]).sort(), ["alice-0", "alice-1", "alice-2", "alice-3"], `PostgreSQL rows ${JSON.stringify(rows)}`);
+  assert.deepEqual(await alice.page.evaluate(() => Object.keys(sessionStorage).filter((k) => k.includes("#outbox"))), [], "the stored outbox is empty");
 });
 
 test("a memory-store node restarted under a page: onReset, then the new history", { skip }, async (t) => {

@@ -274,6 +274,85 @@ test("publishes: queued while disconnected, re-sent with the same id after a dro
   assert.notEqual(pub1.id, pub2.id);
 });
 
+test("the outbox outlives a reload: the next page re-sends every unacknowledged publish under its id, once acked it is forgotten", async () => {
+  const store = storage();
+  const env = setup({ storage: store });
+  const room = env.client.room("lobby", {});
+  const ws = await openWith(env, "lobby");
+  const inFlight = room.publish({ n: 1 }, { id: "k-1" }); // sent, unacked when the page goes
+  ws.serverClose(1006); // the node is down
+  room.publish({ n: 2 }, { id: "k-2" }); // made while disconnected
+  room.publish({ n: 3 }, { id: "k-3" });
+  inFlight.catch(() => {});
+  // The page is reloaded: nothing closes the client; a new one starts on
+  // the same storage.
+  const acks = [];
+  const roomAcks = [];
+  const env2 = setup({ storage: store });
+  env2.client.on("ack", (a) => acks.push(a));
+  const room2 = env2.client.room("lobby", { onAck: (a) => roomAcks.push(a.id) });
+  assert.deepEqual(env2.client.outbox.map((e) => [e.id, e.restored, e.sent]), [["k-1", true, false], ["k-2", true, false], ["k-3", true, false]]);
+  // The app may ask for a promise of a restored id by publishing it again.
+  const again = room2.publish({ n: 3 }, { id: "k-3" });
+  assert.equal(env2.client.outbox.length, 3);
+  const ws2 = await openWith(env2, "lobby");
+  const pubs = ws2.ops("pub");
+  assert.deepEqual(pubs.map((f) => [f.id, f.body.n]), [["k-1", 1], ["k-2", 2], ["k-3", 3]]);
+  for (const [i, f] of pubs.entries()) ws2.recv({ op: "ack", id: f.id, room: "lobby", seq: 10 + i });
+  ws2.recv({ op: "ack", id: "k-1", room: "lobby", seq: 10 }); // an ack of a duplicate re-send
+  assert.deepEqual(await again, { seq: 12, id: "k-3", room: "lobby" });
+  assert.deepEqual(acks.map((a) => [a.id, a.seq, a.restored, a.body.n]), [["k-1", 10, true, 1], ["k-2", 11, true, 2], ["k-3", 12, true, 3]]);
+  assert.deepEqual(roomAcks, ["k-1", "k-2", "k-3"]);
+  assert.equal(env2.client.outbox.length, 0);
+  assert.deepEqual([...store.m.keys()].filter((k) => k.includes("#outbox")), [], "acknowledged entries are forgotten");
+  // A third page has nothing to re-send.
+  const env3 = setup({ storage: store });
+  assert.equal(env3.client.outbox.length, 0);
+});
+
+test("a stored outbox entry refused for good is forgotten and reported (nack); close() gives the outbox up", async () => {
+  const store = storage();
+  const env = setup({ storage: store });
+  env.client.publish("r", "x", { id: "bad" }).catch(() => {});
+  env.client.publish("r", "y", { id: "later" }).catch(() => {});
+  const env2 = setup({ storage: store });
+  const nacks = [];
+  env2.client.on("nack", (n) => nacks.push([n.id, n.error.code, n.restored]));
+  const ws = await openWith(env2);
+  ws.recv({ op: "err", ref: "bad", code: "forbidden", message: "no" });
+  assert.deepEqual(nacks, [["bad", "forbidden", true]]);
+  assert.deepEqual(env2.client.outbox.map((e) => e.id), ["later"]);
+  env2.client.close();
+  assert.deepEqual(nacks, [["bad", "forbidden", true], ["later", "closed", true]]);
+  assert.deepEqual([...store.m.keys()].filter((k) => k.includes("#outbox")), []);
+});
+
+test("persistOutbox:false keeps the outbox in the page; token mode stores it once the token names the user", async () => {
+  const store = storage();
+  const env = setup({ storage: store, options: { persistOutbox: false } });
+  env.client.publish("r", "x").catch(() => {});
+  assert.deepEqual([...store.m.keys()], []);
+
+  const store2 = storage();
+  const token = jwt({ app: "a1", sub: "bob", exp: 1_700_000_000 + 3600 });
+  let calls = 0;
+  const env2 = setup({ storage: store2, options: { user: undefined, token: async () => (calls++, token) } });
+  env2.client.publish("r", "early", { id: "e-1" }).catch(() => {});
+  assert.deepEqual([...store2.m.keys()], [], "the scope is unknown before the first token");
+  await env2.clock.advance(0);
+  assert.equal(calls, 1);
+  assert.ok([...store2.m.keys()].some((k) => k.includes(":a1/bob:#outbox:e-1")), [...store2.m.keys()].join(" "));
+  const env3 = setup({ storage: store2, options: { user: undefined, token: async () => token } });
+  assert.equal(env3.client.outbox.length, 0, "restored only once the token is known");
+  await env3.clock.advance(0);
+  assert.deepEqual(env3.client.outbox.map((e) => e.id), ["e-1"]);
+  // Another user of the same tab does not see it.
+  const other = jwt({ app: "a1", sub: "carol", exp: 1_700_000_000 + 3600 });
+  const env4 = setup({ storage: store2, options: { user: undefined, token: async () => other } });
+  await env4.clock.advance(0);
+  assert.equal(env4.client.outbox.length, 0);
+});
+
 test("publish ids are unique per client and across clients", async () => {
   const ids = new Set();
   for (let c = 0; c < 3; c++) {
