@@ -121,6 +121,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.GapWindow, "gap-window", d.GapWindow, "how long a missing seq is awaited before it is read from the store")
 	fs.DurationVar(&c.node.RetryMin, "retry-min", d.RetryMin, "shortest reconnect hint (retry=MS) of 1013 and drain closes")
 	fs.DurationVar(&c.node.RetryMax, "retry-max", d.RetryMax, "longest reconnect hint; hints are drawn from [retry-min, retry-max)")
+	fs.DurationVar(&c.node.SSEMaxAge, "sse-max-age", 0, "end an SSE stream after about this long (jittered by up to a tenth), with a jittered retry hint, so that long-lived listeners spread over nodes added since (0: never)")
 	fs.IntVar(&c.node.InboxLimit, "inbox-limit", d.InboxLimit, "tasks queued for one event loop before its new publishes get err overloaded and deliveries to it are read from the store instead")
 	fs.DurationVar(&c.node.ShedAfter, "shed-after", d.ShedAfter, "answer new publishes err overloaded while an event loop's publishes take longer than this from read to commit (0: never)")
 	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
@@ -755,6 +756,7 @@ func bindValues(c *config, into map[string]string) {
 		"gap-window":          d(n.GapWindow),
 		"retry-min":           d(n.RetryMin),
 		"retry-max":           d(n.RetryMax),
+		"sse-max-age":         d(n.SSEMaxAge),
 		"inbox-limit":         strconv.Itoa(n.InboxLimit),
 		"shed-after":          d(n.ShedAfter),
 		"node-id":             n.NodeID,

@@ -237,12 +237,20 @@ func (t *Table) History(m *Member, key string, before uint64, limit int) error {
 func (t *Table) sendJoined(m *Member, r *Room, jf *proto.Joined) {
 	a := t.arena
 	room := roomName(r.key)
-	t.Enqueue(m, a.Keep(proto.AppendJoinedFrame(a.Space(len(room)+proto.MaxJoinedExtra), room, jf)))
+	f := a.Keep(proto.AppendJoinedFrame(a.Space(len(room)+proto.MaxJoinedExtra), room, jf))
+	if m.sse != nil {
+		f = t.sseFrames(m, r, f, jf)
+	}
+	t.Enqueue(m, f)
 }
 
 func (t *Table) sendErr(m *Member, ref []byte, code proto.Code, msg string) {
 	a := t.arena
-	t.Enqueue(m, a.Keep(proto.AppendErrFrame(a.Space(64+6*len(ref)+2*len(msg)), ref, code, msg)))
+	f := a.Keep(proto.AppendErrFrame(a.Space(64+6*len(ref)+2*len(msg)), ref, code, msg))
+	if m.sse != nil {
+		f = t.sseFrames(m, nil, f, nil)
+	}
+	t.Enqueue(m, f)
 }
 
 // startJoin runs once the room is active on this loop. Without since,
@@ -340,7 +348,7 @@ func (t *Table) replayed(ev *Event) {
 		return
 	}
 	if len(ev.frame) > 0 {
-		t.enqueueReplay(m, ev.frame)
+		t.enqueueReplay(m, r, ev.frame)
 	}
 	j.after = max(j.after, ev.cursor)
 	if j.after >= r.last {
@@ -371,7 +379,7 @@ func (t *Table) historyDone(ev *Event) {
 		t.sendErr(m, roomName(ev.key), proto.CodeOverloaded, "cannot read history now: retry")
 		return
 	}
-	t.enqueueReplay(m, ev.frame)
+	t.enqueueReplay(m, nil, ev.frame)
 }
 
 // removeIfIdle drops a room nobody on this loop needs any more.
@@ -471,7 +479,7 @@ func (t *Table) deliver(r *Room, seq uint64, frame []byte) {
 	}
 	if seq == r.last+1 && len(r.held) == 0 {
 		// Fast path: in order, nothing held.
-		t.fan(r, frame)
+		t.fan(r, seq, frame)
 		r.last = seq
 		if len(r.joiners) > 0 {
 			t.promoteAhead(r)
@@ -518,7 +526,7 @@ func (t *Table) releaseHeld(r *Room) {
 		if h.Seq != r.last+1 {
 			break
 		}
-		t.fan(r, h.Frame)
+		t.fan(r, h.Seq, h.Frame)
 		r.last = h.Seq
 		if len(r.joiners) > 0 {
 			t.promoteAhead(r)

@@ -34,6 +34,7 @@ type Member struct {
 	slots   []slot
 	joins   []*joinState
 	reads   *readQueue // its store reads; nil until it makes one
+	sse     *sseMember // nil for a WebSocket member
 	dirty   bool
 	urgent  bool
 	// slow is set once the member passed the outbound limit: nothing more
@@ -206,10 +207,19 @@ func (t *Table) leaveAll(m *Member) {
 // collected for CloseSlow; nothing is dropped silently.
 //
 // Fast path: one append of a slice header per member; no allocation once
-// the freelists are warm.
-func (t *Table) fan(r *Room, frame []byte) {
+// the freelists are warm. SSE members share one event, built only when
+// the room has one (sse.go).
+func (t *Table) fan(r *Room, seq uint64, frame []byte) {
+	var event []byte
 	for _, m := range r.members {
-		t.Enqueue(m, frame)
+		if m.sse == nil {
+			t.Enqueue(m, frame)
+			continue
+		}
+		if event == nil {
+			event = t.sseEvent(frame)
+		}
+		t.enqueueSSE(m, r, seq, event)
 	}
 }
 
@@ -231,9 +241,12 @@ func (t *Table) Enqueue(m *Member, frame []byte) {
 // previous one has left (pump), so what a replay adds is bounded by its
 // page size, and a replay never makes a client a slow consumer. The limit
 // judges live messages only.
-func (t *Table) enqueueReplay(m *Member, frame []byte) {
+func (t *Table) enqueueReplay(m *Member, r *Room, frame []byte) {
 	if m.slow || m.Closed {
 		return
+	}
+	if m.sse != nil {
+		frame = t.sseFrames(m, r, frame, nil)
 	}
 	t.queue(m, frame)
 }
@@ -309,6 +322,12 @@ func (t *Table) put(b [][]byte) {
 // transport (written or buffered by it). The pending list goes back to the
 // freelist: an idle member holds none.
 func (t *Table) Flushed(m *Member) {
+	if s := m.sse; s != nil {
+		s.ids = s.ids[:0] // nothing pending points into it any more
+		if cap(s.ids) > maxIDBuf {
+			s.ids = nil
+		}
+	}
 	t.put(m.pending)
 	m.pending = nil
 	m.bytes = 0

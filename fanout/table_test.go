@@ -36,8 +36,8 @@ func TestJoinLeaveKeepsPositions(t *testing.T) {
 	for i := 1; i < 50; i += 4 {
 		tb.leave(b, ms[i])
 	}
-	tb.fan(a, []byte("A"))
-	tb.fan(b, []byte("B"))
+	tb.fan(a, 0, []byte("A"))
+	tb.fan(b, 0, []byte("B"))
 	for i, m := range ms {
 		want := ""
 		if i%3 != 0 {
@@ -73,14 +73,14 @@ func TestOutboundLimitMarksSlowOnce(t *testing.T) {
 	tb.join(r, slow)
 	frame := make([]byte, 100)
 	for i := 0; i < 9; i++ {
-		tb.fan(r, frame)
+		tb.fan(r, 0, frame)
 		tb.Flushed(fast) // fast drains, slow does not
 	}
 	if tb.HasSlow() {
 		t.Fatal("slow before the limit")
 	}
 	slow.Backlog = 200 // the transport still holds some: counts too
-	tb.fan(r, frame)
+	tb.fan(r, 0, frame)
 	if len(tb.slow) != 1 || tb.slow[0] != slow || !slow.Slow() {
 		t.Fatalf("want slow member reported once, got %d", len(tb.slow))
 	}
@@ -88,7 +88,7 @@ func TestOutboundLimitMarksSlowOnce(t *testing.T) {
 	if o := slow.Owner.(*testOwner); o.resyncs != 1 || slow.PendingBytes() != 0 {
 		t.Fatalf("slow member: resyncs %d, pending %d after CloseSlow", o.resyncs, slow.PendingBytes())
 	}
-	tb.fan(r, frame)
+	tb.fan(r, 0, frame)
 	if tb.HasSlow() || slow.PendingBytes() != 0 {
 		t.Fatalf("a slow member gets nothing more: slow=%v pending=%d", tb.HasSlow(), slow.PendingBytes())
 	}
@@ -103,7 +103,7 @@ func TestPendingGrowsThroughClasses(t *testing.T) {
 	m := &Member{}
 	tb.join(r, m)
 	for i := 0; i < 5000; i++ {
-		tb.fan(r, []byte{byte(i)})
+		tb.fan(r, 0, []byte{byte(i)})
 	}
 	p := m.Pending()
 	if len(p) != 5000 {
@@ -125,11 +125,11 @@ func TestUrgentPastFlushAt(t *testing.T) {
 	r := tb.add([]byte("app/r"))
 	m := &Member{}
 	tb.join(r, m)
-	tb.fan(r, make([]byte, 200))
+	tb.fan(r, 0, make([]byte, 200))
 	if len(tb.TakeUrgent()) != 0 {
 		t.Fatal("urgent too early")
 	}
-	tb.fan(r, make([]byte, 200))
+	tb.fan(r, 0, make([]byte, 200))
 	if u := tb.TakeUrgent(); len(u) != 1 || u[0] != m {
 		t.Fatal("want member urgent past flushAt")
 	}
@@ -164,7 +164,7 @@ func TestDeliverAllocationFree(t *testing.T) {
 	frame := make([]byte, 180)
 	round := func() {
 		for i := 0; i < 5; i++ {
-			tb.fan(r, frame)
+			tb.fan(r, 0, frame)
 		}
 		for _, m := range tb.TakeDirty() {
 			tb.Flushed(m)
@@ -189,7 +189,7 @@ func BenchmarkDeliver300(b *testing.B) {
 	b.SetBytes(int64(len(frame)) * 300)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		tb.fan(r, frame)
+		tb.fan(r, 0, frame)
 		if i%32 == 31 { // a flush tick every 32 messages
 			for _, m := range tb.TakeDirty() {
 				tb.Flushed(m)

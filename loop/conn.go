@@ -35,6 +35,7 @@ type conn struct {
 	user     string
 	rooms    *roomClaims // the token's rooms and expiry; nil: no token (insecure), every room
 	frag     *[]byte     // a fragmented message being assembled, nil otherwise (rare: a pointer keeps conn small)
+	sse      *sseConn    // an SSE stream (sse.go); nil for WebSocket
 	opened   int64       // Unix ms
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
@@ -124,7 +125,11 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	if c.ip.IsValid() {
 		s.releaseIP(c.ip)
 	}
-	if c.state == stateUpgrading || c.app == nil {
+	if c.sse != nil {
+		s.Stats.SSEConns.Add(-1)
+		c.app.release(c.user, c.au)
+		c.au = nil
+	} else if c.state == stateUpgrading || c.app == nil {
 		// Never upgraded: refused, timed out, or a plain HTTP request.
 		s.Stats.Upgrading.Add(-1)
 	} else {
@@ -157,6 +162,11 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	c, _ := gc.Context().(*conn)
 	if c == nil || c.closed {
+		return gnet.None
+	}
+	if c.sse != nil {
+		// A listener has nothing to say after its request.
+		_, _ = gc.Discard(-1)
 		return gnet.None
 	}
 	c.lastRead = c.l.now()
@@ -224,6 +234,9 @@ func (c *conn) dueAt() int64 {
 	case stateUpgrading:
 		return c.opened + cfg.UpgradeTimeout.Milliseconds()
 	case stateOpen:
+		if c.sse != nil {
+			return c.sseDueAt()
+		}
 		d := c.lastRead + cfg.IdleInterval.Milliseconds()
 		if c.pinged {
 			d += cfg.IdleInterval.Milliseconds()
@@ -255,6 +268,10 @@ func (c *conn) upgrade() bool {
 	}
 	if n == 0 {
 		return false // wait for the rest of the head
+	}
+	if string(req.Path) == "/sse" {
+		c.openSSE(&req)
+		return false
 	}
 	if string(req.Path) != "/ws" {
 		if s.serveHTTP(c, &req) {
@@ -537,6 +554,10 @@ func (c *conn) sendErr(ref []byte, code proto.Code, msg string) {
 // answers with a reset, the client's stack discards what it had not read,
 // and the client sees 1006 without its code and retry hint.
 func (c *conn) closeWith(code int, reason []byte) {
+	if c.sse != nil {
+		c.endSSE() // a stream has no close frame: its retry field says when to come back
+		return
+	}
 	if c.closed || c.state == stateClosing {
 		return
 	}

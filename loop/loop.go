@@ -1,6 +1,7 @@
 package loop
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -115,6 +116,8 @@ type loopState struct {
 	lingerT     *time.Timer
 	cmd         proto.Command
 	keyBuf      []byte
+	sseBuf      []byte    // an SSE request's room names and position (openSSE)
+	sseList     []sseRoom // its rooms
 	scratch     []byte
 	iov         [iovMax]unix.Iovec
 	interns     map[string]string
@@ -465,6 +468,14 @@ func (l *loopState) writeOut(c *conn, all bool) {
 		keep := 1
 		if all {
 			keep = len(frames)
+		} else if c.sse != nil {
+			// An event and its id line go together: a stream cut after
+			// the event but before its id (a slow consumer's close drops
+			// what is still queued here) would dispatch the event without
+			// its position, and the client's resume would send it again.
+			for keep < len(frames) && !bytes.HasSuffix(frames[keep-1], sseEnd) {
+				keep++
+			}
 		}
 		for _, f := range frames[:keep] {
 			if c.closed {
@@ -655,6 +666,10 @@ func (l *loopState) sweep() {
 
 // sweepConn does what is due for one connection.
 func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
+	if c.sse != nil && c.state == stateOpen {
+		l.sweepSSE(c, now, idle)
+		return
+	}
 	silent := now - c.lastRead
 	switch {
 	case c.state == stateUpgrading:

@@ -48,6 +48,10 @@ type Config struct {
 	UpgradeTimeout time.Duration // a connection must finish its upgrade within this
 	RetryMin       time.Duration // jittered reconnect hint of 1013 closes: [RetryMin, RetryMax)
 	RetryMax       time.Duration
+	// SSEMaxAge ends an SSE stream after about this long (0: never), with
+	// a retry hint, so that long-lived listeners spread over nodes added
+	// since.
+	SSEMaxAge time.Duration
 	// InboxLimit bounds a loop's inbox: a delivery that finds this many
 	// tasks queued is not queued (its room is read from the store
 	// instead), and new publishes on the loop get err overloaded.
@@ -164,7 +168,9 @@ type Server struct {
 
 // Stats are the node's counters, updated without locks.
 type Stats struct {
-	Conns      atomic.Int64 // open WebSocket connections
+	Conns      atomic.Int64  // open WebSocket connections
+	SSEConns   atomic.Int64  // open SSE streams
+	SSEMaxAge  atomic.Uint64 // SSE streams ended by SSEMaxAge
 	Upgrading  atomic.Int64
 	Accepted   atomic.Uint64
 	FramesOut  atomic.Uint64 // frames handed to the kernel or gnet
@@ -388,6 +394,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.RetryMin < time.Millisecond {
 		bad("invalid --retry-min %s: want at least 1ms", c.RetryMin)
+	}
+	if c.SSEMaxAge < 0 {
+		bad("invalid --sse-max-age %s: want 0 (never) or a positive duration", c.SSEMaxAge)
 	}
 	if c.RetryMax <= c.RetryMin {
 		bad("invalid --retry-max %s: want more than --retry-min (%s)", c.RetryMax, c.RetryMin)

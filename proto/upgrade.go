@@ -48,6 +48,9 @@ type Request struct {
 	// IfNoneMatch is the If-None-Match header of a plain GET (the ETag a
 	// browser revalidates a cached file with).
 	IfNoneMatch []byte
+	// LastEventID is the Last-Event-ID header: the position an SSE client
+	// (a browser's EventSource) resumes from.
+	LastEventID []byte
 }
 
 var crlfcrlf = []byte("\r\n\r\n")
@@ -155,7 +158,7 @@ func ParseRequest(b []byte, r *Request) (n int, err error) {
 		// Switch on the length first: most headers (Host, User-Agent,
 		// Accept-*) then cost one comparison.
 		switch len(name) {
-		case len("Upgrade"), len("Connection"), len("Sec-WebSocket-Key"), len("Sec-WebSocket-Version"), len("If-None-Match"): // = len("Authorization")
+		case len("Upgrade"), len("Connection"), len("Sec-WebSocket-Key"), len("Sec-WebSocket-Version"), len("If-None-Match"): // = len("Authorization") = len("Last-Event-ID")
 		default:
 			continue
 		}
@@ -172,6 +175,8 @@ func ParseRequest(b []byte, r *Request) (n int, err error) {
 			r.IfNoneMatch = val
 		case bytes.EqualFold(name, []byte("Authorization")):
 			r.Authorization = val
+		case bytes.EqualFold(name, []byte("Last-Event-ID")):
+			r.LastEventID = val
 		}
 	}
 	if string(r.Method) != "GET" {

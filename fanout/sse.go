@@ -1,0 +1,169 @@
+package fanout
+
+import (
+	"github.com/roost-chat/roost/proto"
+)
+
+// An SSE member receives the room's messages as Server-Sent Events rather
+// than WebSocket frames. The event of a message ("event: msg", "data:" the
+// frame's JSON) is built once per message by each loop with SSE members in
+// the room, from the shared frame, and shared by all of them like the
+// frame; it is not built at all for a room without SSE members. Only the
+// id line after each event is the member's own: its position in every
+// room, written into a buffer the member reuses, so steady delivery
+// allocates nothing.
+
+// ssePos is an SSE member's position in one of its rooms: the newest seq
+// it has been sent there (has: known; a room not joined yet and not
+// resumed is left out of the id).
+type ssePos struct {
+	key string
+	seq uint64
+	has bool
+}
+
+// sseMember is the SSE side of a Member.
+type sseMember struct {
+	pos []ssePos // in the order the client named the rooms
+	// ids holds the id lines of the pending events; pending slices point
+	// into it, so it is reset only once nothing is pending (Flushed).
+	ids []byte
+	// events counts the events queued; the loop's keep-alive reads it to
+	// tell a stream with events from an idle one.
+	events uint64
+}
+
+// maxIDBuf is the id buffer an SSE member keeps between flushes; a bigger
+// one (a burst) is given back.
+const maxIDBuf = 16 << 10
+
+// SetSSE makes m an SSE member (before any join): the table sends it
+// events, not frames. Loop only.
+func (m *Member) SetSSE() { m.sse = &sseMember{} }
+
+// SSE reports whether m is an SSE member.
+func (m *Member) SSE() bool { return m.sse != nil }
+
+// SSEEvents is the number of events queued for m so far. Loop only.
+func (m *Member) SSEEvents() uint64 {
+	if m.sse == nil {
+		return 0
+	}
+	return m.sse.events
+}
+
+// SSEResume records the position a resuming SSE client sent for the room
+// key (its join carries since=seq): until the room says otherwise, that is
+// where the member stands. Call before Join, in the order of the rooms.
+// Loop only.
+func (m *Member) SSEResume(key string, seq uint64, has bool) {
+	m.sse.pos = append(m.sse.pos, ssePos{key: key, seq: seq, has: has})
+}
+
+func (s *sseMember) set(key string, seq uint64) {
+	for i := range s.pos {
+		if s.pos[i].key == key {
+			s.pos[i].seq, s.pos[i].has = seq, true
+			return
+		}
+	}
+}
+
+// appendID appends the id line of the member's current position and the
+// blank line that dispatches the event before it.
+func (s *sseMember) appendID(dst []byte) []byte {
+	dst = append(dst, "id: "...)
+	first := true
+	for i := range s.pos {
+		p := &s.pos[i]
+		if !p.has {
+			continue
+		}
+		_, room := proto.SplitKey(p.key)
+		dst = proto.AppendSSEPositionItem(dst, first, room, p.seq)
+		first = false
+	}
+	return append(dst, "\n\n"...)
+}
+
+// sseEvent builds the shared event of a message frame.
+func (t *Table) sseEvent(frame []byte) []byte {
+	payload, _ := proto.ServerFramePayload(frame)
+	a := t.arena
+	return a.Keep(proto.AppendSSEEvent(a.Space(proto.SSEEventLen("msg", len(payload), 0)), "msg", payload))
+}
+
+// enqueueSSE queues a message's shared event for an SSE member, then its
+// id line. Under the outbound limit like any live message.
+func (t *Table) enqueueSSE(m *Member, r *Room, seq uint64, event []byte) {
+	if m.slow || m.Closed {
+		return
+	}
+	s := m.sse
+	s.set(r.key, seq)
+	start := len(s.ids)
+	s.ids = s.appendID(s.ids)
+	id := s.ids[start:len(s.ids):len(s.ids)]
+	if m.bytes+m.Backlog+len(event)+len(id) > t.limit {
+		s.ids = s.ids[:start]
+		m.slow = true
+		t.slow = append(t.slow, m)
+		return
+	}
+	s.events++
+	t.queue(m, event)
+	t.queue(m, id)
+}
+
+// sseFrames turns frames the table built for one SSE member (joined, err,
+// a replay page of msg frames) into events, each with the id line of the
+// member's position after it, in one buffer of the member's own. Not the
+// delivery path: joins and catch-ups only.
+func (t *Table) sseFrames(m *Member, r *Room, frames []byte, jf *proto.Joined) []byte {
+	s := m.sse
+	a := t.arena
+	size := 0
+	for b := frames; len(b) > 0; {
+		p, n := proto.ServerFramePayload(b)
+		if n == 0 {
+			break
+		}
+		size += proto.SSEEventLen("presence_diff", len(p), 0) + 32 + 64*len(s.pos)
+		b = b[n:]
+	}
+	out := a.Space(size)
+	for b := frames; len(b) > 0; {
+		p, n := proto.ServerFramePayload(b)
+		if n == 0 {
+			break
+		}
+		b = b[n:]
+		op := proto.FrameOp(p)
+		if op == "" {
+			continue
+		}
+		out = proto.AppendSSEEvent(out, op, p)
+		switch {
+		case op == "msg" && r != nil:
+			if seq, ok := proto.MsgSeq(p); ok {
+				s.set(r.key, seq)
+			}
+		case op == "joined" && r != nil && jf != nil:
+			switch {
+			case !jf.Resumed:
+				s.set(r.key, jf.Seq)
+			case !jf.Recovered:
+				s.set(r.key, jf.From-1)
+			default:
+				// Everything after the client's since follows: it stays
+				// where it said it was until the replay moves it on.
+			}
+		case op == "err":
+			out = append(out, '\n')
+			continue
+		}
+		s.events++
+		out = s.appendID(out)
+	}
+	return a.Keep(out)
+}
