@@ -151,6 +151,9 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	l.conns[last] = nil
 	l.conns = l.conns[:last]
 	l.due = l.due[:last]
+	if last == 0 && l.sweeping && l.sweepT.Stop() {
+		l.sweeping = false // no connection left to sweep: no timer either
+	}
 	gc.SetContext(nil)
 	return gnet.None
 }

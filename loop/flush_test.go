@@ -6,8 +6,8 @@ import (
 )
 
 // TestFlushSchedule: output after a pause leaves at once, output within a
-// tick waits for it (one writev per connection per tick), output after one
-// quiet tick still waits, and two quiet ticks in a row stop the ticking.
+// tick waits for it (one writev per connection per tick), and one quiet
+// tick stops the ticking, so the next output leaves at once again.
 func TestFlushSchedule(t *testing.T) {
 	rig := newFanoutRig(t, 3, false)
 	l := rig.l
@@ -34,27 +34,26 @@ func TestFlushSchedule(t *testing.T) {
 		t.Fatalf("frames out %d, want 9", got)
 	}
 	l.tick()
-	if writes() != 6 || !l.ticking {
-		t.Fatalf("one quiet tick: %d writes, ticking %v; want one more tick", writes(), l.ticking)
+	if writes() != 6 || l.ticking {
+		t.Fatalf("one quiet tick: %d writes, ticking %v; want the loop to stop ticking", writes(), l.ticking)
 	}
 	rig.next()
 	l.kick()
-	if writes() != 6 {
-		t.Fatalf("output one quiet tick after a write: %d writes; want it held for the tick", writes())
-	}
-	l.tick()
 	if writes() != 9 || !l.ticking {
-		t.Fatalf("tick with held output: %d writes, ticking %v", writes(), l.ticking)
-	}
-	l.tick()
-	l.tick()
-	if writes() != 9 || l.ticking {
-		t.Fatalf("two quiet ticks: %d writes, ticking %v; want the loop to stop ticking", writes(), l.ticking)
+		t.Fatalf("output after one quiet tick: %d writes, ticking %v; want it written at once and a tick armed", writes(), l.ticking)
 	}
 	rig.next()
 	l.kick()
-	if writes() != 12 || !l.ticking {
-		t.Fatalf("after the pause: %d writes; want the frame written at once", writes())
+	if writes() != 9 {
+		t.Fatalf("output behind it: %d writes; want it held for the tick", writes())
+	}
+	l.tick()
+	l.tick()
+	if writes() != 12 || l.ticking {
+		t.Fatalf("a tick with output and a quiet one: %d writes, ticking %v", writes(), l.ticking)
+	}
+	if got := l.srv.Stats.Ticks.Load(); got != 4 {
+		t.Fatalf("%d ticks counted, want 4", got)
 	}
 }
 
@@ -71,8 +70,7 @@ func TestFlushScheduleAllocationFree(t *testing.T) {
 		rig.next()
 		l.kick() // waits for the tick
 		l.tick() // written, re-armed
-		l.tick() // quiet once: one more tick
-		l.tick() // quiet twice: stops
+		l.tick() // quiet: stops
 	}
 	cycle()
 	if n := testing.AllocsPerRun(20, cycle); n != 0 {
@@ -88,7 +86,7 @@ func TestFirstFramesLeaveAtOnce(t *testing.T) {
 	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
 	alice.send(`{"op":"join","room":"r"}`)
 	alice.expect(map[string]any{"op": "joined", "room": "r"})
-	time.Sleep(3300 * time.Millisecond) // the two ticks behind the reply find nothing: a pause
+	time.Sleep(2300 * time.Millisecond) // the tick behind the reply finds nothing: a pause
 
 	t0 := time.Now()
 	bob.send(`{"op":"pub","room":"r","id":"m-1","body":1}`)
@@ -142,5 +140,38 @@ func TestSweepDueFollowsConns(t *testing.T) {
 	check("after a sweep")
 	if c := l.conns[0]; c.state == stateOpen && l.due[0] != c.lastRead+s.cfg.IdleInterval.Milliseconds() {
 		t.Fatalf("open conn due %d, want its ping time %d", l.due[0], c.lastRead+s.cfg.IdleInterval.Milliseconds())
+	}
+}
+
+// TestIdleNodeRests over real sockets: once the output of a publish has
+// left, a node whose connections are silent runs no flush tick, and a node
+// without connections runs no timer at all (no tick, no sweep).
+func TestIdleNodeRests(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.Loops = 1; c.FlushInterval = 5 * time.Millisecond })
+	st := &n.srv.Stats
+	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	alice.send(`{"op":"join","room":"r"}`)
+	alice.expect(map[string]any{"op": "joined", "room": "r"})
+	bob.send(`{"op":"pub","room":"r","id":"m-1","body":1}`)
+	alice.expect(map[string]any{"op": "msg", "id": "m-1"})
+	bob.expect(map[string]any{"op": "ack", "id": "m-1"})
+	// The tick behind the last write finds nothing, and the loop stops.
+	time.Sleep(20 * time.Millisecond)
+	ticks := st.Ticks.Load()
+	if ticks == 0 {
+		t.Fatal("no flush tick ran behind the writes")
+	}
+	time.Sleep(300 * time.Millisecond) // 60 flush intervals
+	if got := st.Ticks.Load() - ticks; got != 0 {
+		t.Fatalf("%d flush ticks while every connection was silent; want none", got)
+	}
+	alice.conn.Close()
+	bob.conn.Close()
+	checkFor(t, 5*time.Second, func() bool { return st.Conns.Load() == 0 })
+	time.Sleep(50 * time.Millisecond) // what the closes queued has run
+	ticks, sweeps := st.Ticks.Load(), st.Sweeps.Load()
+	time.Sleep(1500 * time.Millisecond) // past the sweep's period
+	if dt, ds := st.Ticks.Load()-ticks, st.Sweeps.Load()-sweeps; dt != 0 || ds != 0 {
+		t.Fatalf("a node without connections ran %d ticks and %d sweeps; want none", dt, ds)
 	}
 }

@@ -86,13 +86,12 @@ type loopState struct {
 	lostSpare map[string]struct{}
 	depth     atomic.Int64
 
-	// Output leaves at once when the loop has written nothing for two
-	// ticks, else at the next tick: at most one write per connection per
+	// Output leaves at once when the loop's last tick found nothing, else
+	// at the next tick: at most one write per connection per
 	// FlushInterval, and no wait after a pause. ticking: a flush tick is
-	// armed or queued; it re-arms while it finds work and for one quiet
-	// tick after, so an idle loop has no timer running (see kick and tick).
+	// armed or queued; it re-arms while it finds work, so an idle loop has
+	// no timer running (see kick and tick).
 	ticking  bool
-	quiet    int // quiet ticks in a row (tick)
 	flushT   *time.Timer
 	onFlushT func()
 	// sweeping: the sweep timer is armed or queued; it runs only while the
@@ -266,8 +265,8 @@ func (l *loopState) settle() {
 }
 
 // kick runs at the end of each wake-up of the loop (an inbox drain, a read
-// event). With no tick armed the loop has written nothing for at least two
-// ticks, so what is pending leaves now and a tick is armed behind it; with
+// event). With no tick armed the loop's last tick found nothing to write,
+// so what is pending leaves now and a tick is armed behind it; with
 // one armed, the output waits for it. Under load the ticks chain and every
 // connection gets one writev per tick, as many frames as it has; after a
 // pause the first frames do not wait.
@@ -304,27 +303,19 @@ func (l *loopState) armTick() {
 }
 
 // tick is the flush tick. A tick that wrote nothing and has nothing to
-// wait for is quiet; after two quiet ticks in a row the loop stops ticking
-// until output appears again. Not after one: publishers that send in bursts
-// (a client library's batch, or the bench, whose publishers send in step)
-// leave one quiet tick between bursts at a few thousand msg/s into a big
-// room, and writing each burst's first frames at once would then cost a
-// second writev per member per burst where the chained ticks take one or
-// two: more CPU per frame exactly where batching pays. Two quiet ticks mean
-// a pause longer than the tick, where the extra write costs nothing that
-// matters and saves up to a tick of latency.
+// wait for is quiet, and the loop stops ticking there until output appears
+// again: the first frames after any pause longer than a tick leave at once.
+// What keeps this cheap under bursty load is that a burst reaches the loop
+// in one piece (the publish pool commits what is queued at once and the
+// loop takes a whole commit batch in one wake-up), so a burst costs one
+// write per member whether it finds the loop ticking or not.
 func (l *loopState) tick() {
+	l.srv.Stats.Ticks.Add(1)
 	wrote := l.flush()
 	if wrote > 0 || l.hasTickWork() {
-		l.quiet = 0
 		l.armTick()
 		return
 	}
-	if l.quiet++; l.quiet < 2 {
-		l.armTick()
-		return
-	}
-	l.quiet = 0
 	l.ticking = false
 }
 
@@ -346,6 +337,7 @@ func (l *loopState) run(t *task) {
 	case tFlush:
 		l.tick()
 	case tSweep:
+		l.srv.Stats.Sweeps.Add(1)
 		l.sweeping = false
 		l.sweep()
 		if len(l.conns) > 0 {

@@ -191,6 +191,10 @@ type Stats struct {
 	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
 	InFlight      atomic.Int64  // publishes submitted and not yet answered
 	Disconnected  atomic.Uint64 // connections closed by Disconnect (the server API's disconnect, from any node)
+	// Ticks and Sweeps count the loops' timer wake-ups (flush ticks, idle
+	// sweeps): an idle node shows none.
+	Ticks  atomic.Uint64
+	Sweeps atomic.Uint64
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.
