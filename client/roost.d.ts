@@ -53,10 +53,17 @@ export interface ResetInfo {
   previousEpoch: string | undefined;
 }
 
+/**
+ * What changed in a room's members (Room.members), each change told once:
+ * from the node's presence_diff frames, and after each join (the first,
+ * and every reconnect) from a snapshot of who is here (snapshot: true), so
+ * the changes made while the client was away are not lost.
+ */
 export interface PresenceDiff {
   room: string;
   joined: string[];
   left: string[];
+  snapshot: boolean;
 }
 
 export interface RoomOptions<Body = unknown> {
@@ -64,8 +71,9 @@ export interface RoomOptions<Body = unknown> {
   onMessage?(msg: Message<Body>): void;
   /** The node said recovered:false: messages were lost to this client; reload the view. */
   onReset?(info: ResetInfo): void;
-  /** Subscribe to presence changes of the room (not served by roost nodes yet). */
+  /** Subscribe to the room's presence: Room.members, kept up to date, and onPresence. */
   presence?: boolean;
+  /** With presence: true, every change of Room.members. */
   onPresence?(diff: PresenceDiff): void;
   /**
    * A publish to this room was acknowledged: stored once, under seq. Called
@@ -126,7 +134,9 @@ export declare class Room<Body = unknown> {
    */
   publish(body: Body, opts?: PublishOptions): Promise<Ack>;
   history(opts?: { before?: number; limit?: number }): Promise<{ room: string; messages: Message<Body>[]; more?: boolean }>;
-  /** Not served by roost nodes yet: rejects with bad_request. */
+  /** With presence: true, the users in the room as last known, sorted; undefined without. */
+  readonly members: string[] | undefined;
+  /** Who is here now, on every node (users: at most 1000, then more: true). */
   presence(): Promise<{ room: string; count: number; users: string[]; more?: boolean }>;
   leave(): void;
 }
@@ -199,6 +209,7 @@ export interface RoostEvents {
   error: RoostError;
   reset: ResetInfo;
   outbox: OutboxEntry[];
+  presence: PresenceDiff;
   ack: AckEvent;
   nack: NackEvent;
   message: Message;

@@ -83,6 +83,7 @@ export class Roost {
     this._everOpened = false;
     this._attempt = 0; // consecutive failed attempts
     this._wsBlocked = 0; // consecutive "HTTP works, WebSocket does not"
+    this._sseWorked = false; // an SSE stream has opened for this client"
     this._timer = null; // reconnect / probe
     this._connectTimer = null;
     this._pingTimer = null;
@@ -123,7 +124,7 @@ export class Roost {
   }
 
   /**
-   * on("state"|"open"|"close"|"reconnect"|"error"|"reset"|"outbox"|"ack"|"nack"|"message", fn) → a
+   * on("state"|"open"|"close"|"reconnect"|"error"|"reset"|"outbox"|"ack"|"nack"|"presence"|"message", fn) → a
    * function that removes the listener.
    */
   on(event, fn) {
@@ -273,7 +274,7 @@ export class Roost {
         break;
       case "presence_diff": {
         const r = this.rooms.get(f.room);
-        if (r && r._opts.onPresence) safeCall(r._opts.onPresence, { room: f.room, joined: f.joined || [], left: f.left || [] });
+        if (r && r._opts.presence) r._presenceChange(f.joined || [], f.left || [], false);
         break;
       }
       case "authed":
@@ -402,7 +403,10 @@ export class Roost {
       return;
     }
     this._wsBlocked = d.blocked ? this._wsBlocked + 1 : 0;
-    if (this.options.sse && this._EventSource && this._wsBlocked >= this.options.sseAfter) {
+    // Once SSE has served this client, one more blocked WebSocket is proof
+    // enough (the path did not change): back to SSE without the wait.
+    const after = this._sseWorked ? 1 : this.options.sseAfter;
+    if (this.options.sse && this._EventSource && this._wsBlocked >= after) {
       this._openSSE();
       return;
     }
@@ -866,6 +870,7 @@ export class Roost {
     es.onopen = () => {
       if (this._es !== es) return;
       this._everOpened = true;
+      this._sseWorked = true;
       this._attempt = 0;
       this._transport = "sse";
       this._setState("open");
@@ -985,6 +990,16 @@ class Room {
     this._joining = false;
     this._sentSince = undefined;
     this._failed = null;
+    this._members = new Set(); // with presence: the users here, as last known
+    this._snapshot = 0; // the presence snapshot being asked for (a counter: only the newest counts)
+  }
+
+  /**
+   * With presence: true, the users in the room as last known (each join
+   * asks the node again), sorted; undefined without presence.
+   */
+  get members() {
+    return this._opts.presence ? [...this._members].sort() : undefined;
   }
 
   /** seq of the last message given to onMessage (undefined before the first join). */
@@ -1113,6 +1128,45 @@ class Room {
       this._save();
     }
     if (this._opts.onJoined) safeCall(this._opts.onJoined, { room: this.name, seq: f.seq, epoch: f.epoch, recovered: f.recovered });
+    if (this._opts.presence && this.client._transport === "websocket") this._askPresence();
+  }
+
+  // _askPresence takes a snapshot of who is here after each join: the diffs
+  // the node sent while this client was away are lost with the connection,
+  // and the app is given the difference from what it last knew instead.
+  _askPresence() {
+    const n = ++this._snapshot;
+    this.presence().then(
+      (p) => {
+        if (n !== this._snapshot || this.client.rooms.get(this.name) !== this) return;
+        const now = new Set(Array.isArray(p.users) ? p.users : []);
+        const joined = [...now].filter((u) => !this._members.has(u));
+        const left = [...this._members].filter((u) => !now.has(u));
+        this._presenceChange(joined, left, true);
+      },
+      () => {}, // a node without presence: only diffs, if any
+    );
+  }
+
+  // _presenceChange applies a diff (or a snapshot's difference) to the
+  // members and tells the app what actually changed: a diff the snapshot
+  // already holds is not told twice.
+  _presenceChange(joined, left, snapshot) {
+    const j = [];
+    const l = [];
+    for (const u of joined) {
+      if (typeof u === "string" && !this._members.has(u)) {
+        this._members.add(u);
+        j.push(u);
+      }
+    }
+    for (const u of left) {
+      if (typeof u === "string" && this._members.delete(u)) l.push(u);
+    }
+    if (!j.length && !l.length) return;
+    const diff = { room: this.name, joined: j, left: l, snapshot };
+    if (this._opts.onPresence) safeCall(this._opts.onPresence, diff);
+    this.client._emit("presence", diff);
   }
 
   _onJoinErr(err) {

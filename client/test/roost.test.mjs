@@ -636,6 +636,36 @@ test("an SSE stream the browser gave up on goes back to WebSocket", async () => 
   assert.equal(env.WS.all.length, 2);
 });
 
+test("once SSE has served, one blocked WebSocket sends the client back to SSE, resuming from its positions", async () => {
+  const fetch = fakeFetch(() => ({ status: 426, body: "" }));
+  const env = setup({ fetch, options: { sse: true } }); // sseAfter 2
+  const got = [];
+  env.client.room("a", { onMessage: (m) => got.push(m.seq) });
+  await env.clock.advance(0);
+  env.WS.last().serverClose(1006);
+  await env.clock.advance(1000);
+  env.WS.last().serverClose(1006);
+  await env.clock.advance(0);
+  const es = env.ES.last();
+  es.open();
+  es.event("joined", { room: "a", seq: 2, epoch: "E" });
+  es.event("msg", msg("a", 3));
+  es.fail(true); // the stream's node went away for good (a 502 of the proxy)
+  await env.clock.advance(1000);
+  assert.equal(env.WS.all.length, 3);
+  env.WS.last().serverClose(1006); // still blocked
+  await env.clock.advance(0);
+  assert.equal(env.ES.all.length, 2, "straight back to SSE");
+  const es2 = env.ES.last();
+  assert.equal(es2.query.get("since"), "a:3");
+  es2.open();
+  es2.event("joined", { room: "a", seq: 4, epoch: "E", recovered: true });
+  es2.event("msg", msg("a", 3)); // a replay overlapping what was delivered
+  es2.event("msg", msg("a", 4));
+  assert.deepEqual(got, [3, 4]);
+  assert.equal(env.client.transport, "sse");
+});
+
 test("a seq gap the node did not announce is never delivered past: the client resumes", async () => {
   const env = setup();
   const got = [];
@@ -650,18 +680,63 @@ test("a seq gap the node did not announce is never delivered past: the client re
   assert.deepEqual(env.WS.last().ops("join")[0], { op: "join", room: "lobby", since: 2, epoch: "E1" });
 });
 
-test("presence: join asks for diffs, onPresence gets them, presence() answers", async () => {
+test("presence: each join asks for diffs and a snapshot; onPresence gets what changed, once; presence() answers", async () => {
   const env = setup();
   const diffs = [];
   const room = env.client.room("lobby", { presence: true, onPresence: (d) => diffs.push(d) });
   const ws = await openWith(env, "lobby");
   assert.deepEqual(ws.ops("join"), [{ op: "join", room: "lobby", presence: true }]);
-  ws.recv({ op: "presence_diff", room: "lobby", joined: ["bob"], left: ["carol"] });
-  assert.deepEqual(diffs, [{ room: "lobby", joined: ["bob"], left: ["carol"] }]);
-  const p = room.presence();
+  // After joined, the client asks who is here.
   assert.deepEqual(ws.ops("presence"), [{ op: "presence", room: "lobby" }]);
+  ws.recv({ op: "presence_diff", room: "lobby", joined: ["bob"], left: ["carol"] }); // carol was never known
   ws.recv({ op: "presence", room: "lobby", count: 2, users: ["alice", "bob"] });
-  assert.deepEqual(await p, { room: "lobby", count: 2, users: ["alice", "bob"] });
+  await flush();
+  assert.deepEqual(diffs, [
+    { room: "lobby", joined: ["bob"], left: [], snapshot: false },
+    { room: "lobby", joined: ["alice"], left: [], snapshot: true },
+  ]);
+  assert.deepEqual(room.members, ["alice", "bob"]);
+  ws.recv({ op: "presence_diff", room: "lobby", joined: ["dave"], left: ["bob"] });
+  assert.deepEqual(diffs.at(-1), { room: "lobby", joined: ["dave"], left: ["bob"], snapshot: false });
+  ws.recv({ op: "presence_diff", room: "lobby", joined: ["dave"], left: [] }); // nothing new: not told
+  assert.equal(diffs.length, 3);
+  // The app's own query.
+  const p = room.presence();
+  assert.equal(ws.ops("presence").length, 2);
+  ws.recv({ op: "presence", room: "lobby", count: 2, users: ["alice", "dave"] });
+  assert.deepEqual(await p, { room: "lobby", count: 2, users: ["alice", "dave"] });
+
+  // A reconnect: the diffs of the time away are lost with the connection;
+  // the new snapshot gives the app the difference.
+  ws.serverClose(1006);
+  await env.clock.advance(1000);
+  const ws2 = env.WS.last();
+  ws2.open();
+  assert.deepEqual(ws2.ops("join")[0].presence, true);
+  ws2.recv({ op: "joined", room: "lobby", seq: 0, epoch: "E1", recovered: true });
+  ws2.recv({ op: "presence", room: "lobby", count: 2, users: ["alice", "erin"] });
+  await flush();
+  assert.deepEqual(diffs.at(-1), { room: "lobby", joined: ["erin"], left: ["dave"], snapshot: true });
+  assert.equal(diffs.length, 4);
+  assert.deepEqual(room.members, ["alice", "erin"]);
+});
+
+test("presence against a node without it: the snapshot's refusal is quiet; without presence:true no members", async () => {
+  const env = setup();
+  const diffs = [];
+  const room = env.client.room("lobby", { presence: true, onPresence: (d) => diffs.push(d) });
+  const plain = env.client.room("other", {});
+  const ws = await openWith(env, "lobby");
+  ws.recv({ op: "err", ref: "lobby", code: "bad_request", message: "unknown op" });
+  await flush();
+  assert.deepEqual(diffs, []);
+  assert.deepEqual(env.errors, []);
+  assert.deepEqual(room.members, []);
+  assert.equal(plain.members, undefined);
+  // The app's own query is told.
+  const q = room.presence();
+  ws.recv({ op: "err", ref: "lobby", code: "bad_request", message: "unknown op" });
+  await assert.rejects(q, { code: "bad_request" });
 });
 
 test("history requests wait for a connection and survive a reconnect", async () => {
