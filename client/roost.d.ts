@@ -8,7 +8,8 @@ export declare class RoostError extends Error {
    * The node's err codes (bad_request, forbidden, not_found, too_large,
    * rate_limited, overloaded, internal) or the client's own: closed,
    * unauthorized, token_refused, token_callback, policy, outbox_full,
-   * timeout, gap, unsupported, bad_url.
+   * timeout, gap, unsupported, bad_url, storage (an outbox entry that
+   * storage could not hold: it will not outlive a reload).
    */
   code: string;
   message: string;

@@ -634,8 +634,11 @@ export class Roost {
     if (!st) return;
     try {
       st.setItem(this._outboxKey(":" + e.id), e.frame);
-    } catch {
-      return; // full: this entry lives in the page only
+    } catch (err) {
+      // Full (sessionStorage holds about 5 MB): this entry lives in the
+      // page only, and the app is told.
+      this._emit("error", new RoostError("storage", `Roost: publish ${e.id} could not be stored (${err && err.name ? err.name : err}): a reload before its ack loses it`, { ref: e.id }));
+      return;
     }
     this._writeIndex(st);
   }
@@ -859,14 +862,13 @@ export class Roost {
         return null;
       }
     };
-    es.addEventListener("joined", (ev) => {
-      const f = data(ev);
-      if (this._es === es && f) this._frame({ ...f, op: "joined" });
-    });
-    es.addEventListener("msg", (ev) => {
-      const f = data(ev);
-      if (this._es === es && f) this._frame({ ...f, op: "msg" });
-    });
+    // Each event's data is the WebSocket frame of its name.
+    for (const op of ["joined", "msg", "err"]) {
+      es.addEventListener(op, (ev) => {
+        const f = data(ev);
+        if (this._es === es && f) this._frame({ ...f, op });
+      });
+    }
     es.onopen = () => {
       if (this._es !== es) return;
       this._everOpened = true;

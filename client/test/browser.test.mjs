@@ -203,10 +203,10 @@ function node(name, args) {
 
 // openPage loads e2e.html as user; sync(p) brings p.rec up to date with
 // what the page recorded.
-async function openPage(ctx, n, user, room) {
+async function openPage(ctx, n, user, room, extra = {}) {
   const page = await ctx.newPage();
-  const p = { page, user, seen: 0, rec: { msg: [], ack: [], nack: [], pack: [], pnack: [], reset: [], close: [], error: [], state: [], joined: [], loaded: [] } };
-  const q = new URLSearchParams({ user, room, node: `ws://127.0.0.1:${n.port}/ws` });
+  const p = { page, user, seen: 0, rec: { msg: [], ack: [], nack: [], pack: [], pnack: [], reset: [], close: [], error: [], state: [], joined: [], loaded: [], open: [], presence: [] } };
+  const q = new URLSearchParams({ user, room, node: `ws://127.0.0.1:${extra.port || n.port}/ws`, ...(extra.sse ? { sse: "1" } : {}), ...(extra.presence ? { presence: "1" } : {}) });
   await page.goto(`${siteURL}/e2e.html?${q}`);
   await page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
   return p;
@@ -395,6 +395,109 @@ test("the outbox outlives a reload: publishes made while the node was frozen or 
   if (rows === null) t.diagnostic("psql not available: PostgreSQL's rows not read directly");
   else assert.deepEqual(rows.map((r) => r[2]).sort(), ["alice-0", "alice-1", "alice-2", "alice-3"], `PostgreSQL rows ${JSON.stringify(rows)}`);
   assert.deepEqual(await alice.page.evaluate(() => Object.keys(sessionStorage).filter((k) => k.includes("#outbox"))), [], "the stored outbox is empty");
+});
+
+// upgradeBlockingProxy forwards plain HTTP to the node on port and refuses
+// every WebSocket upgrade, as a proxy that does not pass them would; 502
+// while the node is down.
+async function upgradeBlockingProxy(port) {
+  const srv = http.createServer((req, res) => {
+    const up = http.request({ host: "127.0.0.1", port, path: req.url, method: req.method, headers: req.headers, agent: false }, (ur) => {
+      res.writeHead(ur.statusCode, ur.headers);
+      ur.pipe(res);
+      ur.on("aborted", () => res.destroy());
+      ur.on("error", () => res.destroy());
+    });
+    up.on("error", () => {
+      if (res.headersSent) res.destroy();
+      else res.writeHead(502, { "Access-Control-Allow-Origin": "*", "Content-Type": "text/plain" }).end("bad gateway: the node is down");
+    });
+    req.pipe(up);
+  });
+  srv.on("upgrade", (req, sock) => sock.end("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"));
+  await new Promise((r) => srv.listen(0, "127.0.0.1", r));
+  return srv;
+}
+
+const sseServed = process.env.ROOST_SSE === "1";
+
+test("SSE fallback: a page whose WebSocket is blocked listens over /sse, in order, exactly once, across a kill and a drain of the node", { skip: skip || (!DB && "ROOST_DATABASE_URL is not set") || (!sseServed && "the node does not serve /sse") }, async (t) => {
+  const n = node("sse", ["--database-url", DB, "--migrate", "--drain", "200ms", "--retry-min", "200ms", "--retry-max", "600ms"]);
+  await n.start();
+  const proxy = await upgradeBlockingProxy(n.port);
+  t.after(() => proxy.close());
+  const ctx = await browser.newContext();
+  t.after(() => ctx.close());
+  const room = "sse-" + Math.random().toString(36).slice(2, 8);
+  const total = 300;
+  const bob = await openPage(ctx, n, "bob", room); // publishes over WebSocket, straight to the node
+  const dave = await openPage(ctx, n, "dave", room, { port: proxy.address().port, sse: true }); // behind the proxy
+  const transport = () => dave.page.evaluate(() => window.client.transport);
+  assert.equal(await transport(), "sse");
+  const events = [];
+  const reached = async (k) => (await sync(dave)) && dave.rec.msg.length >= k && (await transport()) === "sse" && (await bob.page.evaluate(() => window.client.state === "open"));
+  try {
+    await bob.page.evaluate((total) => window.publishAll(total, 20), total);
+    await until("100 messages over SSE", () => reached(100));
+    events.push(`kill at ${dave.rec.msg.length}`);
+    await n.kill();
+    await sleep(300);
+    await n.start();
+    await until("200 messages over SSE", () => reached(200));
+    events.push(`drain at ${dave.rec.msg.length}`);
+    await n.drain();
+    await n.start();
+    await until("every message over SSE", async () => (await sync(bob, dave)) && bob.rec.ack.length >= total && dave.rec.msg.length >= total, 60000);
+    await sleep(500);
+    await sync(bob, dave);
+  } catch (err) {
+    err.message += `\nevents: ${events.join(", ")}; dave ${dave.rec.msg.length} msgs, opens ${JSON.stringify(dave.rec.open)}, errors ${JSON.stringify(dave.rec.error)}\nnode log:\n${n.log()}`;
+    throw err;
+  }
+  checkExactlyOnce(dave, total);
+  assert.deepEqual(dave.rec.reset, []);
+  assert.ok(dave.rec.open.every((o) => o.transport === "sse"), `dave opened a WebSocket through the proxy: ${JSON.stringify(dave.rec.open)}`);
+  assert.equal(await transport(), "sse");
+  t.diagnostic(`events: ${events.join(", ")}; dave opened ${dave.rec.open.length} times over SSE (the browser's own reconnects from Last-Event-ID do not count), closes ${JSON.stringify(dave.rec.close.map((c) => c.reason))}`);
+});
+
+const presenceServed = process.env.ROOST_PRESENCE === "1";
+
+test("presence: two pages see each other join; a reload within the grace period does not flap; a page gone is left after it", { skip: skip || (!presenceServed && "the node does not serve presence") }, async (t) => {
+  const n = node("presence", ["--drain", "200ms"]);
+  await n.start();
+  const ctx = await browser.newContext();
+  t.after(() => ctx.close());
+  const room = "pr-" + Math.random().toString(36).slice(2, 8);
+  const alice = await openPage(ctx, n, "alice", room, { presence: true });
+  const members = (p) => p.page.evaluate(() => window.room.members);
+  await until("alice sees herself", async () => (await members(alice)).includes("alice"), 10000);
+  const bob = await openPage(ctx, n, "bob", room, { presence: true });
+  await until("alice sees bob join", async () => (await members(alice)).includes("bob"), 10000);
+  await until("bob sees both", async () => JSON.stringify(await members(bob)) === '["alice","bob"]', 10000);
+  const q = await alice.page.evaluate(() => window.room.presence());
+  assert.equal(q.count, 2);
+  assert.deepEqual([...q.users].sort(), ["alice", "bob"]);
+  await sync(alice);
+  const before = alice.rec.presence.length;
+  assert.ok(alice.rec.presence.some((d) => d.joined.includes("bob")), JSON.stringify(alice.rec.presence));
+
+  // bob reloads: a new connection within the grace period.
+  await bob.page.reload();
+  await bob.page.waitForFunction(() => window.room && window.room.joined, null, { timeout: 10000 });
+  await sleep(7000); // past the 5 s grace and the 1 s coalescing
+  await sync(alice);
+  assert.deepEqual(alice.rec.presence.slice(before), [], "alice was told of bob's reload");
+  assert.deepEqual(await members(alice), ["alice", "bob"]);
+
+  // bob goes for good: left after the grace period.
+  const gone = Date.now();
+  await bob.page.close();
+  await until("alice sees bob leave", async () => (await sync(alice)) && alice.rec.presence.some((d) => d.left.includes("bob")), 15000);
+  const after = Date.now() - gone;
+  assert.deepEqual(await members(alice), ["alice"]);
+  assert.ok(after >= 4500, `bob left after ${after} ms, within the grace period`);
+  t.diagnostic(`alice's diffs ${JSON.stringify(alice.rec.presence)}; bob's leave told after ${after} ms`);
 });
 
 test("a memory-store node restarted under a page: onReset, then the new history", { skip }, async (t) => {

@@ -353,6 +353,18 @@ test("persistOutbox:false keeps the outbox in the page; token mode stores it onc
   assert.equal(env4.client.outbox.length, 0);
 });
 
+test("an outbox entry storage cannot hold is still sent, and the app is told it will not outlive a reload", async () => {
+  const store = storage();
+  const full = { ...store, setItem: (k, v) => { if (k.includes("#outbox:")) throw Object.assign(new Error("quota"), { name: "QuotaExceededError" }); store.setItem(k, v); } };
+  const env = setup({ storage: full });
+  const ws = await openWith(env);
+  const p = env.client.publish("r", "big", { id: "b-1" });
+  assert.equal(env.errors[0].code, "storage");
+  assert.match(env.errors[0].message, /QuotaExceededError/);
+  ws.recv({ op: "ack", id: "b-1", room: "r", seq: 1 });
+  assert.equal((await p).seq, 1);
+});
+
 test("publish ids are unique per client and across clients", async () => {
   const ids = new Set();
   for (let c = 0; c < 3; c++) {
