@@ -15,9 +15,10 @@ import (
 // the test until it is given its place.
 var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
-	"loop":             {"fanout", "proto"},
+	"loop":             {"fanout", "fanout/proxy", "proto"},
 	"fanout/api":       {"fanout", "persist", "proto"},
 	"fanout/webhook":   {"proto"},
+	"fanout/proxy":     {"proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
 	"persist":          {"proto"},
 	"persist/pgtest":   {},

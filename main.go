@@ -255,7 +255,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		}
 	}
 	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
-	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency})
+	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency, ProxyLatency: hists.proxyCall})
 	if err != nil {
 		closeFan()
 		closeStore()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/api"
+	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
@@ -54,6 +55,7 @@ type histograms struct {
 	brokerLatency  *histogram // seconds one broker round trip of a commit batch takes
 	deliveryLag    *histogram // seconds from commit to arrival through the broker, sampled
 	apiPublish     *histogram // seconds from a server API publish request read to its commit answered
+	proxyCall      *histogram // seconds of one proxy hook call, asked to answered
 }
 
 func newHistograms() *histograms {
@@ -65,8 +67,9 @@ func newHistograms() *histograms {
 		brokerLatency:  newHistogram("roost_broker_publish_seconds", latencyBuckets),
 		deliveryLag:    newHistogram("roost_broker_delivery_lag_seconds", latencyBuckets),
 		apiPublish:     newHistogram("roost_api_publish_seconds", latencyBuckets),
+		proxyCall:      newHistogram("roost_proxy_call_seconds", latencyBuckets),
 	}
-	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag, h.apiPublish}
+	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag, h.apiPublish, h.proxyCall}
 	h.set.RegisterMetricsWriter(func(w io.Writer) {
 		e := &expo{w: w}
 		for _, x := range all {
@@ -301,6 +304,14 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_api_published_total", as.Published.Load())
 		c("roost_api_publish_duplicates_total", as.Duplicates.Load())
 		c("roost_api_disconnected_total", as.Disconnected.Load())
+	}
+
+	m.family("roost_proxy_calls_total", "counter")
+	pxs := a.srv.ProxyStats()
+	for k, kind := range proxy.KindNames {
+		for r, result := range proxy.ResultNames {
+			m.line(`roost_proxy_calls_total{kind="`+kind+`",result="`+result+`"}`, float64(pxs.Calls[k][r].Load()))
+		}
 	}
 
 	if a.hooks != nil {

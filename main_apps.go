@@ -30,6 +30,7 @@ const appUsage = `Usage: roost app COMMAND [ID] [flags]
         --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
         --max-msg BYTES --max-rooms N --keep-age D --keep-count N
         --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s --webhook-max-age 24h
+        --connect-proxy URL|none --publish-proxy URL|none --proxy-timeout 1s --proxy-fail open|closed
         (a value "default" returns to the node's default; 0 turns a limit off)
 
 The registry: --database-url URL (PostgreSQL, also ROOST_DATABASE_URL or
@@ -107,6 +108,14 @@ var webhookNames = []struct{ name, help string }{
 	{"webhook-max-age", "how long a message is retried before it becomes a dead letter (default 24h; PostgreSQL keeps dead letters)"},
 }
 
+// proxyNames are the proxy hooks' settings (docs/protocol.md, Proxy hooks).
+var proxyNames = []struct{ name, help string }{
+	{"connect-proxy", "ask this http(s) `URL` before accepting a connection (\"none\": do not ask)"},
+	{"publish-proxy", "ask this http(s) `URL` before accepting a publish (\"none\": do not ask)"},
+	{"proxy-timeout", "bound of one proxy call (default 1s, at most 10s)"},
+	{"proxy-fail", "what a proxy call that fails or times out does: open (accept) or closed (refuse, the default)"},
+}
+
 func (l *limitFlags) bind(fs *flag.FlagSet) {
 	l.set = map[string]string{}
 	for _, n := range limitNames {
@@ -115,7 +124,7 @@ func (l *limitFlags) bind(fs *flag.FlagSet) {
 			return nil
 		})
 	}
-	for _, n := range webhookNames {
+	for _, n := range append(webhookNames[:len(webhookNames):len(webhookNames)], proxyNames...) {
 		fs.Func(n.name, n.help, func(v string) error {
 			l.set[n.name] = v
 			return nil
@@ -175,13 +184,71 @@ func (l *limitFlags) applyWebhook(a *proto.App) error {
 	return nil
 }
 
+// applyProxy writes the proxy hook settings given into a; with neither
+// URL left, the app has no proxy settings.
+func (l *limitFlags) applyProxy(a *proto.App) error {
+	p := proto.Proxy{}
+	if a.Proxy != nil {
+		p = *a.Proxy
+	}
+	given := false
+	for _, k := range []struct {
+		name string
+		url  *string
+	}{{"connect-proxy", &p.Connect}, {"publish-proxy", &p.Publish}} {
+		if v, ok := l.set[k.name]; ok {
+			given = true
+			if v == "none" {
+				v = ""
+			}
+			*k.url = v
+		}
+	}
+	if v, ok := l.set["proxy-timeout"]; ok {
+		given = true
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("invalid --proxy-timeout %q: want a duration such as 1s", v)
+		}
+		p.Timeout = proto.Duration(d)
+	}
+	if v, ok := l.set["proxy-fail"]; ok {
+		given = true
+		switch v {
+		case "open":
+			p.FailOpen = true
+		case "closed":
+			p.FailOpen = false
+		default:
+			return fmt.Errorf("invalid --proxy-fail %q: want open or closed", v)
+		}
+	}
+	if !given {
+		return nil
+	}
+	if p.Connect == "" && p.Publish == "" {
+		_, c := l.set["connect-proxy"]
+		_, pu := l.set["publish-proxy"]
+		if !c && !pu && a.ID != "" { // the probe of the flags' values is a zero App
+			return errors.New("the app has no proxy hook: give --connect-proxy URL or --publish-proxy URL")
+		}
+		a.Proxy = nil
+		return nil
+	}
+	a.Proxy = &p
+	return nil
+}
+
 // apply writes the given limits into a.
 func (l *limitFlags) apply(a *proto.App) error {
 	if err := l.applyWebhook(a); err != nil {
 		return err
 	}
+	if err := l.applyProxy(a); err != nil {
+		return err
+	}
 	for name, v := range l.set {
-		if strings.HasPrefix(name, "webhook-") {
+		if strings.HasPrefix(name, "webhook-") || strings.Contains(name, "proxy") {
 			continue
 		}
 		def := v == "default"
@@ -277,10 +344,11 @@ type appView struct {
 	KeepCount      int             `json:"keep_count,omitempty"`
 	Created        *time.Time      `json:"created,omitempty"`
 	Webhook        *proto.Webhook  `json:"webhook,omitempty"`
+	Proxy          *proto.Proxy    `json:"proxy,omitempty"`
 }
 
 func viewOf(a *proto.App) appView {
-	v := appView{App: a.ID, Secret: maskSecret(a.Secret), Enabled: !a.Disabled, Limits: a.Limits, KeepCount: a.KeepCount, Webhook: a.Webhook}
+	v := appView{App: a.ID, Secret: maskSecret(a.Secret), Enabled: !a.Disabled, Limits: a.Limits, KeepCount: a.KeepCount, Webhook: a.Webhook, Proxy: a.Proxy}
 	if a.PreviousSecret != "" && time.Now().Before(a.PreviousUntil) {
 		v.PreviousSecret = maskSecret(a.PreviousSecret)
 		u := a.PreviousUntil

@@ -100,6 +100,30 @@ func appCommands(t *testing.T, reg ...string) {
 		t.Fatalf("webhook after --webhook-url none: %v %+v", err, v.Webhook)
 	}
 
+	// The proxy hooks: set, partly changed, failing open, removed.
+	if code, _, errs := roost(t, with("app", "set", "chat", "--proxy-timeout", "2s")...); code != 1 || !strings.Contains(errs, "no proxy hook") {
+		t.Fatalf("proxy timeout without a hook: exit %d %s", code, errs)
+	}
+	mustRoost(t, with("app", "set", "chat", "--connect-proxy", "http://127.0.0.1:9/connect", "--publish-proxy", "http://127.0.0.1:9/publish")...)
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--proxy-timeout", "250ms", "--proxy-fail", "open")...)), &v); err != nil || v.Proxy == nil ||
+		v.Proxy.Connect != "http://127.0.0.1:9/connect" || v.Proxy.Publish != "http://127.0.0.1:9/publish" || time.Duration(v.Proxy.Timeout) != 250*time.Millisecond || !v.Proxy.FailOpen {
+		t.Fatalf("proxy after set: %v %+v", err, v.Proxy)
+	}
+	for _, bad := range [][]string{{"--connect-proxy", "ftp://x"}, {"--proxy-timeout", "11s"}, {"--proxy-fail", "maybe"}} {
+		if code, _, errs := roost(t, with(append([]string{"app", "set", "chat"}, bad...)...)...); code == 0 || !strings.Contains(errs, "proxy") {
+			t.Fatalf("set %v: exit %d %s", bad, code, errs)
+		}
+	}
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--connect-proxy", "none")...)), &v); err != nil || v.Proxy == nil || v.Proxy.Connect != "" {
+		t.Fatalf("proxy after --connect-proxy none: %v %+v", err, v.Proxy)
+	}
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--publish-proxy", "none")...)), &v); err != nil || v.Proxy != nil {
+		t.Fatalf("proxy after removing both hooks: %v %+v", err, v.Proxy)
+	}
+
 	rotated := strings.TrimSpace(mustRoost(t, with("app", "rotate", "chat", "--keep-previous", "1h")...))
 	if len(rotated) < 40 || rotated == created.Secret {
 		t.Fatalf("rotate printed %q", rotated)

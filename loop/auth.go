@@ -12,6 +12,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -50,11 +51,12 @@ const (
 	RefusedRoomLimit            // rooms per connection
 	RefusedAuth                 // a token of this app that did not verify, or a refused refresh
 	RefusedDisabled             // connection attempts of a disabled app, and connections closed by disable
+	RefusedProxy                // connections and publishes the app's proxy hooks refused (or failed closed)
 	numRefusals
 )
 
 // RefusalNames label the refusal counters in metrics.
-var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled"}
+var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled", "proxy"}
 
 // app is a tenant on this node. It lives as long as the node (the map only
 // grows: registered apps, bounded first-use apps in insecure mode); its
@@ -94,6 +96,8 @@ type appConfig struct {
 	// ((burst-1) intervals). interval 0: unlimited.
 	userInterval, userTolerance int64
 	appInterval, appTolerance   int64
+	// The app's proxy hooks; nil: not asked (proxy.go).
+	connectProxy, publishProxy *proxy.Target
 }
 
 func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
@@ -121,6 +125,22 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 	for _, s := range a.Secrets(time.Now()) {
 		if s != "" {
 			c.secrets = append(c.secrets, []byte(s))
+		}
+	}
+	if p := a.Proxy; p != nil {
+		t := proxy.Target{Timeout: time.Duration(p.Timeout), FailOpen: p.FailOpen}
+		if t.Timeout <= 0 {
+			t.Timeout = proto.DefaultProxyTimeout
+		}
+		if p.Connect != "" {
+			ct := t
+			ct.URL = p.Connect
+			c.connectProxy = &ct
+		}
+		if p.Publish != "" {
+			pt := t
+			pt.URL = p.Publish
+			c.publishProxy = &pt
 		}
 	}
 	c.userInterval, c.userTolerance = bucket(f64(o.PubRate, lim.PubRate), i64(o.PubBurst, lim.PubBurst))

@@ -14,6 +14,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -45,6 +46,7 @@ type conn struct {
 	state    uint8
 	pinged   bool
 	closed   bool
+	awaiting bool // the app's connect proxy has not answered yet: input stays unread (proxy.go)
 }
 
 // OnOpen registers a new connection with its loop, or closes it at once
@@ -179,14 +181,32 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 			return gnet.None
 		}
 	}
+	c.read()
+	c.l.settle()
+	c.l.kick()
+	return gnet.None
+}
+
+// maxHeldInput bounds what a connection awaiting its connect proxy's
+// answer may send: more is closed with 1008.
+const maxHeldInput = 64 << 10
+
+// read handles the frames in gnet's buffer (OnTraffic, and a connection
+// whose connect proxy has just allowed it).
+func (c *conn) read() {
+	gc := c.gc
 	buf, _ := gc.Peek(-1)
 	used := 0
-	for used < len(buf) && c.state == stateOpen {
+	for used < len(buf) && c.state == stateOpen && !c.awaiting {
 		n := c.frame(buf[used:])
 		if n == 0 {
 			break
 		}
 		used += n
+	}
+	if c.awaiting && c.state == stateOpen && len(buf) > maxHeldInput {
+		c.app.refused[RefusedProxy].Add(1)
+		c.closeWith(proto.ClosePolicy, []byte("too much input before the connection was accepted"))
 	}
 	peerClosed := false
 	if c.state == stateClosing {
@@ -220,9 +240,6 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 			c.l.write(c)
 		}
 	}
-	c.l.settle()
-	c.l.kick()
-	return gnet.None
 }
 
 // dueAt is when the sweep must next look at c: its upgrade deadline, its
@@ -335,6 +352,9 @@ func (c *conn) upgrade() bool {
 		// is read from; off by default, so the arguments are built only
 		// when asked for.
 		s.log.Debug("connection open", "app", c.app.id, "user", c.user, "remote", c.gc.RemoteAddr().String())
+	}
+	if t := cfg.connectProxy; t != nil {
+		c.askConnect(t)
 	}
 	return true
 }
@@ -671,6 +691,22 @@ func (c *conn) pub(cmd *proto.Command) {
 	req.From = c.user
 	req.ID = append(req.ID[:0], cmd.ID...)
 	req.Body = append(req.Body[:0], cmd.Body...)
+	if cfg := c.app.cfg.Load(); cfg != nil && cfg.publishProxy != nil || len(l.pubQueues) > 0 && l.pubQueues[c] != nil {
+		// Slow path: the app's backend decides first, and what waits for
+		// it keeps this connection's later publishes behind it.
+		var t *proxy.Target
+		if cfg != nil {
+			t = cfg.publishProxy
+		}
+		c.askPublish(t, cmd.Room, req)
+		return
+	}
+	c.publish(req)
+}
+
+// publish hands req, a publish of c, to the publish path. Loop only.
+func (c *conn) publish(req *proto.PubRequest) {
+	l := c.l
 	ps := l.stamp(c, req)
 	req.Origin = ps
 	l.srv.Stats.Publishes.Add(1)
@@ -678,7 +714,7 @@ func (c *conn) pub(cmd *proto.Command) {
 		l.unstamp(ps, false)
 		proto.PutPubRequest(req)
 		l.srv.Stats.Overloaded.Add(1)
-		c.sendErr(cmd.ID, proto.CodeOverloaded, "publish queue full: retry later")
+		c.sendErr(req.ID, proto.CodeOverloaded, "publish queue full: retry later")
 	}
 }
 

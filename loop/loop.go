@@ -30,6 +30,7 @@ const (
 	tCloseApp                       // app: close the connections of this app (disabled)
 	tDisconnect                     // app, disc: close the connections of one user of the app
 	tLinger                         // the linger timer: close handshakes out of time
+	tProxy                          // px: a proxy hook answered (proxy.go)
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -41,6 +42,7 @@ type task struct {
 	drain *drainRound // rare: allocated per round
 	app   string      // tCloseApp, tDisconnect
 	disc  *disconnect // rare: allocated per call
+	px    *proxyWait  // tProxy
 }
 
 // drainRound is one round of Server.Drain on one loop: with code 0 the loop
@@ -122,6 +124,10 @@ type loopState struct {
 	interns     map[string]string
 	draining    bool
 	stamps      []*pubStamp   // free list of publish stamps (server.go)
+	// pubQueues are the connections with publishes waiting for their
+	// app's publish proxy (proxy.go): kept here, not in conn, which
+	// stays small for the connections of apps without one.
+	pubQueues map[*conn]*pubQueue
 	inflight    int           // publishes of this loop submitted and not yet answered
 	commitLag   time.Duration // smoothed read-to-answer time of its publishes (shedding)
 }
@@ -354,6 +360,8 @@ func (l *loopState) run(t *task) {
 		l.lingerArmed = false
 		l.closeLingering()
 		l.armLinger()
+	case tProxy:
+		l.proxied(t.px)
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/panjf2000/gnet/v2/pkg/logging"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -129,6 +130,8 @@ type Server struct {
 	fan  *fanout.Node
 	apps *apps
 	jwt  *jwt.Parser
+	// proxy asks the apps' backends (their proxy hooks, proxy.go).
+	proxy *proxy.Pool
 	// nodeHeader ends every 101 response: "X-Roost-Node: ID\r\n\r\n".
 	nodeHeader []byte
 	// script and demo are the files of Config.ClientScript and DemoPage.
@@ -211,6 +214,8 @@ type Stats struct {
 type Histograms struct {
 	WriteFrames fanout.Observer
 	AckLatency  fanout.Observer
+	// ProxyLatency observes each proxy hook call's seconds.
+	ProxyLatency fanout.Observer
 }
 
 type noObserver struct{}
@@ -313,6 +318,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		gnetErrs: new(errLines),
 	}
 	s.perIP.n = make(map[netip.Addr]int32)
+	s.proxy = proxy.New(proxy.Config{Latency: orNone(h.ProxyLatency), Log: log})
 	s.Stats.WriteFrames = orNone(h.WriteFrames)
 	s.Stats.AckLatency = orNone(h.AckLatency)
 	if cfg.NodeID != "" {
@@ -722,6 +728,7 @@ func (s *Server) Stop(ctx context.Context) error {
 		for i := 0; i < int(s.nloops.Load()); i++ {
 			s.loops[i].Load().stopTimers()
 		}
+		s.proxy.Close()
 		s.wg.Wait()
 	})
 	return err

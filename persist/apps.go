@@ -52,6 +52,7 @@ const appColumns = `id, secret, coalesce(previous_secret, ''), previous_until, d
 // limits.
 type appSettings struct {
 	Webhook *proto.Webhook `json:"webhook,omitempty"`
+	Proxy   *proto.Proxy   `json:"proxy,omitempty"`
 }
 
 func scanApp(row pgx.Row) (proto.App, error) {
@@ -67,7 +68,7 @@ func scanApp(row pgx.Row) (proto.App, error) {
 	if err := json.Unmarshal(settings, &st); err != nil {
 		return a, fmt.Errorf("app %s: cannot read its settings: %w", a.ID, err)
 	}
-	a.Webhook = st.Webhook
+	a.Webhook, a.Proxy = st.Webhook, st.Proxy
 	if until != nil {
 		a.PreviousUntil = *until
 	}
@@ -121,7 +122,7 @@ func appArgs(a *proto.App) ([]any, error) {
 		c := int32(min(a.KeepCount, 1<<31-1))
 		count = &c
 	}
-	settings, err := json.Marshal(&appSettings{Webhook: a.Webhook})
+	settings, err := json.Marshal(&appSettings{Webhook: a.Webhook, Proxy: a.Proxy})
 	if err != nil {
 		return nil, err
 	}

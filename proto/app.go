@@ -32,6 +32,44 @@ type App struct {
 	// Webhook, when set, receives the app's messages (docs/protocol.md,
 	// Webhooks).
 	Webhook *Webhook `json:"webhook,omitempty"`
+	// Proxy, when set, asks the app's backend before a connection or a
+	// publish is accepted (docs/protocol.md, Proxy hooks).
+	Proxy *Proxy `json:"proxy,omitempty"`
+}
+
+// Proxy is where the node asks an app's backend whether to accept a
+// connection (Connect) or a publish (Publish); an empty URL asks nothing.
+type Proxy struct {
+	Connect string `json:"connect,omitempty"`
+	Publish string `json:"publish,omitempty"`
+	// Timeout bounds one call (0: DefaultProxyTimeout).
+	Timeout Duration `json:"timeout,omitzero"`
+	// FailOpen accepts when the backend does not answer in time or
+	// answers badly; by default (closed) the node refuses.
+	FailOpen bool `json:"fail_open,omitempty"`
+}
+
+// DefaultProxyTimeout bounds a proxy call without its own timeout.
+const DefaultProxyTimeout = time.Second
+
+// MaxProxyTimeout bounds what an operator may set: a connection waits for
+// its answer, and a publish holds the connection's later ones behind it.
+const MaxProxyTimeout = 10 * time.Second
+
+func (p *Proxy) validate() error {
+	for _, u := range []string{p.Connect, p.Publish} {
+		if u == "" {
+			continue
+		}
+		pu, err := url.Parse(u)
+		if err != nil || pu.Scheme != "http" && pu.Scheme != "https" || pu.Host == "" {
+			return fmt.Errorf("proxy url %q: want an http:// or https:// URL", u)
+		}
+	}
+	if p.Timeout < 0 || time.Duration(p.Timeout) > MaxProxyTimeout {
+		return fmt.Errorf("proxy timeout %s: want 0 (the default, 1s) to %s", time.Duration(p.Timeout), MaxProxyTimeout)
+	}
+	return nil
 }
 
 // Webhook is where an app's messages are POSTed.
@@ -139,6 +177,11 @@ func (a *App) Validate() error {
 	}
 	if a.Webhook != nil {
 		if err := a.Webhook.validate(); err != nil {
+			return fmt.Errorf("app %s: %w", a.ID, err)
+		}
+	}
+	if a.Proxy != nil {
+		if err := a.Proxy.validate(); err != nil {
 			return fmt.Errorf("app %s: %w", a.ID, err)
 		}
 	}

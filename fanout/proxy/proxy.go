@@ -1,0 +1,409 @@
+// Package proxy asks an app's backend whether to accept a connection or a
+// publish (docs/protocol.md, Proxy hooks): a POST of a small JSON, answered
+// {"allow":true} or {"allow":false,"code":..,"message":..}.
+//
+// The event loops never wait for a backend. A loop hands a Call to Ask,
+// which queues it without blocking, and gets the verdict back through the
+// Call's Done, which a loop implements by pushing to its own inbox. Each
+// app has its own bounded queue and its own workers (started on demand,
+// gone when idle), so that a slow or dead backend fills only its own
+// app's queue: other apps' calls never wait behind it. HTTP connections
+// are kept alive between calls (one pooled transport).
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/bytedance/sonic"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// Kind is what a call asks about.
+type Kind uint8
+
+const (
+	Connect Kind = iota
+	Publish
+	numKinds
+)
+
+// KindNames label the kinds in metrics and in the JSON sent.
+var KindNames = [numKinds]string{"connect", "publish"}
+
+// Result is how a call ended.
+type Result uint8
+
+const (
+	Allowed Result = iota // the backend said yes
+	Denied                // the backend said no
+	Timeout               // no answer within the timeout
+	Failed                // unreachable, a non-2xx status, or an answer that does not parse
+	Full                  // the app's queue was full: not asked at all
+	numResults
+)
+
+// ResultNames label the results in metrics.
+var ResultNames = [numResults]string{"allowed", "denied", "timeout", "error", "queue_full"}
+
+// Target is one hook of an app, as its registry entry resolves.
+type Target struct {
+	URL      string
+	Timeout  time.Duration
+	FailOpen bool
+}
+
+// Call is one question to a backend and, once Done runs, its answer.
+// The fields above the answer are the caller's and must not change until
+// Done; Body is borrowed for as long.
+type Call struct {
+	Kind   Kind
+	App    string
+	User   string
+	Room   string // publish
+	ID     string // publish: the client's id
+	Body   []byte // publish: the body, a raw JSON value
+	Client string // the client's address, host:port
+
+	// Done is called once with the answer, on a worker goroutine. It must
+	// not block (a loop pushes to its inbox).
+	Done func(*Call)
+	// Ref is the caller's, untouched here (a loop's pending publish).
+	Ref any
+
+	// The answer. Allow is what to do: the backend's verdict, or the
+	// app's fail mode when the backend did not give one.
+	Allow   bool
+	Result  Result
+	Code    proto.Code // refused: the err code (forbidden unless the backend gave another)
+	Message string     // refused: why, at most MaxMessage bytes
+
+	target Target
+}
+
+// MaxMessage bounds a refusal's message: it must fit a close frame's
+// reason (123 bytes) with room to spare.
+const MaxMessage = 100
+
+// Config sizes the pool; zero values take the defaults.
+type Config struct {
+	// Workers is the most calls in flight per app (default 32): the
+	// HTTP connections one app's backend sees from this node.
+	Workers int
+	// Queue is the most calls waiting per app (default 1024); past it a
+	// call is answered at once with Full and the app's fail mode.
+	Queue int
+	// Latency observes each call's seconds (asked to answered).
+	Latency interface{ Observe(float64) }
+	Log     *slog.Logger
+	Client  *http.Client
+}
+
+// Stats counts calls by kind and result. Any goroutine.
+type Stats struct {
+	Calls [numKinds][numResults]atomic.Uint64
+}
+
+// Pool asks the backends. Any goroutine may call its methods.
+type Pool struct {
+	cfg    Config
+	log    *slog.Logger
+	client *http.Client
+	Stats  Stats
+
+	mu     sync.Mutex
+	apps   map[string]*appQueue
+	closed bool
+	stop   chan struct{}
+}
+
+// appQueue is one app's calls waiting and its workers.
+type appQueue struct {
+	ch      chan *Call
+	running atomic.Int32 // workers started and not yet gone
+	idle    atomic.Int32 // workers waiting for a call
+	failing atomic.Bool  // a failure was logged and no success since (logs once per outage)
+}
+
+// idleExit is how long a worker waits for a call before it goes: an app
+// whose clients stopped costs no goroutine after that.
+const idleExit = 30 * time.Second
+
+// New returns a pool.
+func New(cfg Config) *Pool {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 32
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = 1024
+	}
+	if cfg.Latency == nil {
+		cfg.Latency = noObserver{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	c := cfg.Client
+	if c == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// Keep as many connections idle as an app may use at once, so
+		// that a steady flow of calls reuses them instead of dialling.
+		tr.MaxIdleConns = 0
+		tr.MaxIdleConnsPerHost = cfg.Workers
+		tr.IdleConnTimeout = 90 * time.Second
+		c = &http.Client{Transport: tr}
+	}
+	return &Pool{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*appQueue{}, stop: make(chan struct{})}
+}
+
+type noObserver struct{}
+
+func (noObserver) Observe(float64) {}
+
+// Ask queues c for t's backend and never blocks. It reports false when c
+// was not queued (the app's queue is full, or the pool is closed): c then
+// holds its answer already (Full, with t's fail mode) and Done is not
+// called. Otherwise Done is called once, within t.Timeout and a little.
+func (p *Pool) Ask(c *Call, t Target) bool {
+	if t.Timeout <= 0 {
+		t.Timeout = proto.DefaultProxyTimeout
+	}
+	c.target = t
+	q := p.queue(c.App)
+	if q == nil {
+		p.answer(c, Full, 0, "")
+		return false
+	}
+	select {
+	case q.ch <- c:
+	default:
+		p.answer(c, Full, 0, "")
+		return false
+	}
+	// Start a worker unless one is waiting or the app has its maximum.
+	for q.idle.Load() == 0 {
+		r := q.running.Load()
+		if int(r) >= p.cfg.Workers {
+			break
+		}
+		if q.running.CompareAndSwap(r, r+1) {
+			go p.work(q)
+			break
+		}
+	}
+	return true
+}
+
+func (p *Pool) queue(app string) *appQueue {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	q := p.apps[app]
+	if q == nil {
+		q = &appQueue{ch: make(chan *Call, p.cfg.Queue)}
+		p.apps[app] = q
+	}
+	return q
+}
+
+// Close stops the workers once their current call is answered; calls
+// still queued are not answered (the node is stopping).
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed {
+		p.closed = true
+		close(p.stop)
+	}
+}
+
+func (p *Pool) work(q *appQueue) {
+	idle := time.NewTimer(idleExit)
+	defer idle.Stop()
+	for {
+		q.idle.Add(1)
+		select {
+		case c := <-q.ch:
+			q.idle.Add(-1)
+			p.do(q, c)
+			if !idle.Stop() {
+				<-idle.C
+			}
+			idle.Reset(idleExit)
+		case <-idle.C:
+			q.idle.Add(-1)
+			if len(q.ch) > 0 {
+				// A call came as this worker was leaving (Ask saw it
+				// idle and started none): stay.
+				idle.Reset(idleExit)
+				continue
+			}
+			q.running.Add(-1)
+			return
+		case <-p.stop:
+			q.idle.Add(-1)
+			q.running.Add(-1)
+			return
+		}
+	}
+}
+
+// request is the JSON a backend receives.
+type request struct {
+	Type   string          `json:"type"`
+	App    string          `json:"app"`
+	User   string          `json:"user"`
+	Room   string          `json:"room,omitempty"`
+	ID     string          `json:"id,omitempty"`
+	Body   json.RawMessage `json:"body,omitempty"`
+	Client string          `json:"client,omitempty"`
+}
+
+// response is the JSON a backend answers.
+type response struct {
+	Allow   *bool  `json:"allow"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// maxAnswer bounds what is read of an answer.
+const maxAnswer = 4 << 10
+
+func (p *Pool) do(q *appQueue, c *Call) {
+	t0 := time.Now()
+	t := &c.target
+	body, err := sonic.Marshal(&request{Type: KindNames[c.Kind], App: c.App, User: c.User, Room: c.Room, ID: c.ID, Body: c.Body, Client: c.Client})
+	if err != nil {
+		p.fail(q, c, Failed, err, t0)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.URL, bytes.NewReader(body))
+	if err != nil {
+		p.fail(q, c, Failed, err, t0)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "roost-proxy")
+	req.Header.Set("X-Roost-App", c.App)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			p.fail(q, c, Timeout, err, t0)
+		} else {
+			p.fail(q, c, Failed, err, t0)
+		}
+		return
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	// The rest is drained (bounded) so that the connection is reused.
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	resp.Body.Close()
+	switch {
+	case err != nil && errors.Is(err, context.DeadlineExceeded):
+		p.fail(q, c, Timeout, err, t0)
+		return
+	case err != nil:
+		p.fail(q, c, Failed, err, t0)
+		return
+	case resp.StatusCode/100 != 2:
+		p.fail(q, c, Failed, errors.New("status "+resp.Status), t0)
+		return
+	case len(b) > maxAnswer:
+		p.fail(q, c, Failed, errors.New("answer larger than 4 KiB"), t0)
+		return
+	}
+	var r response
+	if err := sonic.Unmarshal(b, &r); err != nil || r.Allow == nil {
+		p.fail(q, c, Failed, errors.New(`answer is not {"allow":true|false,...}`), t0)
+		return
+	}
+	q.failing.Store(false)
+	if *r.Allow {
+		p.answer(c, Allowed, 0, "")
+	} else {
+		p.answer(c, Denied, codeOf(r.Code), r.Message)
+	}
+	p.done(c, t0)
+}
+
+// fail answers c with t's fail mode and logs the first failure of an
+// outage (a dead backend would otherwise log once per call).
+func (p *Pool) fail(q *appQueue, c *Call, r Result, err error, t0 time.Time) {
+	if !q.failing.Swap(true) {
+		p.log.Warn("proxy call failed; the app's fail mode answers until its backend does", "app", c.App,
+			"kind", KindNames[c.Kind], "url", c.target.URL, "err", err, "fail_open", c.target.FailOpen)
+	}
+	p.answer(c, r, 0, "")
+	p.done(c, t0)
+}
+
+func (p *Pool) done(c *Call, t0 time.Time) {
+	p.cfg.Latency.Observe(time.Since(t0).Seconds())
+	c.Done(c)
+}
+
+// answer fills c's verdict and counts it. A failure (Timeout, Failed,
+// Full) allows with FailOpen, else refuses with overloaded: the client
+// tries again later, as after any transient refusal.
+func (p *Pool) answer(c *Call, r Result, code proto.Code, msg string) {
+	c.Result = r
+	p.Stats.Calls[c.Kind][r].Add(1)
+	switch r {
+	case Allowed:
+		c.Allow = true
+	case Denied:
+		c.Allow, c.Code = false, code
+		if c.Code == 0 {
+			c.Code = proto.CodeForbidden
+		}
+		c.Message = clip(msg)
+		if c.Message == "" {
+			c.Message = "refused by the app"
+		}
+	default:
+		c.Allow = c.target.FailOpen
+		c.Code = proto.CodeOverloaded
+		c.Message = "the app's " + KindNames[c.Kind] + " check did not answer: retry later"
+	}
+}
+
+// codeOf maps a backend's code to an err code; one the protocol does not
+// have becomes forbidden.
+func codeOf(name string) proto.Code {
+	for c := proto.CodeBadRequest; c <= proto.CodeInternal; c++ {
+		if c.String() == name {
+			return c
+		}
+	}
+	return proto.CodeForbidden
+}
+
+// clip cuts s to MaxMessage bytes on a rune boundary, and replaces what
+// is not UTF-8 (it goes into a close reason, which must be).
+func clip(s string) string {
+	if !utf8.ValidString(s) {
+		s = string(bytes.ToValidUTF8([]byte(s), []byte("?")))
+	}
+	if len(s) <= MaxMessage {
+		return s
+	}
+	i := MaxMessage
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
+}
