@@ -123,13 +123,13 @@ type loopState struct {
 	iov         [iovMax]unix.Iovec
 	interns     map[string]string
 	draining    bool
-	stamps      []*pubStamp   // free list of publish stamps (server.go)
+	stamps      []*pubStamp // free list of publish stamps (server.go)
 	// pubQueues are the connections with publishes waiting for their
 	// app's publish proxy (proxy.go): kept here, not in conn, which
 	// stays small for the connections of apps without one.
 	pubQueues map[*conn]*pubQueue
-	inflight    int           // publishes of this loop submitted and not yet answered
-	commitLag   time.Duration // smoothed read-to-answer time of its publishes (shedding)
+	inflight  int           // publishes of this loop submitted and not yet answered
+	commitLag time.Duration // smoothed read-to-answer time of its publishes (shedding)
 }
 
 func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
