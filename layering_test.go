@@ -17,7 +17,7 @@ var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
 	"loop":             {"fanout", "fanout/proxy", "proto"},
 	"fanout/api":       {"fanout", "persist", "proto"},
-	"fanout/webhook":   {"proto"},
+	"fanout/webhook":   {"persist", "proto"},
 	"fanout/proxy":     {"proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
 	"persist":          {"proto"},

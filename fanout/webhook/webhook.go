@@ -1,11 +1,20 @@
 // Package webhook POSTs an app's committed messages to its backend
-// (docs/protocol.md, Webhooks), from memory: what is owed lives in this
-// process only, so a restart (or a queue past its bound) loses it, and the
-// docs say so. Each app with a webhook has its own queue and its own
-// delivery goroutine with one POST in flight: a slow receiver costs only
-// its own app, its events stay in commit order (so in seq order per room),
-// and whatever arrived during a POST goes out in the next one, which is
-// how a receiver that falls behind gets many events per POST.
+// (docs/protocol.md, Webhooks). Each app with a webhook has its own queue
+// and its own delivery goroutine with one POST in flight: a slow receiver
+// costs only its own app, its events stay in seq order per room, and
+// whatever arrived during a POST goes out in the next one, which is how a
+// receiver that falls behind gets many events per POST.
+//
+// Two modes. With PostgreSQL (Config.Store), what is owed is durable: it
+// is the messages of each room past the room's cursor (persist, HookRoom),
+// committed with the messages themselves, so a crash between commit and
+// delivery loses nothing; a node delivers a room while it holds the room's
+// lease, advances the cursor once per POST, and turns events older than
+// the app's max age into dead letters. The events a node committed itself
+// are POSTed from memory (the bytes the commit encoded); anything else
+// owed (another node's publishes, a crashed node's rooms) is read from the
+// store. Without a database, what is owed lives in this process only, so a
+// restart (or a queue past its bound) loses it, and the docs say so.
 package webhook
 
 import (
@@ -14,6 +23,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -23,6 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -31,17 +42,27 @@ type Config struct {
 	MaxQueue      int           // events owed per app before new ones are dropped (counted, logged)
 	MaxBatch      int           // events per POST at most
 	MaxBatchBytes int           // bytes of events per POST at most (one larger event still goes alone)
-	MaxAge        time.Duration // an event not delivered by then is dropped (counted, logged)
-	RetryMin      time.Duration // first retry delay; doubled per failure
+	MaxAge        time.Duration // default for apps without their own: an event not delivered by then is dropped, or dead-lettered with a Store
+	RetryMin      time.Duration // first retry delay; its bound doubles per failure (full jitter)
 	RetryMax      time.Duration // longest retry delay
 	Client        *http.Client  // nil: a keep-alive client of its own
 	Log           *slog.Logger
+
+	// Store makes delivery durable (see the package doc); nil: memory.
+	Store *persist.Postgres
+	// Owner names this process in the rooms' leases: unique per running
+	// node (a restarted node with the same Owner takes its rooms back at
+	// once; a new one waits out their leases).
+	Owner string
+	Lease time.Duration // how long a room's lease lasts unless renewed (default 30s)
+	Sweep time.Duration // how often the store is asked for owed rooms nobody delivers (default 1s)
+	Idle  time.Duration // a room with nothing owed for this long gives its lease up (default 2s)
 }
 
 // Defaults are the dispatcher's bounds unless told otherwise.
 func Defaults() Config {
-	return Config{MaxQueue: 100_000, MaxBatch: 500, MaxBatchBytes: 1 << 20, MaxAge: 24 * time.Hour,
-		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute}
+	return Config{MaxQueue: 100_000, MaxBatch: 500, MaxBatchBytes: 1 << 20, MaxAge: proto.DefaultWebhookMaxAge,
+		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute, Lease: 30 * time.Second, Sweep: time.Second, Idle: 2 * time.Second}
 }
 
 // Stats are the dispatcher's counters.
@@ -50,8 +71,10 @@ type Stats struct {
 	Delivered atomic.Uint64 // events a receiver answered 2xx for
 	Posts     atomic.Uint64 // POSTs answered 2xx
 	Failures  atomic.Uint64 // POSTs that failed (status, timeout, connection): each is retried
-	Dropped   atomic.Uint64 // events dropped: queue full, or past MaxAge
-	Owed      atomic.Int64  // events queued and not yet delivered, all apps
+	Dropped   atomic.Uint64 // events dropped: queue full, or past MaxAge (memory), or lost a lease before a POST (durable; the new owner delivers them)
+	Dead      atomic.Uint64 // events past MaxAge recorded as dead letters (durable)
+	Read      atomic.Uint64 // events read back from the store (durable: owed but not committed here, or not in memory any more)
+	Owed      atomic.Int64  // events queued in memory and not yet delivered, all apps
 }
 
 // Dispatcher takes committed messages (Committed) and delivers them to
@@ -85,11 +108,18 @@ type hookCfg struct {
 	hook    proto.Webhook
 	app     proto.App // for its secrets, read at each POST (a rotation signs twice)
 	timeout time.Duration
+	maxAge  time.Duration
 }
 
+// event is one message owed. It holds the msg frame the commit encoded
+// (shared, immutable), not a copy: the POST writes the event straight from
+// it, so queueing an event allocates nothing of its own.
 type event struct {
-	json []byte    // {"type":"msg",...}
-	at   time.Time // when it was committed here
+	key   string // app/room
+	seq   uint64
+	ts    int64  // commit time, Unix ms
+	frame []byte // the msg frame (header + JSON), or, read from the store, the msg JSON alone
+	at    time.Time
 }
 
 // New returns a dispatcher; SetApps gives it the webhooks.
@@ -113,6 +143,18 @@ func New(cfg Config) *Dispatcher {
 	if cfg.RetryMax < cfg.RetryMin {
 		cfg.RetryMax = max(d.RetryMax, cfg.RetryMin)
 	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = d.Lease
+	}
+	if cfg.Sweep <= 0 {
+		cfg.Sweep = d.Sweep
+	}
+	if cfg.Idle <= 0 {
+		cfg.Idle = d.Idle
+	}
+	if cfg.Store != nil && cfg.Owner == "" {
+		panic("BUG: webhook: a durable dispatcher needs an Owner")
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -125,9 +167,13 @@ func New(cfg Config) *Dispatcher {
 	return &Dispatcher{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*target{}}
 }
 
+// Durable reports whether what is owed survives a restart (a Store).
+func (d *Dispatcher) Durable() bool { return d.cfg.Store != nil }
+
 // SetApps installs the registry's webhooks (any goroutine). An app that
 // gains one starts delivering from its next message; one that loses it
-// drops what it owed (logged).
+// drops what it owed in memory (logged; with a Store the cursors stay, and
+// the messages are owed again if the webhook comes back with those rooms).
 func (d *Dispatcher) SetApps(reg []proto.App) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -138,16 +184,23 @@ func (d *Dispatcher) SetApps(reg []proto.App) {
 			continue
 		}
 		seen[a.ID] = true
-		hc := &hookCfg{hook: *a.Webhook, app: *a, timeout: time.Duration(a.Webhook.Timeout)}
+		hc := &hookCfg{hook: *a.Webhook, app: *a, timeout: time.Duration(a.Webhook.Timeout), maxAge: time.Duration(a.Webhook.MaxAge)}
 		if hc.timeout <= 0 {
 			hc.timeout = proto.DefaultWebhookTimeout
+		}
+		if hc.maxAge <= 0 {
+			hc.maxAge = d.cfg.MaxAge
 		}
 		t := d.apps[a.ID]
 		if t == nil {
 			t = &target{id: a.ID, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 			t.cfg.Store(hc)
 			d.apps[a.ID] = t
-			go d.deliver(t)
+			if d.cfg.Store != nil {
+				go d.deliverDurable(t)
+			} else {
+				go d.deliver(t)
+			}
 			continue
 		}
 		t.cfg.Store(hc)
@@ -161,12 +214,25 @@ func (d *Dispatcher) SetApps(reg []proto.App) {
 	d.any.Store(len(d.apps) > 0)
 }
 
-// Close stops every delivery goroutine; what is owed is lost.
-func (d *Dispatcher) Close() { d.SetApps(nil) }
+// Close stops every delivery goroutine and waits for them; what is owed
+// in memory is lost (with a Store it stays owed in the database).
+func (d *Dispatcher) Close() {
+	d.mu.Lock()
+	ts := make([]*target, 0, len(d.apps))
+	for _, t := range d.apps {
+		ts = append(ts, t)
+	}
+	d.mu.Unlock()
+	d.SetApps(nil)
+	for _, t := range ts {
+		<-t.done
+	}
+}
 
 // Committed takes one answered batch of the publish pool (fanout calls it
 // before the acks go out): every new message of an app with a webhook
-// that wants its room is queued. It never blocks on a receiver.
+// that wants its room is queued. It never blocks on a receiver, and
+// queues the frame the commit encoded rather than a copy of the message.
 func (d *Dispatcher) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
 	if !d.any.Load() {
 		return
@@ -184,8 +250,11 @@ func (d *Dispatcher) Committed(reqs []*proto.PubRequest, res []proto.PubResult) 
 		if t == nil || !t.cfg.Load().hook.Matches(room) {
 			continue
 		}
-		m := proto.Message{Room: room, Seq: r.Seq, ID: string(req.ID), From: req.From, TS: r.TS, Body: req.Body}
-		d.push(t, event{json: eventJSON(&m), at: now})
+		frame := r.Frame
+		if frame == nil { // a sink fed without frames: encode once here
+			frame = proto.AppendMsgFrame(nil, room, r.Seq, req.ID, req.From, r.TS, req.Body)
+		}
+		d.push(t, event{key: req.Key, seq: r.Seq, ts: r.TS, frame: frame, at: now})
 	}
 }
 
@@ -193,12 +262,31 @@ func (d *Dispatcher) Committed(reqs []*proto.PubRequest, res []proto.PubResult) 
 // "type" for "op".
 const msgPrefix, eventPrefix = `{"op":"msg",`, `{"type":"msg",`
 
-func eventJSON(m *proto.Message) []byte {
-	b := proto.AppendMsgJSON(make([]byte, 0, len(eventPrefix)+len(m.Body)+len(m.Room)+len(m.ID)+len(m.From)+64), m)
+// appendEvent appends ev's event object: the msg object of its frame with
+// "type" for "op", copied once, straight into the POST's body.
+func appendEvent(dst []byte, ev *event) []byte {
+	b := msgJSON(ev.frame)
 	if !bytes.HasPrefix(b, []byte(msgPrefix)) {
 		panic("BUG: webhook: a msg object does not start with " + msgPrefix)
 	}
-	return append([]byte(eventPrefix), b[len(msgPrefix):]...)
+	dst = append(dst, eventPrefix...)
+	return append(dst, b[len(msgPrefix):]...)
+}
+
+// msgJSON returns the payload of a server (unmasked) text frame, or b
+// itself when it is already the JSON object.
+func msgJSON(b []byte) []byte {
+	if len(b) < 2 || b[0] == '{' {
+		return b
+	}
+	switch n := b[1] & 0x7f; {
+	case n < 126:
+		return b[2:]
+	case n == 126:
+		return b[4:]
+	default:
+		return b[10:]
+	}
 }
 
 func (d *Dispatcher) push(t *target, ev event) {
@@ -233,12 +321,12 @@ func (d *Dispatcher) logDrop(app, why string) {
 func (d *Dispatcher) deliver(t *target) {
 	defer close(t.done)
 	failures := 0
-	var body bytes.Buffer
+	var body []byte
 	for {
 		t.mu.Lock()
 		n, size := 0, 0
-		for n < len(t.queue) && n < d.cfg.MaxBatch && (n == 0 || size+len(t.queue[n].json) <= d.cfg.MaxBatchBytes) {
-			size += len(t.queue[n].json) + 1
+		for n < len(t.queue) && n < d.cfg.MaxBatch && (n == 0 || size+len(t.queue[n].frame) <= d.cfg.MaxBatchBytes) {
+			size += len(t.queue[n].frame) + 1
 			n++
 		}
 		batch := t.queue[:n:n]
@@ -252,25 +340,15 @@ func (d *Dispatcher) deliver(t *target) {
 				continue
 			}
 		}
-		if age := time.Since(batch[0].at); age > d.cfg.MaxAge {
+		hc := t.cfg.Load()
+		if age := time.Since(batch[0].at); age > hc.maxAge {
 			d.take(t, 1)
 			d.Stats.Dropped.Add(1)
 			d.logDrop(t.id, "older than the maximum age: the receiver failed for too long")
 			continue
 		}
-		hc := t.cfg.Load()
-		body.Reset()
-		body.WriteString(`{"app":`)
-		body.Write(quote(t.id))
-		body.WriteString(`,"events":[`)
-		for i := range batch {
-			if i > 0 {
-				body.WriteByte(',')
-			}
-			body.Write(batch[i].json)
-		}
-		body.WriteString("]}")
-		err := d.post(hc, body.Bytes())
+		body = appendBody(body[:0], t.id, batch)
+		err := d.post(hc, body)
 		if err == nil {
 			failures = 0
 			d.take(t, n)
@@ -295,15 +373,30 @@ func (d *Dispatcher) deliver(t *target) {
 	}
 }
 
-// backoff is the delay after the given number of failures in a row:
-// min doubled per failure up to max, with jitter over its upper half so
-// that many nodes retrying one receiver do not come back at once.
+// appendBody appends the POST body of events: {"app":ID,"events":[...]}.
+func appendBody(dst []byte, app string, events []event) []byte {
+	dst = append(dst, `{"app":`...)
+	dst = append(dst, quote(app)...)
+	dst = append(dst, `,"events":[`...)
+	for i := range events {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendEvent(dst, &events[i])
+	}
+	return append(dst, "]}"...)
+}
+
+// backoff is the delay after the given number of failures in a row: a
+// bound of min doubled per failure up to max, and "full jitter" under it
+// (uniform in [0, bound]) so that many nodes retrying one receiver spread
+// out instead of coming back together.
 func backoff(lo, hi time.Duration, failures int) time.Duration {
 	d := hi
 	if failures < 32 {
 		d = min(hi, lo<<(failures-1))
 	}
-	return d/2 + rand.N(d/2+1)
+	return rand.N(d + 1)
 }
 
 func (d *Dispatcher) take(t *target, n int) {
@@ -341,7 +434,27 @@ func (e statusError) Error() string { return "receiver answered " + strconv.Itoa
 
 // post sends one batch, signed with every current secret of the app.
 func (d *Dispatcher) post(hc *hookCfg, body []byte) error {
-	ctx, cancel := context.WithTimeout(context.Background(), hc.timeout)
+	return post(context.Background(), d.client, hc, body)
+}
+
+// Replay POSTs events (a dead letter's JSON array) to the app's webhook
+// again, signed with its current secrets: what `roost webhook replay`
+// does. A receiver deduplicates by (room, seq) as for any redelivery.
+func Replay(ctx context.Context, a proto.App, events []byte) error {
+	if a.Webhook == nil || a.Webhook.URL == "" {
+		return errors.New("the app has no webhook: set one with roost app set " + a.ID + " --webhook-url URL")
+	}
+	hc := &hookCfg{hook: *a.Webhook, app: a, timeout: time.Duration(a.Webhook.Timeout)}
+	if hc.timeout <= 0 {
+		hc.timeout = proto.DefaultWebhookTimeout
+	}
+	body := append([]byte(`{"app":`+quote(a.ID)+`,"events":`), events...)
+	body = append(body, '}')
+	return post(ctx, http.DefaultClient, hc, body)
+}
+
+func post(ctx context.Context, client *http.Client, hc *hookCfg, body []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, hc.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, hc.hook.URL, bytes.NewReader(body))
 	if err != nil {
@@ -352,7 +465,7 @@ func (d *Dispatcher) post(hc *hookCfg, body []byte) error {
 	req.Header.Set("User-Agent", "roost-webhook")
 	req.Header.Set("X-Roost-Timestamp", ts)
 	req.Header.Set("X-Roost-Signature", Sign(hc.app.Secrets(time.Now()), ts, body))
-	resp, err := d.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -387,7 +500,7 @@ func Sign(secrets []string, ts string, body []byte) string {
 	return string(out)
 }
 
-func quote(s string) []byte {
+func quote(s string) string {
 	// App ids match [A-Za-z0-9_.-]: nothing to escape.
-	return []byte(`"` + s + `"`)
+	return `"` + s + `"`
 }

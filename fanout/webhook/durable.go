@@ -1,0 +1,472 @@
+package webhook
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
+)
+
+// room is one room of an app as its durable delivery goroutine sees it
+// (that goroutine only).
+type room struct {
+	id        int64
+	key       string
+	leased    bool      // this node holds the lease: it may POST the room's events
+	delivered uint64    // the cursor: events up to here were answered 2xx or dead-lettered
+	last      uint64    // the newest seq known committed
+	pending   []event   // committed here, seq > delivered, in seq order
+	active    time.Time // last time it had something owed (for giving the lease up)
+	renewed   time.Time // last time its lease was renewed
+	skip      time.Time // another node held the lease: no claim before this
+}
+
+func (r *room) owed() bool {
+	return r.last > r.delivered || len(r.pending) > 0
+}
+
+// dstore is the durable state of one app's delivery: its rooms.
+type dstate struct {
+	rooms  map[string]*room
+	order  []*room // rooms in a rotating order, so that no room starves
+	next   int
+	failed int       // POSTs failed in a row
+	retry  time.Time // no POST before this (backoff)
+	swept  time.Time
+	body   []byte
+	batch  []event
+	spans  []span
+}
+
+// span is one room's part of a batch.
+type span struct {
+	r      *room
+	lo, hi int    // batch[lo:hi]
+	upto   uint64 // the cursor after this span is delivered
+	fromDB bool
+}
+
+const storeTimeout = 10 * time.Second
+
+// deliverDurable is one app's delivery goroutine with a Store.
+func (d *Dispatcher) deliverDurable(t *target) {
+	defer close(t.done)
+	st := &dstate{rooms: map[string]*room{}}
+	tick := time.NewTicker(min(d.cfg.Sweep, d.cfg.Lease/3))
+	defer tick.Stop()
+	var retryTimer *time.Timer
+	defer func() {
+		d.releaseAll(t, st)
+		// What is queued here is owed in the store: nothing is lost.
+		t.mu.Lock()
+		n := len(t.queue)
+		t.queue = nil
+		t.mu.Unlock()
+		d.Stats.Owed.Add(-int64(n))
+	}()
+	for {
+		d.gather(t, st)
+		now := time.Now()
+		if now.Sub(st.swept) >= d.cfg.Sweep {
+			st.swept = now
+			d.sweep(t, st)
+			d.housekeep(t, st, now)
+		}
+		if now.Before(st.retry) {
+			if retryTimer == nil {
+				retryTimer = time.NewTimer(time.Until(st.retry))
+			} else {
+				retryTimer.Reset(time.Until(st.retry))
+			}
+			select {
+			case <-t.stop:
+				return
+			case <-retryTimer.C:
+			case <-tick.C:
+			}
+			continue
+		}
+		d.claim(t, st)
+		if !d.fill(t, st) {
+			select {
+			case <-t.stop:
+				return
+			case <-t.wake:
+			case <-tick.C:
+			}
+			continue
+		}
+		hc := t.cfg.Load()
+		st.body = appendBody(st.body[:0], t.id, st.batch)
+		err := d.post(hc, st.body)
+		if err == nil {
+			st.failed = 0
+			d.Stats.Posts.Add(1)
+			d.Stats.Delivered.Add(uint64(len(st.batch)))
+			d.advance(t, st, false)
+			continue
+		}
+		d.Stats.Failures.Add(1)
+		st.failed++
+		wait := backoff(d.cfg.RetryMin, d.cfg.RetryMax, st.failed)
+		st.retry = time.Now().Add(wait)
+		if st.failed == 1 || st.failed%10 == 0 {
+			d.log.Warn("webhook POST failed; retrying", "app", t.id, "url", hc.hook.URL, "err", err, "failures", st.failed, "retry_in", wait, "events", len(st.batch))
+		}
+		d.expire(t, st, hc, err)
+	}
+}
+
+// gather moves what Committed queued into the rooms' pending events.
+func (d *Dispatcher) gather(t *target, st *dstate) {
+	t.mu.Lock()
+	q := t.queue
+	t.queue = nil
+	t.mu.Unlock()
+	if len(q) == 0 {
+		return
+	}
+	d.Stats.Owed.Add(-int64(len(q)))
+	now := time.Now()
+	for _, ev := range q {
+		r := st.room(ev.key, 0)
+		r.active = now
+		r.last = max(r.last, ev.seq)
+		if r.leased && ev.seq <= r.delivered || now.Before(r.skip) {
+			continue
+		}
+		if n := len(r.pending); n > 0 && ev.seq <= r.pending[n-1].seq {
+			continue
+		}
+		r.pending = append(r.pending, ev)
+		r.last = max(r.last, ev.seq)
+	}
+}
+
+func (st *dstate) room(key string, id int64) *room {
+	r := st.rooms[key]
+	if r == nil {
+		r = &room{key: key, id: id}
+		st.rooms[key] = r
+		st.order = append(st.order, r)
+	}
+	if r.id == 0 {
+		r.id = id
+	}
+	return r
+}
+
+func (st *dstate) forget(r *room) {
+	delete(st.rooms, r.key)
+	if i := slices.Index(st.order, r); i >= 0 {
+		st.order = slices.Delete(st.order, i, i+1)
+	}
+}
+
+// sweep asks the store for owed rooms this node may claim: another node's
+// publishes, a crashed node's rooms, events this node dropped.
+func (d *Dispatcher) sweep(t *target, st *dstate) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	hs, err := d.cfg.Store.OwedHookRooms(ctx, t.id, d.cfg.Owner, 1000)
+	if err != nil {
+		d.log.Warn("webhook: cannot read owed rooms", "app", t.id, "err", err)
+		return
+	}
+	hc := t.cfg.Load()
+	now := time.Now()
+	for _, h := range hs {
+		if _, name := proto.SplitKey(h.Key); !hc.hook.Matches(name) {
+			continue
+		}
+		r := st.room(h.Key, h.ID)
+		r.last = max(r.last, h.Last)
+		r.active = now
+		if !r.leased {
+			r.delivered = max(r.delivered, h.Delivered)
+		}
+	}
+}
+
+// housekeep renews the leases of rooms that still owe something and gives
+// up those of rooms idle for cfg.Idle.
+func (d *Dispatcher) housekeep(t *target, st *dstate, now time.Time) {
+	var renew, release []*room
+	for _, r := range st.order {
+		switch {
+		case !r.leased:
+		case !r.owed() && now.Sub(r.active) >= d.cfg.Idle:
+			release = append(release, r)
+		case now.Sub(r.renewed) >= d.cfg.Lease/3:
+			renew = append(renew, r)
+		}
+	}
+	if len(renew) > 0 {
+		d.cursor(t, st, renew, false)
+	}
+	if len(release) > 0 {
+		d.cursor(t, st, release, true)
+		for _, r := range release {
+			if !r.owed() {
+				st.forget(r)
+			}
+		}
+	}
+}
+
+// releaseAll gives up every lease (the node is stopping: another node, or
+// this one restarted, takes the rooms at once).
+func (d *Dispatcher) releaseAll(t *target, st *dstate) {
+	var rs []*room
+	for _, r := range st.order {
+		if r.leased {
+			rs = append(rs, r)
+		}
+	}
+	if len(rs) > 0 {
+		d.cursor(t, st, rs, true)
+	}
+}
+
+// cursor writes the rooms' cursors (renewing, or releasing, their leases)
+// and learns their newest seqs; a room whose lease was lost is forgotten.
+func (d *Dispatcher) cursor(t *target, st *dstate, rs []*room, release bool) {
+	ids := make([]int64, len(rs))
+	ds := make([]uint64, len(rs))
+	for i, r := range rs {
+		ids[i], ds[i] = r.id, r.delivered
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	hs, err := d.cfg.Store.AdvanceHookRooms(ctx, d.cfg.Owner, d.cfg.Lease, ids, ds, release)
+	if err != nil {
+		// The cursors stay where they were: those events are sent again
+		// (at least once), by this node or, once the lease runs out,
+		// another.
+		d.log.Warn("webhook: cannot write cursors", "app", t.id, "err", err)
+		return
+	}
+	now := time.Now()
+	got := make(map[int64]persist.HookRoom, len(hs))
+	for _, h := range hs {
+		got[h.ID] = h
+	}
+	for _, r := range rs {
+		h, ok := got[r.id]
+		if !ok {
+			d.lost(st, r)
+			continue
+		}
+		r.last = max(r.last, h.Last)
+		r.renewed = now
+		if release {
+			r.leased = false
+		}
+	}
+}
+
+// lost forgets a room another node took: what this node held of it is
+// owed in the store, and that node delivers it.
+func (d *Dispatcher) lost(st *dstate, r *room) {
+	d.Stats.Dropped.Add(uint64(len(r.pending)))
+	st.forget(r)
+}
+
+// claim takes the leases of the owed rooms not held yet, in one statement.
+func (d *Dispatcher) claim(t *target, st *dstate) {
+	var want []*room
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	now := time.Now()
+	for _, r := range st.order {
+		if r.leased || !r.owed() || now.Before(r.skip) {
+			continue
+		}
+		if r.id == 0 {
+			id, ok, err := d.cfg.Store.HookRoomID(ctx, r.key)
+			if err != nil {
+				d.log.Warn("webhook: cannot look a room up", "app", t.id, "room", r.key, "err", err)
+				continue
+			}
+			if !ok {
+				panic("BUG: webhook: a committed room does not exist")
+			}
+			r.id = id
+		}
+		want = append(want, r)
+	}
+	if len(want) == 0 {
+		return
+	}
+	ids := make([]int64, len(want))
+	for i, r := range want {
+		ids[i] = r.id
+	}
+	hs, err := d.cfg.Store.ClaimHookRooms(ctx, d.cfg.Owner, d.cfg.Lease, ids)
+	if err != nil {
+		d.log.Warn("webhook: cannot claim rooms", "app", t.id, "err", err)
+		return
+	}
+	got := make(map[int64]persist.HookRoom, len(hs))
+	for _, h := range hs {
+		got[h.ID] = h
+	}
+	for _, r := range want {
+		h, ok := got[r.id]
+		if !ok {
+			// Another node delivers the room: it reads what this node
+			// committed from the store. This node asks again later, in
+			// case that node gives the room up with something left.
+			d.Stats.Dropped.Add(uint64(len(r.pending)))
+			clear(r.pending)
+			r.pending = nil
+			r.skip = now.Add(d.cfg.Sweep)
+			continue
+		}
+		r.leased, r.renewed = true, now
+		r.delivered = h.Delivered
+		r.last = max(r.last, h.Last)
+		r.trim()
+	}
+}
+
+// trim drops pending events at or below the cursor.
+func (r *room) trim() {
+	i := 0
+	for i < len(r.pending) && r.pending[i].seq <= r.delivered {
+		i++
+	}
+	if i > 0 {
+		clear(r.pending[:i])
+		r.pending = r.pending[i:]
+		if len(r.pending) == 0 {
+			r.pending = nil
+		}
+	}
+}
+
+// fill builds the next batch from the leased rooms, in rotating order:
+// each room's events in seq order, from memory when they follow the
+// cursor, from the store otherwise. It reports whether there is a batch.
+func (d *Dispatcher) fill(t *target, st *dstate) bool {
+	clear(st.batch)
+	st.batch, st.spans = st.batch[:0], st.spans[:0]
+	size := 0
+	n := len(st.order)
+	for k := 0; k < n && len(st.batch) < d.cfg.MaxBatch && size < d.cfg.MaxBatchBytes; k++ {
+		r := st.order[(st.next+k)%n]
+		if !r.leased || !r.owed() {
+			continue
+		}
+		r.trim()
+		sp := span{r: r, lo: len(st.batch), upto: r.delivered}
+		if len(r.pending) > 0 && r.pending[0].seq == r.delivered+1 {
+			for _, ev := range r.pending {
+				if ev.seq != sp.upto+1 || len(st.batch) >= d.cfg.MaxBatch || size+len(ev.frame) > d.cfg.MaxBatchBytes && len(st.batch) > 0 {
+					break
+				}
+				st.batch = append(st.batch, ev)
+				size += len(ev.frame) + 1
+				sp.upto = ev.seq
+			}
+		} else {
+			// A gap before what this node holds: read it.
+			upto := r.last
+			if len(r.pending) > 0 {
+				upto = r.pending[0].seq - 1
+			}
+			if upto <= r.delivered {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			msgs, more, err := d.cfg.Store.Range(ctx, r.key, r.delivered, upto, persist.Bounds{Limit: d.cfg.MaxBatch - len(st.batch), MaxBytes: max(d.cfg.MaxBatchBytes-size, 1)})
+			cancel()
+			if err != nil {
+				d.log.Warn("webhook: cannot read owed messages", "app", t.id, "room", r.key, "err", err)
+				continue
+			}
+			sp.fromDB = true
+			for i := range msgs {
+				m := &msgs[i]
+				b := proto.AppendMsgJSON(make([]byte, 0, persist.MsgSize(m)), m)
+				st.batch = append(st.batch, event{key: r.key, seq: m.Seq, ts: m.TS, frame: b})
+				size += len(b) + 1
+				sp.upto = m.Seq
+			}
+			d.Stats.Read.Add(uint64(len(msgs)))
+			if !more {
+				// Seqs retention removed are simply skipped.
+				sp.upto = upto
+			}
+		}
+		if sp.upto > r.delivered {
+			sp.hi = len(st.batch)
+			st.spans = append(st.spans, sp)
+		}
+	}
+	if n > 0 {
+		st.next = (st.next + 1) % n
+	}
+	return len(st.spans) > 0
+}
+
+// advance moves the cursors of a delivered batch (and renews the leases).
+func (d *Dispatcher) advance(t *target, st *dstate, release bool) {
+	rs := make([]*room, 0, len(st.spans))
+	for _, sp := range st.spans {
+		sp.r.delivered = max(sp.r.delivered, sp.upto)
+		sp.r.trim()
+		rs = append(rs, sp.r)
+	}
+	d.cursor(t, st, rs, release)
+}
+
+// expire turns the events of a failed batch older than the app's max age
+// into dead letters, one per room, each moving its room's cursor past them
+// in the same transaction.
+func (d *Dispatcher) expire(t *target, st *dstate, hc *hookCfg, cause error) {
+	now := time.Now().UnixMilli()
+	var keep []*room
+	for _, sp := range st.spans {
+		evs := st.batch[sp.lo:sp.hi]
+		if len(evs) == 0 || now-evs[0].ts < hc.maxAge.Milliseconds() {
+			keep = append(keep, sp.r)
+			continue
+		}
+		b := []byte{'['}
+		for i := range evs {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendEvent(b, &evs[i])
+		}
+		b = append(b, ']')
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		ok, err := d.cfg.Store.AddDeadLetter(ctx, d.cfg.Owner, sp.r.id, sp.r.key, evs[0].seq, sp.upto, cause.Error(), b, len(evs))
+		cancel()
+		switch {
+		case err != nil:
+			d.log.Warn("webhook: cannot record a dead letter", "app", t.id, "room", sp.r.key, "err", err)
+		case !ok:
+			d.lost(st, sp.r)
+		default:
+			d.Stats.Dead.Add(uint64(len(evs)))
+			d.log.Warn("webhook events past the max age are dead letters (roost webhook dead, roost webhook replay)", "app", t.id, "room", sp.r.key, "from", evs[0].seq, "to", sp.upto, "max_age", hc.maxAge)
+			sp.r.delivered = max(sp.r.delivered, sp.upto)
+			sp.r.trim()
+			st.retry = time.Time{} // the next events may be fresh: try them now
+		}
+	}
+	// The rooms still failing keep their leases through the backoff.
+	var renew []*room
+	for _, r := range keep {
+		if _, ok := st.rooms[r.key]; ok && time.Since(r.renewed) >= d.cfg.Lease/3 {
+			renew = append(renew, r)
+		}
+	}
+	if len(renew) > 0 {
+		d.cursor(t, st, renew, false)
+	}
+}
