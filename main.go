@@ -40,6 +40,8 @@ Usage:
   roost serve --print-config  show the effective configuration and where each value came from
   roost migrate [flags]     apply the PostgreSQL schema migrations (--database-url)
   roost app COMMAND ...     the app registry: create, list, show, rotate, disable, enable, set
+  roost webhook dead [--app A]  list webhook dead letters (JSON; PostgreSQL)
+  roost webhook replay ID   POST a dead letter to its app's webhook again
   roost token --app A --user U [--ttl 1h] [--rooms 'a,b*']
                             print a client token (secret from --secret-file, ROOST_SECRET or the registry)
   roost bench SCENARIO ...  the load generator (roost bench alone lists scenarios)
@@ -89,6 +91,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return appMain(args, stdout, stderr)
 	case "token":
 		return tokenMain(args, stdout, stderr)
+	case "webhook":
+		return webhookMain(args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "roost: unknown command %q\n\n%s", cmd, usage)
 	return 2
@@ -221,8 +225,18 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
 	// Webhooks take each committed batch before its acks; with no app
 	// having one, that costs one atomic load per batch.
-	hooks := webhook.New(webhook.Config{Log: log})
-	defer hooks.Close()
+	hcfg := webhook.Config{Log: log}
+	if pg != nil {
+		// Durable: what is owed is the messages past each room's cursor.
+		// The lease owner names this process (two nodes may share a
+		// --node-id, and a restarted process is a new owner: it takes a
+		// crashed one's rooms when their leases, --webhook-lease, run out).
+		var rnd [6]byte
+		_, _ = crand.Read(rnd[:])
+		hcfg.Store, hcfg.Owner, hcfg.Lease = pg, c.node.NodeID+"/"+hex.EncodeToString(rnd[:]), c.webhookLease
+	}
+	hooks := webhook.New(hcfg)
+	defer hooks.Close() // after the explicit Close below: a no-op
 	parts.OnCommitted = hooks.Committed
 	if c.redisURL != "" {
 		rc, err := pubsub.ParseRedisURL(c.redisURL)
@@ -419,10 +433,13 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	t0 = time.Now()
 	fan.ClosePublishes()
 	log.Info("publish pool closed", "took", time.Since(t0))
-	if owed := hooks.Stats.Owed.Load(); owed > 0 {
+	if owed := hooks.Stats.Owed.Load(); owed > 0 && !hooks.Durable() {
 		// In memory only: what the receivers have not taken is lost.
 		log.Warn("webhook events still owed at exit are lost", "events", owed)
 	}
+	t0 = time.Now()
+	hooks.Close() // gives the rooms' leases up; with PostgreSQL what is owed stays owed
+	log.Info("webhooks stopped", "took", time.Since(t0))
 	t0 = time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -54,6 +54,7 @@ type config struct {
 	migrate         bool
 	pgMaxConns      int
 	stmtTimeout     time.Duration
+	webhookLease    time.Duration
 	workers         int
 	batchMax        int
 	batchWindow     time.Duration
@@ -151,6 +152,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.BoolVar(&c.migrate, "migrate", false, "apply pending schema migrations before serving")
 	fs.IntVar(&c.pgMaxConns, "pg-max-conns", 0, "PostgreSQL connections (default: 4 × publish workers + 4)")
 	fs.DurationVar(&c.stmtTimeout, "statement-timeout", 5*time.Second, "PostgreSQL statement timeout")
+	fs.DurationVar(&c.webhookLease, "webhook-lease", 30*time.Second, "with PostgreSQL, how long a node's claim on a room's webhook delivery lasts unless renewed: another node takes a crashed node's rooms after this")
 	fs.IntVar(&c.workers, "publish-workers", 1, "publish goroutines, each committing a shard of rooms with one commit in flight (raise it only when one PostgreSQL backend is the limit)")
 	fs.IntVar(&c.batchMax, "batch-max", 256, "publishes per group commit")
 	fs.DurationVar(&c.batchWindow, "batch-window", 10*time.Millisecond, "how long a PostgreSQL group commit smaller than 48 publishes may wait for more while publishes keep coming (0: no wait; the memory store never waits)")
@@ -557,6 +559,9 @@ func validate(c *config) []error {
 	if c.pgMaxConns < 0 {
 		bad("invalid --pg-max-conns %d: want 0 (automatic) or more", c.pgMaxConns)
 	}
+	if c.webhookLease < time.Second {
+		bad("invalid --webhook-lease %s: want 1s or more", c.webhookLease)
+	}
 	if c.stmtTimeout <= 0 {
 		bad("invalid --statement-timeout %s: want a positive duration", c.stmtTimeout)
 	}
@@ -786,6 +791,7 @@ func bindValues(c *config, into map[string]string) {
 		"migrate":             strconv.FormatBool(c.migrate),
 		"pg-max-conns":        pgMaxConnsText(c),
 		"statement-timeout":   d(c.stmtTimeout),
+		"webhook-lease":       d(c.webhookLease),
 		"publish-workers":     strconv.Itoa(c.workers),
 		"batch-max":           strconv.Itoa(c.batchMax),
 		"batch-window":        d(c.batchWindow),
