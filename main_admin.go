@@ -269,6 +269,13 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_rooms_refused_total", ms.RoomsRefused)
 	case *persist.Postgres:
 		c("roost_rooms_refused_total", st.RoomsRefused())
+		cs := st.CommitStats()
+		c("roost_store_deadlocks_total", cs.Deadlocks)
+		c("roost_store_commit_retries_total", cs.Retries)
+		m.family("roost_store_commits_in_doubt_total", "counter")
+		m.line(`roost_store_commits_in_doubt_total{outcome="committed"}`, float64(cs.ResolvedCommitted))
+		m.line(`roost_store_commits_in_doubt_total{outcome="rolled_back"}`, float64(cs.ResolvedRolledBack))
+		m.line(`roost_store_commits_in_doubt_total{outcome="unknown"}`, float64(cs.Unresolved))
 	}
 
 	c("roost_slow_consumer_closes_total", fs.SlowCloses.Load())

@@ -53,6 +53,9 @@ type Postgres struct {
 
 	// Commits whose outcome was unknown, by how they were settled.
 	resolvedCommitted, resolvedRolledBack, unresolved atomic.Uint64
+	// Commit statements that failed with deadlock_detected; commit
+	// statements sent again after a failure that a retry resolves.
+	deadlocks, retries atomic.Uint64
 
 	policy RetentionPolicy
 	ret    retentionCounters
@@ -340,6 +343,14 @@ func (p *Postgres) roomID(ctx context.Context, key string) (id int64, ok bool, e
 //   - old: publishes already stored (the unique key), answered with the
 //     stored seq and ts;
 //   - fresh: the others, numbered per room in batch order;
+//   - locked: locks the batch's rooms in id order, the one order of every
+//     batch of every node. The update alone would lock them in the order
+//     its join and hash aggregate produce, which changes with the batch's
+//     rooms and size: two nodes' batches sharing rooms then locked them in
+//     opposite orders and deadlocked (PostgreSQL breaks the cycle after
+//     deadlock_timeout, a second, by failing one). LockRows sits above
+//     the sort, so rows are locked in sorted order, and upd touches only
+//     rows locked here, so it waits for no lock of its own;
 //   - upd: ONE update per room advances last_seq by the room's count of
 //     fresh publishes, so a hot room takes one row lock per batch, not per
 //     message; its RETURNING gives the base of the room's new seq range;
@@ -364,11 +375,14 @@ WITH input AS (
 	WHERE i.ord NOT IN (SELECT ord FROM old)
 ), counts AS (
 	SELECT room_id, count(*) AS n FROM fresh GROUP BY room_id
+), locked AS MATERIALIZED (
+	SELECT r.id, c.n FROM rooms r JOIN counts c ON c.room_id = r.id
+	ORDER BY r.id FOR NO KEY UPDATE OF r
 ), upd AS (
-	UPDATE rooms r SET last_seq = r.last_seq + c.n
-	FROM counts c
-	WHERE r.id = c.room_id
-	RETURNING r.id, r.last_seq - c.n AS base
+	UPDATE rooms r SET last_seq = r.last_seq + l.n
+	FROM locked l
+	WHERE r.id = l.id
+	RETURNING r.id, r.last_seq - l.n AS base
 ), ins AS (
 	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch)
 	SELECT f.room_id, u.base + f.rn, f.sender, f.idem_key, now(), f.body, $6
@@ -423,8 +437,10 @@ func resize[T any](s []T, n int) []T {
 }
 
 // Statement failures that a retry resolves: a unique violation from a
-// concurrent writer of the same key, a deadlock between two nodes updating
-// the same rooms in different orders.
+// concurrent writer of the same key, and, as a safety net, a deadlock
+// (commits lock rooms in one order and cannot deadlock one another).
+// The statement rolled back whole, so sending it again is safe; after the
+// last attempt the batch fails (overloaded) and its clients retry.
 const commitAttempts = 3
 
 // CommitBatch implements Store: one statement, one round trip, one
@@ -490,9 +506,13 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, reqs, res, token, err)
 		}
+		if isDeadlock(err) {
+			p.deadlocks.Add(1)
+		}
 		if attempt == commitAttempts || !isRetryable(err) {
 			return p.wrap("commit batch", err)
 		}
+		p.retries.Add(1)
 		clear(s.isOld)
 		clear(s.base)
 	}
@@ -713,6 +733,29 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 	return false, nil
 }
 
+// CommitStats counts the commit statements PostgreSQL failed on their
+// own and CommitBatch sent again, and the commits whose outcome was
+// unknown after a connection failure, by how they were settled.
+type CommitStats struct {
+	// Deadlocks: commit statements PostgreSQL failed with
+	// deadlock_detected. Batches lock their rooms in one order (see
+	// commitSQL), so any deadlock means something else holds room locks.
+	Deadlocks uint64
+	// Retries: commit statements sent again after a deadlock, a
+	// serialization failure or a unique violation (another node storing the
+	// same key at once), at most commitAttempts in all per batch.
+	Retries                                           uint64
+	ResolvedCommitted, ResolvedRolledBack, Unresolved uint64
+}
+
+// CommitStats returns the store's commit counters; it takes no lock.
+func (p *Postgres) CommitStats() CommitStats {
+	return CommitStats{
+		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(),
+		ResolvedCommitted: p.resolvedCommitted.Load(), ResolvedRolledBack: p.resolvedRolledBack.Load(), Unresolved: p.unresolved.Load(),
+	}
+}
+
 // RoomsRefused counts rooms not made because their app had MaxAppRooms.
 func (p *Postgres) RoomsRefused() uint64 { return p.roomsRefused.Load() }
 
@@ -889,6 +932,11 @@ func isRetryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+func isDeadlock(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40P01"
 }
 
 // isConnError reports failures of reaching PostgreSQL rather than of the

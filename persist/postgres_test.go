@@ -480,6 +480,11 @@ func TestPostgresCommitPlan(t *testing.T) {
 	if strings.Contains(text, "Seq Scan on messages") || !strings.Contains(text, "Index Scan using messages_room_id_sender_idem_key_key") {
 		t.Fatalf("generic commit plan does not probe messages by index:\n%s", text)
 	}
+	// The rooms are locked by one LockRows, in id order, before the
+	// update (see commitSQL): nodes sharing rooms must not deadlock.
+	if i := strings.Index(text, "CTE locked"); i < 0 || !strings.HasPrefix(strings.TrimSpace(text[i+len("CTE locked"):]), "->  LockRows") {
+		t.Fatalf("generic commit plan does not lock the rooms first:\n%s", text)
+	}
 }
 
 // TestPostgresRetentionPolicy: the operator's policy (flags) comes first
