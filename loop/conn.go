@@ -47,6 +47,7 @@ type conn struct {
 	pinged   bool
 	closed   bool
 	awaiting bool // the app's connect proxy has not answered yet: input stays unread (proxy.go)
+	proxyOK  bool // an SSE request the connect proxy allowed: read again, it is not asked twice
 }
 
 // OnOpen registers a new connection with its loop, or closes it at once
@@ -177,7 +178,7 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	c.lastRead = c.l.now()
 	c.pinged = false
 	if c.state == stateUpgrading {
-		if !c.upgrade() {
+		if c.awaiting || !c.upgrade() {
 			return gnet.None
 		}
 	}

@@ -672,6 +672,9 @@ func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
 	}
 	silent := now - c.lastRead
 	switch {
+	case c.state == stateUpgrading && c.awaiting:
+		// An SSE request waiting for its connect proxy, whose answer
+		// comes within the proxy's timeout.
 	case c.state == stateUpgrading:
 		if silent >= upTimeout || now-c.opened >= upTimeout {
 			c.upgradeTimeout()

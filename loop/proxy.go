@@ -9,12 +9,15 @@ import (
 // loop never waits for a backend: it hands the question to the proxy pool
 // and goes on; the answer comes back as a tProxy task in its inbox.
 //
-// Connect: the upgrade completes (so that a browser can read a refusal's
+// Connect (WebSocket): the upgrade completes (so that a browser can read a refusal's
 // reason in the close frame), and the connection is awaiting: what it
 // sends stays unread in gnet's buffer, up to maxHeldInput, until the
 // answer. Allowed, the held frames are read then, in order; refused, the
 // connection is closed with 1008 and the backend's message (1013 and a
 // retry hint when the backend did not answer and the app fails closed).
+// An SSE request waits for the answer before its response: refused, it
+// gets 403 with the backend's message (503 when the backend did not
+// answer), which fetch-based clients can read.
 //
 // Publish: each publish of a connection waits in the connection's queue
 // (pubQueue) in the order read, and its question goes out at once, so
@@ -115,7 +118,25 @@ func (l *loopState) proxied(w *proxyWait) {
 		return
 	}
 	c.awaiting = false
-	if c.closed || c.state != stateOpen {
+	if c.closed {
+		return
+	}
+	if c.state == stateUpgrading {
+		// An SSE request: its head is still in gnet's buffer.
+		if !w.call.Allow {
+			c.app.refused[RefusedProxy].Add(1)
+			he := &proto.HTTPError{Status: 503, Reason: w.call.Message}
+			if w.call.Result == proxy.Denied {
+				he.Status = 403
+			}
+			c.refuseSSE(he)
+			return
+		}
+		c.proxyOK = true
+		c.upgrade()
+		return
+	}
+	if c.state != stateOpen {
 		return
 	}
 	if !w.call.Allow {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gobwas/ws/wsutil"
+
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -311,5 +313,83 @@ func TestProxyHungBackendCostsOnlyItsApp(t *testing.T) {
 	// a's publishes past its queue were refused at once, not held.
 	if m := as[19].expectAnswer("m59"); m["op"] != "err" || m["code"] != "overloaded" {
 		t.Fatalf("a's last publish: %v", m)
+	}
+}
+
+// An SSE stream asks the connect proxy too, before its response: allowed,
+// it opens; refused, it gets 403 with the backend's message.
+func TestProxyConnectSSE(t *testing.T) {
+	b := newBackend(t, func(req map[string]any) (int, string) {
+		if req["user"] == "mallory" {
+			return 200, `{"allow":false,"message":"banned"}`
+		}
+		return 200, `{"allow":true}`
+	})
+	n := secureNode(t, nil, proxied("a", proto.Proxy{Connect: b.srv.URL}))
+	get := func(user string) (*http.Response, string) {
+		cl := &http.Client{Timeout: 5 * time.Second}
+		resp, err := cl.Get("http://" + n.addr + "/sse?room=r&token=" + tok(secretA, "a", user, time.Now().Add(time.Hour)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return resp, string(body)
+		}
+		buf := make([]byte, 64)
+		k, _ := resp.Body.Read(buf) // the retry field
+		resp.Body.Close()
+		return resp, string(buf[:k])
+	}
+	if resp, body := get("alice"); resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || !strings.HasPrefix(body, "retry:") {
+		t.Fatalf("allowed: %d %q", resp.StatusCode, body)
+	}
+	if resp, body := get("mallory"); resp.StatusCode != 403 || !strings.Contains(body, "banned") {
+		t.Fatalf("refused: %d %q", resp.StatusCode, body)
+	}
+	if calls := b.calls(); len(calls) != 2 || calls[0]["type"] != "connect" {
+		t.Fatalf("backend saw %v", calls)
+	}
+}
+
+// A client awaiting its connect answer may send only so much: past
+// maxHeldInput it is closed with 1008, and the node reads nothing of it.
+func TestProxyConnectHeldInputBounded(t *testing.T) {
+	slow := hanging(t)
+	n := secureNode(t, nil, proxied("a", proto.Proxy{Connect: slow.srv.URL, Timeout: proto.Duration(5 * time.Second)}))
+	c := n.dialApp(t, "a", "alice")
+	big := `{"op":"pub","room":"r","id":"x","body":"` + strings.Repeat("x", 8<<10) + `"}`
+	go func() {
+		for i := 0; i < 2*maxHeldInput/len(big)+2; i++ {
+			if wsutil.WriteClientText(c.conn, []byte(big)) != nil {
+				return
+			}
+		}
+	}()
+	if reason := c.expectClose(1008); reason != "too much input before the connection was accepted" {
+		t.Fatalf("close reason %q", reason)
+	}
+}
+
+// A registry change reaches live connections: a publish proxy set on a
+// running app decides that app's next publishes, and removed, stops.
+func TestProxySettingsChange(t *testing.T) {
+	b := newBackend(t, func(map[string]any) (int, string) { return 200, `{"allow":false,"message":"closed for now"}` })
+	n := secureNode(t, nil, proto.App{ID: "a", Secret: secretA})
+	c := n.dialApp(t, "a", "alice")
+	c.send(`{"op":"pub","room":"r","id":"m1","body":1}`)
+	if m := c.expectAnswer("m1"); m["op"] != "ack" {
+		t.Fatalf("m1: %v", m)
+	}
+	n.srv.SetApps([]proto.App{proxied("a", proto.Proxy{Publish: b.srv.URL})})
+	c.send(`{"op":"pub","room":"r","id":"m2","body":1}`)
+	if m := c.expectAnswer("m2"); m["op"] != "err" || m["message"] != "closed for now" {
+		t.Fatalf("m2: %v", m)
+	}
+	n.srv.SetApps([]proto.App{{ID: "a", Secret: secretA}})
+	c.send(`{"op":"pub","room":"r","id":"m3","body":1}`)
+	if m := c.expectAnswer("m3"); m["op"] != "ack" {
+		t.Fatalf("m3: %v", m)
 	}
 }

@@ -70,6 +70,12 @@ func (c *conn) openSSE(req *proto.Request) {
 		c.refuseSSE(errDisabled)
 		return
 	}
+	if t := cfg.connectProxy; t != nil && !c.proxyOK {
+		// The app's backend decides first; its answer reads the request
+		// again (proxy.go).
+		c.askConnect(t)
+		return
+	}
 	rooms, he := l.sseRooms(req.Query, cfg.maxRooms)
 	if he != nil {
 		c.refuseSSE(he)
