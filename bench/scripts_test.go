@@ -90,6 +90,22 @@ func readReport(t *testing.T, path string) *Report {
 	return &rep
 }
 
+// noDeadlocks checks the count the scripts add to a report from
+// pg_stat_database: nodes sharing rooms commit without deadlocks.
+func noDeadlocks(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		PGDeadlocks *int64 `json:"pg_deadlocks"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil || r.PGDeadlocks == nil || *r.PGDeadlocks != 0 {
+		t.Errorf("%s: pg_deadlocks %v (want 0): %v", path, r.PGDeadlocks, err)
+	}
+}
+
 func fileHas(path, s string) bool {
 	b, err := os.ReadFile(path)
 	return err == nil && strings.Contains(string(b), s)
@@ -104,6 +120,10 @@ func TestScriptChat100kShort(t *testing.T) {
 	}
 	if len(rep.Targets) != 3 || !rep.Targets[0].Met {
 		t.Errorf("targets %+v", rep.Targets)
+	}
+	noDeadlocks(t, filepath.Join(out, "chat-100k.json"))
+	if !strings.Contains(log, "SUMMARY chat-100k: 2000 connections") || !strings.Contains(log, "RESULTS chat-100k: "+filepath.Join(out, "chat-100k.json")) {
+		t.Errorf("no summary line or results path:\n%s", log)
 	}
 }
 
@@ -150,9 +170,10 @@ func TestScriptSoakShort(t *testing.T) {
 	if rep.Verdict == nil || !rep.Verdict.OK || r.Rejoins < 2000 || len(rep.Windows) != 6 {
 		t.Fatalf("soak: verdict %+v rejoins %d windows %d\n%s", rep.Verdict, r.Rejoins, len(rep.Windows), log)
 	}
-	if !strings.Contains(log, "soak verdict: ok") || !strings.Contains(log, "0 rooms with holes") {
+	if !strings.Contains(log, "soak verdict: ok") || !strings.Contains(log, "0 rooms with holes") || !strings.Contains(log, "SUMMARY soak: ") {
 		t.Fatalf("script verdict missing:\n%s", log)
 	}
+	noDeadlocks(t, filepath.Join(out, "soak.json"))
 }
 
 func TestScriptSoakClusterShort(t *testing.T) {

@@ -16,7 +16,9 @@
 # Needs: Go, PostgreSQL reachable at ROOST_TEST_DATABASE_URL (default
 # postgres://postgres@127.0.0.1:5432/test), psql, redis-server. Loopback
 # only; bounded in time; stops by itself and cleans up on any exit.
-# Writes $OUT/chat-100k.{json,svg,txt} and each node's log.
+# Writes $OUT/chat-100k.{json,svg,txt} and each node's log; the report also
+# holds pg_deadlocks, the deadlocks PostgreSQL detected in the run's
+# database. Ends with a SUMMARY line and the report's path (RESULTS).
 . "$(dirname "$0")/lib.sh"
 
 short=0
@@ -53,5 +55,10 @@ GOMAXPROCS=2 "$bin" bench chat --url "$urls" --src "$(sources $srcs)" --procs $p
   --report "$OUT/chat-100k.json" --plot "$OUT/chat-100k.svg" | tee "$OUT/chat-100k.txt"
 rc=${PIPESTATUS[0]}
 set -e
+names=()
+for k in $(seq 0 $((nodes - 1))); do names+=("n$k"); done
+stop_nodes "${names[@]}"
+json_add "$OUT/chat-100k.json" pg_deadlocks "$(pg_deadlocks)"
+summary chat-100k "$OUT/chat-100k.json"
 [ $rc = 0 ] || die "roost bench chat exited $rc (integrity errors or a failed run: see above)"
 log "chat-100k: done"

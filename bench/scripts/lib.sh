@@ -144,3 +144,53 @@ sources() {
 
 # json_num FILE KEY: the first number under "KEY" in a report.
 json_num() { grep -m1 "\"$2\":" "$1" | sed -E 's/.*: *(-?[0-9.e+]+).*/\1/'; }
+
+# stop_nodes NAME...: SIGTERM the nodes and wait for them (SIGKILL after
+# 20 s), then for their PostgreSQL backends to exit: a backend reports its
+# statistics (pg_stat_database) when it exits.
+stop_nodes() {
+  local n p i
+  for n in "$@"; do kill -TERM "$(node_pid "$n")" 2>/dev/null || true; done
+  for n in "$@"; do
+    p=$(node_pid "$n")
+    for i in $(seq 1 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  [ -n "$db" ] || return 0
+  for i in $(seq 1 50); do
+    [ "$(psql "$pg_admin" -qtAc "SELECT count(*) FROM pg_stat_activity WHERE datname = '$db'" 2>/dev/null)" = 0 ] && break
+    sleep 0.1
+  done
+}
+
+# pg_deadlocks: the deadlocks PostgreSQL detected in the run's database
+# (each cost its transactions deadlock_timeout, 1 s by default, and one of
+# them its statement). Read it after stop_nodes.
+pg_deadlocks() {
+  psql "$pg_admin" -qtAc "SELECT deadlocks FROM pg_stat_database WHERE datname = '$db'" 2>/dev/null || echo null
+}
+
+# json_add FILE KEY VALUE: a top-level field added to a report (the bench
+# writes the opening brace alone on the first line).
+json_add() { if [ -s "$1" ]; then sed -i "1s/^{\$/{\n  \"$2\": ${3:-null},/" "$1"; fi; }
+
+# summary NAME FILE: one line of the report's main figures (needs jq; the
+# report has all of them either way), and where the report is.
+summary() {
+  if [ -s "$2" ] && command -v jq >/dev/null; then
+    jq -r --arg n "$1" '.levels[0] as $l | def ms(x): if x then (x / 1e6 * 100 | round / 100 | tostring) + " ms" else "-" end;
+      "SUMMARY \($n): \(.connections) connections; acked \($l.acked) of \($l.sent) sent (\($l.achieved_per_s | floor)/s of \($l.offered_per_s | floor)/s offered); " +
+      "delivered \($l.delivery_pct)% gaps \($l.gaps) missing \($l.missing) duplicates \($l.duplicates) reordered \($l.reordered); " +
+      "latency p99 \(ms($l.latency.p99_ns)); ack p95 \(ms($l.ack_latency.p95_ns)) p99 \(ms($l.ack_latency.p99_ns)); " +
+      "node RSS \(([$l.nodes[]?.rss_bytes] | add // 0) / 1048576 | floor) MiB; postgres \(if $l.pg_cpu_us_per_publish then ($l.pg_cpu_us_per_publish | round | tostring) + " µs/publish" else "-" end); " +
+      "deadlocks \(.pg_deadlocks // "-"); " +
+      (if .highest_sustained_per_s then "highest sustained \(.highest_sustained_per_s)/s; " else "" end) +
+      "verdict \(if .verdict then (if .verdict.ok then "ok" else "FAILED" end) else "-" end); " +
+      "targets \([.targets[]? | "\(.target) got \(.got * 100 | round / 100)\(.unit) \(if .met then "met" else "MISSED" end)"] | join(", "))"' "$2" 2>/dev/null ||
+      echo "SUMMARY $1: (cannot read $2)"
+  else
+    echo "SUMMARY $1: no summary (no report, or no jq): see $2"
+  fi
+  echo "RESULTS $1: $2"
+}

@@ -10,7 +10,8 @@
 # Usage: bench/scripts/one-channel.sh [--short]
 #   --short: 600 listeners, 10 s, two step levels (the CI form).
 # Needs: Go, taskset (util-linux). Loopback only, bounded, cleans up.
-# Writes $OUT/one-channel.{json,svg,txt} and one-channel-step.{json,svg,txt}.
+# Writes $OUT/one-channel.{json,svg,txt} and one-channel-step.{json,svg,txt};
+# each run ends with a SUMMARY line and its report's path (RESULTS).
 . "$(dirname "$0")/lib.sh"
 
 short=0
@@ -43,6 +44,7 @@ GOMAXPROCS=2 taskset -c $bench_cpus "$bin" bench delivery --url "$url" --members
   --targets 'delivery>=100,p99<=50ms' \
   --report "$OUT/one-channel.json" --plot "$OUT/one-channel.svg" | tee "$OUT/one-channel.txt"
 rc=${PIPESTATUS[0]}
+summary one-channel "$OUT/one-channel.json"
 [ $rc = 0 ] || die "the 100 msg/s run exited $rc"
 
 GOMAXPROCS=2 taskset -c $bench_cpus "$bin" bench delivery --url "$url" --members $members \
@@ -52,5 +54,6 @@ GOMAXPROCS=2 taskset -c $bench_cpus "$bin" bench delivery --url "$url" --members
   --report "$OUT/one-channel-step.json" --plot "$OUT/one-channel-step.svg" | tee "$OUT/one-channel-step.txt"
 rc=${PIPESTATUS[0]}
 set -e
+summary one-channel-step "$OUT/one-channel-step.json"
 [ $rc = 0 ] || die "the step run exited $rc"
 log "one-channel: done"

@@ -22,7 +22,9 @@
 #   --short: 2 x 1,000 connections, 30 s, the same faults 4-6 s apart (CI).
 # Needs: Go, PostgreSQL (ROOST_TEST_DATABASE_URL), psql, redis-server
 # (and redis-cli for --cluster). Loopback only, bounded, cleans up.
-# Writes $OUT/soak.{json,svg,txt}, the events file and every node's log.
+# Writes $OUT/soak.{json,svg,txt}, the events file and every node's log; the
+# report also holds pg_deadlocks (PostgreSQL's count for the run's
+# database). Ends with a SUMMARY line and the report's path (RESULTS).
 . "$(dirname "$0")/lib.sh"
 
 short=0 cluster=0
@@ -164,6 +166,9 @@ rc=$?
 set -e
 cat "$OUT/soak.txt"
 [ -s "$OUT/soak.json" ] || die "the bench wrote no report (exit $rc)"
+stop_nodes n0 n1
+deadlocks=$(pg_deadlocks)
+json_add "$OUT/soak.json" pg_deadlocks "$deadlocks"
 
 # stored once: the database holds exactly the distinct publishes the bench
 # made (it counts each once, however often it sent it again), each room's
@@ -171,7 +176,7 @@ cat "$OUT/soak.txt"
 sent=$(json_num "$OUT/soak.json" total_sent)
 stored=$(psql "$db_url" -qtAc "SELECT count(*) FROM messages")
 holey=$(psql "$db_url" -qtAc "SELECT count(*) FROM (SELECT room_id FROM messages GROUP BY room_id HAVING max(seq) <> count(*)) x")
-log "stored $stored messages for $sent distinct publishes; $holey rooms with holes in their seqs"
+log "stored $stored messages for $sent distinct publishes; $holey rooms with holes in their seqs; $deadlocks deadlocks in PostgreSQL"
 fail=0
 [ "$rc" = 0 ] || { log "bench verdict failed (exit $rc)"; fail=1; }
 [ "$stored" = "$sent" ] && [ "$holey" = 0 ] || { log "stored-once check failed"; fail=1; }
@@ -184,5 +189,6 @@ while read -r name growth restarted; do
   fi
 done < <(tr -d '\n ' < "$OUT/soak.json" | grep -o '"rss_tail":\[[^]]*\]' | grep -o '{[^}]*}' |
   sed -E 's/.*"name":"([^"]*)".*"growth_pct":(-?[0-9.e+-]+)(,"restarted":(true))?.*/\1 \2 \4/' | grep -v '^redis ')
+summary soak "$OUT/soak.json"
 [ $fail = 0 ] || die "soak verdict: FAILED"
 log "soak verdict: ok"
