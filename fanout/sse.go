@@ -17,8 +17,9 @@ import (
 // it has been sent there (has: known; a room not joined yet and not
 // resumed is left out of the id).
 type ssePos struct {
-	key string
-	seq uint64
+	key  string
+	room string // key's room part, as the id names it
+	seq  uint64
 	has bool
 }
 
@@ -28,9 +29,12 @@ type sseMember struct {
 	// ids holds the id lines of the pending events; pending slices point
 	// into it, so it is reset only once nothing is pending (Flushed).
 	ids []byte
-	// events counts the events queued; the loop's keep-alive reads it to
-	// tell a stream with events from an idle one.
-	events uint64
+	// events counts the events queued, seen its value at the last
+	// Quiet: the loop's keep-alive tells a stream with events from an
+	// idle one.
+	events, seen uint64
+	// endAt is when the loop ends the stream (Unix ms; 0: never).
+	endAt int64
 }
 
 // maxIDBuf is the id buffer an SSE member keeps between flushes; a bigger
@@ -38,18 +42,24 @@ type sseMember struct {
 const maxIDBuf = 16 << 10
 
 // SetSSE makes m an SSE member (before any join): the table sends it
-// events, not frames. Loop only.
-func (m *Member) SetSSE() { m.sse = &sseMember{} }
+// events, not frames. endAt is the loop's: when the stream is to end
+// (Unix ms; 0: never), kept here so that a WebSocket connection pays
+// nothing for it. Loop only.
+func (m *Member) SetSSE(endAt int64) { m.sse = &sseMember{endAt: endAt} }
 
 // SSE reports whether m is an SSE member.
 func (m *Member) SSE() bool { return m.sse != nil }
 
-// SSEEvents is the number of events queued for m so far. Loop only.
-func (m *Member) SSEEvents() uint64 {
-	if m.sse == nil {
-		return 0
-	}
-	return m.sse.events
+// SSEEndAt is the endAt given to SetSSE.
+func (m *Member) SSEEndAt() int64 { return m.sse.endAt }
+
+// SSEQuiet reports whether no event was queued for the SSE member m since
+// the previous call. Loop only.
+func (m *Member) SSEQuiet() bool {
+	s := m.sse
+	quiet := s.events == s.seen
+	s.seen = s.events
+	return quiet
 }
 
 // SSEResume records the position a resuming SSE client sent for the room
@@ -57,7 +67,8 @@ func (m *Member) SSEEvents() uint64 {
 // where the member stands. Call before Join, in the order of the rooms.
 // Loop only.
 func (m *Member) SSEResume(key string, seq uint64, has bool) {
-	m.sse.pos = append(m.sse.pos, ssePos{key: key, seq: seq, has: has})
+	_, room := proto.SplitKey(key)
+	m.sse.pos = append(m.sse.pos, ssePos{key: key, room: room, seq: seq, has: has})
 }
 
 func (s *sseMember) set(key string, seq uint64) {
@@ -79,8 +90,7 @@ func (s *sseMember) appendID(dst []byte) []byte {
 		if !p.has {
 			continue
 		}
-		_, room := proto.SplitKey(p.key)
-		dst = proto.AppendSSEPositionItem(dst, first, room, p.seq)
+		dst = proto.AppendSSEPositionItem(dst, first, p.room, p.seq)
 		first = false
 	}
 	return append(dst, "\n\n"...)

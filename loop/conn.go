@@ -36,7 +36,6 @@ type conn struct {
 	user     string
 	rooms    *roomClaims // the token's rooms and expiry; nil: no token (insecure), every room
 	frag     *[]byte     // a fragmented message being assembled, nil otherwise (rare: a pointer keeps conn small)
-	sse      *sseConn    // an SSE stream (sse.go); nil for WebSocket
 	opened   int64       // Unix ms
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
@@ -128,7 +127,7 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	if c.ip.IsValid() {
 		s.releaseIP(c.ip)
 	}
-	if c.sse != nil {
+	if c.m.SSE() {
 		s.Stats.SSEConns.Add(-1)
 		c.app.release(c.user, c.au)
 		c.au = nil
@@ -170,7 +169,7 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	if c == nil || c.closed {
 		return gnet.None
 	}
-	if c.sse != nil {
+	if c.m.SSE() {
 		// A listener has nothing to say after its request.
 		_, _ = gc.Discard(-1)
 		return gnet.None
@@ -255,7 +254,7 @@ func (c *conn) dueAt() int64 {
 	case stateUpgrading:
 		return c.opened + cfg.UpgradeTimeout.Milliseconds()
 	case stateOpen:
-		if c.sse != nil {
+		if c.m.SSE() {
 			return c.sseDueAt()
 		}
 		d := c.lastRead + cfg.IdleInterval.Milliseconds()
@@ -578,7 +577,7 @@ func (c *conn) sendErr(ref []byte, code proto.Code, msg string) {
 // answers with a reset, the client's stack discards what it had not read,
 // and the client sees 1006 without its code and retry hint.
 func (c *conn) closeWith(code int, reason []byte) {
-	if c.sse != nil {
+	if c.m.SSE() {
 		c.endSSE() // a stream has no close frame: its retry field says when to come back
 		return
 	}

@@ -468,7 +468,7 @@ func (l *loopState) writeOut(c *conn, all bool) {
 		keep := 1
 		if all {
 			keep = len(frames)
-		} else if c.sse != nil {
+		} else if c.m.SSE() {
 			// An event and its id line go together: a stream cut after
 			// the event but before its id (a slow consumer's close drops
 			// what is still queued here) would dispatch the event without
@@ -666,7 +666,7 @@ func (l *loopState) sweep() {
 
 // sweepConn does what is due for one connection.
 func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
-	if c.sse != nil && c.state == stateOpen {
+	if c.m.SSE() && c.state == stateOpen {
 		l.sweepSSE(c, now, idle)
 		return
 	}

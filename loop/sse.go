@@ -18,16 +18,6 @@ import (
 // shared) with the member's own id line behind each, and the loop writes
 // them per tick like frames. It reads nothing after the request head.
 
-// sseConn is the loop's side of an SSE stream.
-type sseConn struct {
-	// endAt ends the stream (Unix ms; 0: never): --sse-max-age, jittered,
-	// so that listeners move to nodes added since.
-	endAt int64
-	// seen is the member's event count at the last keep-alive check: a
-	// stream that had events since gets no ping.
-	seen uint64
-}
-
 var (
 	errSSENoRoom    = &proto.HTTPError{Status: 400, Reason: "name at least one room: /sse?room=NAME"}
 	errSSEBadRoom   = &proto.HTTPError{Status: 400, Reason: "room must match [A-Za-z0-9_.:-]{1,128}"}
@@ -133,15 +123,15 @@ func (c *conn) openSSE(req *proto.Request) {
 	_, _ = c.gc.Discard(-1) // a listener sends nothing more that matters
 	c.au = au
 	c.state = stateOpen
-	c.sse = &sseConn{}
+	var endAt int64
 	if age := s.cfg.SSEMaxAge.Milliseconds(); age > 0 {
 		// Jittered by up to a tenth, so that streams opened together
 		// (a node's restart) do not all end together.
-		c.sse.endAt = c.opened + age - rand.Int64N(age/10+1)
+		endAt = c.opened + age - rand.Int64N(age/10+1)
 	}
 	s.Stats.Upgrading.Add(-1)
 	s.Stats.SSEConns.Add(1)
-	c.m.SetSSE()
+	c.m.SetSSE(endAt)
 	for _, r := range rooms {
 		key := l.roomKey(c, l.sseBuf[r.start:r.end])
 		c.m.SSEResume(string(key), r.since, r.hasSince)
@@ -256,24 +246,23 @@ func (l *loopState) sweepSSE(c *conn, now, idle int64) {
 	switch {
 	case c.rooms != nil && now >= c.rooms.expMS:
 		c.endSSE()
-	case c.sse.endAt > 0 && now >= c.sse.endAt:
+	case c.m.SSEEndAt() > 0 && now >= c.m.SSEEndAt():
 		l.srv.Stats.SSEMaxAge.Add(1)
 		c.endSSE()
 	case now-c.lastRead >= idle:
+		// lastRead is the last keep-alive check: a stream never reads.
 		c.lastRead = now
-		if ev := c.m.SSEEvents(); ev != c.sse.seen {
-			c.sse.seen = ev
-			return
+		if c.m.SSEQuiet() {
+			c.send(ssePing)
 		}
-		c.send(ssePing)
 	}
 }
 
 // sseDueAt is dueAt for an open stream.
 func (c *conn) sseDueAt() int64 {
 	d := c.lastRead + c.l.srv.cfg.IdleInterval.Milliseconds()
-	if c.sse.endAt > 0 && c.sse.endAt < d {
-		d = c.sse.endAt
+	if e := c.m.SSEEndAt(); e > 0 && e < d {
+		d = e
 	}
 	if c.rooms != nil && c.rooms.expMS < d {
 		d = c.rooms.expMS
