@@ -20,7 +20,7 @@ type ssePos struct {
 	key  string
 	room string // key's room part, as the id names it
 	seq  uint64
-	has bool
+	has  bool
 }
 
 // sseMember is the SSE side of a Member.
