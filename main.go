@@ -218,6 +218,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		PublishLatency: hists.publishLatency,
 		BrokerLatency:  hists.brokerLatency,
 		DeliveryLag:    hists.deliveryLag,
+		PresenceGrace:  c.presenceGrace,
 	}
 	// Control messages (a server API disconnect, from any node) reach the
 	// loops once they exist; none can concern a connection before that.
@@ -249,6 +250,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			r, err := pubsub.NewRedis(ctx, rc, h, log)
 			redis = r
 			return r, err
+		}
+		parts.NewPresence = func(bus pubsub.Broker) (pubsub.Presence, error) {
+			return bus.(*pubsub.Redis).NewPresence(pubsub.RedisPresenceConfig{Lease: c.presenceLease, Grace: c.presenceGrace}), nil
 		}
 	}
 	fan, err := fanout.New(c.node.Config, parts)

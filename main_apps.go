@@ -96,6 +96,7 @@ var limitNames = []struct{ name, help string }{
 	{"app-pub-rate", "publishes per second of the app on a node"},
 	{"max-msg", "largest message body in bytes"},
 	{"max-rooms", "rooms one connection may join"},
+	{"max-presence", "presence subscribers of one room, per node (joins with presence past it get err forbidden)"},
 	{"keep-age", "retention: delete messages older than this (PostgreSQL; 0: forever)"},
 	{"keep-count", "retention: keep this many newest messages per room (PostgreSQL; 0: all)"},
 }
@@ -306,6 +307,8 @@ func (l *limitFlags) apply(a *proto.App) error {
 				a.Limits.MaxMsg = p
 			case "max-rooms":
 				a.Limits.MaxRooms = p
+			case "max-presence":
+				a.Limits.MaxPresence = p
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -45,6 +46,8 @@ type config struct {
 	memStoreMax     string
 	memStoreMaxN    int64 // memStoreMax parsed
 	maxAppRooms     int
+	presenceGrace   time.Duration
+	presenceLease   time.Duration
 	retMaxAge       time.Duration
 	retMaxCount     int
 	appRetention    string
@@ -140,6 +143,9 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.Float64Var(&c.node.Limits.PubRate, "pub-rate", d.Limits.PubRate, "default publishes per second of one user (0: no limit; insecure mode: no limit unless set)")
 	fs.Int64Var(&c.node.Limits.PubBurst, "pub-burst", d.Limits.PubBurst, "default publishes one user may send at once above --pub-rate")
 	fs.Float64Var(&c.node.Limits.AppPubRate, "app-pub-rate", d.Limits.AppPubRate, "default publishes per second of one app on this node (0: no limit; insecure mode: no limit unless set)")
+	fs.Int64Var(&c.node.Limits.MaxPresence, "max-presence", d.Limits.MaxPresence, "default presence subscribers (joins with \"presence\":true) of one room of an app on this node; past it such a join gets err forbidden (0: no limit)")
+	fs.DurationVar(&c.presenceGrace, "presence-grace", fanout.DefaultPresenceGrace, "a user leaves a room's presence only after this long with no connection in it, so a page reload does not flap")
+	fs.DurationVar(&c.presenceLease, "presence-lease", pubsub.DefaultPresenceLease, "with Redis: a node silent this long is dead and its users leave every room's presence")
 	fs.Int64Var(&c.node.Limits.MaxMsg, "max-msg", d.Limits.MaxMsg, "default largest pub body in `bytes` (err too_large above; 0: only --max-frame)")
 	fs.StringVar(&c.memStoreMax, "memory-store-max", "512MiB", "memory store's byte budget (e.g. 256MiB; 0: none): past it the rooms written least recently lose their oldest messages first")
 	fs.IntVar(&c.maxAppRooms, "max-rooms-per-app", 100000, "rooms one app may have, in memory and in PostgreSQL; a publish or join that would make one more gets err forbidden (0: no bound)")
@@ -519,6 +525,15 @@ func validate(c *config) []error {
 	} else {
 		c.memStoreMaxN = int64(v)
 	}
+	if c.presenceGrace <= 0 {
+		bad("invalid --presence-grace %s: want a positive duration such as 5s", c.presenceGrace)
+	}
+	if c.presenceLease < time.Second {
+		bad("invalid --presence-lease %s: want at least 1s (the lease is renewed every fifth of it)", c.presenceLease)
+	}
+	if n.Limits.MaxPresence < 0 {
+		bad("invalid --max-presence %d: want 0 (no limit) or more", n.Limits.MaxPresence)
+	}
 	if c.maxAppRooms < 0 {
 		bad("invalid --max-rooms-per-app %d: want 0 (no bound) or more", c.maxAppRooms)
 	}
@@ -780,6 +795,9 @@ func bindValues(c *config, into map[string]string) {
 		"pub-burst":           strconv.FormatInt(n.Limits.PubBurst, 10),
 		"app-pub-rate":        strconv.FormatFloat(n.Limits.AppPubRate, 'g', -1, 64),
 		"max-msg":             strconv.FormatInt(n.Limits.MaxMsg, 10),
+		"max-presence":        strconv.FormatInt(n.Limits.MaxPresence, 10),
+		"presence-grace":      d(c.presenceGrace),
+		"presence-lease":      d(c.presenceLease),
 		"keep":                strconv.Itoa(c.keep),
 		"memory-store-max":    c.memStoreMax,
 		"max-rooms-per-app":   strconv.Itoa(c.maxAppRooms),

@@ -196,3 +196,20 @@ func (h *hub) rooms() int {
 	}
 	return n
 }
+
+// each calls fn with every loop holding key. fn runs without the lock.
+func (h *hub) each(key string, fn func(loop int)) {
+	s := h.shard(key)
+	s.mu.RLock()
+	var loops uint64
+	if r := s.rooms[key]; r != nil {
+		loops = r.loops
+	}
+	s.mu.RUnlock()
+	for i := 0; loops != 0; i++ {
+		if loops&1 != 0 {
+			fn(i)
+		}
+		loops >>= 1
+	}
+}

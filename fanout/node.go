@@ -59,6 +59,12 @@ type Parts struct {
 	// take their messages here). It runs on a publish worker: it must not
 	// block, and the slices are valid during the call only.
 	OnCommitted func(reqs []*proto.PubRequest, res []proto.PubResult)
+	// NewPresence builds the node's presence over bus (the broker New
+	// built); nil means the in-process one.
+	NewPresence func(bus pubsub.Broker) (pubsub.Presence, error)
+	// PresenceGrace: a user is left only after this long with no
+	// connection in the room (0: DefaultPresenceGrace).
+	PresenceGrace time.Duration
 }
 
 // Stats are fanout's counters, updated without locks.
@@ -74,6 +80,9 @@ type Stats struct {
 	BrokerErrors  atomic.Uint64 // broker publishes that failed (each is retried)
 	Rebroadcasts  atomic.Uint64 // failed broadcasts that a retry delivered
 	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
+	// PresenceChanges counts per-user presence changes applied (a user's
+	// first connection in a room on this node, the end of its last one).
+	PresenceChanges atomic.Uint64
 
 	PublishLatency Observer
 	BrokerLatency  Observer
@@ -101,6 +110,7 @@ const (
 	evHistory                         // member, key, frame or err
 	evRepair                          // room, held, upto, tail, flags, err: messages read from the store for a gap or a tail
 	evReset                           // the broker may have lost messages
+	evPresence                        // key, frame: a presence_diff for the room's presence subscribers
 )
 
 // Event is work for a loop's Table, made by fanout on another goroutine
@@ -139,6 +149,12 @@ func (t *Table) Run(ev *Event) {
 		t.repaired(ev.room, ev.held, ev.upto, ev.tail, ev.flags&readMore != 0, ev.err)
 	case evReset:
 		t.reset()
+	case evPresence:
+		if r := t.rooms[ev.key]; r != nil {
+			for _, m := range r.watchers {
+				t.Enqueue(m, ev.frame)
+			}
+		}
 	}
 }
 
@@ -160,6 +176,7 @@ type Node struct {
 	pool   *persist.Pool
 	bus    pubsub.Broker
 	hub    *hub
+	pres   *presence
 	tables [MaxLoops]atomic.Pointer[Table]
 
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
@@ -229,6 +246,25 @@ func New(cfg Config, p Parts) (*Node, error) {
 			}
 		})
 	}
+	var pr pubsub.Presence = pubsub.NewMemoryPresence()
+	if p.NewPresence != nil {
+		var err error
+		if pr, err = p.NewPresence(n.bus); err != nil {
+			n.bus.Close()
+			return nil, err
+		}
+	}
+	if p.PresenceGrace <= 0 {
+		p.PresenceGrace = DefaultPresenceGrace
+	}
+	n.pres = newPresence(n, pr, p.PresenceGrace)
+	// Node-wide and never unsubscribed, like the control messages.
+	n.bus.Subscribe(proto.PresenceKey, func(err error) {
+		if err != nil {
+			n.log.Warn("cannot subscribe to presence changes yet; retrying", "err", err)
+		}
+	})
+	go n.pres.run()
 	n.pool = persist.NewPool(p.Store, n, p.Pool)
 	for i := 0; i < cfg.Readers; i++ {
 		n.wg.Add(1)
@@ -326,10 +362,14 @@ var brokerBatchPool = sync.Pool{New: func() any { return new(brokerBatch) }}
 // room (pubsub.Handler). Fast path: one read lock of one hub shard and one
 // post per loop.
 func (n *Node) OnMessage(key string, seq uint64, frame []byte) {
-	if key == proto.ControlKey {
+	switch key {
+	case proto.ControlKey:
 		if n.onControl != nil {
 			n.onControl(frame)
 		}
+		return
+	case proto.PresenceKey:
+		n.pres.received(frame)
 		return
 	}
 	n.hub.OnMessage(key, seq, frame)
@@ -347,6 +387,12 @@ func (n *Node) Control(ctx context.Context, msg []byte) error {
 func (n *Node) OnReset() { n.hub.OnReset() }
 
 var _ pubsub.Handler = (*Node)(nil)
+
+// PresenceCount is the number of distinct users with a connection joined
+// to the room key, on every node. Any goroutine; it may wait for Redis.
+func (n *Node) PresenceCount(ctx context.Context, key string) (int, error) {
+	return n.pres.p.Count(ctx, key)
+}
 
 // PoolStats are the publish pool's counters (metrics).
 func (n *Node) PoolStats() persist.PoolStats { return n.pool.Stats() }
@@ -367,7 +413,7 @@ func (n *Node) Close() error {
 		n.pool.Close()
 		close(n.done)
 		n.wg.Wait()
-		err = n.bus.Close()
+		err = errors.Join(n.pres.close(), n.bus.Close())
 	})
 	return err
 }

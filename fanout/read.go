@@ -12,10 +12,11 @@ import (
 type readKind uint8
 
 const (
-	rLastSeq readKind = iota + 1 // a room became wanted: its newest seq
-	rReplay                      // a join with since: one page of catch-up
-	rHistory                     // a history command
-	rRepair                      // a gap (upto > 0) or a broker reset (upto == 0)
+	rLastSeq  readKind = iota + 1 // a room became wanted: its newest seq
+	rReplay                       // a join with since: one page of catch-up
+	rHistory                      // a history command
+	rRepair                       // a gap (upto > 0) or a broker reset (upto == 0)
+	rPresence                     // a presence command
 )
 
 // replayPage bounds one catch-up read by count (pageBytes bounds it by
@@ -57,9 +58,10 @@ type readJob struct {
 
 // Flags of an evReplay or evRepair Event.
 const (
-	readAhead uint8 = 1 << iota // since is not past the store's newest seq: wait, nothing read
-	readOther                   // the client's seqs belong to another history: the page starts at the oldest stored
-	readMore                    // a repair stopped at its bounds: more follows
+	readAhead    uint8 = 1 << iota // since is not past the store's newest seq: wait, nothing read
+	readOther                      // the client's seqs belong to another history: the page starts at the oldest stored
+	readMore                       // a repair stopped at its bounds: more follows
+	readPresence                   // evHistory: the answer of a presence command
 )
 
 const readTimeout = 10 * time.Second
@@ -81,11 +83,19 @@ func (j *readJob) failed(err error) Event {
 		return Event{kind: evRoomSeq, room: j.room, err: err}
 	case rReplay:
 		return Event{kind: evReplay, member: j.member, room: j.room, err: err}
-	case rHistory:
-		return Event{kind: evHistory, member: j.member, key: j.key, err: err}
+	case rHistory, rPresence:
+		return Event{kind: evHistory, member: j.member, key: j.key, err: err, flags: j.flags()}
 	default:
 		return Event{kind: evRepair, room: j.room, upto: j.upto, tail: j.tail(), err: err}
 	}
+}
+
+// flags marks a presence answer (evHistory carries both).
+func (j *readJob) flags() uint8 {
+	if j.kind == rPresence {
+		return readPresence
+	}
+	return 0
 }
 
 // tail reports whether a repair is a tail read (asked with upto 0).
@@ -173,6 +183,14 @@ func (n *Node) doRead(j *readJob) Event {
 		// more, on the wire, says the answer stopped at its byte bound.
 		frame := proto.AppendHistoryFrame(nil, []byte(room), msgs, more && len(msgs) < j.limit)
 		return Event{kind: evHistory, member: j.member, key: j.key, frame: frame}
+	case rPresence:
+		count, users, err := n.pres.p.Query(ctx, j.key, proto.MaxPresenceUsers)
+		if err != nil {
+			return j.failed(err)
+		}
+		_, room := proto.SplitKey(j.key)
+		frame := proto.AppendPresenceFrame(nil, []byte(room), count, users)
+		return Event{kind: evHistory, member: j.member, key: j.key, frame: frame, flags: readPresence}
 	case rRepair:
 		upto := j.upto
 		if upto == 0 {

@@ -30,6 +30,8 @@ type readItem struct {
 	key    string
 	before uint64
 	limit  int
+	// presence: a presence query of key, not a history request.
+	presence bool
 }
 
 // pageBytes is the size of one replay page: a history answer or a
@@ -72,6 +74,11 @@ func (t *Table) pump(m *Member) {
 	copy(q.items, q.items[1:])
 	q.items[len(q.items)-1] = readItem{}
 	q.items = q.items[:len(q.items)-1]
+	if it.presence {
+		q.reading = true
+		t.node.read(readJob{kind: rPresence, table: t, member: m, key: it.key})
+		return
+	}
 	if it.join == nil {
 		q.reading = true
 		t.node.read(readJob{kind: rHistory, table: t, member: m, key: it.key, before: it.before, limit: it.limit})

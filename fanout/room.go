@@ -13,6 +13,8 @@ import (
 type Room struct {
 	key     string
 	members []*Member
+	// watchers are the live members that subscribed to presence.
+	watchers []*Member
 	// last is the newest seq delivered to this loop's members (or the
 	// room's newest committed seq when it became active): a member that
 	// joins now starts after last.
@@ -72,6 +74,19 @@ func (r *Room) backlogged(n int) bool {
 	return false
 }
 
+// unwatch forgets m as a presence subscriber of r.
+func (r *Room) unwatch(m *Member) {
+	for i, w := range r.watchers {
+		if w == m {
+			last := len(r.watchers) - 1
+			r.watchers[i] = r.watchers[last]
+			r.watchers[last] = nil
+			r.watchers = r.watchers[:last]
+			return
+		}
+	}
+}
+
 // idle reports whether the room can be dropped from its table.
 func (r *Room) idle() bool { return len(r.members) == 0 && len(r.joiners) == 0 }
 
@@ -107,6 +122,7 @@ type joinState struct {
 	epoch    string
 	hasEpoch bool
 	joined   bool
+	presence bool // subscribes to presence once live
 }
 
 func (m *Member) findJoin(r *Room) *joinState {
@@ -147,6 +163,11 @@ type Resume struct {
 	HasSince bool
 	Epoch    []byte
 	HasEpoch bool
+	// Presence: the member subscribes to the room's presence_diff frames,
+	// unless the room has MaxPresence subscribers on this node already
+	// (ErrPresenceLimit; 0: no limit).
+	Presence    bool
+	MaxPresence int
 }
 
 // Join makes m a member of the room key (RoomKey). With hasSince, the
@@ -162,11 +183,15 @@ func (t *Table) Join(m *Member, key []byte, rs Resume) error {
 	if m.Rooms()+m.Joining() >= t.node.cfg.MaxRooms {
 		return ErrRoomLimit
 	}
+	if rs.Presence && rs.MaxPresence > 0 && t.node.pres.watchers(string(key)) >= rs.MaxPresence {
+		// Counted when live: joins on the way at once may pass the
+		// limit by their number.
+		return ErrPresenceLimit
+	}
 	if r != nil && r.active && (!rs.HasSince || rs.Since == r.last && (!rs.HasEpoch || string(rs.Epoch) == r.epoch)) {
 		// Fast path: the room is live on this loop and there is nothing
 		// to replay: a member at once, nothing allocated.
-		t.join(r, m)
-		t.node.Stats.Joined.Add(1)
+		t.joinLive(r, m, rs.Presence)
 		t.sendJoined(m, r, &proto.Joined{Seq: r.last, Epoch: r.epoch, Resumed: rs.HasSince, Recovered: true})
 		return nil
 	}
@@ -174,7 +199,7 @@ func (t *Table) Join(m *Member, key []byte, rs Resume) error {
 		r = t.add(key)
 		defer t.node.hub.join(r.key, t.idx) // after the join is parked: the answer may come at once
 	}
-	j := &joinState{room: r, since: rs.Since, hasSince: rs.HasSince, hasEpoch: rs.HasEpoch}
+	j := &joinState{room: r, since: rs.Since, hasSince: rs.HasSince, hasEpoch: rs.HasEpoch, presence: rs.Presence}
 	if rs.HasEpoch {
 		j.epoch = string(rs.Epoch)
 	}
@@ -218,6 +243,18 @@ func (t *Table) Close(m *Member) {
 	m.joins = nil
 	t.leaveAll(m)
 	t.Drop(m)
+}
+
+// Presence queues a presence answer of the room key to m: its number of
+// users on every node and up to proto.MaxPresenceUsers names. It waits its
+// turn among m's history requests (ErrTooManyReads past the bound). Loop
+// only.
+func (t *Table) Presence(m *Member, key string) error {
+	if m.reads != nil && len(m.reads.items) >= maxQueuedReads {
+		return ErrTooManyReads
+	}
+	t.queueRead(m, readItem{key: key, presence: true})
+	return nil
 }
 
 // History reads up to limit stored messages of the room key before seq
@@ -282,8 +319,7 @@ func (t *Table) goLive(m *Member, j *joinState) {
 	r := j.room
 	r.removeJoiner(m)
 	m.dropJoin(r)
-	t.join(r, m)
-	t.node.Stats.Joined.Add(1)
+	t.joinLive(r, m, j.presence)
 }
 
 // replayed takes one page of catch-up. The first one decides what joined
@@ -376,7 +412,11 @@ func (t *Table) historyDone(ev *Event) {
 	}
 	defer t.pump(m)
 	if ev.err != nil {
-		t.sendErr(m, roomName(ev.key), proto.CodeOverloaded, "cannot read history now: retry")
+		msg := "cannot read history now: retry"
+		if ev.flags&readPresence != 0 {
+			msg = "cannot read presence now: retry"
+		}
+		t.sendErr(m, roomName(ev.key), proto.CodeOverloaded, msg)
 		return
 	}
 	t.enqueueReplay(m, nil, ev.frame)

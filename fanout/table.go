@@ -9,6 +9,9 @@ type Owner interface {
 	// of a room cannot continue here without a gap, and the client rejoins
 	// with since.
 	Resync()
+	// User is the connection's user id, as presence counts it; the same
+	// for the connection's life.
+	User() string
 	// Buffered is what the transport still holds of earlier writes: with
 	// the member's pending bytes, what has not left for the client yet.
 	// Replays read their next page only once that is under a page.
@@ -49,8 +52,9 @@ type Member struct {
 }
 
 type slot struct {
-	room *Room
-	pos  int32
+	room  *Room
+	pos   int32
+	watch bool // a presence subscriber of room
 }
 
 // Pending returns the frames queued for m, oldest first. Loop only; valid
@@ -168,6 +172,12 @@ func (t *Table) leave(r *Room, m *Member) (empty bool) {
 			continue
 		}
 		pos := m.slots[i].pos
+		if t.node != nil {
+			t.node.pres.leave(r.key, m.Owner.User(), m.slots[i].watch, t.loop.Now())
+			if m.slots[i].watch {
+				r.unwatch(m)
+			}
+		}
 		last := len(r.members) - 1
 		moved := r.members[last]
 		r.members[pos] = moved
@@ -189,6 +199,18 @@ func (t *Table) leave(r *Room, m *Member) (empty bool) {
 		r.members = nil // a room that emptied gives back its big slice
 	}
 	return len(r.members) == 0
+}
+
+// joinLive makes m a live member of r, counted by presence; with watch,
+// it gets r's presence_diff frames too.
+func (t *Table) joinLive(r *Room, m *Member, watch bool) {
+	t.join(r, m)
+	t.node.Stats.Joined.Add(1)
+	t.node.pres.join(r.key, m.Owner.User(), watch)
+	if watch {
+		m.slots[len(m.slots)-1].watch = true
+		r.watchers = append(r.watchers, m)
+	}
 }
 
 // leaveAll removes m from every room, dropping each room it leaves idle.

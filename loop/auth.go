@@ -25,6 +25,7 @@ type Limits struct {
 	PubBurst     int64   // publishes one user may send at once
 	AppPubRate   float64 // publishes per second of one app on this node; its burst is one second's worth
 	MaxMsg       int64   // bytes of one pub body (too_large above)
+	MaxPresence  int64   // presence subscribers of one room of an app, per node (0: no limit)
 }
 
 // DefaultLimits are limits no ordinary chat client reaches, and that every
@@ -38,6 +39,7 @@ func DefaultLimits() Limits {
 		PubBurst:     400,
 		AppPubRate:   50_000,
 		MaxMsg:       64 << 10,
+		MaxPresence:  10_000,
 	}
 }
 
@@ -52,11 +54,12 @@ const (
 	RefusedAuth                 // a token of this app that did not verify, or a refused refresh
 	RefusedDisabled             // connection attempts of a disabled app, and connections closed by disable
 	RefusedProxy                // connections and publishes the app's proxy hooks refused (or failed closed)
+	RefusedPresenceLimit        // joins with presence in a room with the app's maximum of presence subscribers
 	numRefusals
 )
 
 // RefusalNames label the refusal counters in metrics.
-var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled", "proxy"}
+var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled", "proxy", "presence_limit"}
 
 // app is a tenant on this node. It lives as long as the node (the map only
 // grows: registered apps, bounded first-use apps in insecure mode); its
@@ -92,6 +95,7 @@ type appConfig struct {
 	maxConns, maxUserConns int64
 	maxMsg                 int64
 	maxRooms               int
+	maxPresence            int
 	// GCRA buckets: one publish per interval ns, tolerance ns of credit
 	// ((burst-1) intervals). interval 0: unlimited.
 	userInterval, userTolerance int64
@@ -121,6 +125,7 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 		maxUserConns: i64(o.MaxUserConns, lim.MaxUserConns),
 		maxMsg:       i64(o.MaxMsg, lim.MaxMsg),
 		maxRooms:     int(i64(o.MaxRooms, int64(maxRooms))),
+		maxPresence:  int(i64(o.MaxPresence, lim.MaxPresence)),
 	}
 	for _, s := range a.Secrets(time.Now()) {
 		if s != "" {

@@ -549,6 +549,8 @@ func (c *conn) message(p []byte) {
 		c.history(cmd)
 	case proto.OpAuth:
 		c.refresh(cmd.Token)
+	case proto.OpPresence:
+		c.presence(cmd)
 	}
 }
 
@@ -623,6 +625,9 @@ func (c *conn) Write() { c.l.write(c) }
 // client rejoins with since, here or on another node.
 func (c *conn) Resync() { c.closeWith(proto.CloseTryAgain, c.l.retryReason()) }
 
+// User is the connection's user id (fanout.Owner).
+func (c *conn) User() string { return c.user }
+
 // Buffered is what gnet holds of earlier writes (fanout.Owner).
 func (c *conn) Buffered() int {
 	if c.closed {
@@ -643,13 +648,35 @@ func (c *conn) join(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, "room limit of this connection reached")
 		return
 	}
-	rs := fanout.Resume{Since: cmd.Since, HasSince: cmd.HasSince, Epoch: cmd.Epoch, HasEpoch: cmd.HasEpoch}
+	rs := fanout.Resume{Since: cmd.Since, HasSince: cmd.HasSince, Epoch: cmd.Epoch, HasEpoch: cmd.HasEpoch, Presence: cmd.Presence}
+	if cmd.Presence {
+		rs.MaxPresence = int(l.srv.cfg.Limits.MaxPresence)
+		if cfg := c.app.cfg.Load(); cfg != nil {
+			rs.MaxPresence = cfg.maxPresence
+		}
+	}
 	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), rs); err {
 	case nil:
 	case fanout.ErrJoined:
 		c.sendErr(cmd.Room, proto.CodeBadRequest, err.Error())
+	case fanout.ErrPresenceLimit:
+		c.app.refused[RefusedPresenceLimit].Add(1)
+		c.sendErr(cmd.Room, proto.CodeForbidden, err.Error())
 	default:
 		c.sendErr(cmd.Room, proto.CodeForbidden, err.Error())
+	}
+}
+
+// presence answers who is in the room, on every node: read off the loop,
+// in turn with the connection's history requests.
+func (c *conn) presence(cmd *proto.Command) {
+	l := c.l
+	if !c.rooms.allows(cmd.Room) {
+		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
+		return
+	}
+	if err := l.table.Presence(&c.m, l.intern(l.roomKey(c, cmd.Room))); err != nil {
+		c.sendErr(cmd.Room, proto.CodeRateLimited, err.Error())
 	}
 }
 

@@ -144,6 +144,7 @@ type AppLimits struct {
 	AppPubRate   *float64 `json:"app_pub_rate,omitempty"`   // publishes per second of the whole app, per node
 	MaxMsg       *int64   `json:"max_msg,omitempty"`        // bytes of one message body
 	MaxRooms     *int64   `json:"max_rooms,omitempty"`      // rooms one connection may join
+	MaxPresence  *int64   `json:"max_presence,omitempty"`   // presence subscribers of one room, per node
 }
 
 // Duration is a time.Duration that reads and writes as "1h30m" in JSON.
@@ -186,7 +187,7 @@ func (a *App) Validate() error {
 		}
 	}
 	l := &a.Limits
-	for _, p := range []*int64{l.MaxConns, l.MaxUserConns, l.PubBurst, l.MaxMsg, l.MaxRooms} {
+	for _, p := range []*int64{l.MaxConns, l.MaxUserConns, l.PubBurst, l.MaxMsg, l.MaxRooms, l.MaxPresence} {
 		if p != nil && *p < 0 {
 			return fmt.Errorf("app %s: negative limit", a.ID)
 		}

@@ -14,6 +14,10 @@ import (
 // messages.
 const ControlKey = "roost.control"
 
+// PresenceKey is the broker key every node subscribes to for the rooms'
+// presence changes (one message per node per tick, gathering every room's).
+const PresenceKey = "roost.presence"
+
 // Control is one control message.
 type Control struct {
 	Op   string // "disconnect"

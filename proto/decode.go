@@ -31,6 +31,7 @@ var (
 	ErrBadLimit    = &Error{CodeBadRequest, "limit must be at least 1"}
 	ErrBadToken    = &Error{CodeBadRequest, "token must be a JWT string (no escapes)"}
 	ErrMissingTok  = &Error{CodeBadRequest, "missing token"}
+	ErrBadPresence = &Error{CodeBadRequest, "presence must be true or false"}
 )
 
 const (
@@ -82,6 +83,7 @@ const (
 	fieldLimit
 	fieldToken
 	fieldEpoch
+	fieldPresence
 	// DecodeServer only.
 	fieldFrom
 	fieldCode
@@ -122,6 +124,8 @@ func keyField(raw []byte, esc bool) field {
 		return fieldToken
 	case "epoch":
 		return fieldEpoch
+	case "presence":
+		return fieldPresence
 	case "from":
 		return fieldFrom
 	case "code":
@@ -162,6 +166,8 @@ func opOf(raw []byte, esc bool) Op {
 		return OpPing
 	case "auth":
 		return OpAuth
+	case "presence":
+		return OpPresence
 	}
 	return OpInvalid
 }
@@ -194,7 +200,7 @@ func Decode(payload []byte, cmd *Command) error {
 	if !ok {
 		return ErrMalformed
 	}
-	var op, room, id, body, since, before, limit, token, epoch presence
+	var op, room, id, body, since, before, limit, token, epoch, pres presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -305,6 +311,18 @@ func Decode(payload []byte, cmd *Command) error {
 			if len(raw) <= MaxEpoch {
 				epoch, cmd.Epoch = valid, raw
 			}
+		case fieldPresence:
+			if i, ok = skipValue(b, i, 1); !ok {
+				return ErrMalformed
+			}
+			switch string(b[vs:i]) {
+			case "true":
+				pres, cmd.Presence = valid, true
+			case "false":
+				pres, cmd.Presence = valid, false
+			default:
+				pres, cmd.Presence = invalid, false
+			}
 		case fieldBody:
 			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
@@ -363,9 +381,11 @@ func Decode(payload []byte, cmd *Command) error {
 		return ErrBadToken
 	case epoch == invalid:
 		return ErrBadEpoch
+	case pres == invalid:
+		return ErrBadPresence
 	}
 	switch cmd.Op {
-	case OpJoin, OpLeave:
+	case OpJoin, OpLeave, OpPresence:
 		if room == absent {
 			return ErrMissingRoom
 		}
@@ -398,7 +418,7 @@ func Decode(payload []byte, cmd *Command) error {
 func (cmd *Command) reset() {
 	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch = OpInvalid, nil, nil, nil, nil, nil
 	cmd.Since, cmd.Before, cmd.Limit = 0, 0, 0
-	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch = false, false, false, false
+	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence = false, false, false, false, false
 }
 
 // Ref is what an `err` frame echoes for cmd: its id, else its room.

@@ -491,3 +491,70 @@ func AppendClientFrame(dst []byte, op ws.OpCode, mask [4]byte, payload []byte) [
 	ws.Cipher(dst[start:], mask, 0)
 	return dst
 }
+
+// MaxPresenceUsers bounds the names of a presence answer; past it the
+// answer says "more":true and count still gives the total.
+const MaxPresenceUsers = 1000
+
+// AppendPresenceFrame appends
+// {"op":"presence","room":..,"count":N,"users":[..]} (and "more":true when
+// count is above len(users)).
+func AppendPresenceFrame(dst, room []byte, count int, users []string) []byte {
+	const pre, mid, us, more = `{"op":"presence","room":`, `,"count":`, `,"users":`, `,"more":true`
+	n := len(pre) + quotedLen(room) + len(mid) + uintLen(uint64(count)) + len(us) + listLen(users) + 1
+	if count > len(users) {
+		n += len(more)
+	}
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = append(dst, pre...)
+	dst = appendQuoted(dst, room)
+	dst = append(dst, mid...)
+	dst = strconv.AppendUint(dst, uint64(count), 10)
+	dst = append(dst, us...)
+	dst = appendList(dst, users)
+	if count > len(users) {
+		dst = append(dst, more...)
+	}
+	dst = append(dst, '}')
+	return endText(dst, start, n)
+}
+
+// AppendPresenceDiffFrame appends
+// {"op":"presence_diff","room":..,"joined":[..],"left":[..]}.
+func AppendPresenceDiffFrame(dst, room []byte, joined, left []string) []byte {
+	const pre, jn, lf = `{"op":"presence_diff","room":`, `,"joined":`, `,"left":`
+	n := len(pre) + quotedLen(room) + len(jn) + listLen(joined) + len(lf) + listLen(left) + 1
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = append(dst, pre...)
+	dst = appendQuoted(dst, room)
+	dst = append(dst, jn...)
+	dst = appendList(dst, joined)
+	dst = append(dst, lf...)
+	dst = appendList(dst, left)
+	dst = append(dst, '}')
+	return endText(dst, start, n)
+}
+
+func listLen(l []string) int {
+	n := 2
+	for i, s := range l {
+		if i > 0 {
+			n++
+		}
+		n += quotedLen(s)
+	}
+	return n
+}
+
+func appendList(dst []byte, l []string) []byte {
+	dst = append(dst, '[')
+	for i, s := range l {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendQuoted(dst, s)
+	}
+	return append(dst, ']')
+}

@@ -17,7 +17,8 @@ const (
 	OpPub
 	OpHistory
 	OpPing
-	OpAuth // token refresh
+	OpAuth     // token refresh
+	OpPresence // who is in a room
 )
 
 // Command is one decoded client frame. Its byte slices alias the decoded
@@ -41,6 +42,9 @@ type Command struct {
 	// bytes once unescaped; valid if HasEpoch.
 	Epoch    []byte
 	HasEpoch bool
+	// Presence (join): the join also subscribes to the room's
+	// presence_diff frames.
+	Presence bool
 
 	// Scratch for a room or id that arrived with JSON escapes: Room and ID
 	// then point here instead of into the payload, so Decode stays

@@ -180,6 +180,7 @@ type Redis struct {
 	opt        rueidis.ClientOption
 	cluster    bool
 	chanPrefix string // Prefix + ".{"
+	prefix     string // Prefix
 
 	published       atomic.Uint64
 	publishErrors   atomic.Uint64
@@ -293,6 +294,7 @@ func NewRedis(ctx context.Context, cfg RedisConfig, h Handler, log *slog.Logger)
 		opt:        opt,
 		cluster:    cluster,
 		chanPrefix: prefix + ".{",
+		prefix:     prefix,
 		wake:       make(chan struct{}, 1),
 		ctx:        wctx,
 		cancel:     cancel,

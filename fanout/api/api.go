@@ -492,9 +492,16 @@ func (s *Server) room(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	head, err := s.store.Head(r.Context(), proto.RoomKey(t.app.ID, room))
+	key := proto.RoomKey(t.app.ID, room)
+	head, err := s.store.Head(r.Context(), key)
 	if err != nil {
 		s.storeFail(w, route, err)
+		return
+	}
+	count, err := s.fan.PresenceCount(r.Context(), key)
+	if err != nil {
+		s.log.Warn("server API: cannot read a room's presence", "app", t.app.ID, "room", room, "err", err)
+		s.failRetry(w, route, http.StatusServiceUnavailable, proto.CodeOverloaded, "cannot read the room's presence now: retry", 1000)
 		return
 	}
 	out := append([]byte(`{"room":`), quote(room)...)
@@ -502,9 +509,9 @@ func (s *Server) room(w http.ResponseWriter, r *http.Request) {
 	out = append(out, quote(head.Epoch)...)
 	out = append(out, `,"seq":`...)
 	out = strconv.AppendUint(out, head.Last, 10)
-	// Presence is not built yet: no node knows who is in a room across
-	// the cluster, so the count is 0 (docs/protocol.md says so).
-	out = append(out, `,"presence":{"count":0}}`...)
+	out = append(out, `,"presence":{"count":`...)
+	out = strconv.AppendInt(out, int64(count), 10)
+	out = append(out, `}}`...)
 	s.ok(w, route, out)
 }
 

@@ -1,0 +1,337 @@
+package loop
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/bytedance/sonic"
+	"github.com/gobwas/ws"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/pubsub"
+	"github.com/roost-chat/roost/pubsub/redistest"
+)
+
+// presenceNode starts a node with the given presence grace; with
+// redisAddr, its broker and presence are Redis's (prefix isolates it).
+func presenceNode(t *testing.T, redisAddr, prefix string, grace, lease time.Duration, mutate func(*Config)) *node {
+	t.Helper()
+	cfg := testConfig()
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	parts := fanout.Parts{Store: persist.NewMemory(1000), Log: testLogger(), PresenceGrace: grace}
+	if redisAddr != "" {
+		nb := redisBroker(t, redisAddr, prefix)
+		parts.NewBroker = func(h pubsub.Handler) (pubsub.Broker, error) { return nb(h), nil }
+		parts.NewPresence = func(bus pubsub.Broker) (pubsub.Presence, error) {
+			return bus.(*pubsub.Redis).NewPresence(pubsub.RedisPresenceConfig{Lease: lease, Grace: grace}), nil
+		}
+	}
+	fan, err := fanout.New(cfg.Config, parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(cfg, fan, testLogger(), Histograms{})
+	if err != nil {
+		_ = fan.Close()
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		_ = fan.Close()
+		t.Fatal(err)
+	}
+	n := &node{srv: srv, fan: fan, store: parts.Store, addr: srv.Addr()}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		fan.ClosePublishes()
+		_ = srv.Stop(ctx)
+		_ = fan.Close()
+	})
+	return n
+}
+
+// diffs reads frames for d and gathers the presence_diff frames of room.
+func (c *client) diffs(room string, d time.Duration) (joined, left []string, frames int) {
+	c.t.Helper()
+	end := time.Now().Add(d)
+	for {
+		m, ok := c.tryRecv(end)
+		if !ok {
+			break
+		}
+		if m["op"] == "presence_diff" && m["room"] == room {
+			frames++
+			joined = append(joined, strs(m["joined"])...)
+			left = append(left, strs(m["left"])...)
+		}
+	}
+	sort.Strings(joined)
+	sort.Strings(left)
+	return joined, left, frames
+}
+
+// tryRecv reads the next text frame, or reports false at end.
+func (c *client) tryRecv(end time.Time) (map[string]any, bool) {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(end)
+	h, err := ws.ReadHeader(c.rd)
+	if err != nil {
+		return nil, false
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(c.rd, p); err != nil {
+		c.t.Fatalf("read payload: %v", err)
+	}
+	m := map[string]any{}
+	if h.OpCode == ws.OpText {
+		if err := sonic.Unmarshal(p, &m); err != nil {
+			c.t.Fatalf("server frame is not JSON: %q", p)
+		}
+	}
+	return m, true
+}
+
+func strs(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+// untilDiff reads until a presence_diff of room arrives and returns it.
+func (c *client) untilDiff(room string) (joined, left []string) {
+	c.t.Helper()
+	for {
+		m := c.recv()
+		if m["op"] == "presence_diff" && m["room"] == room {
+			j, l := strs(m["joined"]), strs(m["left"])
+			sort.Strings(j)
+			sort.Strings(l)
+			return j, l
+		}
+	}
+}
+
+// query asks presence of room and returns its count and users.
+func (c *client) query(room string) (int, []string, bool) {
+	c.t.Helper()
+	c.send(`{"op":"presence","room":"` + room + `"}`)
+	for {
+		m := c.recv()
+		if m["op"] == "presence" && m["room"] == room {
+			u := strs(m["users"])
+			sort.Strings(u)
+			return int(num(m["count"])), u, m["more"] == true
+		}
+	}
+}
+
+func join(t *testing.T, n *node, user, room string, presence bool) *client {
+	t.Helper()
+	c := n.dial(t, user)
+	if presence {
+		c.send(`{"op":"join","room":"` + room + `","presence":true}`)
+	} else {
+		c.send(`{"op":"join","room":"` + room + `"}`)
+	}
+	c.expect(map[string]any{"op": "joined", "room": room})
+	return c
+}
+
+func TestPresenceInProcess(t *testing.T) {
+	n := presenceNode(t, "", "", 300*time.Millisecond, 0, nil)
+	w := join(t, n, "watcher", "r", true)
+	if j, l := w.untilDiff("r"); !slices.Equal(j, []string{"watcher"}) || len(l) != 0 {
+		t.Fatalf("own join: joined %v left %v", j, l)
+	}
+	a := join(t, n, "alice", "r", false)
+	join(t, n, "bob", "r", false)
+	join(t, n, "bob", "r", false) // a second connection: one entry
+	j, l := w.untilDiff("r")
+	if !slices.Equal(j, []string{"alice", "bob"}) || len(l) != 0 {
+		t.Fatalf("joined %v left %v", j, l)
+	}
+	if count, users, more := w.query("r"); count != 3 || !slices.Equal(users, []string{"alice", "bob", "watcher"}) || more {
+		t.Fatalf("presence: %d %v more=%v", count, users, more)
+	}
+	a.conn.Close()
+	if j, l := w.untilDiff("r"); len(j) != 0 || !slices.Equal(l, []string{"alice"}) {
+		t.Fatalf("after alice closed: joined %v left %v", j, l)
+	}
+	if count, _, _ := w.query("r"); count != 2 {
+		t.Fatalf("count %d after alice left, want 2", count)
+	}
+	// A query of an empty room, and of a room the client is not in.
+	if count, users, _ := w.query("empty"); count != 0 || len(users) != 0 {
+		t.Fatalf("empty room: %d %v", count, users)
+	}
+}
+
+// A reload (close, then a new connection within the grace period) is no
+// change: no left, no joined.
+func TestPresenceReloadDoesNotFlap(t *testing.T) {
+	n := presenceNode(t, "", "", 2*time.Second, 0, nil)
+	w := join(t, n, "watcher", "r", true)
+	w.untilDiff("r")
+	a := join(t, n, "alice", "r", false)
+	if j, _ := w.untilDiff("r"); !slices.Equal(j, []string{"alice"}) {
+		t.Fatalf("joined %v", j)
+	}
+	a.conn.Close()
+	time.Sleep(500 * time.Millisecond) // the page reloads
+	join(t, n, "alice", "r", false)
+	if j, l, frames := w.diffs("r", 3*time.Second); frames != 0 {
+		t.Fatalf("reload flapped: %d frames, joined %v left %v", frames, j, l)
+	}
+}
+
+func TestPresenceLimit(t *testing.T) {
+	n := presenceNode(t, "", "", time.Second, 0, func(c *Config) { c.Limits.MaxPresence = 2 })
+	join(t, n, "a", "r", true)
+	join(t, n, "b", "r", true)
+	c := n.dial(t, "c")
+	c.send(`{"op":"join","room":"r","presence":true}`)
+	c.expect(map[string]any{"op": "err", "ref": "r", "code": "forbidden", "message": fanout.ErrPresenceLimit.Error()})
+	c.send(`{"op":"join","room":"r"}`) // without presence: fine
+	c.expect(map[string]any{"op": "joined", "room": "r"})
+	c.send(`{"op":"join","room":"other","presence":true}`) // another room: its own limit
+	c.expect(map[string]any{"op": "joined", "room": "other"})
+	c.send(`{"op":"join","room":"x","presence":1}`)
+	c.expect(map[string]any{"op": "err", "code": "bad_request", "message": "presence must be true or false"})
+}
+
+// Two nodes through Redis: users join and leave on both; each watcher
+// sees every change once, counts agree on both nodes.
+func TestPresenceTwoNodesRedis(t *testing.T) {
+	redistest.Require(t)
+	prefix := redistest.Prefix(t)
+	a := presenceNode(t, redistest.Addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
+	b := presenceNode(t, redistest.Addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
+	wa := join(t, a, "wa", "r", true)
+	wa.untilDiff("r")
+	wb := join(t, b, "wb", "r", true)
+	if j, _ := wa.untilDiff("r"); !slices.Equal(j, []string{"wb"}) {
+		t.Fatalf("wa saw joined %v", j)
+	}
+	if j, _ := wb.untilDiff("r"); !slices.Equal(j, []string{"wb"}) && !slices.Equal(j, []string{"wa", "wb"}) {
+		t.Fatalf("wb saw joined %v", j)
+	}
+	x1 := join(t, a, "x", "r", false)
+	x2 := join(t, b, "x", "r", false) // x on both nodes: one user
+	y := join(t, b, "y", "r", false)
+	for _, w := range []*client{wa, wb} {
+		j, l, _ := w.diffs("r", 1500*time.Millisecond)
+		if !slices.Equal(j, []string{"x", "y"}) || len(l) != 0 {
+			t.Fatalf("joined %v left %v", j, l)
+		}
+	}
+	for _, w := range []*client{wa, wb} {
+		if count, users, _ := w.query("r"); count != 4 || !slices.Equal(users, []string{"wa", "wb", "x", "y"}) {
+			t.Fatalf("presence %d %v", count, users)
+		}
+	}
+	x1.conn.Close() // x is still on b
+	y.conn.Close()
+	for _, w := range []*client{wa, wb} {
+		j, l, _ := w.diffs("r", 2*time.Second)
+		if len(j) != 0 || !slices.Equal(l, []string{"y"}) {
+			t.Fatalf("joined %v left %v", j, l)
+		}
+	}
+	x2.conn.Close()
+	for _, w := range []*client{wa, wb} {
+		if j, l := w.untilDiff("r"); len(j) != 0 || !slices.Equal(l, []string{"x"}) {
+			t.Fatalf("joined %v left %v", j, l)
+		}
+		if count, _, _ := w.query("r"); count != 2 {
+			t.Fatalf("count %d, want 2", count)
+		}
+	}
+	if got, err := a.fan.PresenceCount(context.Background(), "test/r"); err != nil || got != 2 {
+		t.Fatalf("PresenceCount %d %v", got, err)
+	}
+}
+
+// 1,000 random joins and leaves over two nodes and 5 rooms: the counts
+// are exact once the grace period passed.
+func TestPresenceRandomCountsRedis(t *testing.T) {
+	redistest.Require(t)
+	prefix := redistest.Prefix(t)
+	nodes := []*node{
+		presenceNode(t, redistest.Addr, prefix, 200*time.Millisecond, 2*time.Second, nil),
+		presenceNode(t, redistest.Addr, prefix, 200*time.Millisecond, 2*time.Second, nil),
+	}
+	randomCounts(t, nodes)
+}
+
+func TestPresenceRandomCountsInProcess(t *testing.T) {
+	randomCounts(t, []*node{presenceNode(t, "", "", 200*time.Millisecond, 0, nil)})
+}
+
+func randomCounts(t *testing.T, nodes []*node) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	type conn struct {
+		c          *client
+		user, room string
+	}
+	var open []conn
+	for i := 0; i < 1000; i++ {
+		if len(open) > 0 && rng.IntN(3) == 0 {
+			k := rng.IntN(len(open))
+			cn := open[k]
+			if rng.IntN(2) == 0 {
+				cn.c.conn.Close()
+			} else {
+				cn.c.send(`{"op":"leave","room":"` + cn.room + `"}`)
+				cn.c.expect(map[string]any{"op": "left"})
+			}
+			open = slices.Delete(open, k, k+1)
+			continue
+		}
+		user, room := fmt.Sprintf("u%d", rng.IntN(40)), fmt.Sprintf("r%d", rng.IntN(5))
+		c := join(t, nodes[rng.IntN(len(nodes))], user, room, false)
+		open = append(open, conn{c, user, room})
+	}
+	want := map[string]map[string]bool{}
+	for _, cn := range open {
+		if want[cn.room] == nil {
+			want[cn.room] = map[string]bool{}
+		}
+		want[cn.room][cn.user] = true
+	}
+	q := nodes[0].dial(t, "q")
+	checkFor(t, 10*time.Second, func() bool {
+		for r := 0; r < 5; r++ {
+			room := fmt.Sprintf("r%d", r)
+			for _, n := range nodes {
+				got, err := n.fan.PresenceCount(context.Background(), "test/"+room)
+				if err != nil || got != len(want[room]) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for r := 0; r < 5; r++ {
+		room := fmt.Sprintf("r%d", r)
+		count, users, _ := q.query(room)
+		var wu []string
+		for u := range want[room] {
+			wu = append(wu, u)
+		}
+		sort.Strings(wu)
+		if count != len(wu) || !slices.Equal(users, wu) {
+			t.Fatalf("room %s: %d %v, want %v", room, count, users, wu)
+		}
+	}
+}
