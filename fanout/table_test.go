@@ -11,7 +11,7 @@ type testOwner struct{ writes, resyncs int }
 func (o *testOwner) Write()        { o.writes++ }
 func (o *testOwner) Resync()       { o.resyncs++ }
 func (o *testOwner) Buffered() int { return 0 }
-func (o *testOwner) User() string { return "u" }
+func (o *testOwner) User() string  { return "u" }
 
 func members(n int) []*Member {
 	ms := make([]*Member, n)
