@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -141,6 +143,75 @@ INSERT INTO rooms (app, name) SELECT 'other', 'r' || g FROM generate_series(1, 2
 		}
 		if uint64(n) != last {
 			t.Errorf("room%d: last seq %d, %d rows", r, last, n)
+		}
+	}
+}
+
+// TestPostgresCommitRetriesDeadlock: a transaction outside the store that
+// locks rooms in the opposite order still deadlocks with a commit; the
+// commit that PostgreSQL fails is sent again (counted), and its publishes
+// are acknowledged only once stored.
+func TestPostgresCommitRetriesDeadlock(t *testing.T) {
+	url := newTestDB(t)
+	st := openTestPG(t, url, PGConfig{})
+	t.Cleanup(st.Close)
+	ctx := context.Background()
+	a, b := proto.RoomKey("app", "a"), proto.RoomKey("app", "b")
+	commit(t, st, req(a, "u", "1", `1`))
+	commit(t, st, req(b, "u", "2", `1`)) // b's id is above a's
+	idA, _ := st.cachedRoom(a)
+	idB, _ := st.cachedRoom(b)
+
+	other, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM rooms WHERE id = $1 FOR UPDATE`, idB); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []*proto.PubRequest{req(a, "u", "3", `2`), req(b, "u", "4", `2`)}
+	res := make([]proto.PubResult, len(reqs))
+	done := make(chan error, 1)
+	go func() { done <- st.CommitBatch(ctx, reqs, res) }()
+	// The commit holds a and waits for b; then the other transaction asks
+	// for a: a cycle. The commit waited first, so its backend finds the
+	// cycle after deadlock_timeout and fails its own statement.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var waiting int
+		if err := st.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the commit never waited for the other transaction's lock")
+		}
+	}
+	_, lockErr := tx.Exec(ctx, `SELECT 1 FROM rooms WHERE id = $1 FOR UPDATE`, idA)
+	_ = tx.Rollback(ctx)
+	if err := <-done; err != nil {
+		t.Fatalf("CommitBatch after a deadlock: %v (the other side: %v)", err, lockErr)
+	}
+	cs := st.CommitStats()
+	t.Logf("other transaction: %v; stats %+v", lockErr, cs)
+	if lockErr != nil || cs.Deadlocks != 1 || cs.Retries != 1 {
+		t.Errorf("stats %+v, want one deadlock and one retry", cs)
+	}
+	for i, r := range res {
+		if r.Err != nil || r.Seq != 2 {
+			t.Errorf("res[%d] = %+v, want seq 2", i, r)
+		}
+	}
+	for _, k := range []string{a, b} {
+		if last, err := st.LastSeq(ctx, k); err != nil || last != 2 {
+			t.Errorf("%s: last seq %d (%v), want 2", k, last, err)
 		}
 	}
 }

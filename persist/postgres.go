@@ -441,7 +441,10 @@ func resize[T any](s []T, n int) []T {
 // (commits lock rooms in one order and cannot deadlock one another).
 // The statement rolled back whole, so sending it again is safe; after the
 // last attempt the batch fails (overloaded) and its clients retry.
-const commitAttempts = 3
+const (
+	commitAttempts  = 3
+	deadlockBackoff = 5 * time.Millisecond // times the attempt, before a deadlocked statement is sent again
+)
 
 // CommitBatch implements Store: one statement, one round trip, one
 // transaction for the whole batch (plus one statement the first time a
@@ -506,13 +509,26 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, reqs, res, token, err)
 		}
-		if isDeadlock(err) {
+		deadlock := isDeadlock(err)
+		if deadlock {
 			p.deadlocks.Add(1)
 		}
 		if attempt == commitAttempts || !isRetryable(err) {
 			return p.wrap("commit batch", err)
 		}
 		p.retries.Add(1)
+		if deadlock {
+			// Sent again at once, the statement would take its first rows
+			// again before the transaction it deadlocked with (woken by
+			// this one's rollback) gets them, and close the same cycle.
+			t := time.NewTimer(time.Duration(attempt) * deadlockBackoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return p.wrap("commit batch", err)
+			}
+		}
 		clear(s.isOld)
 		clear(s.base)
 	}
