@@ -225,6 +225,9 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_frames_out_total", st.FramesOut.Load())
 	c("roost_bytes_out_total", st.BytesOut.Load())
 	c("roost_writes_total", st.Writes.Load())
+	c("roost_pings_total", st.Pings.Load())
+	c("roost_loop_ticks_total", st.Ticks.Load())
+	c("roost_loop_sweeps_total", st.Sweeps.Load())
 
 	c("roost_publishes_total", st.Publishes.Load())
 	c("roost_acks_total", st.Acks.Load())

@@ -1,8 +1,12 @@
 package loop
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/gobwas/ws"
 )
 
 // TestFlushSchedule: output after a pause leaves at once, output within a
@@ -57,6 +61,55 @@ func TestFlushSchedule(t *testing.T) {
 	}
 }
 
+// TestFlushHoldsForOwnPublishes: after a pause, output found while
+// publishes of the loop are still being committed waits for their answers
+// (the rest of the burst), then leaves in one write per member; the hold
+// ends at its timer if an answer is slow.
+func TestFlushHoldsForOwnPublishes(t *testing.T) {
+	rig := newFanoutRig(t, 3, false)
+	l := rig.l
+	l.srv.cfg.FlushInterval = time.Second // the test runs the ticks itself
+	t.Cleanup(l.stopTimers)
+	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
+
+	l.inflight = 2 // two publishes of the loop in the pool
+	rig.next()
+	l.kick()
+	if writes() != 0 || !l.holding || !l.ticking {
+		t.Fatalf("first piece of a burst: %d writes, holding %v; want it held", writes(), l.holding)
+	}
+	l.inflight = 1
+	rig.next()
+	l.kick()
+	if writes() != 0 {
+		t.Fatalf("second piece with a publish still in the pool: %d writes; want it held", writes())
+	}
+	l.inflight = 0
+	l.kick()
+	if writes() != 3 || l.holding || !l.ticking {
+		t.Fatalf("burst answered: %d writes, holding %v, ticking %v; want one write per member and a tick armed", writes(), l.holding, l.ticking)
+	}
+	if got := l.srv.Stats.FramesOut.Load(); got != 6 {
+		t.Fatalf("frames out %d, want both messages in the one write", got)
+	}
+	l.tick() // quiet: stops
+	if l.ticking {
+		t.Fatal("quiet tick after the burst did not stop the ticking")
+	}
+
+	l.inflight = 1
+	rig.next()
+	l.kick()
+	if writes() != 3 || !l.holding {
+		t.Fatalf("held output: %d writes, holding %v", writes(), l.holding)
+	}
+	l.tick() // the hold's timer: its answer is slow
+	if writes() != 6 || l.holding || !l.ticking {
+		t.Fatalf("hold timed out: %d writes, holding %v, ticking %v; want the output written and the next tick armed", writes(), l.holding, l.ticking)
+	}
+	l.inflight = 0
+}
+
 // TestFlushScheduleAllocationFree: the immediate write, the held frames and
 // the ticks (timer re-arming included) allocate nothing in steady state.
 func TestFlushScheduleAllocationFree(t *testing.T) {
@@ -70,6 +123,12 @@ func TestFlushScheduleAllocationFree(t *testing.T) {
 		rig.next()
 		l.kick() // waits for the tick
 		l.tick() // written, re-armed
+		l.tick() // quiet: stops
+		l.inflight = 1
+		rig.next()
+		l.kick() // held for the loop's publish
+		l.inflight = 0
+		l.kick() // answered: written
 		l.tick() // quiet: stops
 	}
 	cycle()
@@ -173,5 +232,65 @@ func TestIdleNodeRests(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // past the sweep's period
 	if dt, ds := st.Ticks.Load()-ticks, st.Sweeps.Load()-sweeps; dt != 0 || ds != 0 {
 		t.Fatalf("a node without connections ran %d ticks and %d sweeps; want none", dt, ds)
+	}
+}
+
+// TestSweepSpreadsPings: connections that fall silent together are pinged
+// over a few sweeps, at most pingShare per sweep, each once, and a pong
+// moves a connection's next ping a whole interval on.
+func TestSweepSpreadsPings(t *testing.T) {
+	s, el := fuzzNode(t)
+	const n = 200
+	var gcs []*memConn
+	for i := 0; i < n; i++ {
+		gc := &memConn{el: el}
+		s.OnOpen(gc)
+		gc.in = append(gc.in, strings.Replace(fuzzUpgrade, "user=f", "user=u"+strconv.Itoa(i), 1)...)
+		s.OnTraffic(gc)
+		gcs = append(gcs, gc)
+	}
+	l := s.loops[0].Load()
+	t.Cleanup(l.stopTimers)
+	for _, c := range l.conns {
+		if c.state != stateOpen {
+			t.Fatal("a connection is not open")
+		}
+	}
+	share := l.pingShare()
+	if share >= n {
+		t.Fatalf("share %d: the test needs more connections than one sweep pings", share)
+	}
+	idle := s.cfg.IdleInterval.Milliseconds()
+	for i, c := range l.conns { // all fell silent at the same moment
+		c.lastRead = l.now() - idle
+		l.due[i] = c.dueAt()
+	}
+	pings := func() int { return int(s.Stats.Pings.Load()) }
+	for sweeps, want := 1, share; ; sweeps++ {
+		l.sweep()
+		if got := pings(); got != min(want, n) {
+			t.Fatalf("after %d sweeps %d pings, want %d", sweeps, got, min(want, n))
+		}
+		if want >= n {
+			break
+		}
+		want += share
+	}
+	l.sweep()
+	if got := pings(); got != n {
+		t.Fatalf("a sweep after every connection was pinged sent %d more", got-n)
+	}
+	for _, c := range l.conns {
+		if !c.pinged || l.due[c.pos] != c.lastRead+2*idle {
+			t.Fatalf("pinged conn: pinged %v, due %d, want its idle close at %d", c.pinged, l.due[c.pos], c.lastRead+2*idle)
+		}
+	}
+	// A pong is input: the connection's next ping is an interval away.
+	gc := gcs[0]
+	gc.in = append(gc.in, clientFrame(ws.OpPong, true, nil)...)
+	s.OnTraffic(gc)
+	c := gc.ctx.(*conn)
+	if c.pinged || l.due[c.pos] != c.lastRead+idle {
+		t.Fatalf("after a pong: pinged %v, due %d, want %d", c.pinged, l.due[c.pos], c.lastRead+idle)
 	}
 }

@@ -94,6 +94,7 @@ type loopState struct {
 	// armed or queued; it re-arms while it finds work, so an idle loop has
 	// no timer running (see kick and tick).
 	ticking  bool
+	holding  bool // output after a pause waits for this loop's publishes (kick); ticking too
 	flushT   *time.Timer
 	onFlushT func()
 	// sweeping: the sweep timer is armed or queued; it runs only while the
@@ -115,6 +116,7 @@ type loopState struct {
 	unshut      int // lingers whose close frame is still in gnet (the tick watches them)
 	lingerArmed bool
 	lingerT     *time.Timer
+	pingBudget  int // pings the current sweep may still send (pingShare)
 	cmd         proto.Command
 	keyBuf      []byte
 	sseBuf      []byte    // an SSE request's room names and position (openSSE)
@@ -272,17 +274,43 @@ func (l *loopState) settle() {
 
 // kick runs at the end of each wake-up of the loop (an inbox drain, a read
 // event). With no tick armed the loop's last tick found nothing to write,
-// so what is pending leaves now and a tick is armed behind it; with
-// one armed, the output waits for it. Under load the ticks chain and every
+// so what is pending leaves now and a tick is armed behind it; with one
+// armed, the output waits for it. Under load the ticks chain and every
 // connection gets one writev per tick, as many frames as it has; after a
 // pause the first frames do not wait.
+//
+// One exception after a pause: while publishes read on this loop are still
+// being committed, their deliveries are on the way in pieces (the pool
+// commits what it has and the rest of a burst behind it), and writing the
+// first piece at once would cost every member a second write for the rest
+// a tick later. The output is then held until the loop's last publish is
+// answered (its ack is pushed right behind its delivery) or for
+// holdMax, whichever comes first, and leaves in one write per member.
 func (l *loopState) kick() {
+	if l.holding {
+		if l.inflight > 0 {
+			return // the hold's timer is armed
+		}
+		l.holding = false
+		l.flush()
+		l.armTick() // from the hold's deadline to the grid
+		return
+	}
 	if l.ticking || !l.hasTickWork() {
+		return
+	}
+	if l.inflight > 0 {
+		l.holding, l.ticking = true, true
+		l.flushT.Reset(l.holdMax())
 		return
 	}
 	l.flush()
 	l.armTick()
 }
+
+// holdMax bounds the hold of kick: a quarter tick, the shortest gap the
+// tick grid leaves between two writes.
+func (l *loopState) holdMax() time.Duration { return l.srv.cfg.FlushInterval / 4 }
 
 // hasTickWork: output is pending, a held gap or a failed tail read is
 // waiting for its window, a replay for its output, or a connection for its
@@ -317,6 +345,7 @@ func (l *loopState) armTick() {
 // write per member whether it finds the loop ticking or not.
 func (l *loopState) tick() {
 	l.srv.Stats.Ticks.Add(1)
+	l.holding = false
 	wrote := l.flush()
 	if wrote > 0 || l.hasTickWork() {
 		l.armTick()
@@ -649,6 +678,7 @@ func (l *loopState) sweep() {
 	l.srv.apps.maybePrune(now)
 	idle := l.srv.cfg.IdleInterval.Milliseconds()
 	upTimeout := l.srv.cfg.UpgradeTimeout.Milliseconds()
+	l.pingBudget = l.pingShare()
 	for i := 0; i < len(l.due); i++ {
 		if l.due[i] > now {
 			continue
@@ -685,9 +715,61 @@ func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
 	case silent >= 2*idle:
 		c.closeWith(proto.CloseNormal, []byte("idle timeout"))
 	case silent >= idle && !c.pinged:
+		if l.pingBudget <= 0 {
+			return // this sweep's share is spent: the next sweep pings it
+		}
+		l.pingBudget--
 		c.pinged = true
-		c.send(pingFrame)
+		c.ping()
 	}
+}
+
+// ping sends a server ping. On an idle connection nothing is queued and
+// the transport holds nothing, so the ping is one write(2) straight from
+// the sweep: no pending list, no flush, and no tick armed behind it.
+// Otherwise it queues behind the pending frames like any frame.
+func (c *conn) ping() {
+	st := &c.l.srv.Stats
+	st.Pings.Add(1)
+	if c.m.PendingBytes() == 0 && c.gc.OutboundBuffered() == 0 {
+		if fd := c.gc.Fd(); fd >= 0 {
+			n, err := unix.Write(fd, pingFrame)
+			if n == len(pingFrame) {
+				st.FramesOut.Add(1)
+				st.Writes.Add(1)
+				st.WriteFrames.Observe(1)
+				st.BytesOut.Add(uint64(n))
+				return
+			}
+			if err != nil && err != unix.EAGAIN && err != unix.EINTR {
+				c.fail()
+				return
+			}
+			// A full socket buffer (or a 2-byte frame cut in two, which a
+			// socket with room never does): the frame queues whole below;
+			// with n > 0 its rest would have to, so the connection is
+			// beyond saving and is closed.
+			if n > 0 {
+				c.fail()
+				return
+			}
+		}
+	}
+	c.send(pingFrame)
+}
+
+// pingShare is how many pings one sweep may send: the loop's connections
+// spread evenly over the idle interval, twice over. Connections opened
+// together (a deploy, a reconnect storm) would otherwise be pinged
+// together every interval, thousands of writes in one wake-up of the loop
+// that every other connection of the loop waits behind; capped, such a
+// clump spreads out over a few sweeps, and the pings stay spread since
+// each connection's next ping follows its own answer. At twice the even
+// rate a clump of all the loop's connections is through within half an
+// interval, so every pong is in long before the idle close.
+func (l *loopState) pingShare() int {
+	every, idle := l.srv.sweepEvery(), l.srv.cfg.IdleInterval
+	return max(64, int(2*int64(len(l.conns))*int64(every)/int64(idle))+1)
 }
 
 // drainConns is one round of Server.Drain on this loop. The first round

@@ -198,6 +198,7 @@ type Stats struct {
 	// sweeps): an idle node shows none.
 	Ticks  atomic.Uint64
 	Sweeps atomic.Uint64
+	Pings  atomic.Uint64 // server pings sent (idle connections)
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.
