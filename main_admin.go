@@ -210,6 +210,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	})
 	g("roost_connections_total_open", st.Conns.Load())
 	g("roost_sse_connections_open", st.SSEConns.Load())
+	c("roost_sse_streams_total", st.SSEOpened.Load())
 	c("roost_sse_max_age_ends_total", st.SSEMaxAge.Load())
 	g("roost_upgrading_connections", st.Upgrading.Load())
 	c("roost_accepted_total", st.Accepted.Load())

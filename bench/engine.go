@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -115,6 +116,7 @@ type conn struct {
 	fd     int
 	state  uint8
 	dirty  bool
+	sse    bool // listens over SSE (--transport sse)
 	spec   *connSpec
 	target int // the --url this socket went to (the spec's, unless a reconnect moved it)
 	room   []byte
@@ -241,6 +243,7 @@ type engine struct {
 	rooms   []string
 	app     string
 	secret  []byte // non-nil: connect with a token of app minted per connection
+	sse     bool   // receivers listen over SSE (--transport sse)
 
 	loops []*loop
 	sem   chan struct{}
@@ -320,7 +323,7 @@ func (e *engine) connect(specs []*connSpec, timeout time.Duration) error {
 				e.fail(err)
 				continue
 			}
-			c := &conn{fd: fd, spec: s, target: s.target}
+			c := &conn{fd: fd, spec: s, target: s.target, sse: e.sse && s.join && !s.publish}
 			if s.room >= 0 {
 				c.room = []byte(e.rooms[s.room])
 			}
@@ -830,7 +833,11 @@ func (l *loop) handle(c *conn, events uint32) {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(c.fd)}
 		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, c.fd, &ev)
 		t := &l.e.targets[c.target]
-		c.out = appendUpgrade(c.out, t.host, t.pathQuery+l.e.identity(c.spec.user))
+		if c.sse {
+			c.out = appendSSERequest(c.out, t.host, t.pathQuery, c.room, l.e.identity(c.spec.user), c.away, c.ck.Last())
+		} else {
+			c.out = appendUpgrade(c.out, t.host, t.pathQuery+l.e.identity(c.spec.user))
+		}
 		c.state = stUpgrading
 		l.markDirty(c)
 		return
@@ -872,7 +879,24 @@ func (l *loop) read(c *conn) (more bool) {
 		now = time.Now().UnixNano()
 	}
 	b := l.buf[:n+r]
-	if c.state == stUpgrading {
+	if c.state == stUpgrading && c.sse {
+		hn, ok := parseSSEResponse(b)
+		if hn == 0 {
+			c.in = append(c.in[:0], b...)
+			return more
+		}
+		if !ok {
+			line := b[:hn]
+			if i := indexCRLF(line); i >= 0 {
+				line = line[:i]
+			}
+			l.abort(c, fmt.Errorf("SSE stream refused: %q", line))
+			return false
+		}
+		b = b[hn:]
+		c.joinSent = now
+		c.state = stJoining
+	} else if c.state == stUpgrading {
 		hn, ok := parseUpgradeResponse(b)
 		if hn == 0 {
 			c.in = append(c.in[:0], b...)
@@ -900,7 +924,12 @@ func (l *loop) read(c *conn) (more bool) {
 			l.becameReady(c)
 		}
 	}
-	rest := l.frames(c, b, now)
+	var rest []byte
+	if c.sse {
+		rest = l.sseEvents(c, b, now)
+	} else {
+		rest = l.frames(c, b, now)
+	}
 	if c.state == stClosed {
 		return false
 	}
@@ -1012,6 +1041,32 @@ func (l *loop) frames(c *conn, b []byte, now int64) []byte {
 		}
 	}
 	return b
+}
+
+// sseEvents handles every whole event in b (through its blank line) and
+// returns the incomplete tail: each event's data is the JSON object a
+// WebSocket frame would carry (the bench's bodies hold no line break, so
+// one data line), handled as one. Comments, id and retry are skipped.
+func (l *loop) sseEvents(c *conn, b []byte, now int64) []byte {
+	var f proto.ServerFrame
+	for {
+		end := bytes.Index(b, []byte("\n\n"))
+		if end < 0 {
+			return b
+		}
+		ev := b[:end+1]
+		b = b[end+2:]
+		if i := bytes.Index(ev, []byte("data: ")); i >= 0 && (i == 0 || ev[i-1] == '\n') {
+			data := ev[i+len("data: "):]
+			if j := bytes.IndexByte(data, '\n'); j >= 0 {
+				data = data[:j]
+			}
+			l.text(c, data, now, &f)
+			if c.state == stClosed {
+				return nil
+			}
+		}
+	}
 }
 
 // text handles one whole text frame; f is scratch for the slow path.

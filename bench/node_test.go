@@ -361,3 +361,36 @@ func TestSecureNodeTokens(t *testing.T) {
 	}
 	checkNodeCounters(t, n, rep)
 }
+
+// --transport sse: the receivers listen over SSE, the publishers stay on
+// WebSocket; every message arrives once, in order.
+func TestDeliverySSE(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "delivery", "--url", n.url, "--members=40", "--publishers=5", "--rate=200",
+		"--transport=sse", "--pid", strconv.Itoa(n.pid))
+	if rep.Connections != 45 || len(rep.Levels) != 1 {
+		t.Fatalf("report %+v", rep)
+	}
+	r := rep.Levels[0]
+	checkLevel(t, r, 45)
+	if !r.Sustained {
+		t.Errorf("not sustained: %s", r.Broken)
+	}
+	if got := n.metric(t, "roost_sse_streams_total"); got != 40 {
+		t.Errorf("node opened %d SSE streams, want the 40 members", got)
+	}
+	if got := n.metric(t, "roost_acks_total"); got != rep.TotalSent {
+		t.Errorf("node acked %d publishes, bench sent %d", got, rep.TotalSent)
+	}
+}
+
+func TestDensitySSE(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "density", "--url", n.url, "--conns=500", "--rooms=10", "--hold=500ms", "--transport=sse", "--pid", strconv.Itoa(n.pid))
+	if rep.Connections != 500 || rep.RSSAfter <= 0 || rep.KiBPerConn == 0 {
+		t.Fatalf("density report %+v", rep)
+	}
+	if len(rep.ClosesHolding) != 0 {
+		t.Fatalf("closes while holding: %v", rep.ClosesHolding)
+	}
+}

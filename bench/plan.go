@@ -42,6 +42,7 @@ type params struct {
 	procs          int
 	loops          int
 	dialConc       int
+	transport      string // ws or sse: how receivers listen
 	cpuProfile     string
 
 	step       bool
@@ -166,6 +167,7 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.IntVar(&p.procs, "procs", 1, "worker processes sharing the connections (each holds under 20,000 open files)")
 	fs.IntVar(&p.loops, "loops", 0, "event loops per process (default: half the CPUs this process may run on, shared among --procs, at least 1)")
 	fs.IntVar(&p.dialConc, "dial-concurrency", 256, "handshakes in flight per process")
+	fs.StringVar(&p.transport, "transport", "ws", "how receivers (joined connections that do not publish) listen: ws, or sse (GET /sse?room=R on the --url's host; publishers stay on WebSocket)")
 	fs.StringVar(&p.cpuProfile, "cpuprofile", "", "write the bench's own CPU profile to this file")
 	fs.BoolVar(&p.step, "step", false, "raise the rate level by level until the sustained rule breaks")
 	fs.Float64Var(&p.stepStart, "step-start", 0, "first level in publishes/s (default: --rate)")
@@ -220,6 +222,8 @@ func (p *params) validate() error {
 		return usagef("--procs must be 1..64")
 	case p.loops < 0 || p.loops > 256:
 		return usagef("--loops must be 1..256")
+	case p.transport != "ws" && p.transport != "sse":
+		return usagef("invalid --transport %q: want ws or sse", p.transport)
 	case p.dialConc < 1:
 		return usagef("--dial-concurrency must be positive")
 	case p.rate < 0:

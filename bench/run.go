@@ -49,6 +49,7 @@ func (d *localDriver) connect() error {
 		e.reconnect = reconnectNext
 	}
 	e.retryMin, e.retryMax = int64(d.p.retryMin), int64(d.p.retryMax)
+	e.sse = d.p.transport == "sse"
 	e.placed = len(splitList(d.p.urls))
 	d.e = e
 	return e.connect(d.specs, d.p.connectTimeout)

@@ -5,6 +5,8 @@ import (
 	"crypto/sha1"
 	"encoding/base64"
 	"encoding/binary"
+	"strconv"
+	"strings"
 )
 
 // wsKey is the fixed Sec-WebSocket-Key every bench connection sends: the
@@ -27,6 +29,39 @@ func appendUpgrade(dst []byte, host, pathQuery string) []byte {
 	dst = append(dst, wsKey...)
 	dst = append(dst, "\r\nSec-WebSocket-Version: 13\r\n\r\n"...)
 	return dst
+}
+
+// appendSSERequest appends GET /sse for one room on the host of the --url
+// (its query kept); a reconnection resumes after since.
+func appendSSERequest(dst []byte, host, pathQuery string, room []byte, identity string, resume bool, since uint64) []byte {
+	q := pathQuery[strings.IndexByte(pathQuery, '?')+1:]
+	dst = append(dst, "GET /sse?"...)
+	dst = append(dst, q...)
+	dst = append(dst, "room="...)
+	dst = append(dst, room...)
+	dst = append(dst, '&')
+	dst = append(dst, identity...)
+	if resume {
+		dst = append(dst, "&since="...)
+		dst = append(dst, room...)
+		dst = append(dst, ':')
+		dst = strconv.AppendUint(dst, since, 10)
+	}
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, host...)
+	return append(dst, "\r\nAccept: text/event-stream\r\n\r\n"...)
+}
+
+// parseSSEResponse is parseUpgradeResponse for an SSE stream: 200 with
+// Content-Type text/event-stream.
+func parseSSEResponse(b []byte) (n int, ok bool) {
+	i := bytes.Index(b, []byte("\r\n\r\n"))
+	if i < 0 {
+		return 0, false
+	}
+	head := b[:i+4]
+	ok = bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && bytes.Contains(head, []byte("Content-Type: text/event-stream"))
+	return i + 4, ok
 }
 
 // parseUpgradeResponse reports the length of a complete response head (0 if

@@ -173,6 +173,7 @@ type Server struct {
 type Stats struct {
 	Conns      atomic.Int64  // open WebSocket connections
 	SSEConns   atomic.Int64  // open SSE streams
+	SSEOpened  atomic.Uint64 // SSE streams opened
 	SSEMaxAge  atomic.Uint64 // SSE streams ended by SSEMaxAge
 	Upgrading  atomic.Int64
 	Accepted   atomic.Uint64

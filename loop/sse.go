@@ -131,6 +131,7 @@ func (c *conn) openSSE(req *proto.Request) {
 	}
 	s.Stats.Upgrading.Add(-1)
 	s.Stats.SSEConns.Add(1)
+	s.Stats.SSEOpened.Add(1)
 	c.m.SetSSE(endAt)
 	for _, r := range rooms {
 		key := l.roomKey(c, l.sseBuf[r.start:r.end])
