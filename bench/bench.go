@@ -45,6 +45,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		listScenarios(stdout)
 		return 0
 	}
+	if args[0] == "proxy-backend" {
+		return proxyBackend(args[1:], stdout, stderr)
+	}
 	worker := false
 	if args[0] == workerArg {
 		worker = true
@@ -201,6 +204,8 @@ func listScenarios(w io.Writer) {
 	for _, s := range scenarios {
 		fmt.Fprintf(w, "  %-9s %s\n", s.name, s.summary)
 	}
+	fmt.Fprintln(w, "tools:")
+	fmt.Fprintf(w, "  %-9s %s\n", "proxy-backend", "an app backend for the proxy hooks: allows every call after --delay (prints its URL; stops after --for)")
 }
 
 func isTerminal(w io.Writer) bool {

@@ -89,6 +89,7 @@ type Call struct {
 	Message string     // refused: why, at most MaxMessage bytes
 
 	target Target
+	asked  time.Time
 }
 
 // MaxMessage bounds a refusal's message: it must fit a close frame's
@@ -178,7 +179,7 @@ func (p *Pool) Ask(c *Call, t Target) bool {
 	if t.Timeout <= 0 {
 		t.Timeout = proto.DefaultProxyTimeout
 	}
-	c.target = t
+	c.target, c.asked = t, time.Now()
 	q := p.queue(c.App)
 	if q == nil {
 		p.answer(c, Full, 0, "")
@@ -190,8 +191,12 @@ func (p *Pool) Ask(c *Call, t Target) bool {
 		p.answer(c, Full, 0, "")
 		return false
 	}
-	// Start a worker unless one is waiting or the app has its maximum.
-	for q.idle.Load() == 0 {
+	// Start a worker unless enough are waiting or the app has its
+	// maximum. Calls queued, not just none idle: a worker counted idle may
+	// not have run yet to take the call before this one (on a busy node
+	// the loops hold the CPU), and a burst would otherwise wait for the
+	// few idle ones in turn.
+	for int(q.idle.Load()) < len(q.ch) {
 		r := q.running.Load()
 		if int(r) >= p.cfg.Workers {
 			break
@@ -282,14 +287,16 @@ type response struct {
 const maxAnswer = 4 << 10
 
 func (p *Pool) do(q *appQueue, c *Call) {
-	t0 := time.Now()
+	t0 := c.asked
 	t := &c.target
 	body, err := sonic.Marshal(&request{Type: KindNames[c.Kind], App: c.App, User: c.User, Room: c.Room, ID: c.ID, Body: c.Body, Client: c.Client})
 	if err != nil {
 		p.fail(q, c, Failed, err, t0)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.Timeout)
+	// The timeout counts from the ask: a call that waited in the queue
+	// past it is answered without being made.
+	ctx, cancel := context.WithDeadline(context.Background(), c.asked.Add(t.Timeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.URL, bytes.NewReader(body))
 	if err != nil {
