@@ -117,6 +117,10 @@ var exposedMetrics = []string{
 	"roost_webhook_failures_total",
 	"roost_webhook_dropped_total",
 	"roost_webhook_owed",
+	"roost_proxy_calls_total",
+	"roost_proxy_call_seconds_bucket",
+	"roost_proxy_call_seconds_count",
+	"roost_proxy_call_seconds_sum",
 }
 
 func TestMetricNamesKept(t *testing.T) {
