@@ -57,6 +57,12 @@ type presence struct {
 	rmu  sync.Mutex
 	pend map[string]*presPend
 
+	// Presence answers read in the last presenceTick, per room: the
+	// members of a big room asking as they join cost one read per tick,
+	// not one each (an answer is as fresh as the changes applied anyway).
+	amu     sync.Mutex
+	answers map[string]presAnswer
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -92,6 +98,44 @@ type presRef struct {
 	u    *presUser
 }
 
+type presAnswer struct {
+	frame []byte // immutable, shared by every connection asking
+	at    int64  // ms
+}
+
+// answer returns the presence frame of key: read less than presenceTick
+// ago, or read now. Reader goroutines.
+func (pr *presence) answer(ctx context.Context, key string) ([]byte, error) {
+	now := time.Now().UnixMilli()
+	pr.amu.Lock()
+	a, ok := pr.answers[key]
+	pr.amu.Unlock()
+	if ok && now-a.at < presenceTick.Milliseconds() {
+		return a.frame, nil
+	}
+	count, users, err := pr.p.Query(ctx, key, proto.MaxPresenceUsers)
+	if err != nil {
+		return nil, err
+	}
+	_, room := proto.SplitKey(key)
+	frame := proto.AppendPresenceFrame(nil, []byte(room), count, users)
+	pr.amu.Lock()
+	pr.answers[key] = presAnswer{frame: frame, at: now}
+	pr.amu.Unlock()
+	return frame, nil
+}
+
+// dropAnswers forgets answers no longer fresh. The presence goroutine.
+func (pr *presence) dropAnswers(now int64) {
+	pr.amu.Lock()
+	for k, a := range pr.answers {
+		if now-a.at >= presenceTick.Milliseconds() {
+			delete(pr.answers, k)
+		}
+	}
+	pr.amu.Unlock()
+}
+
 // presPend is a room's received diff, net: +1 joined, -1 left.
 type presPend struct {
 	users map[string]int8
@@ -101,7 +145,7 @@ type presPend struct {
 
 func newPresence(n *Node, p pubsub.Presence, grace time.Duration) *presence {
 	pr := &presence{n: n, p: p, grace: grace.Milliseconds(), seed: maphash.MakeSeed(),
-		pend: make(map[string]*presPend), stop: make(chan struct{}), done: make(chan struct{})}
+		pend: make(map[string]*presPend), answers: make(map[string]presAnswer), stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range pr.shards {
 		pr.shards[i].rooms = make(map[string]*presRoom)
 	}
@@ -278,6 +322,7 @@ func (pr *presence) tick(now int64) {
 	pr.collect(now)
 	pr.apply(now)
 	pr.flush(now)
+	pr.dropAnswers(now)
 }
 
 func (pr *presence) apply(now int64) {

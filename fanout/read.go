@@ -184,12 +184,10 @@ func (n *Node) doRead(j *readJob) Event {
 		frame := proto.AppendHistoryFrame(nil, []byte(room), msgs, more && len(msgs) < j.limit)
 		return Event{kind: evHistory, member: j.member, key: j.key, frame: frame}
 	case rPresence:
-		count, users, err := n.pres.p.Query(ctx, j.key, proto.MaxPresenceUsers)
+		frame, err := n.pres.answer(ctx, j.key)
 		if err != nil {
 			return j.failed(err)
 		}
-		_, room := proto.SplitKey(j.key)
-		frame := proto.AppendPresenceFrame(nil, []byte(room), count, users)
 		return Event{kind: evHistory, member: j.member, key: j.key, frame: frame, flags: readPresence}
 	case rRepair:
 		upto := j.upto
