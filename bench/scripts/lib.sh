@@ -180,8 +180,8 @@ json_add() { if [ -s "$1" ]; then sed -i "1s/^{\$/{\n  \"$2\": ${3:-null},/" "$1
 summary() {
   if [ -s "$2" ] && command -v jq >/dev/null; then
     jq -r --arg n "$1" '.levels[0] as $l | def ms(x): if x then (x / 1e6 * 100 | round / 100 | tostring) + " ms" else "-" end;
-      "SUMMARY \($n): \(.connections) connections; acked \($l.acked) of \($l.sent) sent (\($l.achieved_per_s | floor)/s of \($l.offered_per_s | floor)/s offered); " +
-      "delivered \($l.delivery_pct)% gaps \($l.gaps) missing \($l.missing) duplicates \($l.duplicates) reordered \($l.reordered); " +
+      "SUMMARY \($n): \(.connections) connections; acked \($l.acked) of \($l.sent) sent (\($l.achieved_per_s // 0 | floor)/s of \($l.offered_per_s // 0 | floor)/s offered); " +
+      "delivered \($l.delivery_pct // 0 | . * 1000 | round / 1000)% gaps \($l.gaps) missing \($l.missing) duplicates \($l.duplicates) reordered \($l.reordered); " +
       "latency p99 \(ms($l.latency.p99_ns)); ack p95 \(ms($l.ack_latency.p95_ns)) p99 \(ms($l.ack_latency.p99_ns)); " +
       "node RSS \(([$l.nodes[]?.rss_bytes] | add // 0) / 1048576 | floor) MiB; postgres \(if $l.pg_cpu_us_per_publish then ($l.pg_cpu_us_per_publish | round | tostring) + " µs/publish" else "-" end); " +
       "deadlocks \(.pg_deadlocks // "-"); " +

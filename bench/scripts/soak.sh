@@ -20,6 +20,10 @@
 #
 # Usage: bench/scripts/soak.sh [--short] [--cluster]
 #   --short: 2 x 1,000 connections, 30 s, the same faults 4-6 s apart (CI).
+#   ROOMS, DURATION (seconds), RSSTAIL (a Go duration) and FAULTS_AT (five
+#   offsets in seconds) in the environment override the full run's shape,
+#   e.g. a 60 s run at the full rate: DURATION=60 RSSTAIL=30s
+#   FAULTS_AT="10 20 30 40 50" (its RSS verdict then means little).
 # Needs: Go, PostgreSQL (ROOST_TEST_DATABASE_URL), psql, redis-server
 # (and redis-cli for --cluster). Loopback only, bounded, cleans up.
 # Writes $OUT/soak.{json,svg,txt}, the events file and every node's log; the
@@ -42,8 +46,8 @@ if [ $short = 1 ]; then
   at=(5 9 13 19 23)
   short_flags=(--drain 2s --retry-max 2s)
 else
-  rooms=3000 warmup=20s duration=900 rsstail=10m lead=25 drain=20s
-  at=(60 120 180 240 280)
+  rooms=${ROOMS:-3000} warmup=20s duration=${DURATION:-900} rsstail=${RSSTAIL:-10m} lead=25 drain=20s
+  at=(${FAULTS_AT:-60 120 180 240 280})
   short_flags=(--drain 5s)
 fi
 size=10
