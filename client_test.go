@@ -62,7 +62,9 @@ func TestClientUnit(t *testing.T) {
 // TestClientBrowser runs client/test/browser.test.mjs: two pages exchanging
 // 1,000 messages while a PostgreSQL-backed node is killed twice, drained
 // once and one page reloaded twice (once while the node is down); a page's
-// outbox outliving a reload; a memory-store node restarted under a page;
+// outbox outliving a reload; a page behind a proxy that refuses upgrades
+// listening over /sse across a kill and a drain; presence across a reload;
+// a memory-store node restarted under a page;
 // 200 clients reconnecting after a kill and a drain.
 func TestClientBrowser(t *testing.T) {
 	chromium := needTool(t, "chromium", "apt-get install -y chromium")

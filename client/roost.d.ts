@@ -176,7 +176,10 @@ export interface RoostOptions {
    * the next page of the tab re-sends them under their ids.
    */
   persistOutbox?: boolean;
-  /** Allow the listen-only Server-Sent Events fallback when WebSocket cannot be opened (roost nodes do not serve /sse yet). */
+  /**
+   * Allow the listen-only Server-Sent Events fallback (the node's /sse) when
+   * WebSocket cannot be opened but the node answers over HTTP.
+   */
   sse?: boolean;
   /** false: do not connect until connect() is called. */
   connect?: boolean;

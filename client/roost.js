@@ -83,7 +83,7 @@ export class Roost {
     this._everOpened = false;
     this._attempt = 0; // consecutive failed attempts
     this._wsBlocked = 0; // consecutive "HTTP works, WebSocket does not"
-    this._sseWorked = false; // an SSE stream has opened for this client"
+    this._sseWorked = false; // an SSE stream has opened for this client
     this._timer = null; // reconnect / probe
     this._connectTimer = null;
     this._pingTimer = null;
