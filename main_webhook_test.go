@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -11,11 +12,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
@@ -152,4 +156,130 @@ func TestWebhookSurvivesSIGKILL(t *testing.T) {
 	if s := badSig.Load(); s != nil {
 		t.Fatalf("a signature did not verify: %v", s)
 	}
+}
+
+// dbBackendCPU is the CPU time (user+system, from /proc) spent so far by
+// the PostgreSQL backends connected to the database of url.
+func dbBackendCPU(tb testing.TB, url string) time.Duration {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var ticks int64
+	for rows.Next() {
+		var pid int
+		_ = rows.Scan(&pid)
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += ut + st
+	}
+	rows.Close()
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// BenchmarkWebhookPGCPU: PostgreSQL CPU per publish with webhooks on and
+// off, same load, interleaved. One node (PostgreSQL store, Redis broker)
+// serves two apps alike but for a webhook: "chat" POSTs to a local
+// receiver, "chatoff" has none. Each round publishes b.N messages over 10
+// rooms through the server API at 1,000 a second to one app, waits until
+// they are delivered (on) and for the dispatcher's next sweep (both), and
+// charges the CPU of the database's backends (/proc) to that app; rounds
+// alternate on, off, off, on, on, off. Reports µs of PostgreSQL CPU per
+// publish for each and their ratio.
+//
+//	go test -run XXX -bench WebhookPGCPU -benchtime 3000x .
+func BenchmarkWebhookPGCPU(b *testing.B) {
+	redistest.Require(b)
+	var delivered atomic.Int64
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var p struct {
+			Events []json.RawMessage `json:"events"`
+		}
+		_ = json.Unmarshal(body, &p)
+		delivered.Add(int64(len(p.Events)))
+	}))
+	defer recv.Close()
+	e := newEnv(b, redistest.Addr)
+	f := filepath.Join(b.TempDir(), "apps.json")
+	body := fmt.Sprintf(`{"apps":[{"id":"chat","secret":%q,"webhook":{"url":%q}},{"id":"chatoff","secret":%q}]}`, apiSecret, recv.URL, apiSecret)
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	api := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(b, false))
+	if _, err := launchNode(b, e, "node0", []string{"--apps", f, "--api", api, "--api-rate", "0"}); err != nil {
+		b.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 50}, Timeout: 10 * time.Second}
+	seq := 0
+	round := func(app string) time.Duration {
+		want := delivered.Load() + int64(b.N)
+		cpu0 := dbBackendCPU(b, e.dbURL)
+		jobs := make(chan int, 64)
+		var wg sync.WaitGroup
+		for w := 0; w < 20; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range jobs {
+					url := fmt.Sprintf("http://%s/v1/apps/%s/rooms/r%d/messages", api, app, i%10)
+					req, _ := http.NewRequest("POST", url, strings.NewReader(fmt.Sprintf(`{"id":"m-%d","from":"bot","body":{"n":%d,"text":"a message of a usual size, some sixty bytes"}}`, i, i)))
+					req.Header.Set("Authorization", "Bearer "+apiSecret)
+					resp, err := client.Do(req)
+					if err != nil {
+						b.Error(err)
+						continue
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+		}
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Millisecond)))
+			seq++
+			jobs <- seq
+		}
+		close(jobs)
+		wg.Wait()
+		if app == "chat" {
+			deadline := time.Now().Add(30 * time.Second)
+			for delivered.Load() < want && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		time.Sleep(1500 * time.Millisecond) // a sweep and an idle release fall inside the round
+		return dbBackendCPU(b, e.dbURL) - cpu0
+	}
+	round("chat") // warm both apps' rooms and the prepared statements
+	round("chatoff")
+	b.ResetTimer()
+	var on, off time.Duration
+	for _, app := range []string{"chat", "chatoff", "chatoff", "chat", "chat", "chatoff"} {
+		d := round(app)
+		b.Logf("%s: %v of PostgreSQL CPU for %d publishes", app, d, b.N)
+		if app == "chat" {
+			on += d
+		} else {
+			off += d
+		}
+	}
+	b.StopTimer()
+	n := float64(3 * b.N)
+	b.ReportMetric(float64(on.Microseconds())/n, "pg-µs/pub-on")
+	b.ReportMetric(float64(off.Microseconds())/n, "pg-µs/pub-off")
+	b.ReportMetric(float64(on)/float64(off), "on/off")
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/roost-chat/roost/persist"
@@ -20,14 +21,16 @@ type room struct {
 	pending   []event   // committed here, seq > delivered, in seq order
 	active    time.Time // last time it had something owed (for giving the lease up)
 	renewed   time.Time // last time its lease was renewed
+	dirty     bool      // delivered moved past the stored cursor
 	skip      time.Time // another node held the lease: no claim before this
+	grace     time.Time // found by the sweep: no claim before this unless committed here
 }
 
 func (r *room) owed() bool {
 	return r.last > r.delivered || len(r.pending) > 0
 }
 
-// dstore is the durable state of one app's delivery: its rooms.
+// dstate is the durable state of one app's delivery: its rooms.
 type dstate struct {
 	rooms  map[string]*room
 	order  []*room // rooms in a rotating order, so that no room starves
@@ -35,9 +38,19 @@ type dstate struct {
 	failed int       // POSTs failed in a row
 	retry  time.Time // no POST before this (backoff)
 	swept  time.Time
+	dirty  []*room   // rooms whose cursor is to be written
+	wrote  time.Time // last cursor write
+	byID   map[int64]*room
 	body   []byte
-	batch  []event
-	spans  []span
+
+	// The database work off the delivery goroutine (runIO).
+	jobs               chan func() func()
+	wake               chan struct{}
+	mu                 sync.Mutex
+	results            []func()
+	flushing, sweeping bool
+	batch              []event
+	spans              []span
 }
 
 // span is one room's part of a batch.
@@ -50,14 +63,24 @@ type span struct {
 
 const storeTimeout = 10 * time.Second
 
-// deliverDurable is one app's delivery goroutine with a Store.
+// deliverDurable is one app's delivery goroutine with a Store. It POSTs
+// from memory and never waits for the database in the steady state: the
+// cursor writes and the sweep run on a second goroutine (runIO) and their
+// outcomes come back through st.results; only a room's first claim and a
+// read of events not held in memory are done inline.
 func (d *Dispatcher) deliverDurable(t *target) {
 	defer close(t.done)
-	st := &dstate{rooms: map[string]*room{}}
-	tick := time.NewTicker(min(d.cfg.Sweep, d.cfg.Lease/3))
-	defer tick.Stop()
-	var retryTimer *time.Timer
+	st := &dstate{rooms: map[string]*room{}, byID: map[int64]*room{}, jobs: make(chan func() func(), 2), wake: t.wake}
+	ioDone := make(chan struct{})
+	go st.runIO(ioDone)
+	tick := time.NewTicker(min(d.cfg.Sweep, d.cfg.CursorEvery, d.cfg.Lease/3))
+	retry := time.NewTimer(time.Hour)
 	defer func() {
+		tick.Stop()
+		retry.Stop()
+		close(st.jobs)
+		<-ioDone
+		st.apply()
 		d.releaseAll(t, st)
 		// What is queued here is owed in the store: nothing is lost.
 		t.mu.Lock()
@@ -67,6 +90,7 @@ func (d *Dispatcher) deliverDurable(t *target) {
 		d.Stats.Owed.Add(-int64(n))
 	}()
 	for {
+		st.apply()
 		d.gather(t, st)
 		now := time.Now()
 		if now.Sub(st.swept) >= d.cfg.Sweep {
@@ -74,48 +98,76 @@ func (d *Dispatcher) deliverDurable(t *target) {
 			d.sweep(t, st)
 			d.housekeep(t, st, now)
 		}
+		if len(st.dirty) > 0 && now.Sub(st.wrote) >= d.cfg.CursorEvery {
+			d.flush(t, st)
+		}
+		var retryC <-chan time.Time
 		if now.Before(st.retry) {
-			if retryTimer == nil {
-				retryTimer = time.NewTimer(time.Until(st.retry))
-			} else {
-				retryTimer.Reset(time.Until(st.retry))
+			retry.Reset(st.retry.Sub(now))
+			retryC = retry.C
+		} else {
+			d.claim(t, st)
+			if d.fill(t, st) {
+				d.send(t, st)
+				continue
 			}
-			select {
-			case <-t.stop:
-				return
-			case <-retryTimer.C:
-			case <-tick.C:
-			}
-			continue
 		}
-		d.claim(t, st)
-		if !d.fill(t, st) {
-			select {
-			case <-t.stop:
-				return
-			case <-t.wake:
-			case <-tick.C:
-			}
-			continue
+		select {
+		case <-t.stop:
+			return
+		case <-t.wake:
+		case <-tick.C:
+		case <-retryC:
 		}
-		hc := t.cfg.Load()
-		st.body = appendBody(st.body[:0], t.id, st.batch)
-		err := d.post(hc, st.body)
-		if err == nil {
-			st.failed = 0
-			d.Stats.Posts.Add(1)
-			d.Stats.Delivered.Add(uint64(len(st.batch)))
-			d.advance(t, st, false)
-			continue
+	}
+}
+
+// send POSTs the batch fill built and handles the outcome.
+func (d *Dispatcher) send(t *target, st *dstate) {
+	hc := t.cfg.Load()
+	st.body = appendBody(st.body[:0], t.id, st.batch)
+	err := d.post(hc, st.body)
+	if err == nil {
+		st.failed = 0
+		d.Stats.Posts.Add(1)
+		d.Stats.Delivered.Add(uint64(len(st.batch)))
+		d.advance(st)
+		return
+	}
+	d.Stats.Failures.Add(1)
+	st.failed++
+	wait := backoff(d.cfg.RetryMin, d.cfg.RetryMax, st.failed)
+	st.retry = time.Now().Add(wait)
+	if st.failed == 1 || st.failed%10 == 0 {
+		d.log.Warn("webhook POST failed; retrying", "app", t.id, "url", hc.hook.URL, "err", err, "failures", st.failed, "retry_in", wait, "events", len(st.batch))
+	}
+	d.expire(t, st, hc, err)
+}
+
+// runIO runs the database work handed to it in order; each job returns
+// what to apply on the delivery goroutine.
+func (st *dstate) runIO(done chan struct{}) {
+	defer close(done)
+	for job := range st.jobs {
+		apply := job()
+		st.mu.Lock()
+		st.results = append(st.results, apply)
+		st.mu.Unlock()
+		select {
+		case st.wake <- struct{}{}:
+		default:
 		}
-		d.Stats.Failures.Add(1)
-		st.failed++
-		wait := backoff(d.cfg.RetryMin, d.cfg.RetryMax, st.failed)
-		st.retry = time.Now().Add(wait)
-		if st.failed == 1 || st.failed%10 == 0 {
-			d.log.Warn("webhook POST failed; retrying", "app", t.id, "url", hc.hook.URL, "err", err, "failures", st.failed, "retry_in", wait, "events", len(st.batch))
-		}
-		d.expire(t, st, hc, err)
+	}
+}
+
+// apply runs the outcomes of finished database work (delivery goroutine).
+func (st *dstate) apply() {
+	st.mu.Lock()
+	rs := st.results
+	st.results = nil
+	st.mu.Unlock()
+	for _, f := range rs {
+		f()
 	}
 }
 
@@ -152,36 +204,65 @@ func (st *dstate) room(key string, id int64) *room {
 		st.rooms[key] = r
 		st.order = append(st.order, r)
 	}
-	if r.id == 0 {
-		r.id = id
-	}
+	st.setID(r, id)
 	return r
+}
+
+func (st *dstate) setID(r *room, id int64) {
+	if r.id == 0 && id != 0 {
+		r.id = id
+		st.byID[id] = r
+	}
 }
 
 func (st *dstate) forget(r *room) {
 	delete(st.rooms, r.key)
+	if st.byID[r.id] == r {
+		delete(st.byID, r.id)
+	}
 	if i := slices.Index(st.order, r); i >= 0 {
 		st.order = slices.Delete(st.order, i, i+1)
 	}
 }
 
-// sweep asks the store for owed rooms this node may claim: another node's
-// publishes, a crashed node's rooms, events this node dropped.
+// sweep asks the store (off the delivery goroutine) for owed rooms this
+// node may claim: another node's publishes, a crashed node's rooms, events
+// this node dropped.
 func (d *Dispatcher) sweep(t *target, st *dstate) {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	hs, err := d.cfg.Store.OwedHookRooms(ctx, t.id, d.cfg.Owner, 1000)
-	if err != nil {
-		d.log.Warn("webhook: cannot read owed rooms", "app", t.id, "err", err)
+	if st.sweeping {
 		return
 	}
+	st.sweeping = true
+	st.jobs <- func() func() {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		hs, err := d.cfg.Store.OwedHookRooms(ctx, t.id, d.cfg.Owner, 1000)
+		return func() {
+			st.sweeping = false
+			if err != nil {
+				d.log.Warn("webhook: cannot read owed rooms", "app", t.id, "err", err)
+				return
+			}
+			d.swept(t, st, hs)
+		}
+	}
+}
+
+func (d *Dispatcher) swept(t *target, st *dstate, hs []persist.HookRoom) {
 	hc := t.cfg.Load()
 	now := time.Now()
 	for _, h := range hs {
 		if _, name := proto.SplitKey(h.Key); !hc.hook.Matches(name) {
 			continue
 		}
-		r := st.room(h.Key, h.ID)
+		r, known := st.rooms[h.Key]
+		if !known {
+			// Found by the sweep, not committed here: the node that
+			// committed it is about to claim it, so wait a sweep before
+			// taking it (one still owed then is really nobody's).
+			r = st.room(h.Key, h.ID)
+			r.grace = now.Add(d.cfg.Sweep)
+		}
 		r.last = max(r.last, h.Last)
 		r.active = now
 		if !r.leased {
@@ -193,10 +274,13 @@ func (d *Dispatcher) sweep(t *target, st *dstate) {
 // housekeep renews the leases of rooms that still owe something and gives
 // up those of rooms idle for cfg.Idle.
 func (d *Dispatcher) housekeep(t *target, st *dstate, now time.Time) {
+	if st.flushing {
+		return
+	}
 	var renew, release []*room
 	for _, r := range st.order {
 		switch {
-		case !r.leased:
+		case !r.leased, r.dirty:
 		case !r.owed() && now.Sub(r.active) >= d.cfg.Idle:
 			release = append(release, r)
 		case now.Sub(r.renewed) >= d.cfg.Lease/3:
@@ -281,7 +365,7 @@ func (d *Dispatcher) claim(t *target, st *dstate) {
 	defer cancel()
 	now := time.Now()
 	for _, r := range st.order {
-		if r.leased || !r.owed() || now.Before(r.skip) {
+		if r.leased || !r.owed() || now.Before(r.skip) || now.Before(r.grace) && len(r.pending) == 0 {
 			continue
 		}
 		if r.id == 0 {
@@ -293,7 +377,7 @@ func (d *Dispatcher) claim(t *target, st *dstate) {
 			if !ok {
 				panic("BUG: webhook: a committed room does not exist")
 			}
-			r.id = id
+			st.setID(r, id)
 		}
 		want = append(want, r)
 	}
@@ -412,15 +496,75 @@ func (d *Dispatcher) fill(t *target, st *dstate) bool {
 	return len(st.spans) > 0
 }
 
-// advance moves the cursors of a delivered batch (and renews the leases).
-func (d *Dispatcher) advance(t *target, st *dstate, release bool) {
-	rs := make([]*room, 0, len(st.spans))
+// advance moves the cursors of a delivered batch in memory; flush
+// writes them.
+func (d *Dispatcher) advance(st *dstate) {
 	for _, sp := range st.spans {
 		sp.r.delivered = max(sp.r.delivered, sp.upto)
 		sp.r.trim()
-		rs = append(rs, sp.r)
+		if !sp.r.dirty {
+			sp.r.dirty = true
+			st.dirty = append(st.dirty, sp.r)
+		}
 	}
-	d.cursor(t, st, rs, release)
+}
+
+// flush writes the cursors moved since the last write, in one statement,
+// off the delivery goroutine. Writing at most every CursorEvery rather
+// than after every POST keeps a fast receiver (many small POSTs) from
+// costing the database a statement per POST; a crash sends at most that
+// much again.
+func (d *Dispatcher) flush(t *target, st *dstate) {
+	if st.flushing || len(st.dirty) == 0 {
+		return
+	}
+	st.wrote = time.Now()
+	ids := make([]int64, len(st.dirty))
+	ds := make([]uint64, len(st.dirty))
+	for i, r := range st.dirty {
+		ids[i], ds[i] = r.id, r.delivered
+		r.dirty = false
+	}
+	st.dirty = st.dirty[:0]
+	st.flushing = true
+	st.jobs <- func() func() {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		hs, err := d.cfg.Store.AdvanceHookRooms(ctx, d.cfg.Owner, d.cfg.Lease, ids, ds, false)
+		return func() {
+			st.flushing = false
+			if err != nil {
+				// Written with the next flush; a crash before sends these
+				// events again (at least once).
+				d.log.Warn("webhook: cannot write cursors", "app", t.id, "err", err)
+				for _, id := range ids {
+					if r := st.byID[id]; r != nil && !r.dirty {
+						r.dirty = true
+						st.dirty = append(st.dirty, r)
+					}
+				}
+				return
+			}
+			got := make(map[int64]persist.HookRoom, len(hs))
+			for _, h := range hs {
+				got[h.ID] = h
+			}
+			now := time.Now()
+			for _, id := range ids {
+				r := st.byID[id]
+				if r == nil {
+					continue
+				}
+				h, ok := got[id]
+				if !ok {
+					d.lost(st, r)
+					continue
+				}
+				r.last = max(r.last, h.Last)
+				r.renewed = now
+			}
+		}
+	}
 }
 
 // expire turns the events of a failed batch older than the app's max age

@@ -2,11 +2,15 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -324,4 +328,103 @@ func TestDurableDeadLetterReplay(t *testing.T) {
 	if d.Stats.Dead.Load() < 40 {
 		t.Fatalf("%d events counted dead", d.Stats.Dead.Load())
 	}
+}
+
+// BenchmarkDeliveryPG: the dispatcher fed by real commits (PostgreSQL,
+// CommitBatch of 10 messages every 10 ms: 1,000 msg/s, or "burst": b.N
+// committed as fast as one committer goes), memory mode against durable
+// mode, interleaved with -count. The lag is from CommitBatch returning to
+// the receiver's read, so it is the dispatcher's own (its cursor writes
+// and sweeps included), not the commit's; msgs/s is the delivered rate.
+//
+//	go test -run XXX -bench DeliveryPG -benchtime 5000x -count 3 ./fanout/webhook/
+func BenchmarkDeliveryPG(b *testing.B) {
+	for _, rate := range []int{1000, 0} {
+		name := "1000/s"
+		if rate == 0 {
+			name = "burst"
+		}
+		for _, durable := range []bool{false, true} {
+			mode := "memory"
+			if durable {
+				mode = "durable"
+			}
+			b.Run(name+"/"+mode, func(b *testing.B) { benchDeliveryPG(b, rate, durable) })
+		}
+	}
+}
+
+func benchDeliveryPG(b *testing.B, rate int, durable bool) {
+	p, _ := pgStore(b)
+	committed := make([]atomic.Int64, b.N+1) // by seq: when CommitBatch returned, Unix ns
+	var mu sync.Mutex
+	var lags []time.Duration
+	done := make(chan struct{})
+	url := serve(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		now := time.Now().UnixNano()
+		var pl struct {
+			Events []struct{ Seq uint64 } `json:"events"`
+		}
+		_ = json.Unmarshal(body, &pl)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range pl.Events {
+			if e.Seq <= uint64(b.N) {
+				lags = append(lags, time.Duration(now-committed[e.Seq].Load()))
+			}
+		}
+		if len(lags) >= b.N {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+		}
+	}))
+	cfg := Defaults()
+	if durable {
+		cfg.Store, cfg.Owner = p, "bench"
+	}
+	d := New(cfg)
+	defer d.Close()
+	d.SetApps([]proto.App{registered(b, p, app(url, "current-secret-0123456789"))})
+	per := 10
+	if rate == 0 {
+		per = 100
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i += per {
+		var reqs []*proto.PubRequest
+		for k := i; k < min(i+per, b.N); k++ {
+			reqs = append(reqs, &proto.PubRequest{Key: "chat/r1", From: "alice", ID: []byte(fmt.Sprint("m-", k)), Body: []byte(`{"text":"a message of a usual size, some sixty bytes long"}`)})
+		}
+		res := make([]proto.PubResult, len(reqs))
+		if err := p.CommitBatch(context.Background(), reqs, res); err != nil {
+			b.Fatal(err)
+		}
+		now := time.Now().UnixNano()
+		for k, r := range reqs {
+			res[k].Frame = proto.AppendMsgFrame(nil, "r1", res[k].Seq, r.ID, r.From, res[k].TS, r.Body)
+			committed[res[k].Seq].Store(now)
+		}
+		d.Committed(reqs, res)
+		if rate > 0 {
+			time.Sleep(time.Until(start.Add(time.Duration(i+per) * time.Second / time.Duration(rate))))
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		b.Fatalf("delivered %d of %d", len(lags), b.N)
+	}
+	el := time.Since(start)
+	b.StopTimer()
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(lags)
+	b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
+	b.ReportMetric(float64(lags[len(lags)/2].Microseconds())/1000, "lag-p50-ms")
+	b.ReportMetric(float64(lags[len(lags)*99/100].Microseconds())/1000, "lag-p99-ms")
 }

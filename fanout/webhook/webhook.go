@@ -57,12 +57,15 @@ type Config struct {
 	Lease time.Duration // how long a room's lease lasts unless renewed (default 30s)
 	Sweep time.Duration // how often the store is asked for owed rooms nobody delivers (default 1s)
 	Idle  time.Duration // a room with nothing owed for this long gives its lease up (default 2s)
+	// CursorEvery is how often delivered cursors are written (default
+	// 100ms): a crash sends up to that much again.
+	CursorEvery time.Duration
 }
 
 // Defaults are the dispatcher's bounds unless told otherwise.
 func Defaults() Config {
 	return Config{MaxQueue: 100_000, MaxBatch: 500, MaxBatchBytes: 1 << 20, MaxAge: proto.DefaultWebhookMaxAge,
-		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute, Lease: 30 * time.Second, Sweep: time.Second, Idle: 2 * time.Second}
+		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute, Lease: 30 * time.Second, Sweep: time.Second, Idle: 2 * time.Second, CursorEvery: 100 * time.Millisecond}
 }
 
 // Stats are the dispatcher's counters.
@@ -151,6 +154,9 @@ func New(cfg Config) *Dispatcher {
 	}
 	if cfg.Idle <= 0 {
 		cfg.Idle = d.Idle
+	}
+	if cfg.CursorEvery <= 0 {
+		cfg.CursorEvery = d.CursorEvery
 	}
 	if cfg.Store != nil && cfg.Owner == "" {
 		panic("BUG: webhook: a durable dispatcher needs an Owner")
