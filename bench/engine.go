@@ -1050,6 +1050,14 @@ func (l *loop) frames(c *conn, b []byte, now int64) []byte {
 func (l *loop) sseEvents(c *conn, b []byte, now int64) []byte {
 	var f proto.ServerFrame
 	for {
+		if data, n := sseMsgFast(b); n > 0 {
+			l.text(c, data, now, &f)
+			if c.state == stClosed {
+				return nil
+			}
+			b = b[n:]
+			continue
+		}
 		end := bytes.Index(b, []byte("\n\n"))
 		if end < 0 {
 			return b
@@ -1067,6 +1075,34 @@ func (l *loop) sseEvents(c *conn, b []byte, now int64) []byte {
 			}
 		}
 	}
+}
+
+// sseMsgFast reads the event a node sends for a message, "event: msg",
+// one data line, an optional id line and the blank line, scanning the data
+// once; n is 0 for anything else or an incomplete event (the general path
+// then decides).
+func sseMsgFast(b []byte) (data []byte, n int) {
+	const pre = "event: msg\ndata: "
+	if !bytes.HasPrefix(b, []byte(pre)) {
+		return nil, 0
+	}
+	d := b[len(pre):]
+	j := bytes.IndexByte(d, '\n')
+	if j < 0 {
+		return nil, 0
+	}
+	rest := d[j+1:]
+	switch {
+	case len(rest) > 0 && rest[0] == '\n':
+		return d[:j], len(pre) + j + 2
+	case bytes.HasPrefix(rest, []byte("id: ")):
+		k := bytes.IndexByte(rest, '\n')
+		if k < 0 || k+1 >= len(rest) || rest[k+1] != '\n' {
+			return nil, 0
+		}
+		return d[:j], len(pre) + j + 1 + k + 2
+	}
+	return nil, 0
 }
 
 // text handles one whole text frame; f is scratch for the slow path.

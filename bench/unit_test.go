@@ -782,3 +782,24 @@ func TestOverloadedPublishSentAgain(t *testing.T) {
 		t.Fatalf("acked %d", l.st.Acked)
 	}
 }
+
+func TestSSEMsgFast(t *testing.T) {
+	ev := "event: msg\ndata: {\"op\":\"msg\"}\nid: r:1\n\n"
+	for _, tc := range []struct {
+		in   string
+		data string
+		n    int
+	}{
+		{ev + "x", `{"op":"msg"}`, len(ev)},
+		{"event: msg\ndata: {}\n\n", `{}`, len("event: msg\ndata: {}\n\n")},
+		{ev[:len(ev)-1], "", 0},
+		{"event: msg\ndata: {", "", 0},
+		{"event: joined\ndata: {}\n\n", "", 0},
+		{"event: msg\ndata: a\ndata: b\n\n", "", 0},
+	} {
+		data, n := sseMsgFast([]byte(tc.in))
+		if string(data) != tc.data || n != tc.n {
+			t.Errorf("%q: %q %d, want %q %d", tc.in, data, n, tc.data, tc.n)
+		}
+	}
+}

@@ -1,6 +1,8 @@
 package fanout
 
 import (
+	"strconv"
+
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -97,20 +99,47 @@ func (s *sseMember) appendID(dst []byte) []byte {
 }
 
 // sseEvent builds the shared event of a message frame.
-func (t *Table) sseEvent(frame []byte) []byte {
+//
+// The event is built with the id line of a member of this room alone
+// ("id: room:seq"), which is every such member's position: they all take
+// the whole event, one slice, as WebSocket members take the frame. A
+// member of several rooms takes the event's first evLen bytes (without
+// that line) and its own id line after them.
+func (t *Table) sseEvent(r *Room, seq uint64, frame []byte) (event []byte, evLen int) {
 	payload, _ := proto.ServerFramePayload(frame)
+	room := roomName(r.key)
 	a := t.arena
-	return a.Keep(proto.AppendSSEEvent(a.Space(proto.SSEEventLen("msg", len(payload), 0)), "msg", payload))
+	b := a.Space(proto.SSEEventLen("msg", len(payload), 0) + len("id: :\n\n") + len(room) + 20)
+	b = proto.AppendSSEEvent(b, "msg", payload)
+	evLen = len(b)
+	b = append(b, "id: "...)
+	b = append(b, room...)
+	b = append(b, ':')
+	b = strconv.AppendUint(b, seq, 10)
+	b = append(b, "\n\n"...)
+	return a.Keep(b), evLen
 }
 
-// enqueueSSE queues a message's shared event for an SSE member, then its
+// enqueueSSE queues a message's shared event for an SSE member with its
 // id line. Under the outbound limit like any live message.
-func (t *Table) enqueueSSE(m *Member, r *Room, seq uint64, event []byte) {
+func (t *Table) enqueueSSE(m *Member, r *Room, seq uint64, event []byte, evLen int) {
 	if m.slow || m.Closed {
 		return
 	}
 	s := m.sse
 	s.set(r.key, seq)
+	if len(s.pos) == 1 {
+		// Fast path: in this room only, its position is the event's own id.
+		if m.bytes+m.Backlog+len(event) > t.limit {
+			m.slow = true
+			t.slow = append(t.slow, m)
+			return
+		}
+		s.events++
+		t.queue(m, event)
+		return
+	}
+	event = event[:evLen:evLen]
 	start := len(s.ids)
 	s.ids = s.appendID(s.ids)
 	id := s.ids[start:len(s.ids):len(s.ids)]

@@ -61,6 +61,28 @@ func TestSSEFanSharesEventPerMessage(t *testing.T) {
 	}
 }
 
+// A member of one room takes the message's whole event, id line included,
+// as one slice shared with every such member: its position is the room's
+// seq alone.
+func TestSSEOneRoomMembersShareTheWholeEvent(t *testing.T) {
+	tb := newTable(1<<20, 1<<20)
+	r := tb.add([]byte("app/lobby"))
+	ss := sseMembers(3, "app/lobby")
+	for _, m := range ss {
+		tb.join(r, m)
+	}
+	f := msgFrame("lobby", 9)
+	tb.fan(r, 9, f)
+	payload, _ := proto.ServerFramePayload(f)
+	want := "event: msg\ndata: " + strings.Replace(string(payload), "\n", "\ndata: ", 1) + "\nid: lobby:9\n\n"
+	for _, m := range ss {
+		p := m.Pending()
+		if len(p) != 1 || string(p[0]) != want || &p[0][0] != &ss[0].Pending()[0][0] {
+			t.Fatalf("pending %q, want the one shared event %q", p, want)
+		}
+	}
+}
+
 // SSE delivery allocates nothing once warm: a message to 150 WebSocket
 // and 150 SSE members (each in three rooms, so its id names three), then
 // the flush bookkeeping. The events come out of the table's arena, one

@@ -233,15 +233,16 @@ func (t *Table) leaveAll(m *Member) {
 // the room has one (sse.go).
 func (t *Table) fan(r *Room, seq uint64, frame []byte) {
 	var event []byte
+	evLen := 0
 	for _, m := range r.members {
 		if m.sse == nil {
 			t.Enqueue(m, frame)
 			continue
 		}
 		if event == nil {
-			event = t.sseEvent(frame)
+			event, evLen = t.sseEvent(r, seq, frame)
 		}
-		t.enqueueSSE(m, r, seq, event)
+		t.enqueueSSE(m, r, seq, event, evLen)
 	}
 }
 
