@@ -185,7 +185,7 @@ summary() {
       "latency p99 \(ms($l.latency.p99_ns)); ack p95 \(ms($l.ack_latency.p95_ns)) p99 \(ms($l.ack_latency.p99_ns)); " +
       "node RSS \(([$l.nodes[]?.rss_bytes] | add // 0) / 1048576 | floor) MiB; postgres \(if $l.pg_cpu_us_per_publish then ($l.pg_cpu_us_per_publish | round | tostring) + " µs/publish" else "-" end); " +
       "deadlocks \(.pg_deadlocks // "-"); " +
-      (if .highest_sustained_per_s then "highest sustained \(.highest_sustained_per_s)/s; " else "" end) +
+      (if (.args // [] | any(. == "--step")) then "step: \(.levels | length) level(s), \(.levels[0].offered_per_s | floor)/s to \(.levels[-1].offered_per_s | floor)/s (figures above: the first), highest sustained \(.highest_sustained_per_s // "none")\(if .highest_sustained_per_s then "/s" else "" end), last level: \(.levels[-1].broken // "sustained"); " else "" end) +
       "verdict \(if .verdict then (if .verdict.ok then "ok" else "FAILED" end) else "-" end); " +
       "targets \([.targets[]? | "\(.target) got \(.got * 100 | round / 100)\(.unit) \(if .met then "met" else "MISSED" end)"] | join(", "))"' "$2" 2>/dev/null ||
       echo "SUMMARY $1: (cannot read $2)"
