@@ -116,6 +116,8 @@ var exposedMetrics = []string{
 	"roost_webhook_posts_total",
 	"roost_webhook_failures_total",
 	"roost_webhook_dropped_total",
+	"roost_webhook_dead_total",
+	"roost_webhook_read_total",
 	"roost_webhook_owed",
 	"roost_proxy_calls_total",
 	"roost_proxy_call_seconds_bucket",
