@@ -9,7 +9,8 @@ export declare class RoostError extends Error {
    * rate_limited, overloaded, internal) or the client's own: closed,
    * unauthorized, token_refused, token_callback, policy, outbox_full,
    * timeout, gap, unsupported, bad_url, storage (an outbox entry that
-   * storage could not hold: it will not outlive a reload).
+   * storage could not hold: it will not outlive a reload), presence_limit
+   * (the room was joined without presence: its node's limit).
    */
   code: string;
   message: string;

@@ -274,7 +274,7 @@ export class Roost {
         break;
       case "presence_diff": {
         const r = this.rooms.get(f.room);
-        if (r && r._opts.presence) r._presenceChange(f.joined || [], f.left || [], false);
+        if (r && r._opts.presence) r._presenceChange(Array.isArray(f.joined) ? f.joined : [], Array.isArray(f.left) ? f.left : [], false);
         break;
       }
       case "authed":
@@ -342,6 +342,7 @@ export class Roost {
     for (const r of this.rooms.values()) {
       r._joined = false;
       r._joining = false;
+      r._presenceOff = false;
     }
     for (const e of this._outbox.values()) {
       this._clearEntryTimer(e); // a reconnect is the pause a "not now" asked for
@@ -994,6 +995,8 @@ class Room {
     this._failed = null;
     this._members = new Set(); // with presence: the users here, as last known
     this._snapshot = 0; // the presence snapshot being asked for (a counter: only the newest counts)
+    this._touched = null; // users named by diffs while a snapshot is on its way
+    this._presenceOff = false; // the node refused presence on this connection (its limit)
   }
 
   /**
@@ -1103,7 +1106,7 @@ class Room {
       f.since = p.seq;
       if (p.epoch !== undefined) f.epoch = p.epoch;
     }
-    if (this._opts.presence) f.presence = true;
+    if (this._presenceOn()) f.presence = true;
     this._sentSince = p ? p.seq : undefined;
     this._joining = true;
     this.client._send(f);
@@ -1130,23 +1133,47 @@ class Room {
       this._save();
     }
     if (this._opts.onJoined) safeCall(this._opts.onJoined, { room: this.name, seq: f.seq, epoch: f.epoch, recovered: f.recovered });
-    if (this._opts.presence && this.client._transport === "websocket") this._askPresence();
+    if (this._presenceOn() && this.client._transport === "websocket") this._askPresence();
+  }
+
+  // _presenceOn: presence asked for, and not refused on this connection.
+  _presenceOn() {
+    return !!this._opts.presence && !this._presenceOff;
   }
 
   // _askPresence takes a snapshot of who is here after each join: the diffs
   // the node sent while this client was away are lost with the connection,
   // and the app is given the difference from what it last knew instead.
+  //
+  // The node's answer may lag its diffs (it is a shared, periodic view):
+  // a user a diff named while the answer was on its way keeps the diff's
+  // verdict.
   _askPresence() {
     const n = ++this._snapshot;
+    this._touched = new Set();
     this.presence().then(
       (p) => {
         if (n !== this._snapshot || this.client.rooms.get(this.name) !== this) return;
+        const touched = this._touched;
+        this._touched = null;
         const now = new Set(Array.isArray(p.users) ? p.users : []);
-        const joined = [...now].filter((u) => !this._members.has(u));
-        const left = [...this._members].filter((u) => !now.has(u));
+        // With more than the answer's 1000 names, absence proves nothing.
+        const joined = [...now].filter((u) => !this._members.has(u) && !touched.has(u));
+        const left = p.more ? [] : [...this._members].filter((u) => !now.has(u) && !touched.has(u));
         this._presenceChange(joined, left, true);
       },
-      () => {}, // a node without presence: only diffs, if any
+      (err) => {
+        if (n !== this._snapshot) return;
+        this._touched = null;
+        // Busy (too many requests waiting): ask again after a pause. A
+        // node without presence (bad_request): only diffs, if any.
+        const c = this.client;
+        if (RETRYABLE.has(err.code) && c.rooms.get(this.name) === this) {
+          c._setTimeout(() => {
+            if (n === this._snapshot && c.rooms.get(this.name) === this && this._joined) this._askPresence();
+          }, c._backoffDelayOnly());
+        }
+      },
     );
   }
 
@@ -1156,6 +1183,10 @@ class Room {
   _presenceChange(joined, left, snapshot) {
     const j = [];
     const l = [];
+    if (this._touched && !snapshot) {
+      for (const u of joined) this._touched.add(u);
+      for (const u of left) this._touched.add(u);
+    }
     for (const u of joined) {
       if (typeof u === "string" && !this._members.has(u)) {
         this._members.add(u);
@@ -1173,6 +1204,17 @@ class Room {
 
   _onJoinErr(err) {
     this._joining = false;
+    if (err.code === "forbidden" && this._presenceOn() && /presence/i.test(err.message)) {
+      // The room has its node's most presence subscribers: the join is
+      // refused whole. Messages matter more: join without presence, and
+      // say so (the next connection tries presence again).
+      this._presenceOff = true;
+      const e = new RoostError("presence_limit", `Roost: room ${this.name} joined without presence: ${err.message}`, { ref: this.name });
+      if (this._opts.onError) safeCall(this._opts.onError, e);
+      this.client._emit("error", e);
+      this._sendJoin();
+      return;
+    }
     if (RETRYABLE.has(err.code) || err.code === "internal") {
       // Not now: try the join again after a pause on this connection.
       const c = this.client;

@@ -751,6 +751,62 @@ test("presence against a node without it: the snapshot's refusal is quiet; witho
   await assert.rejects(q, { code: "bad_request" });
 });
 
+test("presence: a snapshot older than a diff does not undo it; a partial snapshot (more) removes nobody; a busy node is asked again", async () => {
+  const env = setup();
+  const diffs = [];
+  const room = env.client.room("lobby", { presence: true, onPresence: (d) => diffs.push(d) });
+  const ws = await openWith(env, "lobby");
+  ws.recv({ op: "presence", room: "lobby", count: 3, users: ["alice", "bob", "carol"] });
+  await flush();
+  assert.deepEqual(room.members, ["alice", "bob", "carol"]);
+  // Reconnect: a diff arrives before the new snapshot, which lags it.
+  ws.serverClose(1006);
+  await env.clock.advance(1000);
+  const ws2 = env.WS.last();
+  ws2.open();
+  ws2.recv({ op: "joined", room: "lobby", seq: 0, epoch: "E1", recovered: true });
+  ws2.recv({ op: "presence_diff", room: "lobby", joined: ["dave"], left: ["bob"] });
+  ws2.recv({ op: "presence", room: "lobby", count: 3, users: ["alice", "bob", "carol"] }); // from before the diff
+  await flush();
+  assert.deepEqual(room.members, ["alice", "carol", "dave"]);
+  // More than the answer holds: nobody is removed for being absent.
+  ws2.serverClose(1006);
+  await env.clock.advance(1000);
+  const ws3 = env.WS.last();
+  ws3.open();
+  ws3.recv({ op: "joined", room: "lobby", seq: 0, epoch: "E1", recovered: true });
+  ws3.recv({ op: "err", ref: "lobby", code: "rate_limited", message: "too many requests waiting" });
+  await flush();
+  assert.equal(ws3.ops("presence").length, 1);
+  await env.clock.advance(1000);
+  assert.equal(ws3.ops("presence").length, 2, "the snapshot is asked again");
+  ws3.recv({ op: "presence", room: "lobby", count: 1500, users: ["alice", "erin"], more: true });
+  await flush();
+  assert.deepEqual(room.members, ["alice", "carol", "dave", "erin"]);
+  assert.deepEqual(diffs.at(-1), { room: "lobby", joined: ["erin"], left: [], snapshot: true });
+});
+
+test("presence: a join refused for the room's presence limit is joined again without presence, and the app is told", async () => {
+  const env = setup();
+  const got = [];
+  const room = env.client.room("lobby", { presence: true, onMessage: (m) => got.push(m.seq) });
+  const ws = await openWith(env);
+  assert.deepEqual(ws.ops("join"), [{ op: "join", room: "lobby", presence: true }]);
+  ws.recv({ op: "err", ref: "lobby", code: "forbidden", message: "presence subscriber limit of this room reached: join without presence" });
+  assert.deepEqual(ws.ops("join")[1], { op: "join", room: "lobby" });
+  assert.equal(env.errors[0].code, "presence_limit");
+  ws.recv({ op: "joined", room: "lobby", seq: 3, epoch: "E1" });
+  assert.equal(room.joined, true);
+  assert.equal(ws.ops("presence").length, 0, "no snapshot without presence");
+  ws.recv(msg("lobby", 4));
+  assert.deepEqual(got, [4]);
+  // The next connection asks for presence again.
+  ws.serverClose(1006);
+  await env.clock.advance(1000);
+  env.WS.last().open();
+  assert.equal(env.WS.last().ops("join")[0].presence, true);
+});
+
 test("history requests wait for a connection and survive a reconnect", async () => {
   const env = setup();
   const room = env.client.room("lobby", {});
