@@ -92,9 +92,8 @@ func TestIdlePingThenClose(t *testing.T) {
 	n := startNode(t, func(c *Config) { c.IdleInterval = 1500 * time.Millisecond })
 	conn, rd := n.raw(t, "quiet")
 	c := &client{t: t, conn: conn, rd: rd}
-	h, _ := c.next()
-	if h.OpCode != ws.OpPing {
-		t.Fatalf("want server ping, got %v", h.OpCode)
+	if f := c.next(); f.Op != ws.OpPing {
+		t.Fatalf("want server ping, got %v", f.Op)
 	}
 	c.expectClose(1000)
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/gobwas/ws"
 	"github.com/gobwas/ws/wsutil"
+
+	"github.com/roost-chat/roost/proto/prototest"
 )
 
 // healthy checks the node still serves a fresh client end to end.
@@ -163,7 +165,7 @@ func TestSlowConsumerClosed(t *testing.T) {
 				}
 			}
 			for j := i; j < i+window; j++ {
-				p, err := readText(pub.rd)
+				p, err := prototest.ReadText(pub.rd)
 				if err != nil || !bytes.Contains(p, []byte(`"op":"ack"`)) {
 					errc <- fmt.Errorf("ack %d: %q %v", j, p, err)
 					return
@@ -173,7 +175,7 @@ func TestSlowConsumerClosed(t *testing.T) {
 		errc <- nil
 	}()
 	for seq := 1; seq <= total; seq++ {
-		p, err := readText(good.rd)
+		p, err := prototest.ReadText(good.rd)
 		if err != nil {
 			t.Fatalf("good reader at seq %d: %v", seq, err)
 		}
@@ -190,27 +192,6 @@ func TestSlowConsumerClosed(t *testing.T) {
 	// The node dropped the lazy connection (it sits in the kernel's send
 	// queue behind data the client never read) and kept the two others.
 	checkFor(t, 5*time.Second, func() bool { return n.srv.Stats.Conns.Load() == 2 })
-}
-
-// readText reads the next text frame's payload, skipping control frames;
-// safe to call off the test goroutine (no t.Fatal).
-func readText(rd *bufio.Reader) ([]byte, error) {
-	for {
-		h, err := ws.ReadHeader(rd)
-		if err != nil {
-			return nil, err
-		}
-		p := make([]byte, h.Length)
-		if _, err := io.ReadFull(rd, p); err != nil {
-			return nil, err
-		}
-		if h.OpCode == ws.OpText {
-			return p, nil
-		}
-		if h.OpCode == ws.OpClose {
-			return p, fmt.Errorf("closed: %q", p)
-		}
-	}
 }
 
 // The 101 response names the node, so a client can tell where it is.

@@ -277,9 +277,9 @@ func TestCloseSilentClient(t *testing.T) {
 		rd = br
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
-	h, err := ws.ReadHeader(rd)
-	if err != nil || h.OpCode != ws.OpClose {
-		t.Fatalf("read %v %v, want the close frame", h, err)
+	f, err := prototest.ReadFrame(rd)
+	if err != nil || f.Op != ws.OpClose {
+		t.Fatalf("read %v %v, want the close frame", f.Op, err)
 	}
 }
 

@@ -3,7 +3,6 @@ package loop
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub"
 )
 
@@ -128,31 +128,23 @@ func (c *client) send(s string) {
 	}
 }
 
-// next reads the next frame (control frames included).
-func (c *client) next() (ws.Header, []byte) {
+// next reads the next frame (control frames included) within 5s. The
+// client reads its socket itself, on the test's goroutine, so a test sees
+// the node's pings and answers (or does not answer) them as it means to.
+func (c *client) next() prototest.Frame {
 	c.t.Helper()
 	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	h, err := ws.ReadHeader(c.rd)
+	f, err := prototest.ReadFrame(c.rd)
 	if err != nil {
-		c.t.Fatalf("read header: %v", err)
+		c.t.Fatalf("read frame: %v", err)
 	}
-	p := make([]byte, h.Length)
-	if _, err := io.ReadFull(c.rd, p); err != nil {
-		c.t.Fatalf("read payload: %v", err)
-	}
-	if h.Masked {
-		c.t.Fatalf("server frame is masked")
-	}
-	return h, p
+	return f
 }
 
 // recv reads the next text frame as a generic JSON object.
 func (c *client) recv() map[string]any {
 	c.t.Helper()
-	h, p := c.next()
-	if h.OpCode != ws.OpText {
-		c.t.Fatalf("want text frame, got opcode %v payload %q", h.OpCode, p)
-	}
+	p := c.recvRaw()
 	var m map[string]any
 	if err := sonic.Unmarshal(p, &m); err != nil {
 		c.t.Fatalf("server frame is not JSON: %q", p)
@@ -162,11 +154,11 @@ func (c *client) recv() map[string]any {
 
 func (c *client) recvRaw() []byte {
 	c.t.Helper()
-	h, p := c.next()
-	if h.OpCode != ws.OpText {
-		c.t.Fatalf("want text frame, got opcode %v payload %q", h.OpCode, p)
+	f := c.next()
+	if f.Op != ws.OpText {
+		c.t.Fatalf("want text frame, got opcode %v payload %q", f.Op, f.Data)
 	}
-	return p
+	return f.Data
 }
 
 func (c *client) expect(want map[string]any) map[string]any {
@@ -187,18 +179,17 @@ func (c *client) expect(want map[string]any) map[string]any {
 func (c *client) expectClose(code int) string {
 	c.t.Helper()
 	for {
-		h, p := c.next()
-		if h.OpCode != ws.OpClose {
+		f := c.next()
+		if f.Op != ws.OpClose {
 			continue
 		}
-		if len(p) < 2 {
+		if len(f.Data) < 2 {
 			c.t.Fatalf("close frame without code")
 		}
-		got := int(binary.BigEndian.Uint16(p))
-		if got != code {
-			c.t.Fatalf("close code %d (%q), want %d", got, p[2:], code)
+		if f.Code != code {
+			c.t.Fatalf("close code %d (%q), want %d", f.Code, f.Reason, code)
 		}
-		return string(p[2:])
+		return f.Reason
 	}
 }
 

@@ -3,7 +3,6 @@ package loop
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
@@ -83,18 +83,14 @@ func (c *client) diffs(room string, d time.Duration) (joined, left []string, fra
 func (c *client) tryRecv(end time.Time) (map[string]any, bool) {
 	c.t.Helper()
 	_ = c.conn.SetReadDeadline(end)
-	h, err := ws.ReadHeader(c.rd)
+	f, err := prototest.ReadFrame(c.rd)
 	if err != nil {
 		return nil, false
 	}
-	p := make([]byte, h.Length)
-	if _, err := io.ReadFull(c.rd, p); err != nil {
-		c.t.Fatalf("read payload: %v", err)
-	}
 	m := map[string]any{}
-	if h.OpCode == ws.OpText {
-		if err := sonic.Unmarshal(p, &m); err != nil {
-			c.t.Fatalf("server frame is not JSON: %q", p)
+	if f.Op == ws.OpText {
+		if err := sonic.Unmarshal(f.Data, &m); err != nil {
+			c.t.Fatalf("server frame is not JSON: %q", f.Data)
 		}
 	}
 	return m, true

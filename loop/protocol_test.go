@@ -228,9 +228,8 @@ func TestWebSocketPingPongAndClose(t *testing.T) {
 	conn, rd := n.raw(t, "x")
 	c := &client{t: t, conn: conn, rd: rd}
 	conn.Write(clientFrame(ws.OpPing, true, []byte("hi")))
-	h, p := c.next()
-	if h.OpCode != ws.OpPong || string(p) != "hi" {
-		t.Fatalf("want pong hi, got %v %q", h.OpCode, p)
+	if f := c.next(); f.Op != ws.OpPong || string(f.Data) != "hi" {
+		t.Fatalf("want pong hi, got %v %q", f.Op, f.Data)
 	}
 	conn.Write(clientFrame(ws.OpClose, true, ws.NewCloseFrameBody(ws.StatusNormalClosure, "bye")))
 	c.expectClose(1000)
@@ -246,9 +245,8 @@ func TestFragmentedMessage(t *testing.T) {
 	conn.Write(clientFrame(ws.OpPing, true, []byte("mid"))) // control frames may interleave
 	conn.Write(clientFrame(ws.OpContinuation, false, append([]byte(nil), msg[5:12]...)))
 	conn.Write(clientFrame(ws.OpContinuation, true, append([]byte(nil), msg[12:]...)))
-	h, p := c.next()
-	if h.OpCode != ws.OpPong || string(p) != "mid" {
-		t.Fatalf("want pong, got %v %q", h.OpCode, p)
+	if f := c.next(); f.Op != ws.OpPong || string(f.Data) != "mid" {
+		t.Fatalf("want pong, got %v %q", f.Op, f.Data)
 	}
 	c.expect(map[string]any{"op": "joined", "room": "frag"})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub"
 )
 
@@ -317,11 +318,7 @@ func TestSlowConsumerReadsItsClose(t *testing.T) {
 		go func() { // the publisher reads its answers
 			for {
 				_ = p.conn.SetReadDeadline(time.Now().Add(time.Minute))
-				h, err := ws.ReadHeader(p.rd)
-				if err != nil {
-					return
-				}
-				if _, err := io.CopyN(io.Discard, p.rd, h.Length); err != nil {
+				if _, err := prototest.ReadFrame(p.rd); err != nil {
 					return
 				}
 				answered.Add(1)
@@ -441,17 +438,12 @@ func testLongReplay(t *testing.T, rs *resumeStore) {
 			}
 			for {
 				_ = by.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-				h, err := ws.ReadHeader(by.rd)
+				f, err := prototest.ReadFrame(by.rd)
 				if err != nil {
 					lat <- ds
 					return
 				}
-				p := make([]byte, h.Length)
-				if _, err := io.ReadFull(by.rd, p); err != nil {
-					lat <- ds
-					return
-				}
-				if strings.Contains(string(p), `"op":"msg"`) {
+				if strings.Contains(string(f.Data), `"op":"msg"`) {
 					break
 				}
 			}
@@ -465,13 +457,14 @@ func testLongReplay(t *testing.T, rs *resumeStore) {
 	c.expect(map[string]any{"op": "joined", "seq": total, "recovered": true})
 	start := time.Now()
 	for seq := 1; seq <= total; seq++ {
-		h, p := c.next()
-		if h.OpCode == ws.OpPing {
+		f := c.next()
+		p := f.Data
+		if f.Op == ws.OpPing {
 			seq-- // the node's idle ping: this client only reads
 			continue
 		}
-		if h.OpCode != ws.OpText {
-			t.Fatalf("at seq %d: opcode %v %q", seq, h.OpCode, p)
+		if f.Op != ws.OpText {
+			t.Fatalf("at seq %d: opcode %v %q", seq, f.Op, p)
 		}
 		var m struct {
 			Op  string

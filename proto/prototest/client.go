@@ -111,28 +111,61 @@ func DialT(t testing.TB, url string, opt Options) *Client {
 	return c
 }
 
+// ReadFrame reads one server frame from rd, control frames included, for
+// tests that read a connection themselves (no reader goroutine): a close
+// frame comes with its code and reason; a masked frame is an error (a
+// server never masks).
+func ReadFrame(rd io.Reader) (Frame, error) {
+	h, err := ws.ReadHeader(rd)
+	if err != nil {
+		return Frame{}, err
+	}
+	p := make([]byte, h.Length)
+	if _, err := io.ReadFull(rd, p); err != nil {
+		return Frame{}, err
+	}
+	if h.Masked {
+		return Frame{}, errors.New("server frame is masked")
+	}
+	f := Frame{Op: h.OpCode, Size: ws.HeaderSize(h) + len(p), Data: p}
+	if h.OpCode == ws.OpClose && len(p) >= 2 {
+		f.Code = int(binary.BigEndian.Uint16(p))
+		f.Reason = string(p[2:])
+	}
+	return f, nil
+}
+
+// ReadText reads from rd up to the next text frame and returns its
+// payload, skipping other data and control frames; a close frame ends it
+// with an error naming the close. Safe off the test's goroutine.
+func ReadText(rd io.Reader) ([]byte, error) {
+	for {
+		f, err := ReadFrame(rd)
+		if err != nil {
+			return nil, err
+		}
+		switch f.Op {
+		case ws.OpText:
+			return f.Data, nil
+		case ws.OpClose:
+			return f.Data, fmt.Errorf("closed: %q", f.Data)
+		}
+	}
+}
+
 func (c *Client) read(rd *bufio.Reader) {
 	defer close(c.done)
 	defer close(c.frames)
 	defer c.conn.Close()
 	for {
 		_ = c.conn.SetReadDeadline(time.Now().Add(c.opt.ReadTimeout))
-		h, err := ws.ReadHeader(rd)
+		f, err := ReadFrame(rd)
 		if err != nil {
 			c.fail(err)
 			return
 		}
-		p := make([]byte, h.Length)
-		if _, err := io.ReadFull(rd, p); err != nil {
-			c.fail(err)
-			return
-		}
-		if h.Masked {
-			c.fail(errors.New("server frame is masked"))
-			return
-		}
-		f := Frame{Op: h.OpCode, Size: ws.HeaderSize(h) + len(p), Data: p}
-		switch h.OpCode {
+		p := f.Data
+		switch f.Op {
 		case ws.OpPing:
 			c.wmu.Lock()
 			_ = wsutil.WriteClientMessage(c.conn, ws.OpPong, p)
@@ -141,10 +174,6 @@ func (c *Client) read(rd *bufio.Reader) {
 		case ws.OpPong:
 			continue
 		case ws.OpClose:
-			if len(p) >= 2 {
-				f.Code = int(binary.BigEndian.Uint16(p))
-				f.Reason = string(p[2:])
-			}
 			c.mu.Lock()
 			c.closes = append(c.closes, f.Code)
 			c.mu.Unlock()
