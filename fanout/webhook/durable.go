@@ -375,7 +375,9 @@ func (d *Dispatcher) claim(t *target, st *dstate) {
 				continue
 			}
 			if !ok {
-				panic("BUG: webhook: a committed room does not exist")
+				d.log.Error("BUG: webhook: a committed room is not in the store", "app", t.id, "room", r.key)
+				st.forget(r)
+				continue
 			}
 			st.setID(r, id)
 		}
