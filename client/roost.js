@@ -103,6 +103,8 @@ export class Roost {
     this._idSeq = 0;
     this._requests = []; // history / presence requests
     this._outboxLoaded = false; // the stored outbox has been read (needs the storage scope)
+    this._slotHead = 0; // the stored outbox's slots in use: [head, tail)
+    this._slotTail = 0;
     this._restoreOutbox();
 
     if (o.connect !== false) this._schedule(0, () => this._connect());
@@ -602,11 +604,13 @@ export class Roost {
 
   // ---- the outbox in storage ----------------------------------------------
   //
-  // Each entry is its own key (its frame), and one index key lists the ids
-  // in publish order: a publish or an ack rewrites the index, never the
-  // other entries' bodies. The keys are scoped like positions (node, app,
-  // user), so a reload, the same user again, re-sends them under their ids
-  // and the node stores each once.
+  // Each entry is its own key, in a numbered slot (its frame), and one key
+  // holds the range of slots in use, "head,tail": a publish writes its
+  // slot and the tail, an ack removes its slot and moves the head past
+  // what is gone, so neither rewrites the other entries (a big outbox stays
+  // cheap). The keys are scoped like positions (node, app, user), so a
+  // reload, the same user again, re-sends them under their ids and the
+  // node stores each once.
 
   _outboxStorage() {
     if (!this._storage || !this.options.persistOutbox) return null;
@@ -621,38 +625,59 @@ export class Roost {
     return this._storageKey("#outbox") + suffix;
   }
 
-  _writeIndex(st) {
+  _writeRange(st) {
     try {
-      if (this._outbox.size) st.setItem(this._outboxKey(""), JSON.stringify([...this._outbox.keys()]));
-      else st.removeItem(this._outboxKey(""));
+      if (this._slotHead === this._slotTail) {
+        this._slotHead = this._slotTail = 0;
+        st.removeItem(this._outboxKey(""));
+      } else st.setItem(this._outboxKey(""), `${this._slotHead},${this._slotTail}`);
     } catch {
       // full or unavailable: the outbox then lives in the page only
     }
   }
 
-  _storeEntry(e) {
-    const st = this._outboxLoaded && this._outboxStorage();
-    if (!st) return;
+  // _slotEntry stores e in the next slot; false when storage is full.
+  _slotEntry(st, e) {
+    const slot = this._slotTail;
     try {
-      st.setItem(this._outboxKey(":" + e.id), e.frame);
+      st.setItem(this._outboxKey(":" + slot), e.frame);
     } catch (err) {
       // Full (sessionStorage holds about 5 MB): this entry lives in the
       // page only, and the app is told.
       this._emit("error", new RoostError("storage", `Roost: publish ${e.id} could not be stored (${err && err.name ? err.name : err}): a reload before its ack loses it`, { ref: e.id }));
-      return;
+      return false;
     }
-    this._writeIndex(st);
+    e.slot = slot;
+    this._slotTail = slot + 1;
+    return true;
+  }
+
+  _storeEntry(e) {
+    const st = this._outboxLoaded && this._outboxStorage();
+    if (st && this._slotEntry(st, e)) this._writeRange(st);
   }
 
   _unstoreEntry(e) {
+    if (e.slot === undefined) return;
     const st = this._outboxLoaded && this._outboxStorage();
     if (!st) return;
     try {
-      st.removeItem(this._outboxKey(":" + e.id));
+      st.removeItem(this._outboxKey(":" + e.slot));
     } catch {
       // unavailable
     }
-    this._writeIndex(st);
+    // The head is the oldest slot still held (entries are in slot order).
+    let head = this._slotTail;
+    for (const x of this._outbox.values()) {
+      if (x.slot !== undefined) {
+        head = x.slot;
+        break;
+      }
+    }
+    if (head !== this._slotHead) {
+      this._slotHead = head;
+      this._writeRange(st);
+    }
   }
 
   // _restoreOutbox reads what an earlier page of this tab left unacknowledged
@@ -668,36 +693,45 @@ export class Roost {
     this._outboxLoaded = true;
     const mine = [...this._outbox.values()];
     const restored = [];
+    this._slotHead = this._slotTail = 0;
     try {
-      const ids = JSON.parse(st.getItem(this._outboxKey("")) || "[]");
-      for (const id of Array.isArray(ids) ? ids : []) {
-        if (typeof id !== "string" || this._outbox.has(id)) continue;
-        const frame = st.getItem(this._outboxKey(":" + id));
-        if (!frame) continue;
+      const m = /^(\d+),(\d+)$/.exec(st.getItem(this._outboxKey("")) || "");
+      const head = m ? Number(m[1]) : 0;
+      const tail = m ? Number(m[2]) : 0;
+      const seen = new Set();
+      for (let slot = head; slot < tail; slot++) {
+        const frame = st.getItem(this._outboxKey(":" + slot));
+        if (!frame) continue; // acknowledged
         let f;
         try {
           f = JSON.parse(frame);
         } catch {
+          f = null;
+        }
+        if (!f || f.op !== "pub" || typeof f.id !== "string" || typeof f.room !== "string" || seen.has(f.id) || this._outbox.has(f.id)) {
+          st.removeItem(this._outboxKey(":" + slot));
           continue;
         }
-        if (!f || f.op !== "pub" || f.id !== id || typeof f.room !== "string") continue;
-        restored.push({ id, room: f.room, body: f.body, frame, sent: false, tries: 0, timer: null, restored: true, promise: null });
+        seen.add(f.id);
+        restored.push({ id: f.id, room: f.room, body: f.body, frame, sent: false, tries: 0, timer: null, restored: true, promise: null, slot });
+      }
+      if (restored.length) {
+        this._slotHead = restored[0].slot;
+        this._slotTail = tail;
       }
     } catch {
       // unreadable: nothing to restore
     }
-    if (!restored.length && !mine.length) return;
+    if (!restored.length && !mine.length) {
+      this._writeRange(st);
+      return;
+    }
     this._outbox.clear();
     for (const e of restored) this._outbox.set(e.id, e);
     for (const e of mine) this._outbox.set(e.id, e);
-    for (const e of mine) {
-      try {
-        st.setItem(this._outboxKey(":" + e.id), e.frame);
-      } catch {
-        // full
-      }
-    }
-    this._writeIndex(st);
+    if (!restored.length) this._slotHead = this._slotTail;
+    for (const e of mine) this._slotEntry(st, e);
+    this._writeRange(st);
     if (restored.length) {
       this._pump();
       this._emit("outbox", this.outbox);

@@ -341,7 +341,7 @@ test("persistOutbox:false keeps the outbox in the page; token mode stores it onc
   assert.deepEqual([...store2.m.keys()], [], "the scope is unknown before the first token");
   await env2.clock.advance(0);
   assert.equal(calls, 1);
-  assert.ok([...store2.m.keys()].some((k) => k.includes(":a1/bob:#outbox:e-1")), [...store2.m.keys()].join(" "));
+  assert.ok([...store2.m.keys()].some((k) => k.includes(":a1/bob:#outbox:0") && JSON.parse(store2.m.get(k)).id === "e-1"), [...store2.m.keys()].join(" "));
   const env3 = setup({ storage: store2, options: { user: undefined, token: async () => token } });
   assert.equal(env3.client.outbox.length, 0, "restored only once the token is known");
   await env3.clock.advance(0);
@@ -351,6 +351,36 @@ test("persistOutbox:false keeps the outbox in the page; token mode stores it onc
   const env4 = setup({ storage: store2, options: { user: undefined, token: async () => other } });
   await env4.clock.advance(0);
   assert.equal(env4.client.outbox.length, 0);
+});
+
+test("the stored outbox costs a publish or an ack a constant amount of writing, whatever its size; acks out of order restore what is left", async () => {
+  const store = storage();
+  let written = 0;
+  let writes = 0;
+  const counting = { ...store, setItem: (k, v) => { writes++; written += k.length + String(v).length; store.setItem(k, v); } };
+  const env = setup({ storage: counting });
+  const ws = await openWith(env);
+  ws.serverClose(1006); // offline: everything waits
+  for (let i = 0; i < 2000; i++) env.client.publish("r", i, { id: `k${i}` }).catch(() => {});
+  assert.equal(writes, 4000, "two writes a publish: its slot and the range");
+  assert.ok(written < 2000 * 200, `${written} bytes written for 2000 small publishes`);
+  await env.clock.advance(1000);
+  const ws2 = env.WS.last();
+  ws2.open();
+  const before = writes;
+  // Acked out of order: all but k0, k2 and k1999.
+  for (let i = 1; i < 1999; i++) if (i !== 2) ws2.recv({ op: "ack", id: `k${i}`, room: "r", seq: i });
+  assert.ok(writes - before <= 2, `${writes - before} writes for 1997 acks behind an unacked head`);
+  const env2 = setup({ storage: store });
+  assert.deepEqual(env2.client.outbox.map((e) => e.id), ["k0", "k2", "k1999"]);
+  const ws3 = await openWith(env2);
+  ws3.recv({ op: "ack", id: "k0", room: "r", seq: 0 });
+  ws3.recv({ op: "ack", id: "k2", room: "r", seq: 2 });
+  env2.client.publish("r", "new", { id: "k-new" });
+  const env3 = setup({ storage: store });
+  assert.deepEqual(env3.client.outbox.map((e) => e.id), ["k1999", "k-new"]);
+  const range = [...store.m.entries()].find(([k]) => k.endsWith("#outbox"));
+  assert.deepEqual(range[1], "1999,2001");
 });
 
 test("an outbox entry storage cannot hold is still sent, and the app is told it will not outlive a reload", async () => {
