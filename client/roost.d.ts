@@ -182,6 +182,8 @@ export interface RoostOptions {
    * WebSocket cannot be opened but the node answers over HTTP.
    */
   sse?: boolean;
+  /** "auto" (default): WebSocket, and the SSE fallback if sse is true; "sse": listen-only, always over SSE. */
+  transport?: "auto" | "sse";
   /** false: do not connect until connect() is called. */
   connect?: boolean;
   backoffMin?: number;

@@ -43,6 +43,7 @@ const defaults = {
   refreshMargin: 5000, // ms before expiry by which a token refresh must have been sent
   persistOutbox: true, // keep unacknowledged publishes in storage too, so a reload re-sends them
   sse: false, // allow the listen-only Server-Sent Events fallback
+  transport: "auto", // "auto": WebSocket (and the SSE fallback if allowed); "sse": listen-only, always SSE
   sseAfter: 2, // consecutive WebSocket failures with HTTP reachable before falling back
   wsProbeInterval: 30000, // ms, jittered: how often an SSE client tries WebSocket again
 };
@@ -177,6 +178,12 @@ export class Roost {
   async _connect(probe = false) {
     if (this._closed) return;
     if (!probe) this._setState(this._everOpened ? "reconnecting" : "connecting");
+    if (this.options.transport === "sse") {
+      // Listen-only by the app's choice: never a WebSocket.
+      if (this._EventSource) this._openSSE();
+      else this._stop(new RoostError("unsupported", "Roost: transport \"sse\" needs EventSource, which this environment lacks"));
+      return;
+    }
     if (!this._WebSocket) {
       if (this.options.sse && this._EventSource) this._openSSE();
       else this._stop(new RoostError("unsupported", "Roost: this environment has no WebSocket (and the SSE fallback is not allowed or not available)"));
@@ -955,6 +962,7 @@ export class Roost {
   }
 
   _scheduleProbe() {
+    if (this.options.transport === "sse") return;
     const base = this.options.wsProbeInterval;
     this._schedule(Math.round(base / 2 + this._random() * base), () => {
       if (this._es && !this._ws) this._connect(true);

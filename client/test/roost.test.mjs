@@ -708,6 +708,29 @@ test("once SSE has served, one blocked WebSocket sends the client back to SSE, r
   assert.equal(env.client.transport, "sse");
 });
 
+test("transport: \"sse\" listens over SSE only: no WebSocket, no probe; a stream the browser gave up on is reopened after the backoff", async () => {
+  const env = setup({ options: { transport: "sse" } });
+  const got = [];
+  env.client.room("a", { onMessage: (m) => got.push(m.seq) });
+  await env.clock.advance(0);
+  assert.equal(env.WS.all.length, 0);
+  const es = env.ES.last();
+  es.open();
+  assert.equal(env.client.transport, "sse");
+  es.event("joined", { room: "a", seq: 0, epoch: "E" });
+  es.event("msg", msg("a", 1));
+  assert.deepEqual(env.clock.pending(), [], "no WebSocket probe");
+  es.fail(true);
+  await env.clock.advance(1000);
+  assert.equal(env.WS.all.length, 0);
+  const es2 = env.ES.last();
+  assert.notEqual(es2, es);
+  assert.equal(es2.query.get("since"), "a:1");
+  es2.open();
+  es2.event("msg", msg("a", 2));
+  assert.deepEqual(got, [1, 2]);
+});
+
 test("a seq gap the node did not announce is never delivered past: the client resumes", async () => {
   const env = setup();
   const got = [];
