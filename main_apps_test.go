@@ -71,9 +71,10 @@ func appCommands(t *testing.T, reg ...string) {
 		t.Fatalf("list: %v %+v", err, views)
 	}
 
-	set := mustRoost(t, with("app", "set", "chat", "--pub-rate", "3.5", "--max-conns", "default", "--keep-age", "24h", "--keep-count", "100", "--max-rooms", "0")...)
+	set := mustRoost(t, with("app", "set", "chat", "--pub-rate", "3.5", "--max-conns", "default", "--keep-age", "24h", "--keep-count", "100", "--max-rooms", "0", "--max-presence", "7")...)
 	var v appView
-	if err := json.Unmarshal([]byte(set), &v); err != nil || v.Limits.MaxConns != nil || *v.Limits.PubRate != 3.5 || *v.Limits.MaxRooms != 0 || v.KeepAge != "24h0m0s" || v.KeepCount != 100 {
+	if err := json.Unmarshal([]byte(set), &v); err != nil || v.Limits.MaxConns != nil || *v.Limits.PubRate != 3.5 || *v.Limits.MaxRooms != 0 || v.KeepAge != "24h0m0s" || v.KeepCount != 100 ||
+		*v.Limits.MaxPresence != 7 {
 		t.Fatalf("set: %v %s", err, set)
 	}
 	if code, _, errs := roost(t, with("app", "set", "chat", "--pub-rate", "fast")...); code != 2 || !strings.Contains(errs, "invalid --pub-rate") {

@@ -48,6 +48,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if args[0] == "proxy-backend" {
 		return proxyBackend(args[1:], stdout, stderr)
 	}
+	if args[0] == "presence" {
+		return presenceBench(args[1:], stdout, stderr)
+	}
 	worker := false
 	if args[0] == workerArg {
 		worker = true
@@ -205,6 +208,7 @@ func listScenarios(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", s.name, s.summary)
 	}
 	fmt.Fprintln(w, "tools:")
+	fmt.Fprintf(w, "  %-9s %s\n", "presence", "users moving between rooms: node CPU and Redis commands per presence join+leave (roost bench presence -h)")
 	fmt.Fprintf(w, "  %-9s %s\n", "proxy-backend", "an app backend for the proxy hooks: allows every call after --delay (prints its URL; stops after --for)")
 }
 

@@ -410,6 +410,38 @@ func TestMessageSizeAndRoomLimits(t *testing.T) {
 	}
 }
 
+// An app's max_presence (roost app set --max-presence) bounds the
+// presence subscribers of each of its rooms on the node; the refusal says
+// why, the same join without presence is accepted, and it is counted.
+func TestAppPresenceLimit(t *testing.T) {
+	n := secureNode(t, nil, limited(proto.AppLimits{MaxPresence: i64(1)}), proto.App{ID: "b", Secret: secretB})
+	a1 := n.dialQuery(t, "token="+tok(secretA, "a", "alice", time.Now().Add(time.Hour)))
+	a1.send(`{"op":"join","room":"r","presence":true}`)
+	a1.expect(map[string]any{"op": "joined", "room": "r"})
+	a2 := n.dialQuery(t, "token="+tok(secretA, "a", "bob", time.Now().Add(time.Hour)))
+	a2.send(`{"op":"join","room":"r","presence":true}`)
+	a2.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "r",
+		"message": "presence subscriber limit of this room reached: join without presence"})
+	a2.send(`{"op":"join","room":"r"}`)
+	a2.expect(map[string]any{"op": "joined", "room": "r"})
+	// Another app's room of the same name has the node's default.
+	b := n.dialQuery(t, "token="+tok(secretB, "b", "carol", time.Now().Add(time.Hour)))
+	b.send(`{"op":"join","room":"r","presence":true}`)
+	b.expect(map[string]any{"op": "joined", "room": "r"})
+	if got := refusedOf(n.srv, "a", RefusedPresenceLimit); got != 1 {
+		t.Fatalf("presence_limit refusals %d", got)
+	}
+	// The subscriber's leave frees its place.
+	a1.send(`{"op":"leave","room":"r"}`)
+	a1.expect(map[string]any{"op": "left"})
+	checkFor(t, 5*time.Second, func() bool {
+		a2.send(`{"op":"leave","room":"r"}`)
+		a2.expect(map[string]any{"op": "left"})
+		a2.send(`{"op":"join","room":"r","presence":true}`)
+		return a2.recv()["op"] == "joined"
+	})
+}
+
 // The publish limit check is allocation-free: the allowed path, and the
 // bucket of a refusal.
 func TestAdmitPubAllocationFree(t *testing.T) {
