@@ -18,8 +18,9 @@ type subscriber interface {
 // loop's Loop). Every method may be called from any goroutine and must not
 // block: it posts to the loop.
 type loopSet interface {
-	// deliver hands one message of room key to loop.
-	deliver(loop int, key string, seq uint64, frame []byte)
+	// deliver hands one message of room key to loop, with its SSE event
+	// when the node has SSE members in the room (nil otherwise).
+	deliver(loop int, key string, seq uint64, frame, sse []byte)
 	// subscribed tells loop that the node's subscription to key is active
 	// (err == nil) or failed.
 	subscribed(loop int, key string, err error)
@@ -50,13 +51,19 @@ type hub struct {
 type hubShard struct {
 	mu    sync.RWMutex
 	rooms map[string]*hubRoom
-	_     [24]byte // keep shards on separate cache lines
+	// arena holds the SSE events of the shard's rooms, built by whichever
+	// goroutine delivers (a publish worker, a broker reader), under
+	// arenaMu; nil until a room of the shard has SSE members.
+	arenaMu sync.Mutex
+	arena   *Arena
+	_       [8]byte // keep shards on separate cache lines
 }
 
 type hubRoom struct {
 	loops   uint64 // loops holding the room
 	active  bool   // subscription confirmed
 	waiting uint64 // loops waiting for the subscription
+	sse     int32  // live SSE members on all loops
 }
 
 // newHub returns a hub for nloops loops.
@@ -166,16 +173,39 @@ func (h *hub) OnMessage(key string, seq uint64, frame []byte) {
 	s.mu.RLock()
 	r := s.rooms[key]
 	var loops uint64
+	var sse bool
 	if r != nil {
-		loops = r.loops
+		loops, sse = r.loops, r.sse > 0
 	}
 	s.mu.RUnlock()
+	var event []byte
+	if sse {
+		// Once per message for the whole node, as the frame: every loop's
+		// SSE members share it.
+		s.arenaMu.Lock()
+		if s.arena == nil {
+			s.arena = NewArena(16 << 10)
+		}
+		event = buildSSEEvent(s.arena, key, seq, frame)
+		s.arenaMu.Unlock()
+	}
 	for i := 0; loops != 0; i++ {
 		if loops&1 != 0 {
-			h.loops.deliver(i, key, seq, frame)
+			h.loops.deliver(i, key, seq, frame, event)
 		}
 		loops >>= 1
 	}
+}
+
+// sseMembers adds delta to the room's count of live SSE members (a loop's
+// member went live or left). Any goroutine.
+func (h *hub) sseMembers(key string, delta int32) {
+	s := h.shard(key)
+	s.mu.Lock()
+	if r := s.rooms[key]; r != nil {
+		r.sse += delta
+	}
+	s.mu.Unlock()
 }
 
 // OnReset tells every loop to check its rooms for gaps (pubsub.Handler).

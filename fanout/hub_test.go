@@ -11,7 +11,7 @@ type recLoops struct {
 	told      map[int]int
 }
 
-func (r *recLoops) deliver(l int, _ string, _ uint64, _ []byte) {
+func (r *recLoops) deliver(l int, _ string, _ uint64, _, _ []byte) {
 	r.mu.Lock()
 	r.delivered[l]++
 	r.mu.Unlock()

@@ -126,6 +126,7 @@ type Event struct {
 	upto   uint64 // evRepair: every seq up to this was asked for
 	cursor uint64 // evReplay: everything up to this has been read
 	frame  []byte
+	sse    []byte // evDeliver: the message's SSE event, built by the hub when the node has SSE members in the room
 	held   []Held
 	room   *Room
 	member *Member
@@ -136,7 +137,9 @@ type Event struct {
 func (t *Table) Run(ev *Event) {
 	switch ev.kind {
 	case evDeliver:
-		t.Deliver(ev.key, ev.seq, ev.frame)
+		if r := t.rooms[ev.key]; r != nil {
+			t.deliver(r, ev.seq, ev.frame, ev.sse)
+		}
 	case evSubscribed:
 		t.subscribed(ev.key, ev.err)
 	case evRoomSeq:
@@ -422,7 +425,7 @@ var _ persist.Sink = (*Node)(nil)
 
 // deliver, subscribed and reset are how the hub reaches the loops.
 
-func (n *Node) deliver(i int, key string, seq uint64, frame []byte) {
+func (n *Node) deliver(i int, key string, seq uint64, frame, sse []byte) {
 	if i == 0 && seq%64 == 0 {
 		// Sampled: a message reaches each holding loop, so measure on
 		// loop 0's copy only, one message in 64.
@@ -430,7 +433,7 @@ func (n *Node) deliver(i int, key string, seq uint64, frame []byte) {
 			n.Stats.DeliveryLag.Observe(float64(time.Now().UnixMilli()-ts) / 1000)
 		}
 	}
-	n.tables[i].Load().loop.Post(Event{kind: evDeliver, key: key, seq: seq, frame: frame})
+	n.tables[i].Load().loop.Post(Event{kind: evDeliver, key: key, seq: seq, frame: frame, sse: sse})
 }
 
 func (n *Node) subscribed(i int, key string, err error) {

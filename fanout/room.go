@@ -478,7 +478,7 @@ func (t *Table) activate(r *Room, seq uint64, epoch string, err error) {
 	held := r.held
 	r.held = nil
 	for _, h := range held {
-		t.deliver(r, h.Seq, h.Frame)
+		t.deliver(r, h.Seq, h.Frame, nil)
 	}
 	joiners := r.joiners
 	r.joiners = nil
@@ -502,14 +502,18 @@ func (t *Table) Room(key string) *Room { return t.rooms[key] }
 // order (the broker's delivery, run on the loop). Loop only.
 func (t *Table) Deliver(key string, seq uint64, frame []byte) {
 	if r := t.rooms[key]; r != nil {
-		t.deliver(r, seq, frame)
+		t.deliver(r, seq, frame, nil)
 	}
 }
 
 // deliver fans one message out to a room's members, in seq order: a
 // duplicate is dropped, a message ahead of a missing seq is held until the
 // gap is filled (by the broker or, after GapWindow, from the store).
-func (t *Table) deliver(r *Room, seq uint64, frame []byte) {
+//
+// event is the message's SSE event when the hub built it for the node's
+// SSE members (sseEvent), nil otherwise: a held message, one read from the
+// store, or a room without SSE members when the hub saw it.
+func (t *Table) deliver(r *Room, seq uint64, frame, event []byte) {
 	if !r.active {
 		r.held = insertHeld(r.held, seq, frame)
 		return
@@ -519,7 +523,7 @@ func (t *Table) deliver(r *Room, seq uint64, frame []byte) {
 	}
 	if seq == r.last+1 && len(r.held) == 0 {
 		// Fast path: in order, nothing held.
-		t.fan(r, seq, frame)
+		t.fan(r, seq, frame, event)
 		r.last = seq
 		if len(r.joiners) > 0 {
 			t.promoteAhead(r)
@@ -566,7 +570,7 @@ func (t *Table) releaseHeld(r *Room) {
 		if h.Seq != r.last+1 {
 			break
 		}
-		t.fan(r, h.Seq, h.Frame)
+		t.fan(r, h.Seq, h.Frame, nil)
 		r.last = h.Seq
 		if len(r.joiners) > 0 {
 			t.promoteAhead(r)
@@ -655,7 +659,7 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 	}
 	r.repairing = false
 	for _, h := range held {
-		t.deliver(r, h.Seq, h.Frame)
+		t.deliver(r, h.Seq, h.Frame, nil)
 	}
 	if err != nil {
 		if tail {

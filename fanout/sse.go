@@ -8,12 +8,12 @@ import (
 
 // An SSE member receives the room's messages as Server-Sent Events rather
 // than WebSocket frames. The event of a message ("event: msg", "data:" the
-// frame's JSON) is built once per message by each loop with SSE members in
-// the room, from the shared frame, and shared by all of them like the
-// frame; it is not built at all for a room without SSE members. Only the
-// id line after each event is the member's own: its position in every
-// room, written into a buffer the member reuses, so steady delivery
-// allocates nothing.
+// frame's JSON) is built once per message for the node, by the hub, from
+// the shared frame, and shared by every SSE member like the frame; it is
+// not built at all for a room without SSE members. Only a member of
+// several rooms has bytes of its own: the id line after each event, its
+// position in every room, written into a buffer the member reuses, so
+// steady delivery allocates nothing.
 
 // ssePos is an SSE member's position in one of its rooms: the newest seq
 // it has been sent there (has: known; a room not joined yet and not
@@ -105,19 +105,38 @@ func (s *sseMember) appendID(dst []byte) []byte {
 // the whole event, one slice, as WebSocket members take the frame. A
 // member of several rooms takes the event's first evLen bytes (without
 // that line) and its own id line after them.
+//
+// The hub builds it for messages from the broker, once for the whole node
+// (Event.sse); a loop builds its own only for what it delivers otherwise
+// (held, read from the store) or when the hub did not know of its SSE
+// members yet.
 func (t *Table) sseEvent(r *Room, seq uint64, frame []byte) (event []byte, evLen int) {
+	event = buildSSEEvent(t.arena, r.key, seq, frame)
+	return event, len(event) - sseIDLen(r, seq)
+}
+
+// buildSSEEvent builds the event of the message frame of room key in a.
+func buildSSEEvent(a *Arena, key string, seq uint64, frame []byte) []byte {
 	payload, _ := proto.ServerFramePayload(frame)
-	room := roomName(r.key)
-	a := t.arena
+	room := roomName(key)
 	b := a.Space(proto.SSEEventLen("msg", len(payload), 0) + len("id: :\n\n") + len(room) + 20)
 	b = proto.AppendSSEEvent(b, "msg", payload)
-	evLen = len(b)
 	b = append(b, "id: "...)
 	b = append(b, room...)
 	b = append(b, ':')
 	b = strconv.AppendUint(b, seq, 10)
 	b = append(b, "\n\n"...)
-	return a.Keep(b), evLen
+	return a.Keep(b)
+}
+
+// sseIDLen is the length of the id line an event of r's seq ends with.
+func sseIDLen(r *Room, seq uint64) int {
+	n := 1
+	for v := seq; v >= 10; v /= 10 {
+		n++
+	}
+	_, room := proto.SplitKey(r.key)
+	return len("id: :\n\n") + len(room) + n
 }
 
 // enqueueSSE queues a message's shared event for an SSE member with its

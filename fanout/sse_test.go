@@ -34,8 +34,8 @@ func TestSSEFanSharesEventPerMessage(t *testing.T) {
 		tb.join(b, m)
 	}
 	fa, fb := msgFrame("a", 41), msgFrame("b:x", 7)
-	tb.fan(a, 41, fa)
-	tb.fan(b, 7, fb)
+	tb.fan(a, 41, fa, nil)
+	tb.fan(b, 7, fb, nil)
 	for _, m := range ws {
 		if p := m.Pending(); len(p) != 2 || &p[0][0] != &fa[0] || &p[1][0] != &fb[0] {
 			t.Fatalf("websocket member: %q", p)
@@ -72,7 +72,7 @@ func TestSSEOneRoomMembersShareTheWholeEvent(t *testing.T) {
 		tb.join(r, m)
 	}
 	f := msgFrame("lobby", 9)
-	tb.fan(r, 9, f)
+	tb.fan(r, 9, f, nil)
 	payload, _ := proto.ServerFramePayload(f)
 	want := "event: msg\ndata: " + strings.Replace(string(payload), "\n", "\ndata: ", 1) + "\nid: lobby:9\n\n"
 	for _, m := range ss {
@@ -104,7 +104,7 @@ func TestSSEDeliverAllocationFree(t *testing.T) {
 	round := func() {
 		for i := 0; i < 5; i++ {
 			seq++
-			tb.fan(r, seq, frame)
+			tb.fan(r, seq, frame, nil)
 		}
 		for _, m := range tb.TakeDirty() {
 			tb.Flushed(m)
@@ -128,11 +128,59 @@ func BenchmarkDeliverSSE300(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		tb.fan(r, uint64(i+1), frame)
+		tb.fan(r, uint64(i+1), frame, nil)
 		if i%32 == 31 {
 			for _, m := range tb.TakeDirty() {
 				tb.Flushed(m)
 			}
 		}
+	}
+}
+
+type sseRecLoops struct{ events map[int][]byte }
+
+func (r *sseRecLoops) deliver(l int, _ string, _ uint64, _, sse []byte) { r.events[l] = sse }
+func (r *sseRecLoops) subscribed(int, string, error)                    {}
+func (r *sseRecLoops) reset(int)                                        {}
+
+// The hub builds a message's SSE event once for the node, only while the
+// room has SSE members, and every loop holding the room gets the same
+// bytes.
+func TestHubBuildsSSEEventOncePerNode(t *testing.T) {
+	loops := &sseRecLoops{events: map[int][]byte{}}
+	sub := &recSub{}
+	h := newHub(loops, 3)
+	h.sub = sub
+	h.join("a/r", 0)
+	h.join("a/r", 2)
+	sub.pending[0](nil)
+	f := msgFrame("r", 5)
+	h.OnMessage("a/r", 5, f)
+	if loops.events[0] != nil || loops.events[2] != nil {
+		t.Fatal("an SSE event built for a room without SSE members")
+	}
+	h.sseMembers("a/r", 1)
+	h.OnMessage("a/r", 5, f)
+	e0, e2 := loops.events[0], loops.events[2]
+	if e0 == nil || &e0[0] != &e2[0] || !strings.HasSuffix(string(e0), "\nid: r:5\n\n") || !strings.HasPrefix(string(e0), "event: msg\ndata: {") {
+		t.Fatalf("events %q %q", e0, e2)
+	}
+	tb := newTable(1<<20, 1<<20)
+	r := tb.add([]byte("a/r"))
+	one := sseMembers(1, "a/r")[0]
+	two := sseMembers(1, "a/r", "a/other")[0]
+	tb.join(r, one)
+	tb.join(r, two)
+	tb.fan(r, 5, f, e0)
+	if p := one.Pending(); len(p) != 1 || &p[0][0] != &e0[0] || len(p[0]) != len(e0) {
+		t.Fatalf("one-room member: %q", p)
+	}
+	if p := two.Pending(); len(p) != 2 || &p[0][0] != &e0[0] || string(p[0])+"id: r:5\n\n" != string(e0) || string(p[1]) != "id: r:5\n\n" {
+		t.Fatalf("two-room member: %q", p)
+	}
+	h.sseMembers("a/r", -1)
+	h.OnMessage("a/r", 6, msgFrame("r", 6))
+	if loops.events[0] != nil {
+		t.Fatal("an SSE event built after the last SSE member left")
 	}
 }

@@ -161,6 +161,9 @@ func (t *Table) Len() int { return len(t.rooms) }
 func (t *Table) join(r *Room, m *Member) {
 	m.slots = append(m.slots, slot{room: r, pos: int32(len(r.members))})
 	r.members = append(r.members, m)
+	if m.sse != nil && t.node != nil {
+		t.node.hub.sseMembers(r.key, 1) // so that the hub builds its events
+	}
 }
 
 // leave removes m from r and reports whether r has no live members left.
@@ -193,6 +196,9 @@ func (t *Table) leave(r *Room, m *Member) (empty bool) {
 		}
 		m.slots[i] = m.slots[len(m.slots)-1]
 		m.slots = m.slots[:len(m.slots)-1]
+		if m.sse != nil && t.node != nil {
+			t.node.hub.sseMembers(r.key, -1)
+		}
 		break
 	}
 	if len(r.members) == 0 && cap(r.members) > 64 {
@@ -231,9 +237,11 @@ func (t *Table) leaveAll(m *Member) {
 // Fast path: one append of a slice header per member; no allocation once
 // the freelists are warm. SSE members share one event, built only when
 // the room has one (sse.go).
-func (t *Table) fan(r *Room, seq uint64, frame []byte) {
-	var event []byte
+func (t *Table) fan(r *Room, seq uint64, frame, event []byte) {
 	evLen := 0
+	if event != nil {
+		evLen = len(event) - sseIDLen(r, seq)
+	}
 	for _, m := range r.members {
 		if m.sse == nil {
 			t.Enqueue(m, frame)

@@ -37,8 +37,8 @@ func TestJoinLeaveKeepsPositions(t *testing.T) {
 	for i := 1; i < 50; i += 4 {
 		tb.leave(b, ms[i])
 	}
-	tb.fan(a, 0, []byte("A"))
-	tb.fan(b, 0, []byte("B"))
+	tb.fan(a, 0, []byte("A"), nil)
+	tb.fan(b, 0, []byte("B"), nil)
 	for i, m := range ms {
 		want := ""
 		if i%3 != 0 {
@@ -74,14 +74,14 @@ func TestOutboundLimitMarksSlowOnce(t *testing.T) {
 	tb.join(r, slow)
 	frame := make([]byte, 100)
 	for i := 0; i < 9; i++ {
-		tb.fan(r, 0, frame)
+		tb.fan(r, 0, frame, nil)
 		tb.Flushed(fast) // fast drains, slow does not
 	}
 	if tb.HasSlow() {
 		t.Fatal("slow before the limit")
 	}
 	slow.Backlog = 200 // the transport still holds some: counts too
-	tb.fan(r, 0, frame)
+	tb.fan(r, 0, frame, nil)
 	if len(tb.slow) != 1 || tb.slow[0] != slow || !slow.Slow() {
 		t.Fatalf("want slow member reported once, got %d", len(tb.slow))
 	}
@@ -89,7 +89,7 @@ func TestOutboundLimitMarksSlowOnce(t *testing.T) {
 	if o := slow.Owner.(*testOwner); o.resyncs != 1 || slow.PendingBytes() != 0 {
 		t.Fatalf("slow member: resyncs %d, pending %d after CloseSlow", o.resyncs, slow.PendingBytes())
 	}
-	tb.fan(r, 0, frame)
+	tb.fan(r, 0, frame, nil)
 	if tb.HasSlow() || slow.PendingBytes() != 0 {
 		t.Fatalf("a slow member gets nothing more: slow=%v pending=%d", tb.HasSlow(), slow.PendingBytes())
 	}
@@ -104,7 +104,7 @@ func TestPendingGrowsThroughClasses(t *testing.T) {
 	m := &Member{}
 	tb.join(r, m)
 	for i := 0; i < 5000; i++ {
-		tb.fan(r, 0, []byte{byte(i)})
+		tb.fan(r, 0, []byte{byte(i)}, nil)
 	}
 	p := m.Pending()
 	if len(p) != 5000 {
@@ -126,11 +126,11 @@ func TestUrgentPastFlushAt(t *testing.T) {
 	r := tb.add([]byte("app/r"))
 	m := &Member{}
 	tb.join(r, m)
-	tb.fan(r, 0, make([]byte, 200))
+	tb.fan(r, 0, make([]byte, 200), nil)
 	if len(tb.TakeUrgent()) != 0 {
 		t.Fatal("urgent too early")
 	}
-	tb.fan(r, 0, make([]byte, 200))
+	tb.fan(r, 0, make([]byte, 200), nil)
 	if u := tb.TakeUrgent(); len(u) != 1 || u[0] != m {
 		t.Fatal("want member urgent past flushAt")
 	}
@@ -165,7 +165,7 @@ func TestDeliverAllocationFree(t *testing.T) {
 	frame := make([]byte, 180)
 	round := func() {
 		for i := 0; i < 5; i++ {
-			tb.fan(r, 0, frame)
+			tb.fan(r, 0, frame, nil)
 		}
 		for _, m := range tb.TakeDirty() {
 			tb.Flushed(m)
@@ -190,7 +190,7 @@ func BenchmarkDeliver300(b *testing.B) {
 	b.SetBytes(int64(len(frame)) * 300)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		tb.fan(r, 0, frame)
+		tb.fan(r, 0, frame, nil)
 		if i%32 == 31 { // a flush tick every 32 messages
 			for _, m := range tb.TakeDirty() {
 				tb.Flushed(m)
@@ -216,7 +216,7 @@ func BenchmarkHubOnMessage(b *testing.B) {
 
 type nopLoops struct{}
 
-func (nopLoops) deliver(int, string, uint64, []byte) {}
+func (nopLoops) deliver(int, string, uint64, []byte, []byte) {}
 func (nopLoops) subscribed(int, string, error)       {}
 func (nopLoops) reset(int)                           {}
 
