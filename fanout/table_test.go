@@ -217,8 +217,8 @@ func BenchmarkHubOnMessage(b *testing.B) {
 type nopLoops struct{}
 
 func (nopLoops) deliver(int, string, uint64, []byte, []byte) {}
-func (nopLoops) subscribed(int, string, error)       {}
-func (nopLoops) reset(int)                           {}
+func (nopLoops) subscribed(int, string, error)               {}
+func (nopLoops) reset(int)                                   {}
 
 type nopSub struct{}
 
