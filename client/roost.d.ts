@@ -83,7 +83,7 @@ export interface RoomOptions<Body = unknown> {
    * left unacknowledged (restored: true), which have no promise.
    */
   onAck?(ack: AckEvent<Body>): void;
-  /** A publish to this room was refused for good (or given up by close()). */
+  /** A publish to this room was refused for good (or discarded by close({discardOutbox: true})). */
   onNack?(nack: NackEvent<Body>): void;
   /** Each join's answer. */
   onJoined?(info: { room: string; seq: number; epoch?: string; recovered?: boolean }): void;
@@ -237,7 +237,12 @@ export declare class Roost {
   on<E extends keyof RoostEvents>(event: E, fn: (arg: RoostEvents[E]) => void): () => void;
   off<E extends keyof RoostEvents>(event: E, fn: (arg: RoostEvents[E]) => void): void;
   connect(): void;
-  close(): void;
+  /**
+   * Close for good: pending promises reject with code "closed". The stored
+   * outbox stays for the next page of the tab to re-send; discardOutbox:
+   * true forgets it (each entry then a nack).
+   */
+  close(opts?: { discardOutbox?: boolean }): void;
 }
 
 /** A Storage-like object in memory. */

@@ -168,9 +168,14 @@ export class Roost {
     this._connect();
   }
 
-  /** Close for good: pending publishes and requests are rejected with code "closed". */
-  close() {
-    this._stop(null);
+  /**
+   * Close for good: the promises of pending publishes and requests reject
+   * with code "closed". The stored outbox stays for the next page of the
+   * tab to re-send (a close on pagehide loses nothing), unless
+   * discardOutbox: true forgets it (a logout).
+   */
+  close({ discardOutbox = false } = {}) {
+    this._stop(null, discardOutbox);
   }
 
   // ---- connection -------------------------------------------------------
@@ -441,7 +446,7 @@ export class Roost {
     this._emit("reconnect", { wait, attempt: this._attempt, why });
   }
 
-  _stop(err) {
+  _stop(err, discardOutbox = false) {
     if (this._closed) return;
     this._closed = true;
     this.error = err;
@@ -459,11 +464,20 @@ export class Roost {
     this._closeSSE();
     this._transport = null;
     const reason = err || new RoostError("closed", "Roost: the client was closed");
-    // A closed client gives its publishes up (and forgets them in storage):
-    // their promises say they may not be stored. A page that just goes away
-    // (reload, navigation) keeps them for the next page.
+    // The promises settle (this client will not re-send), saying the
+    // publish may not be stored; the stored entries stay for the next page
+    // of the tab, which re-sends them under their ids, unless the app
+    // discards them: then each is a nack.
     const n = this._outbox.size;
-    for (const e of [...this._outbox.values()]) this._settle(e, null, reason, false);
+    const entries = [...this._outbox.values()];
+    if (discardOutbox) for (const e of entries) this._settle(e, null, reason, false);
+    else {
+      this._outbox.clear();
+      for (const e of entries) {
+        this._clearEntryTimer(e);
+        if (e.reject) e.reject(reason);
+      }
+    }
     this._inFlight = 0;
     if (n) this._emit("outbox", []);
     for (const q of this._requests.splice(0)) {

@@ -310,7 +310,7 @@ test("the outbox outlives a reload: the next page re-sends every unacknowledged 
   assert.equal(env3.client.outbox.length, 0);
 });
 
-test("a stored outbox entry refused for good is forgotten and reported (nack); close() gives the outbox up", async () => {
+test("a stored outbox entry refused for good is forgotten and reported (nack); close() leaves the rest to the next page, close({discardOutbox}) forgets it", async () => {
   const store = storage();
   const env = setup({ storage: store });
   env.client.publish("r", "x", { id: "bad" }).catch(() => {});
@@ -322,9 +322,18 @@ test("a stored outbox entry refused for good is forgotten and reported (nack); c
   ws.recv({ op: "err", ref: "bad", code: "forbidden", message: "no" });
   assert.deepEqual(nacks, [["bad", "forbidden", true]]);
   assert.deepEqual(env2.client.outbox.map((e) => e.id), ["later"]);
-  env2.client.close();
-  assert.deepEqual(nacks, [["bad", "forbidden", true], ["later", "closed", true]]);
+  env2.client.close(); // on pagehide, say
+  assert.deepEqual(nacks, [["bad", "forbidden", true]]);
+  const env3 = setup({ storage: store });
+  assert.deepEqual(env3.client.outbox.map((e) => e.id), ["later"]);
+  const p = env3.client.publish("r", "y", { id: "later" });
+  const nacks3 = [];
+  env3.client.on("nack", (n) => nacks3.push([n.id, n.error.code]));
+  env3.client.close({ discardOutbox: true }); // a logout
+  await assert.rejects(p, { code: "closed" });
+  assert.deepEqual(nacks3, [["later", "closed"]]);
   assert.deepEqual([...store.m.keys()].filter((k) => k.includes("#outbox")), []);
+  assert.equal(setup({ storage: store }).client.outbox.length, 0);
 });
 
 test("persistOutbox:false keeps the outbox in the page; token mode stores it once the token names the user", async () => {
