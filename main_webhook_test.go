@@ -283,3 +283,110 @@ func BenchmarkWebhookPGCPU(b *testing.B) {
 	b.ReportMetric(float64(off.Microseconds())/n, "pg-µs/pub-off")
 	b.ReportMetric(float64(on)/float64(off), "on/off")
 }
+
+// TestWebhookTwoNodesShare: two real nodes on one database deliver one
+// app's webhook: publishes of some rooms go through one node, of others
+// through the other, of two rooms through both. Every message arrives, in
+// seq order per room, none twice (each room is delivered by the node
+// holding its lease), and both nodes deliver.
+func TestWebhookTwoNodesShare(t *testing.T) {
+	redistest.Require(t)
+	var mu sync.Mutex
+	seen := map[string][]uint64{}
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var p struct {
+			Events []struct {
+				Room string
+				Seq  uint64
+			} `json:"events"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		mu.Lock()
+		for _, e := range p.Events {
+			seen[e.Room] = append(seen[e.Room], e.Seq)
+		}
+		mu.Unlock()
+	}))
+	defer recv.Close()
+	e := newEnv(t, redistest.Addr)
+	f := filepath.Join(t.TempDir(), "apps.json")
+	body := fmt.Sprintf(`{"apps":[{"id":%q,"secret":%q,"webhook":{"url":%q}}]}`, testApp, apiSecret, recv.URL)
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var apis [2]string
+	var nodes [2]*roostNode
+	for i := range nodes {
+		apis[i] = fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
+		n, err := launchNode(t, e, fmt.Sprintf("node%d", i), []string{"--apps", f, "--api", apis[i], "--api-rate", "0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = n
+	}
+	client := &http.Client{Timeout: 5 * time.Second}
+	plan := [][]string{{"a1", "a2", "s1", "s2"}, {"b1", "b2", "s1", "s2"}}
+	const per = 150
+	var wg sync.WaitGroup
+	for i := range nodes {
+		for _, room := range plan[i] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := 0; k < per; k++ {
+					url := "http://" + apis[i] + "/v1/apps/" + testApp + "/rooms/" + room + "/messages"
+					req, _ := http.NewRequest("POST", url, strings.NewReader(fmt.Sprintf(`{"id":"n%d-%d","from":"bot","body":%d}`, i, k, k)))
+					req.Header.Set("Authorization", "Bearer "+apiSecret)
+					resp, err := client.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						t.Errorf("publish: %s", resp.Status)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	want := map[string]uint64{"a1": per, "a2": per, "b1": per, "b2": per, "s1": 2 * per, "s2": 2 * per}
+	prototest.WaitFor(t, 30*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for room, n := range want {
+			next := uint64(1)
+			for _, s := range seen[room] {
+				switch {
+				case s == next:
+					next++
+				case s > next:
+					return fmt.Errorf("room %s: seq %d arrived before %d", room, s, next)
+				}
+			}
+			if next != n+1 {
+				return fmt.Errorf("room %s: delivered up to %d of %d", room, next-1, n)
+			}
+		}
+		return nil
+	})
+	mu.Lock()
+	for room, seqs := range seen {
+		if uint64(len(seqs)) != want[room] {
+			t.Errorf("room %s: %d events for %d messages: delivered twice", room, len(seqs), want[room])
+		}
+	}
+	mu.Unlock()
+	var posts [2]float64
+	for i, n := range nodes {
+		posts[i] = n.metrics(t)["roost_webhook_posts_total"]
+	}
+	t.Logf("POSTs by node: %v", posts)
+	if posts[0] == 0 || posts[1] == 0 {
+		t.Fatalf("POSTs by node %v: the work was not shared", posts)
+	}
+}
