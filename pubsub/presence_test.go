@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,5 +202,18 @@ func BenchmarkPresenceQuery10k(b *testing.B) {
 	b.Run("redis", func(b *testing.B) {
 		redistest.Require(b)
 		run(b, redisPresences(b, RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(b)}, 1, time.Minute)[0])
+	})
+	// A Redis of its own: what the shared one's other clients cost it is
+	// not in the figure.
+	b.Run("redis-private", func(b *testing.B) {
+		redistest.RequireBinaries(b)
+		srv := redistest.Start(b, redistest.FreePort(b, false))
+		run(b, redisPresences(b, RedisConfig{Addrs: []string{srv.Addr()}, Prefix: redistest.Prefix(b)}, 1, time.Minute)[0])
+		b.StopTimer()
+		for _, l := range strings.Split(redistest.CLI(b, srv.Port, "info", "commandstats"), "\n") {
+			if strings.HasPrefix(l, "cmdstat_hrandfield") || strings.HasPrefix(l, "cmdstat_hlen") {
+				b.Log(strings.TrimSpace(l))
+			}
+		}
 	})
 }
