@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -26,6 +27,9 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	delay := fs.Duration("delay", 5*time.Millisecond, "how long each answer takes")
 	deny := fs.String("deny-body", "", "refuse publishes whose body contains this text (empty: allow all)")
 	life := fs.Duration("for", 10*time.Minute, "stop after this long")
+	probe := fs.String("probe", "", "instead of serving, call the backend at `URL` as a node would (--rate calls per second in bursts of --burst, for --for) and print the latency: what the backend and the HTTP round trip cost without a node")
+	rate := fs.Float64("rate", 1000, "with --probe: calls per second")
+	burst := fs.Int("burst", 30, "with --probe: calls sent at once")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -35,6 +39,9 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "roost bench proxy-backend: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *probe != "" {
+		return probeBackend(*probe, *rate, *burst, *life, stdout, stderr)
 	}
 	pb, err := startProxyBackend(*listen, *delay, *deny)
 	if err != nil {
@@ -97,4 +104,48 @@ func (ps *proxyServer) stop() (calls, denied int64) {
 
 func containsBody(b []byte, s string) bool {
 	return bytes.Contains(b, []byte(s))
+}
+
+// probeBackend calls url in bursts, as the bench's publishers make a node
+// do, over a pool of kept-alive connections, and prints the latency.
+func probeBackend(url string, rate float64, burst int, life time.Duration, stdout, stderr io.Writer) int {
+	if !(rate > 0) || burst < 1 || life > 10*time.Minute {
+		fmt.Fprintln(stderr, "roost bench proxy-backend --probe: want --rate > 0, --burst >= 1, --for <= 10m")
+		return 2
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 32
+	cl := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	var h Hist
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	body := []byte(`{"type":"publish","app":"probe","user":"u","room":"r","id":"m","body":"x"}`)
+	every := time.Duration(float64(burst) / rate * float64(time.Second))
+	end := time.Now().Add(life)
+	for next := time.Now(); next.Before(end); next = next.Add(every) {
+		time.Sleep(time.Until(next))
+		for i := 0; i < burst; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t0 := time.Now()
+				resp, err := cl.Post(url, "application/json", bytes.NewReader(body))
+				if err != nil {
+					failed.Add(1)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				d := time.Since(t0)
+				mu.Lock()
+				h.Record(d.Nanoseconds())
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	fmt.Fprintf(stdout, "%d calls (%d failed): p50 %s p90 %s p99 %s p999 %s max %s\n", h.Count(), failed.Load(),
+		fmtDur(h.Quantile(0.5)), fmtDur(h.Quantile(0.9)), fmtDur(h.Quantile(0.99)), fmtDur(h.Quantile(0.999)), fmtDur(h.Max()))
+	return 0
 }
