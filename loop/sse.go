@@ -23,6 +23,7 @@ var (
 	errSSEBadRoom   = &proto.HTTPError{Status: 400, Reason: "room must match [A-Za-z0-9_.:-]{1,128}"}
 	errSSEQuery     = &proto.HTTPError{Status: 400, Reason: "malformed query: bad percent-escape"}
 	errSSEForbidden = &proto.HTTPError{Status: 403, Reason: "token does not allow one of the rooms"}
+	errSSENoToken   = &proto.HTTPError{Status: 401, Reason: "missing token: connect with /sse?room=NAME&token=JWT or Authorization: Bearer JWT"}
 )
 
 // ssePing is the keep-alive comment of an idle stream.
@@ -142,8 +143,9 @@ func (c *conn) openSSE(req *proto.Request) {
 			break
 		}
 		room := l.sseBuf[r.start:r.end]
-		rs := resumeAt(r.since, r.hasSince)
+		rs := fanout.Resume{Since: r.since, HasSince: r.hasSince}
 		if err := l.table.Join(&c.m, l.roomKey(c, room), rs); err != nil {
+			// Not expected: the rooms were counted against the limit above.
 			c.closeWith(proto.CloseTryAgain, nil)
 			break
 		}
@@ -161,6 +163,9 @@ func (c *conn) openSSE(req *proto.Request) {
 // refuseSSE answers a refused stream. The connection never counted as
 // open (OnClose counts it as never upgraded).
 func (c *conn) refuseSSE(he *proto.HTTPError) {
+	if he == errNoToken {
+		he = errSSENoToken
+	}
 	c.app = nil
 	c.refuse(he)
 }
@@ -274,7 +279,3 @@ func (c *conn) sseDueAt() int64 {
 // sseEnd ends every self-contained piece of a stream (an event with its id
 // line, a keep-alive): the blank line that dispatches it.
 var sseEnd = []byte("\n\n")
-
-func resumeAt(since uint64, has bool) fanout.Resume {
-	return fanout.Resume{Since: since, HasSince: has}
-}
