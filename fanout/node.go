@@ -83,6 +83,8 @@ type Stats struct {
 	// PresenceChanges counts per-user presence changes applied (a user's
 	// first connection in a room on this node, the end of its last one).
 	PresenceChanges atomic.Uint64
+	PresenceErrors  atomic.Uint64 // presence ticks whose Apply failed (retried at the next)
+	PresenceFrames  atomic.Uint64 // presence_diff frames made (one per room, shared by its subscribers)
 
 	PublishLatency Observer
 	BrokerLatency  Observer

@@ -339,6 +339,7 @@ func (pr *presence) apply(now int64) {
 		clear(pr.retry)
 		pr.retry = pr.all(pr.retry[:0])
 	} else if err != nil {
+		pr.n.Stats.PresenceErrors.Add(1)
 		// Changes are idempotent: the next tick applies them again.
 		pr.retry = append(pr.retry[:0], changes...)
 		if now-pr.failLog >= 10_000 {
@@ -464,6 +465,7 @@ func (pr *presence) flush(now int64) {
 		}
 		_, room := proto.SplitKey(key)
 		outs = append(outs, out{key, proto.AppendPresenceDiffFrame(nil, []byte(room), joined, left)})
+		pr.n.Stats.PresenceFrames.Add(1)
 	}
 	pr.rmu.Unlock()
 	// Encoded once per room, shared by every loop's subscribers.
