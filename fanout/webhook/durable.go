@@ -37,7 +37,8 @@ type dstate struct {
 	next   int
 	failed int       // POSTs failed in a row
 	retry  time.Time // no POST before this (backoff)
-	swept  time.Time
+	swept  time.Time // last sweep
+	kept   time.Time // last housekeep
 	dirty  []*room   // rooms whose cursor is to be written
 	wrote  time.Time // last cursor write
 	byID   map[int64]*room
@@ -63,6 +64,10 @@ type span struct {
 
 const storeTimeout = 10 * time.Second
 
+// keepEvery is how often leases are renewed or given up, and how soon a
+// room another node held is asked for again.
+const keepEvery = time.Second
+
 // deliverDurable is one app's delivery goroutine with a Store. It POSTs
 // from memory and never waits for the database in the steady state: the
 // cursor writes and the sweep run on a second goroutine (runIO) and their
@@ -73,7 +78,7 @@ func (d *Dispatcher) deliverDurable(t *target) {
 	st := &dstate{rooms: map[string]*room{}, byID: map[int64]*room{}, jobs: make(chan func() func(), 2), wake: t.wake}
 	ioDone := make(chan struct{})
 	go st.runIO(ioDone)
-	tick := time.NewTicker(min(d.cfg.Sweep, d.cfg.CursorEvery, d.cfg.Lease/3))
+	tick := time.NewTicker(min(d.cfg.Sweep, d.cfg.CursorEvery, keepEvery, d.cfg.Lease/3))
 	retry := time.NewTimer(time.Hour)
 	defer func() {
 		tick.Stop()
@@ -96,6 +101,9 @@ func (d *Dispatcher) deliverDurable(t *target) {
 		if now.Sub(st.swept) >= d.cfg.Sweep {
 			st.swept = now
 			d.sweep(t, st)
+		}
+		if now.Sub(st.kept) >= keepEvery {
+			st.kept = now
 			d.housekeep(t, st, now)
 		}
 		if len(st.dirty) > 0 && now.Sub(st.wrote) >= d.cfg.CursorEvery {
@@ -408,7 +416,7 @@ func (d *Dispatcher) claim(t *target, st *dstate) {
 			d.Stats.Dropped.Add(uint64(len(r.pending)))
 			clear(r.pending)
 			r.pending = nil
-			r.skip = now.Add(d.cfg.Sweep)
+			r.skip = now.Add(keepEvery)
 			continue
 		}
 		r.leased, r.renewed = true, now

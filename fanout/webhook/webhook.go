@@ -55,7 +55,11 @@ type Config struct {
 	// once; a new one waits out their leases).
 	Owner string
 	Lease time.Duration // how long a room's lease lasts unless renewed (default 30s)
-	Sweep time.Duration // how often the store is asked for owed rooms nobody delivers (default 1s)
+	// Sweep is how often the store is asked for owed rooms nobody
+	// delivers (a crashed node's, once their leases ran out; messages
+	// committed but never handed to a dispatcher): default 5s. Each sweep
+	// reads the app's part of the rooms index.
+	Sweep time.Duration
 	Idle  time.Duration // a room with nothing owed for this long gives its lease up (default 2s)
 	// CursorEvery is how often delivered cursors are written (default
 	// 100ms): a crash sends up to that much again.
@@ -65,7 +69,7 @@ type Config struct {
 // Defaults are the dispatcher's bounds unless told otherwise.
 func Defaults() Config {
 	return Config{MaxQueue: 100_000, MaxBatch: 500, MaxBatchBytes: 1 << 20, MaxAge: proto.DefaultWebhookMaxAge,
-		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute, Lease: 30 * time.Second, Sweep: time.Second, Idle: 2 * time.Second, CursorEvery: 100 * time.Millisecond}
+		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute, Lease: 30 * time.Second, Sweep: 5 * time.Second, Idle: 2 * time.Second, CursorEvery: 100 * time.Millisecond}
 }
 
 // Stats are the dispatcher's counters.
