@@ -77,9 +77,11 @@ func (p *RedisPresence) Node() string { return p.node }
 
 // applyScript: KEYS users, node set, watchers; ARGV node, then ops
 // "+user", "-user", "w" (watch), "u" (unwatch). Returns {joined, left,
-// size of the node's set}; joined and left only when the room is watched.
+// size of the node's set, or -1 when nothing left}; joined and left only
+// when the room is watched (asked only when there are some).
 var applyScript = script(`
 local joined, left = {}, {}
+local leaves = false
 for i = 2, #ARGV do
   local a = ARGV[i]
   local op, u = string.sub(a, 1, 1), string.sub(a, 2)
@@ -88,6 +90,7 @@ for i = 2, #ARGV do
       joined[#joined + 1] = u
     end
   elseif op == '-' then
+    leaves = true
     if redis.call('SREM', KEYS[2], u) == 1 and redis.call('HINCRBY', KEYS[1], u, -1) <= 0 then
       redis.call('HDEL', KEYS[1], u)
       left[#left + 1] = u
@@ -98,10 +101,14 @@ for i = 2, #ARGV do
     redis.call('SREM', KEYS[3], ARGV[1])
   end
 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
+if #joined + #left > 0 and redis.call('EXISTS', KEYS[3]) == 0 then
   joined, left = {}, {}
 end
-return {joined, left, redis.call('SCARD', KEYS[2])}
+local size = -1
+if leaves then
+  size = redis.call('SCARD', KEYS[2])
+end
+return {joined, left, size}
 `)
 
 // dropScript ends a node's presence in one room: KEYS users, node set,
