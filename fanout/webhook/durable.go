@@ -22,6 +22,7 @@ type room struct {
 	active    time.Time // last time it had something owed (for giving the lease up)
 	renewed   time.Time // last time its lease was renewed
 	dirty     bool      // delivered moved past the stored cursor
+	gone      bool      // forgotten: dropped from st.order at the next housekeep
 	skip      time.Time // another node held the lease: no claim before this
 	grace     time.Time // found by the sweep: no claim before this unless committed here
 }
@@ -42,6 +43,7 @@ type dstate struct {
 	dirty  []*room   // rooms whose cursor is to be written
 	wrote  time.Time // last cursor write
 	byID   map[int64]*room
+	held   int // pending events, all rooms: bounded by MaxQueue (the rest is read from the store)
 	body   []byte
 
 	// The database work off the delivery goroutine (runIO).
@@ -197,11 +199,11 @@ func (d *Dispatcher) gather(t *target, st *dstate) {
 		if r.leased && ev.seq <= r.delivered || now.Before(r.skip) {
 			continue
 		}
-		if n := len(r.pending); n > 0 && ev.seq <= r.pending[n-1].seq {
+		if n := len(r.pending); n > 0 && ev.seq <= r.pending[n-1].seq || st.held >= d.cfg.MaxQueue {
 			continue
 		}
 		r.pending = append(r.pending, ev)
-		r.last = max(r.last, ev.seq)
+		st.held++
 	}
 }
 
@@ -224,13 +226,20 @@ func (st *dstate) setID(r *room, id int64) {
 }
 
 func (st *dstate) forget(r *room) {
-	delete(st.rooms, r.key)
+	if st.rooms[r.key] == r {
+		delete(st.rooms, r.key)
+	}
 	if st.byID[r.id] == r {
 		delete(st.byID, r.id)
 	}
-	if i := slices.Index(st.order, r); i >= 0 {
-		st.order = slices.Delete(st.order, i, i+1)
-	}
+	st.dropPending(r)
+	r.gone, r.leased = true, false
+}
+
+func (st *dstate) dropPending(r *room) {
+	st.held -= len(r.pending)
+	clear(r.pending)
+	r.pending = nil
 }
 
 // sweep asks the store (off the delivery goroutine) for owed rooms this
@@ -282,6 +291,8 @@ func (d *Dispatcher) swept(t *target, st *dstate, hs []persist.HookRoom) {
 // housekeep renews the leases of rooms that still owe something and gives
 // up those of rooms idle for cfg.Idle.
 func (d *Dispatcher) housekeep(t *target, st *dstate, now time.Time) {
+	st.order = slices.DeleteFunc(st.order, func(r *room) bool { return r.gone })
+	st.next = 0
 	if st.flushing {
 		return
 	}
@@ -373,7 +384,7 @@ func (d *Dispatcher) claim(t *target, st *dstate) {
 	defer cancel()
 	now := time.Now()
 	for _, r := range st.order {
-		if r.leased || !r.owed() || now.Before(r.skip) || now.Before(r.grace) && len(r.pending) == 0 {
+		if r.gone || r.leased || !r.owed() || now.Before(r.skip) || now.Before(r.grace) && len(r.pending) == 0 {
 			continue
 		}
 		if r.id == 0 {
@@ -414,25 +425,25 @@ func (d *Dispatcher) claim(t *target, st *dstate) {
 			// committed from the store. This node asks again later, in
 			// case that node gives the room up with something left.
 			d.Stats.Dropped.Add(uint64(len(r.pending)))
-			clear(r.pending)
-			r.pending = nil
+			st.dropPending(r)
 			r.skip = now.Add(keepEvery)
 			continue
 		}
 		r.leased, r.renewed = true, now
 		r.delivered = h.Delivered
 		r.last = max(r.last, h.Last)
-		r.trim()
+		st.trim(r)
 	}
 }
 
 // trim drops pending events at or below the cursor.
-func (r *room) trim() {
+func (st *dstate) trim(r *room) {
 	i := 0
 	for i < len(r.pending) && r.pending[i].seq <= r.delivered {
 		i++
 	}
 	if i > 0 {
+		st.held -= i
 		clear(r.pending[:i])
 		r.pending = r.pending[i:]
 		if len(r.pending) == 0 {
@@ -454,7 +465,7 @@ func (d *Dispatcher) fill(t *target, st *dstate) bool {
 		if !r.leased || !r.owed() {
 			continue
 		}
-		r.trim()
+		st.trim(r)
 		sp := span{r: r, lo: len(st.batch), upto: r.delivered}
 		if len(r.pending) > 0 && r.pending[0].seq == r.delivered+1 {
 			for _, ev := range r.pending {
@@ -511,7 +522,7 @@ func (d *Dispatcher) fill(t *target, st *dstate) bool {
 func (d *Dispatcher) advance(st *dstate) {
 	for _, sp := range st.spans {
 		sp.r.delivered = max(sp.r.delivered, sp.upto)
-		sp.r.trim()
+		st.trim(sp.r)
 		if !sp.r.dirty {
 			sp.r.dirty = true
 			st.dirty = append(st.dirty, sp.r)
@@ -609,7 +620,7 @@ func (d *Dispatcher) expire(t *target, st *dstate, hc *hookCfg, cause error) {
 			d.Stats.Dead.Add(uint64(len(evs)))
 			d.log.Warn("webhook events past the max age are dead letters (roost webhook dead, roost webhook replay)", "app", t.id, "room", sp.r.key, "from", evs[0].seq, "to", sp.upto, "max_age", hc.maxAge)
 			sp.r.delivered = max(sp.r.delivered, sp.upto)
-			sp.r.trim()
+			st.trim(sp.r)
 			st.retry = time.Time{} // the next events may be fresh: try them now
 		}
 	}

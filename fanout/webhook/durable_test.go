@@ -488,3 +488,33 @@ func TestDurableStartsWhenSet(t *testing.T) {
 		t.Fatalf("s1 got %v, want 111..115", s)
 	}
 }
+
+// TestDurableMemoryBound: past MaxQueue events held in memory, the rest
+// stays in the store only and is read back: a receiver down while 2,000
+// events are committed costs at most MaxQueue events of memory, and they
+// all arrive when it is back.
+func TestDurableMemoryBound(t *testing.T) {
+	p, _ := pgStore(t)
+	rc := newReceiver(t, "current-secret-0123456789")
+	rc.fail = 1 << 30
+	url := serve(t, rc)
+	cfg := durableCfg(p, "node-a")
+	cfg.MaxQueue = 100
+	d := New(cfg)
+	defer d.Close()
+	d.SetApps([]proto.App{registered(t, p, app(url, "current-secret-0123456789"))})
+	publish(t, p, []string{"r1", "r2"}, 1000, d)
+	prototest.WaitFor(t, 10*time.Second, func() error {
+		if d.Stats.Owed.Load() != 0 || d.Stats.Failures.Load() < 2 {
+			return fmt.Errorf("owed %d, failures %d", d.Stats.Owed.Load(), d.Stats.Failures.Load())
+		}
+		return nil
+	})
+	rc.mu.Lock()
+	rc.fail = 0
+	rc.mu.Unlock()
+	prototest.WaitFor(t, 20*time.Second, func() error { return rc.check([]string{"r1", "r2"}, 1000) })
+	if d.Stats.Read.Load() < 1500 {
+		t.Fatalf("%d events read from the store, want most of 2,000 (at most 100 held)", d.Stats.Read.Load())
+	}
+}
