@@ -210,9 +210,21 @@ func TestPresenceLimit(t *testing.T) {
 // sees every change once, counts agree on both nodes.
 func TestPresenceTwoNodesRedis(t *testing.T) {
 	redistest.Require(t)
+	twoNodes(t, redistest.Addr)
+}
+
+// The same on a three-shard Redis Cluster: the presence channel and the
+// rooms' keys live on their slots' shards.
+func TestPresenceTwoNodesRedisCluster(t *testing.T) {
+	redistest.RequireBinaries(t)
+	c := redistest.StartCluster(t)
+	twoNodes(t, c[0].Addr()+","+c[1].Addr())
+}
+
+func twoNodes(t *testing.T, addr string) {
 	prefix := redistest.Prefix(t)
-	a := presenceNode(t, redistest.Addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
-	b := presenceNode(t, redistest.Addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
+	a := presenceNode(t, addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
+	b := presenceNode(t, addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
 	wa := join(t, a, "wa", "r", true)
 	wa.untilDiff("r")
 	wb := join(t, b, "wb", "r", true)
