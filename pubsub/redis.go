@@ -678,13 +678,16 @@ func (r *Redis) apply(batch []op) {
 		}
 	}
 	clear(r.readies)
-	// The gauges count rooms: the node-wide control subscription is not one.
+	// The gauges count rooms: the node-wide control and presence
+	// subscriptions are not rooms.
 	sub, pend := len(r.activeOn), len(r.unsynced)
-	if _, ok := r.activeOn[proto.ControlKey]; ok {
-		sub--
-	}
-	if _, ok := r.unsynced[proto.ControlKey]; ok {
-		pend--
+	for _, k := range [...]string{proto.ControlKey, proto.PresenceKey} {
+		if _, ok := r.activeOn[k]; ok {
+			sub--
+		}
+		if _, ok := r.unsynced[k]; ok {
+			pend--
+		}
 	}
 	r.subscribed.Store(int64(sub))
 	r.pending.Store(int64(pend))
