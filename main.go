@@ -226,7 +226,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
 	// Webhooks take each committed batch before its acks; with no app
 	// having one, that costs one atomic load per batch.
-	hcfg := webhook.Config{Log: log}
+	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
 		// The lease owner names this process (two nodes may share a

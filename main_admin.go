@@ -56,6 +56,7 @@ type histograms struct {
 	deliveryLag    *histogram // seconds from commit to arrival through the broker, sampled
 	apiPublish     *histogram // seconds from a server API publish request read to its commit answered
 	proxyCall      *histogram // seconds of one proxy hook call, asked to answered
+	webhookLag     *histogram // seconds from a committed message handed to the webhooks to its POST answered 2xx
 }
 
 func newHistograms() *histograms {
@@ -68,8 +69,9 @@ func newHistograms() *histograms {
 		deliveryLag:    newHistogram("roost_broker_delivery_lag_seconds", latencyBuckets),
 		apiPublish:     newHistogram("roost_api_publish_seconds", latencyBuckets),
 		proxyCall:      newHistogram("roost_proxy_call_seconds", latencyBuckets),
+		webhookLag:     newHistogram("roost_webhook_lag_seconds", latencyBuckets),
 	}
-	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag, h.apiPublish, h.proxyCall}
+	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag, h.apiPublish, h.proxyCall, h.webhookLag}
 	h.set.RegisterMetricsWriter(func(w io.Writer) {
 		e := &expo{w: w}
 		for _, x := range all {

@@ -23,6 +23,7 @@ type room struct {
 	renewed   time.Time // last time its lease was renewed
 	dirty     bool      // delivered moved past the stored cursor
 	gone      bool      // forgotten: dropped from st.order at the next housekeep
+	handed    time.Time // last event handed over by Committed
 	skip      time.Time // another node held the lease: no claim before this
 	grace     time.Time // found by the sweep: no claim before this unless committed here
 }
@@ -65,6 +66,10 @@ type span struct {
 }
 
 const storeTimeout = 10 * time.Second
+
+// inFlight is how long after the last event handed over for a room the
+// store's newer seqs are taken to be on their way (see fill).
+const inFlight = 500 * time.Millisecond
 
 // keepEvery is how often leases are renewed or given up, and how soon a
 // room another node held is asked for again.
@@ -138,6 +143,7 @@ func (d *Dispatcher) send(t *target, st *dstate) {
 	st.body = appendBody(st.body[:0], t.id, st.batch)
 	err := d.post(hc, st.body)
 	if err == nil {
+		d.observeLag(st.batch)
 		st.failed = 0
 		d.Stats.Posts.Add(1)
 		d.Stats.Delivered.Add(uint64(len(st.batch)))
@@ -194,7 +200,7 @@ func (d *Dispatcher) gather(t *target, st *dstate) {
 	now := time.Now()
 	for _, ev := range q {
 		r := st.room(ev.key, 0)
-		r.active = now
+		r.active, r.handed = now, now
 		r.last = max(r.last, ev.seq)
 		if r.leased && ev.seq <= r.delivered || now.Before(r.skip) {
 			continue
@@ -456,6 +462,7 @@ func (st *dstate) trim(r *room) {
 // each room's events in seq order, from memory when they follow the
 // cursor, from the store otherwise. It reports whether there is a batch.
 func (d *Dispatcher) fill(t *target, st *dstate) bool {
+	now := time.Now()
 	clear(st.batch)
 	st.batch, st.spans = st.batch[:0], st.spans[:0]
 	size := 0
@@ -481,6 +488,13 @@ func (d *Dispatcher) fill(t *target, st *dstate) bool {
 			upto := r.last
 			if len(r.pending) > 0 {
 				upto = r.pending[0].seq - 1
+			} else if r.leased && now.Sub(r.handed) < inFlight {
+				// The store is ahead of what was handed over, and this
+				// node committed in the room just now: the newest events
+				// are most likely on their way here from the commit (the
+				// broker comes first), so wait for them rather than read
+				// them back.
+				continue
 			}
 			if upto <= r.delivered {
 				continue

@@ -64,6 +64,10 @@ type Config struct {
 	// CursorEvery is how often delivered cursors are written (default
 	// 100ms): a crash sends up to that much again.
 	CursorEvery time.Duration
+	// Lag, when set, observes for each delivered event handed over by
+	// Committed on this node the seconds from that hand-off to the 2xx of
+	// its POST (events read back from the store are not observed).
+	Lag func(seconds float64)
 }
 
 // Defaults are the dispatcher's bounds unless told otherwise.
@@ -360,6 +364,7 @@ func (d *Dispatcher) deliver(t *target) {
 		body = appendBody(body[:0], t.id, batch)
 		err := d.post(hc, body)
 		if err == nil {
+			d.observeLag(batch)
 			failures = 0
 			d.take(t, n)
 			d.Stats.Posts.Add(1)
@@ -379,6 +384,19 @@ func (d *Dispatcher) deliver(t *target) {
 			d.dropOwed(t)
 			return
 		case <-timer.C:
+		}
+	}
+}
+
+// observeLag reports the lag of a delivered batch's events (Config.Lag).
+func (d *Dispatcher) observeLag(batch []event) {
+	if d.cfg.Lag == nil {
+		return
+	}
+	now := time.Now()
+	for i := range batch {
+		if at := batch[i].at; !at.IsZero() {
+			d.cfg.Lag(now.Sub(at).Seconds())
 		}
 	}
 }
