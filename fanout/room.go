@@ -190,7 +190,8 @@ func (t *Table) Join(m *Member, key []byte, rs Resume) error {
 	}
 	if r != nil && r.active && (!rs.HasSince || rs.Since == r.last && (!rs.HasEpoch || string(rs.Epoch) == r.epoch)) {
 		// Fast path: the room is live on this loop and there is nothing
-		// to replay: a member at once, nothing allocated.
+		// to replay: a member at once, nothing allocated but the user's
+		// presence entry when this is its first connection in the room here.
 		t.joinLive(r, m, rs.Presence)
 		t.sendJoined(m, r, &proto.Joined{Seq: r.last, Epoch: r.epoch, Resumed: rs.HasSince, Recovered: true})
 		return nil
