@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sort"
 	"testing"
 	"time"
@@ -341,5 +342,43 @@ func randomCounts(t *testing.T, nodes []*node) {
 		if count != len(wu) || !slices.Equal(users, wu) {
 			t.Fatalf("room %s: %d %v, want %v", room, count, users, wu)
 		}
+	}
+}
+
+// A node taken for dead while alive (silent past its lease, say a long
+// pause) has its users taken out by the others; at its next renewal it
+// hears that its lease had ended and applies its whole presence again.
+func TestPresenceLeaseLostRecovers(t *testing.T) {
+	redistest.Require(t)
+	prefix := redistest.Prefix(t)
+	a := presenceNode(t, redistest.Addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
+	b := presenceNode(t, redistest.Addr, prefix, 300*time.Millisecond, 2*time.Second, nil)
+	w := join(t, b, "watcher", "r", true)
+	w.untilDiff("r")
+	for i := 0; i < 3; i++ {
+		join(t, a, fmt.Sprintf("a%d", i), "r", false)
+	}
+	count := func() int {
+		n, err := b.fan.PresenceCount(context.Background(), "test/r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	checkFor(t, 5*time.Second, func() bool { return count() == 4 })
+	// Every node's lease ends now: b reaps a (and a reaps b, or b itself
+	// is told at its renewal); both apply their presence again.
+	nodes := prefix + ".pr.nodes"
+	for _, m := range strings.Fields(redistest.CLI(t, 6379, "zrange", nodes, "0", "-1")) {
+		redistest.CLI(t, 6379, "zadd", nodes, "1", m)
+	}
+	var sawLow bool
+	checkFor(t, 10*time.Second, func() bool {
+		n := count()
+		sawLow = sawLow || n < 4
+		return sawLow && n == 4
+	})
+	if !sawLow {
+		t.Fatal("the lease's end took nobody out")
 	}
 }
