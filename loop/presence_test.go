@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
