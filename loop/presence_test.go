@@ -382,3 +382,50 @@ func TestPresenceLeaseLostRecovers(t *testing.T) {
 		t.Fatal("the lease's end took nobody out")
 	}
 }
+
+// Joins spread over 3 s reach a subscriber in at most one presence_diff
+// per second, every user once.
+func TestPresenceCoalesced(t *testing.T) {
+	n := presenceNode(t, "", "", time.Second, 0, nil)
+	w := join(t, n, "watcher", "r", true)
+	w.untilDiff("r")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 30; i++ {
+			c := n.dial(t, fmt.Sprintf("u%02d", i))
+			c.send(`{"op":"join","room":"r"}`)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	var at []time.Time
+	var joined []string
+	end := time.Now().Add(8 * time.Second)
+	for len(joined) < 30 {
+		m, ok := w.tryRecv(end)
+		if !ok {
+			t.Fatalf("%d of 30 joined seen", len(joined))
+		}
+		if m["op"] == "presence_diff" {
+			at = append(at, time.Now())
+			joined = append(joined, strs(m["joined"])...)
+		}
+	}
+	<-done
+	sort.Strings(joined)
+	for i, u := range joined {
+		if u != fmt.Sprintf("u%02d", i) {
+			t.Fatalf("joined %v", joined)
+		}
+	}
+	for i := 1; i < len(at); i++ {
+		// The node spaces them by a second on its clock; the client's
+		// reads may bunch by a few ms.
+		if gap := at[i].Sub(at[i-1]); gap < 900*time.Millisecond {
+			t.Fatalf("frames %d and %d %v apart", i-1, i, gap)
+		}
+	}
+	if len(at) > 5 {
+		t.Fatalf("%d frames for 3 s of joins", len(at))
+	}
+}
