@@ -97,13 +97,21 @@ func (p *Postgres) AdvanceHookRooms(ctx context.Context, owner string, lease tim
 	for i, x := range ps {
 		sid[i], sd[i] = x.id, int64(x.d)
 	}
+	// The cursors are locked in id order first, the order ClaimHookRooms
+	// takes them in: the update's own order follows its join plan, and a
+	// claim of a lease that ran out, meeting an advance of the same rooms
+	// in another order, would deadlock.
 	rows, err := p.pool.Query(ctx, `
 WITH v AS (SELECT * FROM unnest($1::int8[], $2::int8[]) AS v (room_id, delivered)),
+locked AS MATERIALIZED (
+	SELECT c.room_id FROM webhook_cursors c WHERE c.room_id = ANY($1) AND c.owner = $3
+	ORDER BY c.room_id FOR NO KEY UPDATE
+),
 u AS (
 	UPDATE webhook_cursors c SET delivered = greatest(c.delivered, v.delivered),
 		owner = CASE WHEN $5 THEN NULL ELSE c.owner END,
 		lease_until = CASE WHEN $5 THEN NULL ELSE now() + $4::interval END
-	FROM v WHERE c.room_id = v.room_id AND c.owner = $3
+	FROM v JOIN locked l ON l.room_id = v.room_id WHERE c.room_id = v.room_id AND c.owner = $3
 	RETURNING c.room_id, c.delivered
 )
 SELECT u.room_id, r.app, r.name, u.delivered, r.last_seq FROM u JOIN rooms r ON r.id = u.room_id`,
