@@ -430,6 +430,21 @@ func TestSSEToken(t *testing.T) {
 		t.Fatalf("bearer: %d %s", s.status, s.header.Get("X-Body"))
 	}
 	s.expect("joined")
+
+	// A stream ends with a retry once its token expires (its client
+	// reconnects with a fresh one).
+	short := startNode(t, func(c *Config) {
+		c.Insecure = false
+		c.Apps = map[string][]byte{"app1": secret}
+		c.Leeway = 0
+		c.UpgradeTimeout = 400 * time.Millisecond // a sweep every 100 ms
+	})
+	exp := short.sse(t, "room=ok1&token="+SignToken(secret, "app1", "alice", time.Now().Add(1500*time.Millisecond), nil))
+	exp.expect("joined")
+	start := time.Now()
+	if r := exp.expectEnd(); r < 500 || time.Since(start) > 4*time.Second {
+		t.Fatalf("expired token: retry %d after %v", r, time.Since(start))
+	}
 }
 
 // Keep-alive comments come only after an idle interval without events;
