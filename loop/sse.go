@@ -136,7 +136,7 @@ func (c *conn) openSSE(req *proto.Request) {
 	c.m.SetSSE(endAt)
 	for _, r := range rooms {
 		key := l.roomKey(c, l.sseBuf[r.start:r.end])
-		c.m.SSEResume(string(key), r.since, r.hasSince)
+		c.m.SSEResume(l.intern(key), r.since, r.hasSince) // one string per room for all its listeners
 	}
 	for _, r := range rooms {
 		if c.closed || c.state != stateOpen {
