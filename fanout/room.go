@@ -286,7 +286,11 @@ func (t *Table) sendErr(m *Member, ref []byte, code proto.Code, msg string) {
 	a := t.arena
 	f := a.Keep(proto.AppendErrFrame(a.Space(64+6*len(ref)+2*len(msg)), ref, code, msg))
 	if m.sse != nil {
-		f = t.sseFrames(m, nil, f, nil)
+		// A stream's rooms are fixed: one it cannot join ends it, after
+		// the err event, and its client's reconnect tries again.
+		t.Enqueue(m, t.sseFrames(m, nil, f, nil))
+		m.Owner.Resync()
+		return
 	}
 	t.Enqueue(m, f)
 }

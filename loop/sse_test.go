@@ -594,3 +594,29 @@ func TestSSETwoNodesRedis(t *testing.T) {
 		t.Fatalf("extra event %+v", ev)
 	}
 }
+
+// A room the node cannot join for the stream (its app has its maximum of
+// rooms) arrives as an err event, and the stream ends with a retry.
+func TestSSEJoinRefusedEndsStream(t *testing.T) {
+	mem := persist.NewMemory(100)
+	mem.SetLimits(0, 1)
+	n := startNodeWith(t, testConfig(), mem, testLogger(), nil)
+	s := n.sse(t, "user=u&app=test&room=one&room=two")
+	var got []string
+	for {
+		ev, err := s.next(5 * time.Second)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		got = append(got, ev.event)
+		if ev.event == "err" && !strings.Contains(ev.data, `"code":"forbidden"`) {
+			t.Fatalf("err event %q", ev.data)
+		}
+	}
+	if !strings.Contains(strings.Join(got, " "), "err") || s.retry < 500 {
+		t.Fatalf("events %v, retry %d", got, s.retry)
+	}
+}
