@@ -11,6 +11,8 @@
 package loop
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -520,25 +522,9 @@ func sharedPort(addr string) error {
 		ip = ip.Unmap()
 	}
 	var listening []string
+	rd := bufio.NewReaderSize(nil, procBuf)
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n")[1:] {
-			fl := strings.Fields(line)
-			if len(fl) < 10 || fl[3] != "0A" { // 0A: LISTEN
-				continue
-			}
-			hexIP, hexPort, ok := strings.Cut(fl[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); !ok || err != nil || p != port {
-				continue
-			}
-			if theirs, ok := procAddr(hexIP); ok && ip.IsValid() && !ip.IsUnspecified() && !theirs.IsUnspecified() && theirs != ip {
-				continue
-			}
-			listening = append(listening, fl[9])
-		}
+		listening = procListeners(f, rd, port, ip, listening)
 	}
 	if len(listening) == 0 {
 		return nil
@@ -561,6 +547,107 @@ func sharedPort(addr string) error {
 	return nil
 }
 
+// procBuf bounds what one read of /proc/net/tcp{,6} holds: lines are 150
+// (tcp) or 180 (tcp6) bytes, so 32 KiB takes some 200 lines a read.
+const procBuf = 32 << 10
+
+// procListeners appends the inodes of the sockets of table f (in the
+// format of /proc/net/tcp{,6}) that listen on port at ip (or a wildcard on
+// either side) to out. It streams the table through rd: on a host with
+// hundreds of thousands of sockets, reading it whole left tens of MB of
+// garbage in a fresh node's heap. Only LISTEN lines are decoded, and only
+// those on port cost an allocation (the inode kept). A line longer than
+// rd's buffer is decoded from the part the buffer holds (the ten fields
+// read come first) and the rest skipped. Where f cannot be read, what
+// was found so far stands.
+func procListeners(f string, rd *bufio.Reader, port uint64, ip netip.Addr, out []string) []string {
+	fh, err := os.Open(f)
+	if err != nil {
+		return out
+	}
+	defer fh.Close()
+	rd.Reset(fh)
+	for first := true; ; first = false {
+		line, err := rd.ReadSlice('\n')
+		if len(line) > 0 && !first { // the first line is the header
+			out = procLine(line, port, ip, out)
+		}
+		for err == bufio.ErrBufferFull { // the rest of a long line
+			_, err = rd.ReadSlice('\n')
+		}
+		if err != nil {
+			return out
+		}
+	}
+}
+
+// procLine appends the inode of line (of /proc/net/tcp{,6}) to out when
+// the socket listens on port at ip or a wildcard on either side.
+func procLine(line []byte, port uint64, ip netip.Addr, out []string) []string {
+	var fl [10][]byte // fields 0..9: sl, local, remote, st, ..., inode
+	n := 0
+	for i := 0; i < len(line) && n < len(fl); {
+		for i < len(line) && procSpace(line[i]) {
+			i++
+		}
+		j := i
+		for j < len(line) && !procSpace(line[j]) {
+			j++
+		}
+		if j > i {
+			fl[n] = line[i:j]
+			n++
+		}
+		i = j
+	}
+	if n < len(fl) || string(fl[3]) != "0A" { // 0A: LISTEN
+		return out
+	}
+	hexIP, hexPort, ok := bytes.Cut(fl[1], []byte{':'})
+	if p, pok := procHex(hexPort); !ok || !pok || p != port {
+		return out
+	}
+	if theirs, ok := procAddr(hexIP); ok && ip.IsValid() && !ip.IsUnspecified() && !theirs.IsUnspecified() && theirs != ip {
+		return out
+	}
+	return append(out, string(fl[9]))
+}
+
+// procSpace is the ASCII white space strings.Fields splits at (the
+// tables are ASCII).
+func procSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'
+}
+
+// procHex parses up to 16 hex digits (a port of /proc/net/tcp) without
+// the string conversion strconv would need.
+func procHex(h []byte) (uint64, bool) {
+	if len(h) == 0 || len(h) > 16 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range h {
+		d, ok := hexDigit(c)
+		if !ok {
+			return 0, false
+		}
+		v = v<<4 | uint64(d)
+	}
+	return v, true
+}
+
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
 // probePort fails when another socket listens on addr. gnet binds one
 // SO_REUSEPORT listener per loop, and the kernel lets any other process of
 // the same user that sets SO_REUSEPORT join the port: two nodes would
@@ -581,19 +668,20 @@ func probePort(addr string) error {
 
 // procAddr decodes an address of /proc/net/tcp{,6}: the bytes of the
 // address in hex, each 32-bit word in host (little-endian) order.
-func procAddr(h string) (netip.Addr, bool) {
+func procAddr[S ~string | ~[]byte](h S) (netip.Addr, bool) {
 	if len(h) != 8 && len(h) != 32 {
 		return netip.Addr{}, false
 	}
 	var b [16]byte
 	n := len(h) / 2
 	for i := 0; i < n; i++ {
-		v, err := strconv.ParseUint(h[2*i:2*i+2], 16, 8)
-		if err != nil {
+		hi, ok1 := hexDigit(h[2*i])
+		lo, ok2 := hexDigit(h[2*i+1])
+		if !ok1 || !ok2 {
 			return netip.Addr{}, false
 		}
 		// byte i of the hex string is byte (i/4)*4 + 3 - i%4 of the address
-		b[i/4*4+3-i%4] = byte(v)
+		b[i/4*4+3-i%4] = hi<<4 | lo
 	}
 	if n == 4 {
 		return netip.AddrFrom4([4]byte{b[0], b[1], b[2], b[3]}), true
