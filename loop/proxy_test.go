@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -397,5 +398,71 @@ func TestProxySettingsChange(t *testing.T) {
 	c.send(`{"op":"pub","room":"r","id":"m3","body":1}`)
 	if m := c.expectAnswer("m3"); m["op"] != "ack" {
 		t.Fatalf("m3: %v", m)
+	}
+}
+
+// The node signs its proxy calls with the app's secrets as the registry
+// has them: a rotation set on a running node (SetApps) signs the next
+// calls with both secrets, so a backend that already knows only the new
+// one allows them; once the previous secret has expired, a backend that
+// knows only that one rejects the calls (401), and the app failing closed
+// refuses the publishes.
+func TestProxyCallsSignedFollowRotation(t *testing.T) {
+	const newSecret = "new-secret-of-app-a-0123456789"
+	var mu sync.Mutex
+	knows, sigs := []string{secretA}, []int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		ts := r.Header.Get("X-Roost-Timestamp")
+		got := strings.Split(r.Header.Get("X-Roost-Signature"), ",")
+		sec, err := strconv.ParseInt(ts, 10, 64)
+		mu.Lock()
+		defer mu.Unlock()
+		sigs = append(sigs, len(got))
+		ok := false
+		for _, s := range knows {
+			ok = ok || err == nil && time.Since(time.Unix(sec, 0)).Abs() < 5*time.Minute &&
+				slices.Contains(got, proto.SignBody([]string{s}, sec, body))
+		}
+		if !ok {
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		io.WriteString(w, `{"allow":true}`)
+	}))
+	t.Cleanup(srv.Close)
+	a := proxied("a", proto.Proxy{Publish: srv.URL})
+	n := secureNode(t, nil, a)
+	c := n.dialApp(t, "a", "alice")
+	pub := func(id string) map[string]any {
+		c.send(`{"op":"pub","room":"r","id":"` + id + `","body":1}`)
+		return c.expectAnswer(id)
+	}
+	lastSigs := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return sigs[len(sigs)-1]
+	}
+	if m := pub("m1"); m["op"] != "ack" || lastSigs() != 1 {
+		t.Fatalf("m1 signed with the app's secret: %v, %d signatures", m, lastSigs())
+	}
+	a.Secret, a.PreviousSecret, a.PreviousUntil = newSecret, secretA, time.Now().Add(time.Hour)
+	n.srv.SetApps([]proto.App{a})
+	mu.Lock()
+	knows = []string{newSecret}
+	mu.Unlock()
+	if m := pub("m2"); m["op"] != "ack" || lastSigs() != 2 {
+		t.Fatalf("m2 during the rotation: %v, %d signatures", m, lastSigs())
+	}
+	a.PreviousUntil = time.Now().Add(-time.Second)
+	n.srv.SetApps([]proto.App{a})
+	if m := pub("m3"); m["op"] != "ack" || lastSigs() != 1 {
+		t.Fatalf("m3 after the rotation: %v, %d signatures", m, lastSigs())
+	}
+	mu.Lock()
+	knows = []string{secretA}
+	mu.Unlock()
+	if m := pub("m4"); m["op"] != "err" || m["code"] != "overloaded" {
+		t.Fatalf("m4 to a backend knowing only the expired secret: %v", m)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,21 @@ type Target struct {
 	URL      string
 	Timeout  time.Duration
 	FailOpen bool
+	// The app's secrets sign each call as webhooks are signed
+	// (proto.Signer); the previous one until PreviousUntil, during a
+	// rotation. No secret: not signed.
+	Secret, PreviousSecret string
+	PreviousUntil          time.Time
+}
+
+// secrets are t's secrets valid at now, in s's room.
+func (t *Target) secrets(now time.Time, s *[2]string) []string {
+	s[0] = t.Secret
+	if t.PreviousSecret != "" && now.Before(t.PreviousUntil) {
+		s[1] = t.PreviousSecret
+		return s[:2]
+	}
+	return s[:1]
 }
 
 // Call is one question to a backend and, once Done runs, its answer.
@@ -234,7 +250,15 @@ func (p *Pool) Close() {
 	}
 }
 
+// signing is a worker's own: its signer and the buffer it signs into,
+// kept from one call to the next.
+type signing struct {
+	signer proto.Signer
+	sig    []byte
+}
+
 func (p *Pool) work(q *appQueue) {
+	var sg signing
 	idle := time.NewTimer(idleExit)
 	defer idle.Stop()
 	for {
@@ -242,7 +266,7 @@ func (p *Pool) work(q *appQueue) {
 		select {
 		case c := <-q.ch:
 			q.idle.Add(-1)
-			p.do(q, c)
+			p.do(q, c, &sg)
 			if !idle.Stop() {
 				<-idle.C
 			}
@@ -286,7 +310,7 @@ type response struct {
 // maxAnswer bounds what is read of an answer.
 const maxAnswer = 4 << 10
 
-func (p *Pool) do(q *appQueue, c *Call) {
+func (p *Pool) do(q *appQueue, c *Call, sg *signing) {
 	t0 := c.asked
 	t := &c.target
 	body, err := sonic.Marshal(&request{Type: KindNames[c.Kind], App: c.App, User: c.User, Room: c.Room, ID: c.ID, Body: c.Body, Client: c.Client})
@@ -306,6 +330,17 @@ func (p *Pool) do(q *appQueue, c *Call) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "roost-proxy")
 	req.Header.Set("X-Roost-App", c.App)
+	if t.Secret != "" {
+		// Signed as sent, so that a backend can tell roost's calls from
+		// forged ones (docs/protocol.md, Proxy hooks).
+		now := time.Now()
+		var sec [2]string
+		sg.sig = strconv.AppendInt(sg.sig[:0], now.Unix(), 10)
+		n := len(sg.sig)
+		sg.sig = sg.signer.Append(sg.sig, t.secrets(now, &sec), now.Unix(), body)
+		req.Header["X-Roost-Timestamp"] = []string{string(sg.sig[:n])}
+		req.Header["X-Roost-Signature"] = []string{string(sg.sig[n:])}
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {

@@ -20,9 +20,6 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -488,11 +485,11 @@ func post(ctx context.Context, client *http.Client, hc *hookCfg, body []byte) er
 	if err != nil {
 		return err
 	}
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	now := time.Now()
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "roost-webhook")
-	req.Header.Set("X-Roost-Timestamp", ts)
-	req.Header.Set("X-Roost-Signature", Sign(hc.app.Secrets(time.Now()), ts, body))
+	req.Header.Set("X-Roost-Timestamp", strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set("X-Roost-Signature", proto.SignBody(hc.app.Secrets(now), now.Unix(), body))
 	resp, err := client.Do(req)
 	if err != nil {
 		return err
@@ -504,28 +501,6 @@ func post(ctx context.Context, client *http.Client, hc *hookCfg, body []byte) er
 		return statusError(resp.StatusCode)
 	}
 	return nil
-}
-
-// Sign is the X-Roost-Signature value: sha256=HEX of HMAC-SHA256 over
-// "TIMESTAMP.BODY" with each secret, comma-separated (two during a
-// rotation).
-func Sign(secrets []string, ts string, body []byte) string {
-	var out []byte
-	for _, s := range secrets {
-		if s == "" {
-			continue
-		}
-		m := hmac.New(sha256.New, []byte(s))
-		m.Write([]byte(ts))
-		m.Write([]byte{'.'})
-		m.Write(body)
-		if len(out) > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, "sha256="...)
-		out = hex.AppendEncode(out, m.Sum(nil))
-	}
-	return string(out)
 }
 
 func quote(s string) string {
