@@ -273,6 +273,10 @@ func writeTable(w io.Writer, rep *Report) {
 		fmtDur(r.AckLatency.P50), fmtDur(r.AckLatency.P90), fmtDur(r.AckLatency.P99), fmtDur(r.AckLatency.P999), fmtDur(r.AckLatency.Max))
 	fmt.Fprintf(w, "sequence: %d gaps (%d missing), %d duplicates, %d reordered, %d rooms with acked messages not received\n",
 		r.Gaps, r.Missing, r.Duplicates, r.Reordered, r.AckedNotReceived)
+	for _, m := range r.NotReceived {
+		fmt.Fprintf(w, "  not received: room r%d acked up to seq %d; %s on url %d has seq %d (joined at %.1fs, rejoin %v)\n",
+			m.Room, m.Acked, m.Member.User, m.Member.Node, m.Member.Last, m.Member.JoinedS, m.Member.Rejoin)
+	}
 	fmt.Fprintf(w, "closes: %s; errors: %s\n", fmtCloses(r.Closes), fmtErrors(r.Errors))
 	fmt.Fprintf(w, "bench CPU %.2fs (%.3f µs per received frame)", r.BenchCPU, r.BenchUsPerFrame)
 	if r.NodeCPU > 0 {

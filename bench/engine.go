@@ -175,6 +175,8 @@ type levelStats struct {
 	TotalSent   uint64           `json:"total_sent"`
 	TotalFrames uint64           `json:"total_frames"` // text frames received
 	LastMin     map[int32]uint64 `json:"last_min,omitempty"`
+	// per room index: the member holding LastMin, to say who missed what
+	LastWho map[int32]Lagger `json:"last_who,omitempty"`
 
 	// reconnection, since connect
 	Rejoins  uint64 `json:"rejoins"`   // connections joined again after losing their socket
@@ -232,8 +234,25 @@ func (s *levelStats) merge(o *levelStats) {
 		}
 		if cur, ok := s.LastMin[r]; !ok || v < cur {
 			s.LastMin[r] = v
+			if w, ok := o.LastWho[r]; ok {
+				if s.LastWho == nil {
+					s.LastWho = map[int32]Lagger{}
+				}
+				s.LastWho[r] = w
+			}
 		}
 	}
+}
+
+// Lagger is the member of a room furthest behind at the end of a level:
+// where it listened and when it last joined, to place a missed ack in the
+// run's faults.
+type Lagger struct {
+	User    string  `json:"user"`
+	Node    int     `json:"node"`     // index of the --url its socket went to
+	Last    uint64  `json:"last"`     // its highest seq in order
+	JoinedS float64 `json:"joined_s"` // its last join, seconds after the engine started
+	Rejoin  bool    `json:"rejoined"`
 }
 
 // engine owns the loops and the run's phase.
@@ -1476,6 +1495,11 @@ func (l *loop) handOver() {
 			}
 			if cur, ok := st.LastMin[c.spec.room]; !ok || c.ck.Last() < cur {
 				st.LastMin[c.spec.room] = c.ck.Last()
+				if st.LastWho == nil {
+					st.LastWho = map[int32]Lagger{}
+				}
+				st.LastWho[c.spec.room] = Lagger{User: c.spec.user, Node: c.target, Last: c.ck.Last(),
+					JoinedS: float64(c.joinSent-l.e.serStart.Load()) / 1e9, Rejoin: c.away}
 			}
 		}
 	}

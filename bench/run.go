@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -177,6 +178,9 @@ type LevelResult struct {
 	Reordered  uint64            `json:"reordered"`
 	// rooms in which some open member's in-order seq is below an acked seq
 	AckedNotReceived int `json:"rooms_acked_not_received"`
+	// the first of those rooms (by index): the acked seq and the member
+	// furthest behind, to find the miss in the store and the faults
+	NotReceived []MissedRoom `json:"acked_not_received,omitempty"`
 
 	BenchCPU         float64 `json:"bench_cpu_s"`
 	BenchUsPerFrame  float64 `json:"bench_cpu_us_per_frame"`
@@ -192,6 +196,17 @@ type LevelResult struct {
 
 	Sustained bool   `json:"sustained"`
 	Broken    string `json:"broken,omitempty"` // why not sustained
+}
+
+// maxMissedRooms bounds the rooms listed in a report's acked_not_received.
+const maxMissedRooms = 20
+
+// MissedRoom is a room whose highest acked seq some open member never
+// received in order.
+type MissedRoom struct {
+	Room   int32  `json:"room"` // index: the room's name is RUNID-rINDEX
+	Acked  uint64 `json:"acked_seq"`
+	Member Lagger `json:"member"`
 }
 
 // NodeUsage is one node process over one window.
@@ -263,7 +278,12 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 	for room, acked := range st.AckMax {
 		if last, ok := st.LastMin[room]; ok && last < acked {
 			r.AckedNotReceived++
+			r.NotReceived = append(r.NotReceived, MissedRoom{Room: room, Acked: acked, Member: st.LastWho[room]})
 		}
+	}
+	sort.Slice(r.NotReceived, func(i, j int) bool { return r.NotReceived[i].Room < r.NotReceived[j].Room })
+	if len(r.NotReceived) > maxMissedRooms {
+		r.NotReceived = r.NotReceived[:maxMissedRooms]
 	}
 	if len(p.pids) > 0 && s0.err == nil && s1.err == nil {
 		for i, ref := range p.pids {

@@ -841,7 +841,7 @@ func (r *Redis) subscribeOn(ctx context.Context, c *subConn, keys []string) {
 			r.subscribeErrors.Add(uint64(hi - lo))
 			r.lastErr = err
 			if re, ok := rueidis.IsRedisErr(err); ok {
-				if _, moved := re.IsRedirect(); moved || re.IsClusterDown() || re.IsTryAgain() || re.IsLoading() {
+				if retryable(re) {
 					r.stale = r.cluster
 					continue // retried after a slot refresh
 				}
@@ -861,6 +861,19 @@ func (r *Redis) subscribeOn(ctx context.Context, c *subConn, keys []string) {
 			delete(r.unsynced, k)
 		}
 	}
+}
+
+// retryable reports whether a Redis error answering SSUBSCRIBE heals once
+// the slot map is read again: the cluster is resharding or failing over.
+// While a slot moves the shards disagree on its owner for a moment, so an
+// SSUBSCRIBE sent by a fresh slot map can still be answered MOVED (or ASK);
+// taking that for a refusal would leave the room wanted but subscribed
+// nowhere, its members hearing nothing more with no gap to reveal it.
+// (rueidis' IsRedirect is the client-tracking REDIRECT, not MOVED.)
+func retryable(re *rueidis.RedisError) bool {
+	_, moved := re.IsMoved()
+	_, ask := re.IsAsk()
+	return moved || ask || re.IsClusterDown() || re.IsTryAgain() || re.IsLoading()
 }
 
 // buildCmds returns the (S)SUBSCRIBE or (S)UNSUBSCRIBE commands for keys:

@@ -502,6 +502,69 @@ func TestRedisCluster(t *testing.T) {
 			return nil
 		})
 	})
+
+	t.Run("SlotMigrationMoved", func(t *testing.T) {
+		// While a slot moves, the shards disagree on its owner for a
+		// moment: the old owner has dropped the room's subscription and
+		// answers MOVED, the new one, not yet told, answers MOVED back.
+		// The broker must keep the room wanted and subscribe it once the
+		// move completes, not take MOVED for a refusal and forget it
+		// (its members would then hear nothing more, with no gap to show).
+		cfg := cfg
+		cfg.Prefix = redistest.Prefix(t)
+		r := newRecorder()
+		b := newTestRedis(t, cfg, r)
+		key := "app\x00moved"
+		subscribeWait(t, b, key)
+		from := ownerOf(t, b, key)
+		slot := strconv.Itoa(int(b.slotOf(key)))
+		var to string
+		for _, a := range addrs {
+			if a != from {
+				to = a
+				break
+			}
+		}
+		cli := func(addr string, args ...string) string {
+			t.Helper()
+			_, port, _ := net.SplitHostPort(addr)
+			p, _ := strconv.Atoi(port)
+			return redistest.CLI(t, p, args...)
+		}
+		toID := strings.TrimSpace(cli(to, "cluster", "myid"))
+		fromID := strings.TrimSpace(cli(from, "cluster", "myid"))
+		errs0 := b.Stats().SubscribeErrors
+		cli(to, "cluster", "setslot", slot, "importing", fromID)
+		cli(from, "cluster", "setslot", slot, "migrating", toID)
+		cli(from, "cluster", "setslot", slot, "node", toID)
+		checkFor(t, 5*time.Second, func() error {
+			if b.Stats().SubscribeErrors == errs0 {
+				return errors.New("no SSUBSCRIBE answered MOVED while the shards disagree")
+			}
+			return nil
+		})
+		for _, a := range append([]string{to}, addrs...) {
+			cli(a, "cluster", "setslot", slot, "node", toID)
+		}
+		redistest.WaitClusterOK(t, c)
+		checkFor(t, 10*time.Second, func() error {
+			if r.resetCount() < 1 {
+				return errors.New("OnReset not called after the slot moved")
+			}
+			return nil
+		})
+		if got := ownerOf(t, b, key); got != to {
+			t.Fatalf("room subscribed on %s after moving to %s", got, to)
+		}
+		ctx := context.Background()
+		checkFor(t, 5*time.Second, func() error { return b.Publish(ctx, key, 1, testFrame(key, 1)) })
+		checkFor(t, 5*time.Second, func() error {
+			if r.count(key) != 1 {
+				return errors.New("message not delivered after the slot moved")
+			}
+			return nil
+		})
+	})
 }
 
 // ownerOf returns the shard address the broker subscribes key on, read on

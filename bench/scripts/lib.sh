@@ -31,9 +31,10 @@ cleanup() {
   machine end
   for p in "${started[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
   for p in "${started[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
-  if [ -n "$db" ]; then
+  if [ -n "$db" ] && [ -z "${KEEP_DB:-}" ]; then
     psql "$pg_admin" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
   fi
+  [ -n "${KEEP_DB:-}" ] && [ -n "$db" ] && echo "database kept: $db"
   rm -rf "$work/redis" "$bin"
   echo "results in $OUT"
   exit $rc
