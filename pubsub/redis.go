@@ -846,7 +846,7 @@ func (r *Redis) subscribeOn(ctx context.Context, c *subConn, keys []string) {
 					continue // retried after a slot refresh
 				}
 				// A refusal (ACL, bad name) does not heal by retrying.
-				r.log.Error("redis refused a subscription", "addr", c.addr, "err", err)
+				r.log.Error("redis refused a subscription", "addr", c.addr, "keys", keys[lo:hi], "err", err)
 				for _, k := range keys[lo:hi] {
 					delete(r.unsynced, k)
 				}

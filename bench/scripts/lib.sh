@@ -6,7 +6,8 @@
 # Environment: ROOST_TEST_DATABASE_URL (default
 # postgres://postgres@127.0.0.1:5432/test?sslmode=disable) is where the
 # run's own database is created; OUT is where results go (default a new
-# directory under /tmp, printed at the end).
+# directory under /tmp, printed at the end). KEEP_DB=1 keeps the run's database
+# (its name is printed at the end) to read the store after a failed verdict.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
