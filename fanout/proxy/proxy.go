@@ -257,6 +257,27 @@ type signing struct {
 	sig    []byte
 }
 
+// sign sets h's X-Roost-Timestamp and X-Roost-Signature for body, sent
+// at now, so that a backend can tell the node's calls from forged ones
+// (docs/protocol.md, Proxy hooks). A target without a secret is not
+// signed (every registry app has one).
+func (sg *signing) sign(h http.Header, t *Target, body []byte, now time.Time) {
+	if t.Secret == "" {
+		return
+	}
+	var sec [2]string
+	sg.sig = strconv.AppendInt(sg.sig[:0], now.Unix(), 10)
+	n := len(sg.sig)
+	sg.sig = sg.signer.Append(sg.sig, t.secrets(now, &sec), now.Unix(), body)
+	// One string and one slice for both values: the header needs
+	// strings, and each conversion or slice is an allocation.
+	v := string(sg.sig)
+	vs := make([]string, 2)
+	vs[0], vs[1] = v[:n], v[n:]
+	h["X-Roost-Timestamp"] = vs[0:1:1]
+	h["X-Roost-Signature"] = vs[1:2:2]
+}
+
 func (p *Pool) work(q *appQueue) {
 	var sg signing
 	idle := time.NewTimer(idleExit)
@@ -330,17 +351,7 @@ func (p *Pool) do(q *appQueue, c *Call, sg *signing) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "roost-proxy")
 	req.Header.Set("X-Roost-App", c.App)
-	if t.Secret != "" {
-		// Signed as sent, so that a backend can tell roost's calls from
-		// forged ones (docs/protocol.md, Proxy hooks).
-		now := time.Now()
-		var sec [2]string
-		sg.sig = strconv.AppendInt(sg.sig[:0], now.Unix(), 10)
-		n := len(sg.sig)
-		sg.sig = sg.signer.Append(sg.sig, t.secrets(now, &sec), now.Unix(), body)
-		req.Header["X-Roost-Timestamp"] = []string{string(sg.sig[:n])}
-		req.Header["X-Roost-Signature"] = []string{string(sg.sig[n:])}
-	}
+	sg.sign(req.Header, t, body, time.Now())
 	resp, err := p.client.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
