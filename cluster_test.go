@@ -2,7 +2,7 @@ package main_test
 
 // Many nodes, end to end: real `roost serve` processes sharing one
 // PostgreSQL database and one Redis (single or a three-shard Cluster), real
-// WebSocket clients spread over them, and the faults of issue 4: a Redis
+// WebSocket clients spread over them, and the faults the design calls for: a Redis
 // restart during a publish burst and a node killed with SIGKILL.
 
 import (

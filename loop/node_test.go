@@ -267,7 +267,7 @@ func clientFrame(op ws.OpCode, fin bool, payload []byte) []byte {
 	return b
 }
 
-// An idle connection's own state must stay small (issue 2: at most 2 KiB of
+// An idle connection's own state must stay small (the density target: at most 2 KiB of
 // RSS per idle joined connection, gnet's ~430 B included; later work adds an
 // app id, a user id and a token expiry, which already fit). The struct is a
 // budget, checked here so growth is a decision, not an accident.
