@@ -37,7 +37,7 @@ func TestWebhookDeadCommands(t *testing.T) {
 		m := hmac.New(sha256.New, []byte(secret))
 		m.Write([]byte(r.Header.Get("X-Roost-Timestamp") + "." + string(body)))
 		if r.Header.Get("X-Roost-Signature") != "sha256="+hex.EncodeToString(m.Sum(nil)) {
-			http.Error(w, "bad signature", 401)
+			http.Error(w, "bad signature", http.StatusUnauthorized)
 			return
 		}
 		mu.Lock()

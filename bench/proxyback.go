@@ -102,10 +102,6 @@ func (ps *proxyServer) stop() (calls, denied int64) {
 	return ps.calls.Load(), ps.denied.Load()
 }
 
-func containsBody(b []byte, s string) bool {
-	return bytes.Contains(b, []byte(s))
-}
-
 // probeBackend calls url in bursts, as the bench's publishers make a node
 // do, over a pool of kept-alive connections, and prints the latency.
 func probeBackend(url string, rate float64, burst int, life time.Duration, stdout, stderr io.Writer) int {

@@ -25,7 +25,6 @@ import (
 // sseEvent is one dispatched event as an EventSource sees it.
 type sseEvent struct {
 	event, data, id string
-	retry           int
 }
 
 // sseClient is a raw-TCP EventSource: it parses the stream as the HTML
