@@ -21,23 +21,33 @@ import (
 // deadlocked (PostgreSQL breaks a cycle only after deadlock_timeout, 1 s,
 // failing one side: "cannot create rooms: overloaded"); this test failed
 // with 75 deadlocks (and took 81 s instead of 4) before ensureRooms
-// stopped locking existing rows.
-func TestPostgresNodesShareRoomsWithoutDeadlock(t *testing.T) {
+
+// nodeStores opens n stores on one new database, as n nodes sharing it,
+// over a rooms table of production size: the planner then updates a
+// batch's rooms through index lookups in the batch's own order (on a tiny
+// table a sequential scan takes them in one order by chance), which is
+// what made commits of different nodes lock shared rooms in opposite
+// orders.
+func nodeStores(t *testing.T, n int) (string, []*Postgres) {
+	t.Helper()
 	url := newTestDB(t)
-	const nodes, rooms, batches, perBatch = 4, 40, 80, 30
-	stores := make([]*Postgres, nodes)
+	stores := make([]*Postgres, n)
 	for i := range stores {
 		stores[i] = openTestPG(t, url, PGConfig{})
 		t.Cleanup(stores[i].Close)
 	}
-	ctx := context.Background()
-	// A rooms table of production size, so that the planner updates the
-	// batch's rooms through index lookups in the batch's own order (on a
-	// tiny table a sequential scan takes them in one order by chance).
-	if _, err := stores[0].pool.Exec(ctx, `INSERT INTO apps (id) VALUES ('other') ON CONFLICT DO NOTHING;
+	if _, err := stores[0].pool.Exec(context.Background(), `INSERT INTO apps (id) VALUES ('other') ON CONFLICT DO NOTHING;
 INSERT INTO rooms (app, name) SELECT 'other', 'r' || g FROM generate_series(1, 20000) g; ANALYZE rooms`); err != nil {
 		t.Fatal(err)
 	}
+	return url, stores
+}
+
+// stopped locking existing rows.
+func TestPostgresNodesShareRoomsWithoutDeadlock(t *testing.T) {
+	const nodes, rooms, batches, perBatch = 4, 40, 80, 30
+	url, stores := nodeStores(t, nodes)
+	ctx := context.Background()
 	// Every node makes (or finds) the rooms at once, in its own order: the
 	// room-creation path must not deadlock either. Then every node knows
 	// every room, and only the commits' locks are at stake.

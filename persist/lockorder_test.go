@@ -23,20 +23,9 @@ import (
 // fail a batch) and took 174 s; with the rooms locked in id order, none, in
 // under a second of commits.
 func TestPostgresCommitsLockRoomsInOneOrder(t *testing.T) {
-	url := newTestDB(t)
 	const nodes, perNode, rooms, batches = 4, 2, 300, 30
-	stores := make([]*Postgres, nodes)
-	for i := range stores {
-		stores[i] = openTestPG(t, url, PGConfig{})
-		t.Cleanup(stores[i].Close)
-	}
+	url, stores := nodeStores(t, nodes)
 	ctx := context.Background()
-	// A rooms table of production size, so that the batch's rooms are
-	// updated through index lookups rather than one sequential scan.
-	if _, err := stores[0].pool.Exec(ctx, `INSERT INTO apps (id) VALUES ('other') ON CONFLICT DO NOTHING;
-INSERT INTO rooms (app, name) SELECT 'other', 'r' || g FROM generate_series(1, 20000) g; ANALYZE rooms`); err != nil {
-		t.Fatal(err)
-	}
 	key := func(r int) string { return proto.RoomKey("app", fmt.Sprint("room", r)) }
 	warm := make([]*proto.PubRequest, rooms)
 	for r := range warm {
