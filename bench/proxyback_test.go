@@ -1,0 +1,97 @@
+package bench
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// The bench backend verifies each call's signature as an app's backend
+// would: good ones (also one of two during a rotation) are answered,
+// forged, missing, stale or for another body are refused 401 and counted.
+func TestProxyBackendVerifiesSignatures(t *testing.T) {
+	const secret = "s3cret"
+	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Millisecond, precise: true, secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pb.stop()
+	body := []byte(`{"type":"publish","app":"a","user":"u","room":"r","id":"1","body":"x"}`)
+	now := time.Now().Unix()
+	good := proto.SignBody([]string{secret}, now, body)
+	cases := []struct {
+		name, ts, sig string
+		body          []byte
+		want          int
+	}{
+		{"good", strconv.FormatInt(now, 10), good, body, 200},
+		{"rotation, the new secret first", strconv.FormatInt(now, 10), proto.SignBody([]string{"next", secret}, now, body), body, 200},
+		{"other secret", strconv.FormatInt(now, 10), proto.SignBody([]string{"other"}, now, body), body, 401},
+		{"other body", strconv.FormatInt(now, 10), good, []byte(`{"type":"publish"}`), 401},
+		{"unsigned", "", "", body, 401},
+		{"no timestamp", "", good, body, 401},
+		{"stale", strconv.FormatInt(now-600, 10), proto.SignBody([]string{secret}, now-600, body), body, 401},
+		{"truncated", strconv.FormatInt(now, 10), good[:len(good)-1], body, 401},
+	}
+	for _, c := range cases {
+		req, _ := http.NewRequest(http.MethodPost, pb.url+"/publish", bytes.NewReader(c.body))
+		if c.ts != "" {
+			req.Header.Set("X-Roost-Timestamp", c.ts)
+		}
+		if c.sig != "" {
+			req.Header.Set("X-Roost-Signature", c.sig)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s: status %d (%s), want %d", c.name, resp.StatusCode, b, c.want)
+		}
+		if c.want == 200 && string(b) != `{"allow":true}` {
+			t.Errorf("%s: answer %s", c.name, b)
+		}
+	}
+	if got := pb.bad.Load(); got != 6 {
+		t.Errorf("bad signatures counted %d, want 6", got)
+	}
+	if s := pb.summary(); !strings.Contains(s, "8 calls answered") || !strings.Contains(s, "6 bad signatures") || !strings.Contains(s, "past their deadline") {
+		t.Errorf("summary %q", s)
+	}
+}
+
+// Without a secret nothing is verified: an unsigned call is allowed.
+func TestProxyBackendUnverified(t *testing.T) {
+	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pb.stop()
+	resp, err := http.Post(pb.url+"/connect", "application/json", strings.NewReader(`{"type":"connect"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || pb.bad.Load() != 0 || strings.Contains(pb.summary(), "bad signatures") {
+		t.Errorf("status %d, bad %d, summary %q", resp.StatusCode, pb.bad.Load(), pb.summary())
+	}
+}
+
+// A precise wait never ends before its deadline.
+func TestWaitUntilNotEarly(t *testing.T) {
+	for _, d := range []time.Duration{0, 100 * time.Microsecond, time.Millisecond, 3 * time.Millisecond} {
+		dl := time.Now().Add(d)
+		waitUntil(dl)
+		if early := time.Until(dl); early > 0 {
+			t.Errorf("wait of %s ended %s early", d, early)
+		}
+	}
+}
