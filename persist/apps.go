@@ -217,7 +217,10 @@ WHERE id = $1`, args...); err != nil {
 // WatchApps listens for the registry's notifications on a connection of its
 // own (outside the pool, which the publish workers need) and re-reads the
 // whole registry after each one, and every interval in case a notification
-// was lost with its connection.
+// was lost with its connection. A read that failed is tried again sooner
+// than a whole interval later (retryAppsRead): when PostgreSQL restarts, the
+// pool's recently used connections die with the listener's, and the first
+// read after the new LISTEN meets one of them.
 func (p *Postgres) WatchApps(ctx context.Context, every time.Duration, fn func([]proto.App), log *slog.Logger) {
 	if p.reloadApps == nil {
 		panic("BUG: persist: WatchApps on a Postgres not made by OpenPostgres")
@@ -239,6 +242,19 @@ func (p *Postgres) WatchApps(ctx context.Context, every time.Duration, fn func([
 			failing = false
 			fn(apps)
 		}
+		// next is how long to wait for a notification before reading anyway:
+		// after failed reads, a backoff from retryAppsRead up to every, so
+		// that a fleet does not hammer a PostgreSQL that is coming back.
+		retry := retryAppsRead
+		next := func() time.Duration {
+			if !failing {
+				retry = retryAppsRead
+				return every
+			}
+			d := min(every, retry)
+			retry *= 2
+			return d
+		}
 		for ctx.Err() == nil {
 			conn, err := pgx.ConnectConfig(ctx, p.pool.Config().ConnConfig.Copy())
 			if err == nil {
@@ -254,14 +270,14 @@ func (p *Postgres) WatchApps(ctx context.Context, every time.Duration, fn func([
 				read()
 				select {
 				case <-ctx.Done():
-				case <-time.After(every):
+				case <-time.After(next()):
 				case <-p.reloadApps:
 				}
 				continue
 			}
 			read()
 			for ctx.Err() == nil {
-				wctx, cancel := context.WithTimeout(ctx, every)
+				wctx, cancel := context.WithTimeout(ctx, next())
 				waited := make(chan struct{})
 				go func() {
 					select {
@@ -285,6 +301,10 @@ func (p *Postgres) WatchApps(ctx context.Context, every time.Duration, fn func([
 		}
 	}()
 }
+
+// retryAppsRead is how soon WatchApps first reads the registry again after
+// a read failed.
+const retryAppsRead = 200 * time.Millisecond
 
 // Reload makes WatchApps re-read the registry now.
 func (p *Postgres) Reload() {
