@@ -905,11 +905,7 @@ func (l *loop) read(c *conn) (more bool) {
 			return more
 		}
 		if !ok {
-			line := b[:hn]
-			if i := indexCRLF(line); i >= 0 {
-				line = line[:i]
-			}
-			l.abort(c, fmt.Errorf("SSE stream refused: %q", line))
+			l.abort(c, refused("SSE stream refused", b, hn, l.e.secret != nil))
 			return false
 		}
 		b = b[hn:]
@@ -922,11 +918,7 @@ func (l *loop) read(c *conn) (more bool) {
 			return more
 		}
 		if !ok {
-			line := b[:hn]
-			if i := indexCRLF(line); i >= 0 {
-				line = line[:i]
-			}
-			l.abort(c, fmt.Errorf("upgrade refused: %q", line))
+			l.abort(c, refused("upgrade refused", b, hn, l.e.secret != nil))
 			return false
 		}
 		b = b[hn:]
@@ -958,6 +950,25 @@ func (l *loop) read(c *conn) (more bool) {
 	}
 	c.in = append(c.in[:0], rest...)
 	return more
+}
+
+// refused names a refused upgrade or SSE request: its status line and the
+// node's reason, the body of the answer (in the same read: the node writes
+// a refusal at once and closes). A 401 to a bench without a secret is a
+// node in token mode, and the error says what it wants.
+func refused(what string, b []byte, headLen int, haveSecret bool) error {
+	line := b[:headLen]
+	if i := indexCRLF(line); i >= 0 {
+		line = line[:i]
+	}
+	msg := fmt.Sprintf("%s: %q", what, line)
+	if body := bytes.TrimSpace(b[headLen:]); len(body) > 0 {
+		msg += fmt.Sprintf(" (%q)", body[:min(len(body), 200)])
+	}
+	if !haveSecret && bytes.Contains(line, []byte(" 401 ")) {
+		msg += ": the node wants tokens; give --app A with the app's secret (--secret-file F, ROOST_SECRET or --secret S)"
+	}
+	return errors.New(msg)
 }
 
 func indexCRLF(b []byte) int {

@@ -264,6 +264,27 @@ func TestPubFrameDecodesOnTheNode(t *testing.T) {
 	}
 }
 
+// A refused connection's error carries the node's reason, and a 401 to a
+// bench without a secret says how to give one.
+func TestRefusedNamesTheReason(t *testing.T) {
+	resp := proto.AppendHTTPError(nil, &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's secret"})
+	n, ok := parseUpgradeResponse(resp)
+	if n == 0 || ok {
+		t.Fatalf("n %d ok %v for %q", n, ok, resp)
+	}
+	got := refused("upgrade refused", resp, n, true).Error()
+	if got != `upgrade refused: "HTTP/1.1 401 Unauthorized" ("token signature does not match the app's secret")` {
+		t.Fatalf("with a secret: %s", got)
+	}
+	if got := refused("upgrade refused", resp, n, false).Error(); !strings.Contains(got, "give --app A with the app's secret") {
+		t.Fatalf("without a secret: %s", got)
+	}
+	head := []byte("HTTP/1.1 403 Forbidden\r\n\r\n") // no body yet: the status line alone
+	if got := refused("SSE stream refused", head, len(head), false).Error(); got != `SSE stream refused: "HTTP/1.1 403 Forbidden"` {
+		t.Fatalf("no body: %s", got)
+	}
+}
+
 func TestUpgradeResponse(t *testing.T) {
 	resp := proto.AppendUpgradeResponse(nil, []byte(wsKey))
 	n, ok := parseUpgradeResponse(append(resp, 0x81, 0))
