@@ -177,7 +177,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		}
 		if !ok {
 			pg.Close()
-			return fatal(errors.New("database schema is outdated: run `roost migrate` or start with --migrate"))
+			return fatal(errors.New("database schema is missing or outdated: run `roost migrate` or start with --migrate"))
 		}
 		pg.SetRetentionPolicy(c.retention)
 		pg.StartRetention(ctx, c.retInterval)

@@ -71,7 +71,7 @@ func (r *registryFlags) open(ctx context.Context) (persist.Registry, func(), err
 		}
 		ok, err := pg.SchemaCurrent(ctx)
 		if err == nil && !ok {
-			err = errors.New("database schema is outdated: run `roost migrate`")
+			err = errors.New("database schema is missing or outdated: run `roost migrate`")
 		}
 		if err != nil {
 			pg.Close()
@@ -638,6 +638,11 @@ func tokenMain(args []string, stdout, stderr io.Writer) int {
 		for i := range apps {
 			if apps[i].ID == *appID {
 				sec = apps[i].Secret
+				if apps[i].Disabled {
+					// The token is still made (for a test, or ready for
+					// enable); a script that hands it out should know.
+					fmt.Fprintf(stderr, "roost token: warning: app %s is disabled: nodes refuse its clients (403 app disabled) until roost app enable %s\n", *appID, *appID)
+				}
 			}
 		}
 		if sec == "" {

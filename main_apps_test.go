@@ -138,6 +138,12 @@ func appCommands(t *testing.T, reg ...string) {
 	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "show", "chat")...)), &v); err != nil || v.Enabled {
 		t.Fatalf("disabled app shows enabled: %+v", v)
 	}
+	// A token of a disabled app is still printed, alone on stdout; the
+	// warning goes to stderr.
+	if code, out, errs := roost(t, with("token", "--app", "chat", "--user", "alice")...); code != 0 || strings.Count(strings.TrimSpace(out), ".") != 2 || strings.Contains(out, " ") ||
+		!strings.Contains(errs, "app chat is disabled") {
+		t.Fatalf("token of a disabled app: exit %d stdout %q stderr %q", code, out, errs)
+	}
 	mustRoost(t, with("app", "enable", "chat")...)
 
 	// roost token takes the secret from the registry, or from a file.
