@@ -349,6 +349,8 @@ database-url = postgres://app:filepw@db:5432/chat
 		`redis-url\s+redis://:\*\*\*\*\*@127.0.0.1:6379\s+env REDIS_URL`,
 		`listen\s+127.0.0.1:7003\s+flag`,
 		`batch-window\s+10ms\s+default`,
+		// The pool size it computes from the 5 publish workers, not a bare default.
+		`pg-max-conns\s+24 \(4 x publish workers \+ 4\)\s+default`,
 	} {
 		if !regexp.MustCompile(`(?m)^` + line + `$`).MatchString(s) {
 			t.Errorf("print-config lacks a line matching %s:\n%s", line, s)
