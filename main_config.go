@@ -127,6 +127,8 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.RetryMax, "retry-max", d.RetryMax, "longest reconnect hint; hints are drawn from [retry-min, retry-max)")
 	fs.DurationVar(&c.node.SSEMaxAge, "sse-max-age", 0, "end an SSE stream after about this long (jittered by up to a tenth), with a jittered retry hint, so that long-lived listeners spread over nodes added since (0: never)")
 	fs.IntVar(&c.node.InboxLimit, "inbox-limit", d.InboxLimit, "tasks queued for one event loop before its new publishes get err overloaded and deliveries to it are read from the store instead")
+	fs.IntVar(&c.node.ProxyInFlight, "proxy-inflight", d.ProxyInFlight, "proxy hook calls of one app in flight from this node at once: the HTTP connections its backend sees from the node")
+	fs.IntVar(&c.node.ProxyQueue, "proxy-queue", d.ProxyQueue, "proxy hook calls of one app waiting for one of its --proxy-inflight slots; past it a call is not made and the app's --proxy-fail mode answers")
 	fs.DurationVar(&c.node.ShedAfter, "shed-after", d.ShedAfter, "answer new publishes err overloaded while an event loop's publishes take longer than this from read to commit (0: never)")
 	fs.StringVar(&c.node.NodeID, "node-id", "", "this node's name for operators and clients (X-Roost-Node header, /healthz, metrics, logs); default HOSTNAME:PORT")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:6060", "admin listener `host:port` (/debug/pprof/, /healthz, /readyz, /metrics); \"off\" disables")
@@ -779,6 +781,8 @@ func bindValues(c *config, into map[string]string) {
 		"sse-max-age":         d(n.SSEMaxAge),
 		"inbox-limit":         strconv.Itoa(n.InboxLimit),
 		"shed-after":          d(n.ShedAfter),
+		"proxy-inflight":      strconv.Itoa(n.ProxyInFlight),
+		"proxy-queue":         strconv.Itoa(n.ProxyQueue),
 		"node-id":             n.NodeID,
 		"admin":               c.admin,
 		"api":                 c.api,

@@ -522,3 +522,41 @@ func TestServeRefusesOutdatedSchema(t *testing.T) {
 		t.Fatal("node with --migrate did not serve")
 	}
 }
+
+// The proxy pool's sizes come from flags, the environment or the config
+// file like every setting, reach the node's config, and are checked.
+func TestProxyPoolSettings(t *testing.T) {
+	parseWith := func(args []string, env map[string]string, file string) (config, string) {
+		var c config
+		errs := parse(args, &c, io.Discard,
+			func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+			func(string) ([]byte, error) { return []byte(file), nil })
+		var msgs []string
+		for _, e := range errs {
+			msgs = append(msgs, e.Error())
+		}
+		return c, strings.Join(msgs, "\n")
+	}
+	c, errs := parseWith(nil, nil, "")
+	if errs != "" || c.node.ProxyInFlight != 32 || c.node.ProxyQueue != 1024 {
+		t.Fatalf("defaults: inflight %d, queue %d, errors %s", c.node.ProxyInFlight, c.node.ProxyQueue, errs)
+	}
+	c, errs = parseWith([]string{"--config", "f"}, map[string]string{"ROOST_PROXY_QUEUE": "64"}, "proxy-inflight = 8\nproxy-queue = 9\n")
+	if errs != "" || c.node.ProxyInFlight != 8 || c.node.ProxyQueue != 64 || c.source["proxy-inflight"] != "file f:1" || c.source["proxy-queue"] != "env ROOST_PROXY_QUEUE" {
+		t.Fatalf("inflight %d from %s, queue %d from %s, errors %s", c.node.ProxyInFlight, c.source["proxy-inflight"], c.node.ProxyQueue, c.source["proxy-queue"], errs)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--proxy-inflight", "0"}, "invalid --proxy-inflight 0: want 1 to 4096"},
+		{[]string{"--proxy-inflight", "5000"}, "invalid --proxy-inflight 5000: want 1 to 4096"},
+		{[]string{"--proxy-queue", "0"}, "invalid --proxy-queue 0: want 1 to 1048576"},
+		{[]string{"--proxy-queue", "-3"}, "invalid --proxy-queue -3: want 1 to 1048576"},
+		{[]string{"--proxy-queue", "many"}, `invalid --proxy-queue "many" (from flag): want a whole number`},
+	} {
+		if _, errs := parseWith(tc.args, nil, ""); !strings.Contains(errs, tc.want) || strings.Count(errs, "\n") != 0 {
+			t.Errorf("%v: errors %q, want one containing %q", tc.args, errs, tc.want)
+		}
+	}
+}

@@ -62,7 +62,13 @@ type Config struct {
 	// ShedAfter: while a loop's publishes take longer than this from read
 	// to commit (smoothed), it answers new ones err overloaded (0: never).
 	ShedAfter time.Duration
-	Apps      map[string][]byte // app id -> HS256 secret (--app-secret)
+	// ProxyInFlight is the most proxy hook calls of one app in flight
+	// from this node at once: the HTTP connections its backend sees from
+	// it. ProxyQueue is the most calls of one app waiting behind those;
+	// past it a call is not made and the app's fail mode answers.
+	ProxyInFlight int
+	ProxyQueue    int
+	Apps          map[string][]byte // app id -> HS256 secret (--app-secret)
 	// Registry: apps come from a registry (SetApps) too, so a node with
 	// no Apps is still in token mode.
 	Registry bool
@@ -116,6 +122,8 @@ func Defaults() Config {
 		RetryMax:        5 * time.Second,
 		ShedAfter:       time.Second,
 		InboxLimit:      65536,
+		ProxyInFlight:   proxy.DefaultInFlight,
+		ProxyQueue:      proxy.DefaultQueue,
 		Limits:          DefaultLimits(),
 		Leeway:          5 * time.Second,
 		InsecureMaxApps: 100,
@@ -322,7 +330,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		gnetErrs: new(errLines),
 	}
 	s.perIP.n = make(map[netip.Addr]int32)
-	s.proxy = proxy.New(proxy.Config{Latency: orNone(h.ProxyLatency), Log: log})
+	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Latency: orNone(h.ProxyLatency), Log: log})
 	s.Stats.WriteFrames = orNone(h.WriteFrames)
 	s.Stats.AckLatency = orNone(h.AckLatency)
 	if cfg.NodeID != "" {
@@ -384,6 +392,12 @@ func (c *Config) Validate() []error {
 	}
 	if c.InboxLimit < 16 {
 		bad("invalid --inbox-limit %d: want at least 16", c.InboxLimit)
+	}
+	if c.ProxyInFlight < 1 || c.ProxyInFlight > proxy.MaxInFlight {
+		bad("invalid --proxy-inflight %d: want 1 to %d", c.ProxyInFlight, proxy.MaxInFlight)
+	}
+	if c.ProxyQueue < 1 || c.ProxyQueue > proxy.MaxQueue {
+		bad("invalid --proxy-queue %d: want 1 to %d", c.ProxyQueue, proxy.MaxQueue)
 	}
 	if c.ShedAfter < 0 || (c.ShedAfter > 0 && c.ShedAfter < 10*time.Millisecond) {
 		bad("invalid --shed-after %s: want 0 (never) or at least 10ms", c.ShedAfter)

@@ -112,13 +112,25 @@ type Call struct {
 // reason (123 bytes) with room to spare.
 const MaxMessage = 100
 
-// Config sizes the pool; zero values take the defaults.
+// The pool's sizes per app: the defaults, and the most a node accepts
+// (each call in flight is a goroutine and an HTTP connection, each one
+// waiting a Call held with its publish).
+const (
+	DefaultInFlight = 32
+	DefaultQueue    = 1024
+	MaxInFlight     = 4096
+	MaxQueue        = 1 << 20
+)
+
+// Config sizes the pool.
 type Config struct {
-	// Workers is the most calls in flight per app (default 32): the
-	// HTTP connections one app's backend sees from this node.
+	// Workers is the most calls in flight per app (0: DefaultInFlight):
+	// the HTTP connections one app's backend sees from this node.
 	Workers int
-	// Queue is the most calls waiting per app (default 1024); past it a
-	// call is answered at once with Full and the app's fail mode.
+	// Queue is the most calls of one app not yet taken by a worker (0:
+	// DefaultQueue), those a worker was just started for included: a
+	// burst needs room here even while workers are free. Past it a call
+	// is answered at once with Full and the app's fail mode.
 	Queue int
 	// Latency observes each call's seconds (asked to answered).
 	Latency interface{ Observe(float64) }
@@ -159,10 +171,10 @@ const idleExit = 30 * time.Second
 // New returns a pool.
 func New(cfg Config) *Pool {
 	if cfg.Workers <= 0 {
-		cfg.Workers = 32
+		cfg.Workers = DefaultInFlight
 	}
 	if cfg.Queue <= 0 {
-		cfg.Queue = 1024
+		cfg.Queue = DefaultQueue
 	}
 	if cfg.Latency == nil {
 		cfg.Latency = noObserver{}

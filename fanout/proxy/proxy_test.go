@@ -77,3 +77,65 @@ func TestQueueFullAndTimeoutFromAsk(t *testing.T) {
 		t.Fatal("no call counted queue_full")
 	}
 }
+
+// Workers caps the calls of one app in flight: a backend that holds every
+// call sees exactly that many at once, however many are asked, and the
+// rest are made as those are answered.
+func TestInFlightCap(t *testing.T) {
+	const cap, asked = 3, 12
+	var mu sync.Mutex
+	now, most := 0, 0
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		now++
+		most = max(most, now)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		now--
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{"allow":true}`))
+	}))
+	defer srv.Close()
+	p := New(Config{Workers: cap, Queue: asked})
+	defer p.Close()
+	done := make(chan *Call, asked)
+	tg := Target{URL: srv.URL, Timeout: 5 * time.Second}
+	calls := make([]Call, asked)
+	for i := range calls {
+		calls[i] = Call{Kind: Publish, App: "a", Done: func(c *Call) { done <- c }}
+		if !p.Ask(&calls[i], tg) {
+			t.Fatalf("call %d not queued: %+v", i, calls[i])
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := now
+		mu.Unlock()
+		if n == cap || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // time for a worker past the cap to show
+	close(release)
+	for range asked {
+		if c := <-done; c.Result != Allowed {
+			t.Fatalf("answer %+v", c)
+		}
+	}
+	if most != cap {
+		t.Fatalf("the backend saw %d calls at once, want %d", most, cap)
+	}
+}
+
+// Zero sizes take the defaults.
+func TestConfigDefaults(t *testing.T) {
+	p := New(Config{})
+	defer p.Close()
+	if p.cfg.Workers != DefaultInFlight || p.cfg.Queue != DefaultQueue {
+		t.Fatalf("workers %d, queue %d", p.cfg.Workers, p.cfg.Queue)
+	}
+}
