@@ -35,7 +35,7 @@ const (
 
 // repairPages bounds one gap or tail repair read, in replay pages: the
 // members get what was missing in steps, the next one once they have taken
-// most of this one (CheckGaps).
+// most of this one (CheckGaps, pumpTails).
 const repairPages = 4
 
 // readJob is a store read for a loop's Table. Store reads may take

@@ -40,6 +40,10 @@ type Room struct {
 	// repairMore: the last repair read stopped at its bounds with more to
 	// read; the next step follows once the members took most of this one.
 	repairMore bool
+	// tailPacedSince is the loop's clock (ms) when a tail repair's next
+	// step started waiting for the members to take the last one (in
+	// Table.tailPaced); 0 when it does not wait.
+	tailPacedSince int64
 }
 
 // Held is a delivery that waits for its turn.
@@ -626,6 +630,7 @@ func (t *Table) CheckGaps() {
 		t.tailRetry = t.tailRetry[:0]
 		t.readTails()
 	}
+	t.pumpTails(now, window)
 	if len(t.gaps) == 0 {
 		return
 	}
@@ -675,7 +680,12 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 		}
 		return // a gap is tried again after the next window
 	}
-	if more {
+	// The store's oldest message is past the room's next seq: what lies
+	// between is gone from the store too (retention, --keep). Reading on
+	// would answer this same step again and again, the members waiting
+	// for ever; they get the verdict below now.
+	lost := len(held) > 0 && held[0].Seq > r.last+1
+	if more && !lost {
 		// One bounded step of a long repair: the next follows once the
 		// members have taken most of this one (CheckGaps; readTails).
 		r.repairMore = true
@@ -683,12 +693,21 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 			r.gapSince = t.loop.Now() - t.node.cfg.GapWindow.Milliseconds()
 		}
 		if tail {
-			t.queueTail(r)
+			if r.backlogged(t.limit / 2) {
+				// As a gap's steps are (CheckGaps): the next step is read
+				// once the members have taken most of this one, so that a
+				// member that reads slowly is not closed as a slow consumer
+				// for messages the store holds.
+				r.tailPacedSince = t.loop.Now()
+				t.tailPaced = append(t.tailPaced, r)
+			} else {
+				t.queueTail(r)
+			}
 		}
 		return
 	}
 	r.repairMore = false
-	if r.last >= upto || len(r.held) == 0 || r.held[0].Seq == r.last+1 {
+	if !lost && (r.last >= upto || len(r.held) == 0 || r.held[0].Seq == r.last+1) {
 		// Everything asked for is delivered. What is still held waits
 		// behind a newer gap (messages in flight meanwhile), which gets a
 		// window of its own rather than a verdict from this read.
@@ -709,6 +728,9 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 		t.promoteAhead(r)
 	}
 	t.releaseHeld(r)
+	if more && tail {
+		t.queueTail(r) // the rest of the tail, for those who join from here
+	}
 }
 
 // Lost tells the table that deliveries of the rooms keys did not reach
@@ -737,12 +759,46 @@ func (t *Table) reset() {
 }
 
 func (t *Table) queueTail(r *Room) {
+	if r.tailPacedSince != 0 {
+		return // its paced step reads up to the newest seq anyway (pumpTails)
+	}
 	if t.tailWant == nil {
 		t.tailWant = make(map[*Room]bool)
 	}
 	if !t.tailWant[r] {
 		t.tailWant[r] = true
 		t.tails = append(t.tails, r)
+	}
+}
+
+// pumpTails queues the next step of the tail repairs that wait for their
+// members (tailPaced): once no member holds more than half the outbound
+// limit, or after ten gap windows whatever the members hold, so that one
+// member that stopped reading does not hold the room back (it is then
+// closed as a slow consumer, as it would be by live traffic).
+func (t *Table) pumpTails(now, window int64) {
+	if len(t.tailPaced) == 0 {
+		return
+	}
+	keep := t.tailPaced[:0]
+	queued := false
+	for _, r := range t.tailPaced {
+		if t.rooms[r.key] != r {
+			r.tailPacedSince = 0
+			continue
+		}
+		if r.backlogged(t.limit/2) && now-r.tailPacedSince < 10*window {
+			keep = append(keep, r)
+			continue
+		}
+		r.tailPacedSince = 0
+		t.queueTail(r)
+		queued = true
+	}
+	clear(t.tailPaced[len(keep):])
+	t.tailPaced = keep
+	if queued {
+		t.readTails()
 	}
 }
 

@@ -110,6 +110,9 @@ type Table struct {
 	tailReads   int
 	tailRetry   []*Room
 	tailRetryAt int64
+	// tailPaced are rooms whose tail repair stopped at its bounds and
+	// whose next step waits for the members to take the last (pumpTails).
+	tailPaced []*Room
 
 	paced []*Member // members whose next store read waits for their output to leave (pump)
 }
@@ -443,5 +446,5 @@ func (t *Table) CloseSlow() {
 // tick, or a quiet room would wait for the next sweep), or a replay waiting
 // for its member's output to leave.
 func (t *Table) NeedsTick() bool {
-	return len(t.dirty) > 0 || len(t.gaps) > 0 || len(t.tailRetry) > 0 || len(t.paced) > 0
+	return len(t.dirty) > 0 || len(t.gaps) > 0 || len(t.tailRetry) > 0 || len(t.paced) > 0 || len(t.tailPaced) > 0
 }

@@ -5,13 +5,17 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/bytedance/sonic"
 	"github.com/gobwas/ws"
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/proto/prototest"
 )
 
 // TestInboxBoundDeliveries: deliveries past InboxLimit are not queued;
@@ -175,5 +179,130 @@ func TestInboxAllocationFree(t *testing.T) {
 	}
 	if got, want := s.Stats.FramesOut.Load(), uint64(300*4*22); got != want {
 		t.Fatalf("%d frames written, want %d: the cycle did not fan out", got, want)
+	}
+}
+
+// TestLongRepairToSlowReader: a repair far larger than the outbound limit
+// (3,000 messages of 16 KB that overflowed a stalled loop's inbox, read
+// back from the store) reaches a member that reads slowly, every seq in
+// order, and never makes it a slow consumer: the repair's steps are paced
+// by what the members have taken, as a catch-up is.
+func TestLongRepairToSlowReader(t *testing.T) {
+	const total = 3000
+	n, slow := overflowRoom(t, 5000, total, 16<<10)
+	// About 16 MB/s: 48 MB take some 3 s, while the store reads far faster.
+	for seq := 1; seq <= total; seq++ {
+		if m := slow.nextMsg(t, n); m.Op != "msg" || m.Seq != seq {
+			t.Fatalf("at seq %d: %+v (slow closes %d)", seq, m, n.fan.Stats.SlowCloses.Load())
+		}
+		if seq%16 == 0 {
+			time.Sleep(16 * time.Millisecond)
+		}
+	}
+	if got := n.fan.Stats.SlowCloses.Load(); got != 0 {
+		t.Fatalf("%d slow-consumer closes during the repair", got)
+	}
+	if got := n.srv.Stats.InboxOverflow.Load(); got < total-16 {
+		t.Fatalf("overflow counted %d, want at least %d", got, total-16)
+	}
+}
+
+// TestRepairPastTheStoreCloses: when the messages a repair needs are gone
+// from the store too (here: the memory store keeps 1,000 of the 3,000 that
+// overflowed), the member is closed with 1013 at once instead of waiting
+// for ever while the same step is read again and again, and its rejoin is
+// told recovered:false from the oldest kept seq.
+func TestRepairPastTheStoreCloses(t *testing.T) {
+	const total, keep = 3000, 1000
+	n, slow := overflowRoom(t, keep, total, 16<<10)
+	for seq := 1; seq <= 16; seq++ { // what the inbox held
+		if m := slow.nextMsg(t, n); m.Op != "msg" || m.Seq != seq {
+			t.Fatalf("at seq %d: %+v", seq, m)
+		}
+	}
+	if m := slow.nextMsg(t, n); m.Op != "close" || m.Code != proto.CloseTryAgain {
+		t.Fatalf("after seq 16: %+v, want the close 1013", m)
+	}
+	if got := n.fan.Stats.GapCloses.Load(); got != 1 {
+		t.Fatalf("gap closes %d, want 1", got)
+	}
+	c := n.dial(t, "back")
+	c.send(`{"op":"join","room":"r","since":16}`)
+	c.expect(map[string]any{"op": "joined", "recovered": false, "from": total - keep + 1})
+	for seq := total - keep + 1; seq <= total; seq++ {
+		if m := c.nextMsg(t, n); m.Op != "msg" || m.Seq != seq {
+			t.Fatalf("rejoin at seq %d: %+v", seq, m)
+		}
+	}
+}
+
+// overflowRoom joins a member to room r of a one-loop node on a memory
+// store keeping keep messages per room, stalls the loop, commits total
+// messages of size-byte bodies and hands each to the node as the broker
+// does: all but InboxLimit of them overflow the inbox, and the loop, once
+// released, reads the rest from the store.
+func overflowRoom(t *testing.T, keep, total, size int) (*node, *client) {
+	t.Helper()
+	cfg := testConfig()
+	cfg.Loops, cfg.InboxLimit = 1, 16
+	n := startNodeWith(t, cfg, persist.NewMemory(keep), testLogger(), nil)
+	c := n.dial(t, "slow")
+	c.send(`{"op":"join","room":"r"}`)
+	c.expect(map[string]any{"op": "joined", "room": "r"})
+	l := n.srv.loops[0].Load()
+	release := make(chan struct{})
+	stalled := make(chan struct{})
+	if err := l.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		close(stalled)
+		<-release
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	<-stalled
+	key := proto.RoomKey("test", "r")
+	body := []byte(`"` + strings.Repeat("b", size) + `"`)
+	for i := 1; i <= total; i++ {
+		req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("m-" + strconv.Itoa(i)), Body: body}
+		res := make([]proto.PubResult, 1)
+		if err := n.store.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
+			t.Fatalf("commit %d: %v %v", i, err, res[0].Err)
+		}
+		n.fan.OnMessage(key, res[0].Seq, proto.AppendMsgFrame(nil, "r", res[0].Seq, req.ID, req.From, res[0].TS, req.Body))
+	}
+	close(release)
+	return n, c
+}
+
+type wireMsg struct {
+	Op   string
+	Seq  int
+	Code int // a close frame's code (Op "close")
+}
+
+// nextMsg reads c's next msg frame or close frame (skipping the node's
+// pings) within 5 s.
+func (c *client) nextMsg(t *testing.T, n *node) wireMsg {
+	t.Helper()
+	for {
+		_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		f, err := prototest.ReadFrame(c.rd)
+		if err != nil {
+			t.Fatalf("read: %v (slow closes %d, gap closes %d)", err, n.fan.Stats.SlowCloses.Load(), n.fan.Stats.GapCloses.Load())
+		}
+		switch f.Op {
+		case ws.OpPing:
+			continue
+		case ws.OpClose:
+			if len(f.Data) < 2 {
+				return wireMsg{Op: "close"}
+			}
+			return wireMsg{Op: "close", Code: int(f.Data[0])<<8 | int(f.Data[1])}
+		}
+		var m wireMsg
+		if f.Op != ws.OpText || sonic.Unmarshal(f.Data, &m) != nil {
+			t.Fatalf("frame %v %.120q", f.Op, f.Data)
+		}
+		return m
 	}
 }
