@@ -1,6 +1,7 @@
 package loop
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -477,5 +478,54 @@ func TestTakeIsExactAtTheBoundary(t *testing.T) {
 	}
 	if w := take(&p.pubTAT, int64(100*time.Millisecond), interval, tol); w != 0 {
 		t.Fatalf("on time waits %d", w)
+	}
+}
+
+// A client flooding past its limits costs the loop no allocation: reading
+// a batch of publishes refused as rate_limited and too_large, and joins
+// past the room limit, answering each and writing the answers, through the
+// real OnTraffic path.
+func TestRefusalsAllocationFree(t *testing.T) {
+	s, el := fuzzNode(t)
+	gc := &memConn{el: el}
+	s.OnOpen(gc)
+	l := s.loops[0].Load()
+	t.Cleanup(l.stopTimers)
+	gc.in = append(gc.in, fuzzUpgrade...)
+	s.OnTraffic(gc)
+	c, _ := gc.ctx.(*conn)
+	if c == nil || gc.closed {
+		t.Fatalf("upgrade failed: %q", gc.out)
+	}
+	c.app.cfg.Store(resolve(Limits{PubRate: 1, PubBurst: 1, MaxMsg: 8}, 1, &proto.App{ID: c.app.id}))
+	// The user's bucket is spent for the next hour: every publish is refused.
+	c.au.tat.Store(int64(time.Since(monoEpoch) + time.Hour))
+	var batch []byte
+	for i := 0; i < 8; i++ {
+		batch = append(batch, clientFrame(ws.OpText, true, []byte(`{"op":"pub","room":"r0","id":"m-1","body":1}`))...)
+		batch = append(batch, clientFrame(ws.OpText, true, []byte(`{"op":"pub","room":"r0","id":"big","body":"0123456789"}`))...)
+		batch = append(batch, clientFrame(ws.OpText, true, []byte(`{"op":"join","room":"r1"}`))...)
+	}
+	in := make([]byte, 0, len(batch))
+	gc.out = make([]byte, 0, 1<<20)
+	read := func() {
+		gc.in = append(in[:0], batch...)
+		gc.out = gc.out[:0]
+		s.OnTraffic(gc)
+	}
+	// The connection's one room.
+	gc.in = append(gc.in, clientFrame(ws.OpText, true, []byte(`{"op":"join","room":"r0"}`))...)
+	s.OnTraffic(gc)
+	read()
+	for _, want := range []string{`"code":"rate_limited"`, `"code":"too_large"`, `"code":"forbidden"`} {
+		if n := bytes.Count(gc.out, []byte(want)); n != 8 {
+			t.Fatalf("%d answers with %s in one read, want 8:\n%s", n, want, gc.out)
+		}
+	}
+	if n := testing.AllocsPerRun(200, read); n != 0 {
+		t.Fatalf("refusing a flood allocates %.1f per read of %d frames", n, 3*8)
+	}
+	if gc.closed {
+		t.Fatal("the flooding client was closed")
 	}
 }
