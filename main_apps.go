@@ -95,7 +95,7 @@ var limitNames = []struct{ name, help string }{
 	{"pub-burst", "publishes one user may send at once"},
 	{"app-pub-rate", "publishes per second of the app on a node"},
 	{"max-msg", "largest message body in bytes"},
-	{"max-rooms", "rooms one connection may join"},
+	{"max-rooms", "rooms one connection may join (only lowers the node's --max-rooms; 0: the node's)"},
 	{"max-presence", "presence subscribers of one room, per node (joins with presence past it get err forbidden)"},
 	{"keep-age", "retention: delete messages older than this (PostgreSQL; 0: forever)"},
 	{"keep-count", "retention: keep this many newest messages per room (PostgreSQL; 0: all)"},

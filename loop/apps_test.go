@@ -529,3 +529,27 @@ func TestRefusalsAllocationFree(t *testing.T) {
 		t.Fatal("the flooding client was closed")
 	}
 }
+
+// An app's max_rooms only lowers the node's --max-rooms: 0 (off) or a
+// higher value leaves the node's ceiling, and SSE, which names its rooms
+// up front, is refused past it with the number like WebSocket joins.
+func TestAppMaxRoomsBelowTheNodes(t *testing.T) {
+	n := secureNode(t, func(c *Config) { c.MaxRooms = 2 },
+		proto.App{ID: "a", Secret: secretA, Limits: proto.AppLimits{MaxRooms: i64(0)}},
+		proto.App{ID: "b", Secret: secretB, Limits: proto.AppLimits{MaxRooms: i64(5)}})
+	hour := time.Now().Add(time.Hour)
+	for _, tc := range []struct{ app, secret string }{{"a", secretA}, {"b", secretB}} {
+		token := tok(tc.secret, tc.app, "u", hour)
+		c := n.dialQuery(t, "token="+token)
+		c.send(`{"op":"join","room":"r1"}`)
+		c.expect(map[string]any{"op": "joined", "room": "r1"})
+		c.send(`{"op":"join","room":"r2"}`)
+		c.expect(map[string]any{"op": "joined", "room": "r2"})
+		c.send(`{"op":"join","room":"r3"}`)
+		c.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "r3"})
+		s := n.sse(t, "room=r1&room=r2&room=r3&token="+token)
+		if s.status != 400 || !strings.Contains(s.header.Get("X-Body"), "at most 2 per connection") {
+			t.Fatalf("app %s: SSE with 3 rooms past the node's 2: %d %q", tc.app, s.status, s.header.Get("X-Body"))
+		}
+	}
+}

@@ -124,7 +124,7 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 		maxConns:     i64(o.MaxConns, lim.MaxConns),
 		maxUserConns: i64(o.MaxUserConns, lim.MaxUserConns),
 		maxMsg:       i64(o.MaxMsg, lim.MaxMsg),
-		maxRooms:     int(i64(o.MaxRooms, int64(maxRooms))),
+		maxRooms:     appMaxRooms(o.MaxRooms, maxRooms),
 		maxPresence:  int(i64(o.MaxPresence, lim.MaxPresence)),
 	}
 	for _, s := range a.Secrets(time.Now()) {
@@ -155,6 +155,17 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 	ar := f64(o.AppPubRate, lim.AppPubRate)
 	c.appInterval, c.appTolerance = bucket(ar, int64(math.Ceil(ar)))
 	return c
+}
+
+// appMaxRooms is an app's rooms per connection: its override can only lower
+// the node's --max-rooms, the ceiling fanout holds every connection to, so
+// 0 (off) or a higher value leaves the ceiling. SSE checks its rooms
+// against this before it answers, and must not accept what fanout refuses.
+func appMaxRooms(override *int64, node int) int {
+	if override == nil || *override <= 0 || *override > int64(node) {
+		return node
+	}
+	return int(*override)
 }
 
 // bucket turns a rate and burst into GCRA terms.
