@@ -135,7 +135,10 @@ type Config struct {
 	// Latency observes each call's seconds (asked to answered).
 	Latency interface{ Observe(float64) }
 	Log     *slog.Logger
-	Client  *http.Client
+	// Client, when set, makes every call (tests, a custom transport);
+	// else plain-HTTP calls are made directly (direct.go) and https ones
+	// through a kept-alive net/http pool.
+	Client *http.Client
 }
 
 // Stats counts calls by kind and result. Any goroutine.
@@ -149,6 +152,10 @@ type Pool struct {
 	log    *slog.Logger
 	client *http.Client
 	Stats  Stats
+
+	// direct: plain-HTTP calls are made by the workers themselves
+	// (direct.go), not through client.
+	direct bool
 
 	mu     sync.Mutex
 	apps   map[string]*appQueue
@@ -192,7 +199,8 @@ func New(cfg Config) *Pool {
 		tr.IdleConnTimeout = 90 * time.Second
 		c = &http.Client{Transport: tr}
 	}
-	return &Pool{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*appQueue{}, stop: make(chan struct{})}
+	return &Pool{cfg: cfg, log: cfg.Log, client: c, direct: cfg.Client == nil && directOK(),
+		apps: map[string]*appQueue{}, stop: make(chan struct{})}
 }
 
 type noObserver struct{}
@@ -274,24 +282,37 @@ type signing struct {
 // (docs/protocol.md, Proxy hooks). A target without a secret is not
 // signed (every registry app has one).
 func (sg *signing) sign(h http.Header, t *Target, body []byte, now time.Time) {
-	if t.Secret == "" {
+	ts, sig, ok := sg.values(t, body, now)
+	if !ok {
 		return
+	}
+	// One string and one slice for both values: the header needs
+	// strings, and each conversion or slice is an allocation.
+	v := string(sg.sig)
+	vs := make([]string, 2)
+	vs[0], vs[1] = v[:len(ts)], v[len(ts):len(ts)+len(sig)]
+	h["X-Roost-Timestamp"] = vs[0:1:1]
+	h["X-Roost-Signature"] = vs[1:2:2]
+}
+
+// values are the X-Roost-Timestamp and X-Roost-Signature of body sent at
+// now, in sg's buffer (valid until the next call); not ok: t has no
+// secret, the call is not signed.
+func (sg *signing) values(t *Target, body []byte, now time.Time) (ts, sig []byte, ok bool) {
+	if t.Secret == "" {
+		return nil, nil, false
 	}
 	var sec [2]string
 	sg.sig = strconv.AppendInt(sg.sig[:0], now.Unix(), 10)
 	n := len(sg.sig)
 	sg.sig = sg.signer.Append(sg.sig, t.secrets(now, &sec), now.Unix(), body)
-	// One string and one slice for both values: the header needs
-	// strings, and each conversion or slice is an allocation.
-	v := string(sg.sig)
-	vs := make([]string, 2)
-	vs[0], vs[1] = v[:n], v[n:]
-	h["X-Roost-Timestamp"] = vs[0:1:1]
-	h["X-Roost-Signature"] = vs[1:2:2]
+	return sg.sig[:n], sg.sig[n:], true
 }
 
 func (p *Pool) work(q *appQueue) {
 	var sg signing
+	var d direct
+	defer d.close()
 	idle := time.NewTimer(idleExit)
 	defer idle.Stop()
 	for {
@@ -299,7 +320,7 @@ func (p *Pool) work(q *appQueue) {
 		select {
 		case c := <-q.ch:
 			q.idle.Add(-1)
-			p.do(q, c, &sg)
+			p.do(q, c, &sg, &d)
 			if !idle.Stop() {
 				<-idle.C
 			}
@@ -343,13 +364,27 @@ type response struct {
 // maxAnswer bounds what is read of an answer.
 const maxAnswer = 4 << 10
 
-func (p *Pool) do(q *appQueue, c *Call, sg *signing) {
+func (p *Pool) do(q *appQueue, c *Call, sg *signing, d *direct) {
 	t0 := c.asked
 	t := &c.target
 	body, err := sonic.Marshal(&request{Type: KindNames[c.Kind], App: c.App, User: c.User, Room: c.Room, ID: c.ID, Body: c.Body, Client: c.Client})
 	if err != nil {
 		p.fail(q, c, Failed, err, t0)
 		return
+	}
+	if p.direct {
+		if e := d.endpoint(c.Kind, t.URL); e.ok {
+			b, err := d.roundTrip(e, c, body, sg, c.asked.Add(t.Timeout))
+			switch {
+			case err != nil && isTimeout(err):
+				p.fail(q, c, Timeout, err, t0)
+			case err != nil:
+				p.fail(q, c, Failed, err, t0)
+			default:
+				p.verdict(q, c, b, t0)
+			}
+			return
+		}
 	}
 	// The timeout counts from the ask: a call that waited in the queue
 	// past it is answered without being made.
@@ -387,7 +422,13 @@ func (p *Pool) do(q *appQueue, c *Call, sg *signing) {
 	case resp.StatusCode/100 != 2:
 		p.fail(q, c, Failed, errors.New("status "+resp.Status), t0)
 		return
-	case len(b) > maxAnswer:
+	}
+	p.verdict(q, c, b, t0)
+}
+
+// verdict answers c with the backend's answer b (a 2xx body).
+func (p *Pool) verdict(q *appQueue, c *Call, b []byte, t0 time.Time) {
+	if len(b) > maxAnswer {
 		p.fail(q, c, Failed, errors.New("answer larger than 4 KiB"), t0)
 		return
 	}
