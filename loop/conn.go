@@ -183,6 +183,7 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	}
 	c.read()
 	c.l.settle()
+	c.l.passFresh = false // input was read: a pass in progress may write its next slice
 	c.l.kick()
 	return gnet.None
 }
