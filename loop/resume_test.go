@@ -473,8 +473,11 @@ func testLongReplay(t *testing.T, rs *resumeStore) {
 		if err := sonic.Unmarshal(p, &m); err != nil || m.Op != "msg" || m.Seq != seq || len(p) < size {
 			t.Fatalf("at seq %d: %.120s", seq, p)
 		}
-		if seq%20 == 0 {
-			time.Sleep(time.Millisecond) // a slow reader: about 320 KB per ms at best
+		if seq%10 == 0 {
+			// A slow reader: 160 KB per 2 ms, 80 MB/s at best, so the 160
+			// MB take at least 2 s while the store could hand them over
+			// far faster (the memory store fills them in a quarter of that).
+			time.Sleep(2 * time.Millisecond)
 		}
 	}
 	took := time.Since(start)
