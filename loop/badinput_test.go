@@ -152,6 +152,21 @@ func TestSlowConsumerClosed(t *testing.T) {
 	good.send(`{"op":"join","room":"firehose"}`)
 	good.expect(map[string]any{"op": "joined"})
 	pub := n.dial(t, "pub")
+	// How long the lazy connection outlives its slow-consumer close: its
+	// close frame cannot leave (the kernel holds what it did not read), so
+	// the linger ends it.
+	lingered := make(chan time.Duration, 1)
+	go func() {
+		deadline := time.Now().Add(time.Minute)
+		for n.fan.Stats.SlowCloses.Load() == 0 && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
+		closed := time.Now()
+		for n.srv.Stats.Conns.Load() > 2 && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
+		lingered <- time.Since(closed)
+	}()
 	body := `"` + strings.Repeat("y", 900) + `"`
 	const total, window = 8000, 100
 	errc := make(chan error, 1)
@@ -192,6 +207,12 @@ func TestSlowConsumerClosed(t *testing.T) {
 	// The node dropped the lazy connection (it sits in the kernel's send
 	// queue behind data the client never read) and kept the two others.
 	checkFor(t, 5*time.Second, func() bool { return n.srv.Stats.Conns.Load() == 2 })
+	// At most the linger (1 s), plus a second of slack for a shared machine.
+	if d := <-lingered; d > lingerMax+time.Second {
+		t.Fatalf("the slow consumer's socket was closed %s after its close, linger is %s", d, lingerMax)
+	} else {
+		t.Logf("the slow consumer's socket was closed %s after its close", d)
+	}
 }
 
 // The 101 response names the node, so a client can tell where it is.
