@@ -145,6 +145,10 @@ type roostNode struct {
 	cmd    *exec.Cmd
 	logf   string
 	exited chan struct{}
+	// env is added to the node's environment, and tokenMode leaves out
+	// --insecure (plainNode and startPlain only).
+	env       []string
+	tokenMode bool
 }
 
 // startNodes starts n nodes in parallel and waits until each is ready.

@@ -52,8 +52,11 @@ func plainNode(t *testing.T, nofile int, noWait bool, extra ...string) *roostNod
 
 func startPlain(t *testing.T, n *roostNode, bin string, nofile int, noWait bool, extra []string) *roostNode {
 	t.Helper()
-	args := append([]string{"serve", "--insecure", "--listen", n.addr, "--admin", n.admin, "--api", "off",
+	args := append([]string{"serve", "--listen", n.addr, "--admin", n.admin, "--api", "off",
 		"--loops", "1", "--drain", "200ms", "--flush", "1ms"}, extra...)
+	if !n.tokenMode {
+		args = append(args[:1], append([]string{"--insecure"}, args[1:]...)...)
+	}
 	lf, err := os.Create(n.logf)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +67,7 @@ func startPlain(t *testing.T, n *roostNode, bin string, nofile int, noWait bool,
 		// node's from its first instruction, as under systemd's LimitNOFILE.
 		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$1" && shift && exec "$0" "$@"`, bin, strconv.Itoa(nofile)}, args...)...)
 	}
-	cmd.Env = nodeEnv()
+	cmd.Env = append(nodeEnv(), n.env...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -564,6 +567,54 @@ func TestPubIDCharactersAndHistoryBeforeZero(t *testing.T) {
 	if f := c.expect("history"); len(f.json["messages"].([]any)) != 1 {
 		t.Fatalf("history before 2: %s, want seq 1", f.data)
 	}
+}
+
+// From the smaller items: app secrets come from a file or the
+// environment (the docs say never to put them on the command line), and
+// a secret given there anyway is masked in the admin listener's
+// /debug/pprof/cmdline. On the real binary, in token mode.
+func TestSecretsFromFileEnvAndCmdline(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "secrets")
+	if err := os.WriteFile(file, []byte("# app secrets\nchat=file-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	newNode := func(name string, env ...string) *roostNode {
+		return &roostNode{name: name, addr: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+			admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
+			logf:   filepath.Join(t.TempDir(), name+".log"),
+			exited: make(chan struct{}), env: env, tokenMode: true}
+	}
+	a := startPlain(t, newNode("file-env", "ROOST_APP_SECRET=web=env-secret"), roostBinary(t), 0, false, []string{"--app-secret-file", file})
+	for app, secret := range map[string]string{"chat": "file-secret", "web": "env-secret"} {
+		c, err := dialFrom(t, "127.0.0.1", a.addr, "token="+signToken(secret, app, "u"))
+		if err != nil {
+			t.Fatalf("app %s with its secret from the %s: %v", app, map[string]string{"chat": "file", "web": "environment"}[app], err)
+		}
+		c.conn.Close()
+		if code, body := upgradeStatus(t, a.addr, "/ws?token="+signToken("wrong", app, "u"), nil); code != http.StatusUnauthorized {
+			t.Errorf("app %s, wrong secret: %d %q, want 401", app, code, body)
+		}
+	}
+	if code, _ := upgradeStatus(t, a.addr, "/ws?user=u&app=chat", nil); code == http.StatusSwitchingProtocols {
+		t.Errorf("a node with secrets let a client in without a token")
+	}
+
+	b := startPlain(t, newNode("cmdline"), roostBinary(t), 0, false,
+		[]string{"--app-secret", "cli=topsecret-one,two=topsecret-two"})
+	resp, err := httpClient.Get("http://" + b.admin + "/debug/pprof/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "topsecret") || !strings.Contains(string(body), "cli=*****,two=*****") {
+		t.Errorf("/debug/pprof/cmdline shows %q", body)
+	}
+	c, err := dialFrom(t, "127.0.0.1", b.addr, "token="+signToken("topsecret-one", "cli", "u"))
+	if err != nil {
+		t.Fatalf("the secret given on the command line does not verify: %v", err)
+	}
+	c.conn.Close()
 }
 
 // rss is the node's resident set in bytes (Linux /proc).
