@@ -148,7 +148,7 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 
 // BenchmarkPoolPostgresLatency publishes at a fixed rate (env
 // ROOST_BENCH_RATE publishes/s, default 5000) over 1,000 rooms and reports
-// the ack latency (Submit to Committed) p50 and p99 and the batch size.
+// the ack latency (Submit to Committed) p50, p95 and p99 and the batch size.
 func BenchmarkPoolPostgresLatency(b *testing.B) {
 	rate := 5000
 	if v, err := strconv.Atoi(os.Getenv("ROOST_BENCH_RATE")); err == nil && v > 0 {
@@ -207,6 +207,7 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
 	b.ReportMetric(float64(b.N)/time.Since(begin).Seconds(), "pub/s")
 	b.ReportMetric(float64(l[len(l)/2])/1e3, "p50-µs")
+	b.ReportMetric(float64(l[len(l)*95/100])/1e3, "p95-µs")
 	b.ReportMetric(float64(l[len(l)*99/100])/1e3, "p99-µs")
 	b.ReportMetric(float64(s1.Requests-s0.Requests)/float64(max(1, s1.Batches-s0.Batches)), "pub/batch")
 	c := ts.durs
