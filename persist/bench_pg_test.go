@@ -97,6 +97,30 @@ func backendPIDs(b *testing.B, st *Postgres) []int {
 	return pids
 }
 
+// backendCPU measures the CPU of st's database's backends over a run,
+// counting the backends that open during it (a spread commit opens more
+// connections) from zero.
+type backendCPU struct {
+	st    *Postgres
+	start map[int]time.Duration
+}
+
+func startBackendCPU(b *testing.B, st *Postgres) *backendCPU {
+	c := &backendCPU{st: st, start: map[int]time.Duration{}}
+	for _, pid := range backendPIDs(b, st) {
+		c.start[pid] = pgCPU([]int{pid})
+	}
+	return c
+}
+
+func (c *backendCPU) since(b *testing.B) time.Duration {
+	var d time.Duration
+	for _, pid := range backendPIDs(b, c.st) {
+		d += pgCPU([]int{pid}) - c.start[pid]
+	}
+	return d
+}
+
 func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	url := newTestDB(b)
 	cfg.setDefaults()
@@ -118,10 +142,9 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	for sink.n.Load() != int64(rooms) {
 		time.Sleep(time.Millisecond)
 	}
-	pids := backendPIDs(b, st)
 	base := sink.n.Load()
 	s0 := p.Stats()
-	cpuOurs0, cpuAll0 := pgCPU(pids), pgCPU(nil)
+	ours, cpuAll0 := startBackendCPU(b, st), pgCPU(nil)
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
@@ -133,7 +156,7 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
-	cpuOurs, cpuAll := pgCPU(pids)-cpuOurs0, pgCPU(nil)-cpuAll0
+	cpuOurs, cpuAll := ours.since(b), pgCPU(nil)-cpuAll0
 	s1 := p.Stats()
 	p.Close()
 	if sink.errs.Load() != 0 {
@@ -181,9 +204,8 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 	ts.mu.Lock()
 	ts.durs = ts.durs[:0]
 	ts.mu.Unlock()
-	pids := backendPIDs(b, st)
 	s0 := p.Stats()
-	cpuOurs0, cpuAll0 := pgCPU(pids), pgCPU(nil)
+	ours, cpuAll0 := startBackendCPU(b, st), pgCPU(nil)
 	b.ResetTimer()
 	interval := time.Second / time.Duration(rate)
 	begin := time.Now()
@@ -197,7 +219,7 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	b.StopTimer()
-	cpuOurs, cpuAll := pgCPU(pids)-cpuOurs0, pgCPU(nil)-cpuAll0
+	cpuOurs, cpuAll := ours.since(b), pgCPU(nil)-cpuAll0
 	s1 := p.Stats()
 	p.Close()
 	n := float64(b.N)
