@@ -110,6 +110,48 @@ func TestFlushHoldsForOwnPublishes(t *testing.T) {
 	l.inflight = 0
 }
 
+// TestFlushHoldsForProxyAnswers: output found while the loop's publishes
+// wait for their publish proxy, with its answers coming in, is held like
+// output behind publishes being committed (the rest of the burst is a
+// few answers away); with no answer lately (a backend hung) nothing is
+// held, so other apps' output on the loop leaves at once.
+func TestFlushHoldsForProxyAnswers(t *testing.T) {
+	rig := newFanoutRig(t, 3, false)
+	l := rig.l
+	l.srv.cfg.FlushInterval = time.Second // the test runs the ticks itself; holdMax 250ms
+	t.Cleanup(l.stopTimers)
+	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
+
+	l.proxyPubs, l.proxyAt = 2, time.Since(monoEpoch) // one answer just came, two to come
+	rig.next()
+	l.kick()
+	if writes() != 0 || !l.holding {
+		t.Fatalf("first answer's delivery: %d writes, holding %v; want it held for the rest", writes(), l.holding)
+	}
+	l.proxyPubs, l.proxyAt = 0, time.Since(monoEpoch)
+	rig.next()
+	l.kick()
+	if writes() != 3 || l.holding || !l.ticking {
+		t.Fatalf("burst answered: %d writes, holding %v, ticking %v; want one write per member", writes(), l.holding, l.ticking)
+	}
+	if got := l.srv.Stats.FramesOut.Load(); got != 6 {
+		t.Fatalf("frames out %d, want both messages in the one write", got)
+	}
+	l.tick() // quiet: stops
+	if l.ticking {
+		t.Fatal("quiet tick did not stop the ticking")
+	}
+
+	// A hung backend: publishes wait, no answer for longer than holdMax.
+	l.proxyPubs, l.proxyAt = 5, time.Since(monoEpoch)-time.Second
+	rig.next()
+	l.kick()
+	if writes() != 6 || l.holding {
+		t.Fatalf("output beside a hung backend's publishes: %d writes, holding %v; want it written at once", writes(), l.holding)
+	}
+	l.proxyPubs = 0
+}
+
 // TestFlushScheduleAllocationFree: the immediate write, the held frames and
 // the ticks (timer re-arming included) allocate nothing in steady state.
 func TestFlushScheduleAllocationFree(t *testing.T) {

@@ -151,6 +151,11 @@ type loopState struct {
 	// stays small for the connections of apps without one.
 	pubQueues map[*conn]*pubQueue
 	inflight  int           // publishes of this loop submitted and not yet answered
+	// proxyPubs: publishes of this loop asked of a publish proxy and not
+	// yet answered; proxyAt: when the last of their answers came (since
+	// monoEpoch). The flush hold waits for them too (kick).
+	proxyPubs int
+	proxyAt   time.Duration
 	commitLag time.Duration // smoothed read-to-answer time of its publishes (shedding)
 }
 
@@ -305,7 +310,7 @@ func (l *loopState) settle() {
 // pause the first frames do not wait.
 //
 // One exception after a pause: while publishes read on this loop are still
-// being committed, their deliveries are on the way in pieces (the pool
+// being committed (or answered by their publish proxy: ownPending), their deliveries are on the way in pieces (the pool
 // commits what it has and the rest of a burst behind it), and writing the
 // first piece at once would cost every member a second write for the rest
 // a tick later. The output is then held until the loop's last publish is
@@ -319,7 +324,7 @@ func (l *loopState) kick() {
 		return // the pass arms the tick when it ends
 	}
 	if l.holding {
-		if l.inflight > 0 {
+		if l.ownPending() {
 			return // the hold's timer is armed
 		}
 		l.holding = false
@@ -330,13 +335,29 @@ func (l *loopState) kick() {
 	if l.ticking || !l.hasTickWork() {
 		return
 	}
-	if l.inflight > 0 {
+	if l.ownPending() {
 		l.holding, l.ticking = true, true
 		l.flushT.Reset(l.holdMax())
 		return
 	}
 	l.flush()
 	l.armTick()
+}
+
+// ownPending reports whether more of what is being written is on its way
+// from this loop's own publishes: some are being committed, or some wait
+// for their app's publish proxy while its answers are coming in (one
+// came within holdMax). The publish proxy's answers to a burst come back
+// spread over a millisecond or so, each released publish committed on
+// its own, so without this the first answer's delivery would leave at
+// once and the rest of the burst wait a whole tick behind it. A backend
+// that stopped answering holds nothing (no answer came lately), so it
+// does not slow the output of other apps on the loop.
+func (l *loopState) ownPending() bool {
+	if l.inflight > 0 {
+		return true
+	}
+	return l.proxyPubs > 0 && time.Since(monoEpoch)-l.proxyAt < l.holdMax()
 }
 
 // holdMax bounds the hold of kick: a quarter tick, the shortest gap the

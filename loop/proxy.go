@@ -1,6 +1,8 @@
 package loop
 
 import (
+	"time"
+
 	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/proto"
 )
@@ -103,13 +105,17 @@ func (c *conn) askPublish(t *proxy.Target, room []byte, req *proto.PubRequest) {
 	if !c.l.srv.proxy.Ask(&w.call, *t) {
 		w.answered = true
 		c.releasePublishes()
+		return
 	}
+	l.proxyPubs++
 }
 
 // proxied acts on an answer. Loop only.
 func (l *loopState) proxied(w *proxyWait) {
 	c := w.c
 	if w.req != nil {
+		l.proxyPubs--
+		l.proxyAt = time.Since(monoEpoch)
 		w.answered = true
 		c.releasePublishes()
 		return
