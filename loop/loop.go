@@ -150,7 +150,7 @@ type loopState struct {
 	// app's publish proxy (proxy.go): kept here, not in conn, which
 	// stays small for the connections of apps without one.
 	pubQueues map[*conn]*pubQueue
-	inflight  int           // publishes of this loop submitted and not yet answered
+	inflight  int // publishes of this loop submitted and not yet answered
 	// proxyPubs: publishes of this loop asked of a publish proxy and not
 	// yet answered; proxyAt: when the last of their answers came (since
 	// monoEpoch). The flush hold waits for them too (kick).
