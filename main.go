@@ -285,11 +285,22 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
 	}
+	// A registry in PostgreSQL keeps the apps' retention in the columns the
+	// store's retention reads; a file's reaches the store from here.
+	fileRetention, _ := store.(interface {
+		SetAppRetention(map[string]persist.Retention)
+	})
+	if c.appsFile == "" {
+		fileRetention = nil
+	}
 	setApps := func(apps []proto.App) {
 		srv.SetApps(apps)
 		hooks.SetApps(apps)
 		if apiSrv != nil {
 			apiSrv.SetApps(apps)
+		}
+		if fileRetention != nil {
+			fileRetention.SetAppRetention(registryRetention(apps))
 		}
 	}
 	var reg persist.Registry
@@ -507,6 +518,18 @@ const shareConnsEvery = 500 * time.Millisecond
 
 // shareConns keeps every app's count of connections on the other nodes
 // current, for the cluster-wide --app-max-conns.
+// registryRetention is the apps' own retention (keep_age, keep_count) by
+// app, for those that have one.
+func registryRetention(apps []proto.App) map[string]persist.Retention {
+	out := map[string]persist.Retention{}
+	for i := range apps {
+		if a := &apps[i]; a.KeepAge > 0 || a.KeepCount > 0 {
+			out[a.ID] = persist.Retention{MaxAge: time.Duration(a.KeepAge), MaxCount: a.KeepCount}
+		}
+	}
+	return out
+}
+
 func shareConns(ctx context.Context, r *pubsub.Redis, srv *loop.Server, log *slog.Logger) {
 	t := time.NewTicker(shareConnsEvery)
 	defer t.Stop()

@@ -97,8 +97,8 @@ var limitNames = []struct{ name, help string }{
 	{"max-msg", "largest message body in bytes"},
 	{"max-rooms", "rooms one connection may join (only lowers the node's --max-rooms; 0: the node's)"},
 	{"max-presence", "presence subscribers of one room, per node (joins with presence past it get err forbidden)"},
-	{"keep-age", "retention: delete messages older than this (PostgreSQL; 0: forever)"},
-	{"keep-count", "retention: keep this many newest messages per room (PostgreSQL; 0: all)"},
+	{"keep-age", "retention: delete messages older than this (0: forever)"},
+	{"keep-count", "retention: keep this many newest messages per room (at most the memory store's --keep; 0: all)"},
 }
 
 // webhookNames are the webhook's settings, set like the limits.

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 )
 
 // The retention settings parse into a policy; bad entries name the flag.
@@ -60,4 +64,64 @@ func TestRetentionMetrics(t *testing.T) {
 	if m[`roost_retention_deleted_total{rule="count"}`] != 3 || m[`roost_retention_deleted_total{rule="age"}`] != 0 {
 		t.Fatalf("retention metrics: count %v, age %v", m[`roost_retention_deleted_total{rule="count"}`], m[`roost_retention_deleted_total{rule="age"}`])
 	}
+}
+
+// An app's retention in a registry file (roost app create/set --keep-count)
+// reaches a running node's store: the memory store trims the app's rooms
+// when it changes, and a PostgreSQL store's retention uses the file's
+// values rather than the apps table's (which only a registry in
+// PostgreSQL writes).
+func TestRegistryFileRetention(t *testing.T) {
+	counted := func(t *testing.T, admin string, want float64) {
+		t.Helper()
+		deadline := time.Now().Add(4 * time.Second)
+		for {
+			got := scrape(t, admin)[`roost_retention_deleted_total{rule="count"}`]
+			if got == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("deleted by count %v, want %v", got, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	publish := func(t *testing.T, addr, secret string, n int) {
+		t.Helper()
+		token, err := proto.SignToken([]byte(secret), "kept", "u", time.Now().Add(time.Hour), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dialOps(t, addr, "token="+token)
+		for i := 1; i <= n; i++ {
+			if err := c.send(fmt.Sprintf(`{"op":"pub","room":"r","id":"m%d","body":%d}`, i, i)); err != nil {
+				t.Fatal(err)
+			}
+			c.expect("ack")
+		}
+	}
+	create := func(t *testing.T, f string) string {
+		var created struct{ Secret string }
+		if err := json.Unmarshal([]byte(mustRoost(t, "app", "create", "kept", "--keep-count", "4", "--apps", f)), &created); err != nil {
+			t.Fatal(err)
+		}
+		return created.Secret
+	}
+	t.Run("memory", func(t *testing.T) {
+		f := filepath.Join(t.TempDir(), "apps.json")
+		secret := create(t, f)
+		addr, admin, _ := inProcessServe(t, "--apps", f)
+		publish(t, addr, secret, 6)
+		counted(t, admin, 2) // 4 kept of 6
+		mustRoost(t, "app", "set", "kept", "--keep-count", "1", "--apps", f)
+		counted(t, admin, 5) // the change trims the room to its newest
+	})
+	t.Run("postgres", func(t *testing.T) {
+		url := pgtest.NewDB(t)
+		f := filepath.Join(t.TempDir(), "apps.json")
+		secret := create(t, f)
+		addr, admin, _ := inProcessServe(t, "--apps", f, "--database-url", url, "--migrate", "--retention-interval", "1s")
+		publish(t, addr, secret, 6)
+		counted(t, admin, 2)
+	})
 }

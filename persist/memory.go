@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/base32"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -56,9 +57,18 @@ type Memory struct {
 	appsMu sync.Mutex // apps, and every app's lru list
 	apps   map[string]*memApp
 
-	stopMu  sync.Mutex
-	stop    context.CancelFunc
-	stopped chan struct{}
+	// registry is the retention the app registry gives apps (keep_age,
+	// keep_count): below the policy's per-app entries, above its default.
+	// Read lock-free where rooms are made; regMu orders its writers.
+	registry atomic.Pointer[map[string]Retention]
+	regMu    sync.Mutex
+
+	stopMu   sync.Mutex
+	stop     context.CancelFunc
+	stopped  chan struct{}
+	closed   bool
+	retCtx   context.Context // StartRetention's, kept to start aging later
+	retEvery time.Duration
 }
 
 // memApp is what the limits track of one app.
@@ -184,6 +194,95 @@ func (m *Memory) Stats() MemoryStats {
 // made.
 func (m *Memory) SetRetentionPolicy(p RetentionPolicy) { m.policy = p }
 
+// retentionFor is app's retention: its --app-retention entry, else the
+// registry's, else the default.
+func (m *Memory) retentionFor(app string) Retention {
+	if r, named := m.policy.For(app); named {
+		return r
+	}
+	if reg := m.registry.Load(); reg != nil {
+		if r, ok := (*reg)[app]; ok {
+			return r
+		}
+	}
+	return m.policy.Default
+}
+
+// roomRetention is what a room of app keeps: at most keep messages (--keep,
+// or the app's count if lower), none older than maxAge ms (0: no limit).
+func (m *Memory) roomRetention(app string) (keep int, maxAge int64) {
+	ret := m.retentionFor(app)
+	keep = m.keep
+	if ret.MaxCount > 0 && ret.MaxCount < keep {
+		keep = ret.MaxCount
+	}
+	return keep, ret.MaxAge.Milliseconds()
+}
+
+// SetAppRetention sets the retention the app registry gives apps (their
+// keep_age and keep_count; an app absent, or with both 0, has the
+// default), and applies it to the rooms that exist: a lower count drops
+// their oldest messages at once, a higher one lets them keep more from now
+// on, an age applies from the next retention round. Any goroutine. The
+// registry's periodic re-read calls it with the same apps every interval:
+// an unchanged map costs a comparison, not a walk of the rooms.
+func (m *Memory) SetAppRetention(apps map[string]Retention) {
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if cur := m.registry.Load(); cur != nil && maps.Equal(*cur, apps) || cur == nil && len(apps) == 0 {
+		return
+	}
+	reg := maps.Clone(apps)
+	m.registry.Store(&reg)
+	var dropped uint64
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, room := range sh.rooms {
+			app, _ := proto.SplitKey(room.key)
+			keep, maxAge := m.roomRetention(app)
+			room.maxAge = maxAge
+			if keep != room.cap {
+				dropped += m.resizeLocked(room, keep)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	m.ret.byCount.Add(dropped)
+	for _, r := range reg {
+		if r.MaxAge > 0 {
+			m.startAging()
+			break
+		}
+	}
+}
+
+// resizeLocked gives r room for capacity messages, dropping its oldest
+// beyond it, and returns how many it dropped. The kept messages move to a
+// ring that starts at the oldest of them. Caller holds r's shard.
+func (m *Memory) resizeLocked(r *memRoom, capacity int) uint64 {
+	var dropped uint64
+	for r.n > capacity {
+		m.dropOldest(r)
+		dropped++
+	}
+	if r.n > 0 {
+		ring := make([]memEntry, r.n, capacity)
+		first := r.first()
+		for i := range ring {
+			ring[i] = *r.entry(first + uint64(i))
+		}
+		// ring[(seq-1-off)%capacity] holds seq, and appending fills the
+		// next slot, as for a ring being filled.
+		r.ring, r.off = ring, first-1
+		rb := int64(cap(ring)) * entrySize
+		m.account(r, rb-r.ringBytes)
+		r.ringBytes = rb
+	}
+	r.cap = capacity
+	return dropped
+}
+
 // room returns key's room, making it if needed; nil when the app has its
 // maxAppRooms already. Caller holds sh.mu.
 func (m *Memory) roomLocked(sh *memShard, key string) *memRoom {
@@ -196,12 +295,8 @@ func (m *Memory) roomLocked(sh *memShard, key string) *memRoom {
 		m.roomsRefused.Add(1)
 		return nil
 	}
-	ret, _ := m.policy.For(app)
-	room := &memRoom{key: key, app: ma, cap: m.keep, idem: make(map[memKey]uint64)}
-	if ret.MaxCount > 0 && ret.MaxCount < room.cap {
-		room.cap = ret.MaxCount
-	}
-	room.maxAge = ret.MaxAge.Milliseconds()
+	room := &memRoom{key: key, app: ma, idem: make(map[memKey]uint64)}
+	room.cap, room.maxAge = m.roomRetention(app)
 	// base (16) + "." + creation number: at most 16+1+13 bytes.
 	room.epoch = m.epochBase + "." + strconv.FormatUint(m.roomGen.Add(1), 36)
 	sh.rooms[key] = room
@@ -534,19 +629,35 @@ func (m *Memory) EnforceRetention(now time.Time) int {
 // the store is closed; without an age limit in the policy there is nothing
 // to run. Call it once.
 func (m *Memory) StartRetention(ctx context.Context, every time.Duration) {
+	m.stopMu.Lock()
+	m.retCtx, m.retEvery = ctx, every
+	m.stopMu.Unlock()
 	aged := m.policy.Default.MaxAge > 0
 	for _, r := range m.policy.Apps {
 		aged = aged || r.MaxAge > 0
 	}
-	if !aged {
-		return
+	if reg := m.registry.Load(); reg != nil {
+		for _, r := range *reg {
+			aged = aged || r.MaxAge > 0
+		}
 	}
+	if aged {
+		m.startAging()
+	}
+}
+
+// startAging runs EnforceRetention every retEvery, once StartRetention has
+// been called and until Close; a registry that gains an age limit later
+// starts it then.
+func (m *Memory) startAging() {
 	m.stopMu.Lock()
 	defer m.stopMu.Unlock()
-	if m.stop != nil {
+	if m.stop != nil || m.closed || m.retCtx == nil {
 		return
 	}
-	ctx, m.stop = context.WithCancel(ctx)
+	every := m.retEvery
+	ctx, stop := context.WithCancel(m.retCtx)
+	m.stop = stop
 	m.stopped = make(chan struct{})
 	go func() {
 		defer close(m.stopped)
@@ -579,6 +690,7 @@ func (m *Memory) RetentionStats() RetentionStats {
 func (m *Memory) Close() {
 	m.stopMu.Lock()
 	defer m.stopMu.Unlock()
+	m.closed = true
 	if m.stop != nil {
 		m.stop()
 		<-m.stopped

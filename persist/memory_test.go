@@ -114,3 +114,83 @@ func TestMemoryEpochPerStore(t *testing.T) {
 		t.Fatalf("epochs %q and %q", a.Epoch, b.Epoch)
 	}
 }
+
+// TestMemoryAppRetention: the registry's retention (an --apps file's
+// keep_count and keep_age) reaches rooms that exist and rooms made later,
+// below --app-retention and above the default; a lower count trims at
+// once and the ring goes on indexing, in order, as it shrinks and grows;
+// an age starts the aging job that no flag had started.
+func TestMemoryAppRetention(t *testing.T) {
+	ctx := context.Background()
+	st := NewMemory(10)
+	defer st.Close()
+	st.SetRetentionPolicy(RetentionPolicy{Apps: map[string]Retention{"pinned": {MaxCount: 8}}})
+	st.StartRetention(ctx, 20*time.Millisecond) // no age anywhere yet: nothing runs
+	a, pinned, other := proto.RoomKey("a", "r"), proto.RoomKey("pinned", "r"), proto.RoomKey("other", "r")
+	fill(t, st, a, 10)
+	fill(t, st, pinned, 10)
+	fill(t, st, other, 10)
+	if rs := st.RetentionStats(); rs.DeletedByCount != 2 { // pinned's 8 of 10
+		t.Fatalf("before: %+v", rs)
+	}
+
+	st.SetAppRetention(map[string]Retention{"a": {MaxCount: 3}, "pinned": {MaxCount: 2}})
+	msgs, _, _ := st.Range(ctx, a, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "a trimmed to 3", msgs, 8, 10)
+	msgs, _, _ = st.Range(ctx, pinned, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "pinned (--app-retention wins)", msgs, 3, 10)
+	msgs, _, _ = st.Range(ctx, other, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "other (default)", msgs, 1, 10)
+	if rs := st.RetentionStats(); rs.DeletedByCount != 2+7 {
+		t.Fatalf("after the trim: %+v", rs)
+	}
+	for i := 0; i < 5; i++ { // the shrunk ring wraps
+		commit(t, st, req(a, "u", fmt.Sprint("x", i), `1`))
+	}
+	msgs, _, _ = st.Range(ctx, a, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "a after 5 more", msgs, 13, 15)
+	if res := commit(t, st, req(a, "u", "x4", `dup`)); !res[0].Duplicate || res[0].Seq != 15 {
+		t.Fatalf("a kept key after the trim: %+v", res[0])
+	}
+	if msgs, _, _ = st.History(ctx, a, 15, Bounds{Limit: 2}); len(msgs) != 2 || msgs[0].Seq != 13 || msgs[1].Seq != 14 {
+		t.Fatalf("History after the trim: %+v", msgs)
+	}
+
+	// The same map again changes nothing; a higher count lets the room grow.
+	st.SetAppRetention(map[string]Retention{"a": {MaxCount: 3}, "pinned": {MaxCount: 2}})
+	st.SetAppRetention(map[string]Retention{"a": {MaxCount: 6}})
+	fill2 := func(key string, from, n int) {
+		for i := from; i < from+n; i++ {
+			commit(t, st, req(key, "u", fmt.Sprint("y", i), `1`))
+		}
+	}
+	fill2(a, 0, 4)
+	msgs, _, _ = st.Range(ctx, a, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "a grown to 6", msgs, 14, 19)
+	b := proto.RoomKey("a", "new")
+	fill2(b, 0, 9)
+	msgs, _, _ = st.Range(ctx, b, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "a room made later", msgs, 4, 9)
+
+	// Dropped from the registry: back to --keep.
+	st.SetAppRetention(nil)
+	fill2(a, 10, 6)
+	msgs, _, _ = st.Range(ctx, a, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "a back to keep 10", msgs, 16, 25)
+
+	// An age from the registry starts the aging job.
+	st.SetAppRetention(map[string]Retention{"a": {MaxAge: time.Millisecond}})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		msgs, _, _ = st.Range(ctx, a, 0, 100, Bounds{Limit: 100})
+		if len(msgs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a's messages older than 1ms still kept: %d", len(msgs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	msgs, _, _ = st.Range(ctx, other, 0, 100, Bounds{Limit: 100})
+	wantSeqs(t, "other untouched by a's age", msgs, 1, 10)
+}

@@ -58,7 +58,10 @@ type Postgres struct {
 	deadlocks, retries atomic.Uint64
 
 	policy RetentionPolicy
-	ret    retentionCounters
+	// fileRetention, when not nil, is the apps' own retention from a
+	// registry kept in a file, in place of the apps table's columns.
+	fileRetention map[string]Retention
+	ret           retentionCounters
 
 	roomsRefused atomic.Uint64 // rooms not made: their app has MaxAppRooms
 	appRoomsMu   sync.Mutex

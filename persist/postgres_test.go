@@ -531,6 +531,30 @@ WHERE room_id = (SELECT id FROM rooms WHERE app = 'def') AND seq <= 12`); err !=
 	}
 }
 
+// TestPostgresFileRegistryRetention: with the registry in a file, the
+// file's retention replaces the apps table's columns (stale or absent: no
+// command writes them), below the policy's per-app entries.
+func TestPostgresFileRegistryRetention(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	file, column, named := proto.RoomKey("file", "r"), proto.RoomKey("column", "r"), proto.RoomKey("named", "r")
+	for _, k := range []string{file, column, named} {
+		fill(t, st, k, 10)
+	}
+	if err := st.SetRetention(ctx, "column", 0, 2); err != nil { // a column no file registry reads
+		t.Fatal(err)
+	}
+	st.SetRetentionPolicy(RetentionPolicy{Apps: map[string]Retention{"named": {MaxCount: 8}}})
+	st.SetAppRetention(map[string]Retention{"file": {MaxCount: 3}, "named": {MaxCount: 1}})
+	if n, err := st.EnforceRetention(ctx); err != nil || n != 7+2 {
+		t.Fatalf("EnforceRetention = %d, %v; want 9", n, err)
+	}
+	for k, lo := range map[string]uint64{file: 8, column: 1, named: 3} {
+		msgs, _, _ := st.Range(ctx, k, 0, 100, Bounds{Limit: 100})
+		wantSeqs(t, k, msgs, lo, 10)
+	}
+}
+
 // TestPostgresEpoch: a room's epoch exists before its first message,
 // survives a restart, and a room deleted and made again gets a new one.
 func TestPostgresEpoch(t *testing.T) {

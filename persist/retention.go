@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync/atomic"
 	"time"
 )
@@ -88,6 +89,21 @@ func (p *Postgres) SetRetentionPolicy(pol RetentionPolicy) {
 	p.retainMu.Unlock()
 }
 
+// SetAppRetention makes apps' own retention the given map's (the
+// keep_age and keep_count of an app registry kept in a file, --apps), in
+// place of the apps table's max_age and max_count, which only a registry
+// kept in PostgreSQL writes. An app absent has the default. Any goroutine;
+// it applies from the next retention round.
+func (p *Postgres) SetAppRetention(apps map[string]Retention) {
+	reg := maps.Clone(apps)
+	if reg == nil {
+		reg = map[string]Retention{}
+	}
+	p.retainMu.Lock()
+	p.fileRetention = reg
+	p.retainMu.Unlock()
+}
+
 // StartRetention runs EnforceRetention every interval until ctx is done or
 // the store is closed. Call it once.
 func (p *Postgres) StartRetention(ctx context.Context, every time.Duration) {
@@ -133,7 +149,7 @@ func (p *Postgres) EnforceRetention(ctx context.Context) (n int64, err error) {
 		}
 	}()
 	p.retainMu.Lock()
-	pol := p.policy
+	pol, fileRet := p.policy, p.fileRetention
 	p.retainMu.Unlock()
 	type appLimit struct {
 		id  string
@@ -152,6 +168,12 @@ func (p *Postgres) EnforceRetention(ctx context.Context) (n int64, err error) {
 			return 0, p.wrap("list app retention", err)
 		}
 		ret, named := pol.For(id)
+		if fileRet != nil {
+			ageMS, count = nil, nil // the file is the registry: the columns are not
+			if r, ok := fileRet[id]; ok && !named {
+				ret = r
+			}
+		}
 		if !named && (ageMS != nil || count != nil) {
 			ret = Retention{}
 			if ageMS != nil {
