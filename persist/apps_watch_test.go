@@ -206,6 +206,20 @@ func TestAppFileWatchPaths(t *testing.T) {
 	}
 	f.Reload()
 	w.until(t, within, "Reload", secretIs("a", "secret-of-a-9876543210"))
+
+	// A file that does not parse (an editor's half-saved write) is not
+	// handed on: the node keeps the last good registry until it parses.
+	if err := os.WriteFile(path, []byte(`{"apps":[{"id":"a",`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.Reload()
+	if w.seenWithin(1200*time.Millisecond, func([]proto.App) bool { return true }) {
+		t.Fatal("a registry that does not parse was handed on")
+	}
+	if err := os.WriteFile(path, same, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.until(t, within, "the file parsing again", secretIs("a", "secret-of-a-9876543210"))
 }
 
 func replaceLast(s, old, new string) string {
