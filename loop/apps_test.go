@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -551,5 +552,27 @@ func TestAppMaxRoomsBelowTheNodes(t *testing.T) {
 		if s.status != 400 || !strings.Contains(s.header.Get("X-Body"), "at most 2 per connection") {
 			t.Fatalf("app %s: SSE with 3 rooms past the node's 2: %d %q", tc.app, s.status, s.header.Get("X-Body"))
 		}
+	}
+}
+
+// Disabling an app ends its SSE streams too, not only its WebSocket
+// connections.
+func TestDisableEndsSSE(t *testing.T) {
+	n := secureNode(t, nil, proto.App{ID: "a", Secret: secretA}, proto.App{ID: "b", Secret: secretB})
+	hour := time.Now().Add(time.Hour)
+	sa := n.sse(t, "room=r&token="+tok(secretA, "a", "u", hour))
+	sb := n.sse(t, "room=r&token="+tok(secretB, "b", "u", hour))
+	if sa.status != 200 || sb.status != 200 {
+		t.Fatalf("streams: %d %d", sa.status, sb.status)
+	}
+	sa.expect("joined")
+	sb.expect("joined")
+	n.srv.SetApps([]proto.App{{ID: "a", Secret: secretA, Disabled: true}, {ID: "b", Secret: secretB}})
+	sa.expectEnd()
+	if got := refusedOf(n.srv, "a", RefusedDisabled); got != 1 {
+		t.Fatalf("disabled refusals %d, want 1 (the closed stream)", got)
+	}
+	if _, err := sb.next(500 * time.Millisecond); err == io.EOF {
+		t.Fatal("the other app's stream ended")
 	}
 }
