@@ -193,7 +193,11 @@ func TestPoolOverloadAndErrors(t *testing.T) {
 			accepted++
 		}
 	}
-	if !errors.Is(err, proto.ErrOverloaded) || accepted < 8 || accepted > 13 {
+	// Accepted before the refusal: the queue (8), plus what the worker took
+	// out of it: the batch blocked in the store (4), the next batch it
+	// gathers while that commit is in flight (4), and the publish in hand.
+	// How much it took depends on scheduling, hence a range.
+	if !errors.Is(err, proto.ErrOverloaded) || accepted < 8 || accepted > 8+2*4+1 {
 		t.Fatalf("after %d accepted: %v", accepted, err)
 	}
 	close(g.gate) // every batch fails now
