@@ -30,7 +30,7 @@ const appUsage = `Usage: roost app COMMAND [ID] [flags]
         --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
         --max-msg BYTES --max-rooms N --keep-age D --keep-count N
         --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s --webhook-max-age 24h
-        --connect-proxy URL|none --publish-proxy URL|none --proxy-timeout 1s --proxy-fail open|closed
+        --connect-proxy URL|none --publish-proxy URL|none --proxy-timeout 1s --proxy-fail open|closed --proxy-inflight N|default
         (a value "default" returns to the node's default; 0 turns a limit off)
 
 The registry: --database-url URL (PostgreSQL, also ROOST_DATABASE_URL or
@@ -115,6 +115,7 @@ var proxyNames = []struct{ name, help string }{
 	{"publish-proxy", "ask this http(s) `URL` before accepting a publish (\"none\": do not ask)"},
 	{"proxy-timeout", "bound of one proxy call (default 1s, at most 10s)"},
 	{"proxy-fail", "what a proxy call that fails or times out does: open (accept) or closed (refuse, the default)"},
+	{"proxy-inflight", "calls of the app in flight from one node at once, the connections its backend sees from each node (1 to 4096; \"default\": the node's --proxy-inflight)"},
 }
 
 func (l *limitFlags) bind(fs *flag.FlagSet) {
@@ -222,6 +223,16 @@ func (l *limitFlags) applyProxy(a *proto.App) error {
 			p.FailOpen = false
 		default:
 			return fmt.Errorf("invalid --proxy-fail %q: want open or closed", v)
+		}
+	}
+	if v, ok := l.set["proxy-inflight"]; ok {
+		given = true
+		if v == "default" {
+			p.InFlight = 0
+		} else if n, err := strconv.Atoi(v); err != nil || n < 1 || n > proto.MaxProxyInFlight {
+			return fmt.Errorf("invalid --proxy-inflight %q: want 1 to %d or \"default\"", v, proto.MaxProxyInFlight)
+		} else {
+			p.InFlight = n
 		}
 	}
 	if !given {

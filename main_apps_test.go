@@ -111,7 +111,15 @@ func appCommands(t *testing.T, reg ...string) {
 		v.Proxy.Connect != "http://127.0.0.1:9/connect" || v.Proxy.Publish != "http://127.0.0.1:9/publish" || time.Duration(v.Proxy.Timeout) != 250*time.Millisecond || !v.Proxy.FailOpen {
 		t.Fatalf("proxy after set: %v %+v", err, v.Proxy)
 	}
-	for _, bad := range [][]string{{"--connect-proxy", "ftp://x"}, {"--proxy-timeout", "11s"}, {"--proxy-fail", "maybe"}} {
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--proxy-inflight", "64")...)), &v); err != nil || v.Proxy == nil || v.Proxy.InFlight != 64 || !v.Proxy.FailOpen {
+		t.Fatalf("proxy after --proxy-inflight 64: %v %+v", err, v.Proxy)
+	}
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--proxy-inflight", "default")...)), &v); err != nil || v.Proxy == nil || v.Proxy.InFlight != 0 {
+		t.Fatalf("proxy after --proxy-inflight default: %v %+v", err, v.Proxy)
+	}
+	for _, bad := range [][]string{{"--connect-proxy", "ftp://x"}, {"--proxy-timeout", "11s"}, {"--proxy-fail", "maybe"}, {"--proxy-inflight", "0"}, {"--proxy-inflight", "5000"}, {"--proxy-inflight", "many"}} {
 		if code, _, errs := roost(t, with(append([]string{"app", "set", "chat"}, bad...)...)...); code == 0 || !strings.Contains(errs, "proxy") {
 			t.Fatalf("set %v: exit %d %s", bad, code, errs)
 		}

@@ -135,7 +135,7 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 	if p := a.Proxy; p != nil {
 		// The secrets as stored, not as valid now: the pool drops the
 		// previous one at PreviousUntil itself, with no registry change.
-		t := proxy.Target{Timeout: time.Duration(p.Timeout), FailOpen: p.FailOpen,
+		t := proxy.Target{Timeout: time.Duration(p.Timeout), FailOpen: p.FailOpen, InFlight: p.InFlight,
 			Secret: a.Secret, PreviousSecret: a.PreviousSecret, PreviousUntil: a.PreviousUntil}
 		if t.Timeout <= 0 {
 			t.Timeout = proto.DefaultProxyTimeout

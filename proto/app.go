@@ -47,7 +47,15 @@ type Proxy struct {
 	// FailOpen accepts when the backend does not answer in time or
 	// answers badly; by default (closed) the node refuses.
 	FailOpen bool `json:"fail_open,omitempty"`
+	// InFlight is the most calls of the app in flight from one node at
+	// once, the connections its backend sees from each node (0: the
+	// node's --proxy-inflight).
+	InFlight int `json:"inflight,omitempty"`
 }
+
+// MaxProxyInFlight bounds a node's and an app's calls in flight: each is
+// a goroutine and a connection of the node.
+const MaxProxyInFlight = 4096
 
 // DefaultProxyTimeout bounds a proxy call without its own timeout.
 const DefaultProxyTimeout = time.Second
@@ -68,6 +76,9 @@ func (p *Proxy) validate() error {
 	}
 	if p.Timeout < 0 || time.Duration(p.Timeout) > MaxProxyTimeout {
 		return fmt.Errorf("proxy timeout %s: want 0 (the default, 1s) to %s", time.Duration(p.Timeout), MaxProxyTimeout)
+	}
+	if p.InFlight < 0 || p.InFlight > MaxProxyInFlight {
+		return fmt.Errorf("proxy inflight %d: want 0 (the node's) to %d", p.InFlight, MaxProxyInFlight)
 	}
 	return nil
 }

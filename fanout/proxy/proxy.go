@@ -62,6 +62,9 @@ type Target struct {
 	URL      string
 	Timeout  time.Duration
 	FailOpen bool
+	// InFlight, when positive, replaces the pool's Workers for this app
+	// (the app's own setting).
+	InFlight int
 	// The app's secrets sign each call as webhooks are signed
 	// (proto.Signer); the previous one until PreviousUntil, during a
 	// rotation. No secret: not signed.
@@ -118,7 +121,7 @@ const MaxMessage = 100
 const (
 	DefaultInFlight = 32
 	DefaultQueue    = 1024
-	MaxInFlight     = 4096
+	MaxInFlight     = proto.MaxProxyInFlight
 	MaxQueue        = 1 << 20
 )
 
@@ -232,9 +235,13 @@ func (p *Pool) Ask(c *Call, t Target) bool {
 	// not have run yet to take the call before this one (on a busy node
 	// the loops hold the CPU), and a burst would otherwise wait for the
 	// few idle ones in turn.
+	most := p.cfg.Workers
+	if t.InFlight > 0 {
+		most = min(t.InFlight, MaxInFlight)
+	}
 	for int(q.idle.Load()) < len(q.ch) {
 		r := q.running.Load()
-		if int(r) >= p.cfg.Workers {
+		if int(r) >= most {
 			break
 		}
 		if q.running.CompareAndSwap(r, r+1) {

@@ -78,11 +78,18 @@ func TestQueueFullAndTimeoutFromAsk(t *testing.T) {
 	}
 }
 
-// Workers caps the calls of one app in flight: a backend that holds every
-// call sees exactly that many at once, however many are asked, and the
-// rest are made as those are answered.
+// Workers caps the calls of one app in flight, or the app's own InFlight
+// in its place: a backend that holds every call sees exactly that many at
+// once, however many are asked, and the rest are made as those are
+// answered.
 func TestInFlightCap(t *testing.T) {
-	const cap, asked = 3, 12
+	t.Run("node", func(t *testing.T) { testInFlightCap(t, 3, 0, 3) })
+	t.Run("app lower", func(t *testing.T) { testInFlightCap(t, 8, 2, 2) })
+	t.Run("app higher", func(t *testing.T) { testInFlightCap(t, 2, 5, 5) })
+}
+
+func testInFlightCap(t *testing.T, workers, appInFlight, cap int) {
+	const asked = 12
 	var mu sync.Mutex
 	now, most := 0, 0
 	release := make(chan struct{})
@@ -98,10 +105,10 @@ func TestInFlightCap(t *testing.T) {
 		_, _ = w.Write([]byte(`{"allow":true}`))
 	}))
 	defer srv.Close()
-	p := New(Config{Workers: cap, Queue: asked})
+	p := New(Config{Workers: workers, Queue: asked})
 	defer p.Close()
 	done := make(chan *Call, asked)
-	tg := Target{URL: srv.URL, Timeout: 5 * time.Second}
+	tg := Target{URL: srv.URL, Timeout: 5 * time.Second, InFlight: appInFlight}
 	calls := make([]Call, asked)
 	for i := range calls {
 		calls[i] = Call{Kind: Publish, App: "a", Done: func(c *Call) { done <- c }}
