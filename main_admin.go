@@ -292,6 +292,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_presence_changes_total", fs.PresenceChanges.Load())
 	c("roost_presence_apply_errors_total", fs.PresenceErrors.Load())
 	c("roost_presence_diff_frames_total", fs.PresenceFrames.Load())
+	c("roost_presence_wakes_total", fs.PresenceWakes.Load())
 	c("roost_gap_closes_total", fs.GapCloses.Load())
 	c("roost_broker_errors_total", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())

@@ -96,6 +96,7 @@ var exposedMetrics = []string{
 	"roost_presence_apply_errors_total",
 	"roost_presence_changes_total",
 	"roost_presence_diff_frames_total",
+	"roost_presence_wakes_total",
 	"roost_sse_connections_open",
 	"roost_sse_max_age_ends_total",
 	"roost_sse_streams_total",

@@ -85,6 +85,9 @@ type Stats struct {
 	PresenceChanges atomic.Uint64
 	PresenceErrors  atomic.Uint64 // presence ticks whose Apply failed (retried at the next)
 	PresenceFrames  atomic.Uint64 // presence_diff frames made (one per room, shared by its subscribers)
+	// PresenceWakes counts the presence goroutine's wake-ups: only while
+	// changes, grace periods or diffs wait, and for the lease's renewals.
+	PresenceWakes atomic.Uint64
 
 	PublishLatency Observer
 	BrokerLatency  Observer

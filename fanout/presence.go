@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/roost-chat/roost/proto"
@@ -13,7 +14,7 @@ import (
 )
 
 // Presence, the node's side. The loops report each live membership as it
-// begins and ends (join, leave: a shard lock and a counter); once per
+// begins and ends (join, leave: a shard lock and a counter); at the next
 // presenceTick the presence goroutine turns what changed into per-user
 // changes of this node (a user's first connection in a room, the end of
 // its last one once the grace period passed with none) and hands them to
@@ -27,6 +28,16 @@ import (
 // A room with no presence subscriber costs its counts only: no diff is
 // made for it anywhere (Apply returns diffs of watched rooms only), and no
 // loop hears of it.
+//
+// The goroutine ticks only while something waits for it: changes to
+// apply, users in their grace period, diffs waiting for their room's next
+// frame, answers to forget, a failed Apply to retry. Otherwise it sleeps
+// until a loop or the broker pokes it, or until the Presence's lease
+// needs renewing (RenewAt; never in process), so that an idle node does
+// not wake five times a second for nothing. Ticks stay on the grid of
+// presenceTick since the start: what a tick sees and when (a leave at the
+// first tick past its grace, a room's diff at the first past its second)
+// is what a free-running ticker gave.
 
 const (
 	presenceTick  = 200 * time.Millisecond // how often changes are applied
@@ -52,6 +63,13 @@ type presence struct {
 	retry   []pubsub.PresenceChange
 	changes []pubsub.PresenceChange
 	failLog int64
+	start   time.Time // the tick grid's origin
+
+	// poke wakes the presence goroutine when something new waits for a
+	// tick; poked stays set from the poke until the next tick collects,
+	// so that a burst of joins costs one channel send, not one each.
+	poke  chan struct{}
+	poked atomic.Bool
 
 	// Diffs received, waiting for their room's next frame.
 	rmu  sync.Mutex
@@ -122,18 +140,31 @@ func (pr *presence) answer(ctx context.Context, key string) ([]byte, error) {
 	pr.amu.Lock()
 	pr.answers[key] = presAnswer{frame: frame, at: now}
 	pr.amu.Unlock()
+	pr.wake() // to forget it
 	return frame, nil
 }
 
-// dropAnswers forgets answers no longer fresh. The presence goroutine.
-func (pr *presence) dropAnswers(now int64) {
+// dropAnswers forgets answers no longer fresh and returns when the next
+// one will be stale (0: none left). The presence goroutine.
+func (pr *presence) dropAnswers(now int64) (next int64) {
 	pr.amu.Lock()
 	for k, a := range pr.answers {
 		if now-a.at >= presenceTick.Milliseconds() {
 			delete(pr.answers, k)
+			continue
 		}
+		next = earliest(next, a.at+presenceTick.Milliseconds())
 	}
 	pr.amu.Unlock()
+	return next
+}
+
+// earliest is the earlier of two Unix ms deadlines, 0 meaning none.
+func earliest(a, b int64) int64 {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // presPend is a room's received diff, net: +1 joined, -1 left.
@@ -144,8 +175,9 @@ type presPend struct {
 }
 
 func newPresence(n *Node, p pubsub.Presence, grace time.Duration) *presence {
-	pr := &presence{n: n, p: p, grace: grace.Milliseconds(), seed: maphash.MakeSeed(),
-		pend: make(map[string]*presPend), answers: make(map[string]presAnswer), stop: make(chan struct{}), done: make(chan struct{})}
+	pr := &presence{n: n, p: p, grace: grace.Milliseconds(), seed: maphash.MakeSeed(), start: time.Now(),
+		pend: make(map[string]*presPend), answers: make(map[string]presAnswer), poke: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range pr.shards {
 		pr.shards[i].rooms = make(map[string]*presRoom)
 	}
@@ -176,18 +208,33 @@ func (pr *presence) join(key, user string, watch bool) {
 		r.users[user] = u
 	}
 	u.conns++
+	queued := false
 	if u.conns == 1 && !u.queued {
-		u.queued = true
+		u.queued, queued = true, true
 		s.dirty = append(s.dirty, presRef{room: r, user: user, u: u})
 	}
 	if watch {
 		r.watchers++
 		if !r.wqueued {
-			r.wqueued = true
+			r.wqueued, queued = true, true
 			s.rdirt = append(s.rdirt, r)
 		}
 	}
 	s.mu.Unlock()
+	if queued {
+		pr.wake()
+	}
+}
+
+// wake tells the presence goroutine that something new waits for the
+// next tick. Any goroutine; one channel send per tick at most.
+func (pr *presence) wake() {
+	if !pr.poked.Load() && pr.poked.CompareAndSwap(false, true) {
+		select {
+		case pr.poke <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // leave ends a live membership of user in key. Any loop.
@@ -199,23 +246,29 @@ func (pr *presence) leave(key, user string, watch bool, now int64) {
 		s.mu.Unlock()
 		panic("BUG: fanout: presence leave of a room never joined")
 	}
+	queued := false
 	if u := r.users[user]; u != nil {
 		if u.conns--; u.conns == 0 {
 			u.zeroAt = now
 			if !u.queued {
-				u.queued = true
+				u.queued, queued = true, true
 				s.dirty = append(s.dirty, presRef{room: r, user: user, u: u})
 			}
+			// Already queued: the goroutine holds a deadline for it at
+			// or before the new end of its grace, and looks again then.
 		}
 	}
 	if watch {
 		r.watchers--
 		if !r.wqueued {
-			r.wqueued = true
+			r.wqueued, queued = true, true
 			s.rdirt = append(s.rdirt, r)
 		}
 	}
 	s.mu.Unlock()
+	if queued {
+		pr.wake()
+	}
 }
 
 // watchers is the room's presence subscribers on this node. Any goroutine.
@@ -230,8 +283,12 @@ func (pr *presence) watchers(key string) int {
 }
 
 // collect turns what changed since the last tick into changes of this
-// node. The presence goroutine only.
-func (pr *presence) collect(now int64) {
+// node, and returns when the first user still in its grace period ends it
+// (0: none). The presence goroutine only.
+func (pr *presence) collect(now int64) (next int64) {
+	// Before the shards are read: what a loop queues from here on pokes
+	// the goroutine again.
+	pr.poked.Store(false)
 	for i := range pr.shards {
 		s := &pr.shards[i]
 		s.mu.Lock()
@@ -260,6 +317,7 @@ func (pr *presence) collect(now int64) {
 				// Back within the grace period: nothing changed anywhere.
 			case u.reported && now-u.zeroAt < pr.grace:
 				keep = append(keep, ref) // still in its grace period
+				next = earliest(next, u.zeroAt+pr.grace)
 				continue
 			default:
 				if u.reported {
@@ -274,6 +332,7 @@ func (pr *presence) collect(now int64) {
 		s.dirty = keep
 		s.mu.Unlock()
 	}
+	return next
 }
 
 // all appends this node's whole presence as changes: every reported user
@@ -303,26 +362,76 @@ func (s *presShard) dropIfIdleLocked(r *presRoom) {
 	}
 }
 
-// run is the presence goroutine.
+// run is the presence goroutine: a tick at the next grid point after a
+// poke, and at the grid point at or after the earliest deadline a tick
+// leaves behind; no timer at all when none is left.
 func (pr *presence) run() {
 	defer close(pr.done)
-	t := time.NewTicker(presenceTick)
-	defer t.Stop()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	var at time.Duration // when t fires, since pr.start; 0: not armed
+	arm := func(wait time.Duration, grid bool) {
+		due := time.Since(pr.start) + max(wait, 1)
+		if grid {
+			// The first grid point at least wait from now.
+			due = (due + presenceTick - 1) / presenceTick * presenceTick
+		}
+		if at != 0 && at <= due {
+			return
+		}
+		at = due
+		t.Reset(due - time.Since(pr.start))
+	}
+	// The lease: taken (and dead nodes looked for) at the first tick, as
+	// before any change, then renewed when the Presence asks, to the
+	// millisecond rather than on the grid (a renewal just past a grid
+	// point would wait for the next one).
+	lease := func() {
+		if r := pr.p.RenewAt(); !r.IsZero() {
+			wait := time.Until(r)
+			arm(wait, wait <= 0)
+		}
+	}
+	lease()
 	for {
 		select {
 		case <-pr.stop:
+			t.Stop()
 			return
-		case now := <-t.C:
-			pr.tick(now.UnixMilli())
+		case <-pr.poke:
+			pr.n.Stats.PresenceWakes.Add(1)
+			arm(0, true)
+		case <-t.C:
+			pr.n.Stats.PresenceWakes.Add(1)
+			at = 0
+			now := time.Now()
+			if next := pr.tick(now.UnixMilli()); next != 0 {
+				arm(time.Duration(next-now.UnixMilli())*time.Millisecond, true)
+			}
+			lease()
 		}
 	}
 }
 
-func (pr *presence) tick(now int64) {
-	pr.collect(now)
-	pr.apply(now)
-	pr.flush(now)
-	pr.dropAnswers(now)
+// tick applies what waits and returns the earliest deadline it leaves
+// behind, in Unix ms (0: none; the lease's renewal is the Presence's).
+func (pr *presence) tick(now int64) (next int64) {
+	next = pr.collect(now)
+	if len(pr.changes) > 0 || len(pr.retry) > 0 || pr.renewDue() {
+		pr.apply(now)
+	}
+	if len(pr.retry) > 0 {
+		next = earliest(next, now) // at the next tick
+	}
+	next = earliest(next, pr.flush(now))
+	return earliest(next, pr.dropAnswers(now))
+}
+
+// renewDue: the Presence's lease wants an Apply, changes or not (on the
+// monotonic clock, as the Presence counts it).
+func (pr *presence) renewDue() bool {
+	r := pr.p.RenewAt()
+	return !r.IsZero() && !r.After(time.Now())
 }
 
 func (pr *presence) apply(now int64) {
@@ -387,6 +496,7 @@ func appendPresenceDiff(dst []byte, d *pubsub.PresenceDiff) []byte {
 // on the broker's goroutine: it only merges into the pending diffs.
 func (pr *presence) received(msg []byte) {
 	var p *presPend
+	merged := false
 	for len(msg) > 0 {
 		i := bytes.IndexByte(msg, '\n')
 		if i < 1 {
@@ -424,14 +534,19 @@ func (pr *presence) received(msg []byte) {
 				delete(p.users, u) // joined and left, or left and back: no change
 			}
 			pr.rmu.Unlock()
+			merged = true
 		}
 		msg = msg[i+1:]
+	}
+	if merged {
+		pr.wake()
 	}
 }
 
 // flush sends each room's pending diff, at most one frame per room per
-// presenceEvery. The presence goroutine only.
-func (pr *presence) flush(now int64) {
+// presenceEvery, and returns when the next room's second ends (0: no room
+// waits). The presence goroutine only.
+func (pr *presence) flush(now int64) (next int64) {
 	type out struct {
 		key   string
 		frame []byte
@@ -440,6 +555,11 @@ func (pr *presence) flush(now int64) {
 	pr.rmu.Lock()
 	for key, p := range pr.pend {
 		if now-p.last < presenceEvery.Milliseconds() {
+			if len(p.users) > 0 {
+				next = earliest(next, p.last+presenceEvery.Milliseconds())
+			}
+			// An empty one only keeps the room's last frame, for a diff
+			// that comes within the second; a later tick forgets it.
 			continue
 		}
 		if len(p.users) == 0 {
@@ -474,6 +594,7 @@ func (pr *presence) flush(now int64) {
 			pr.n.tables[i].Load().loop.Post(Event{kind: evPresence, key: o.key, frame: o.frame})
 		})
 	}
+	return next
 }
 
 // close stops the presence goroutine and the Presence.

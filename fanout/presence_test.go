@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -98,4 +99,71 @@ func BenchmarkPresenceMove(b *testing.B) {
 			pr.tick(now)
 		}
 	}
+}
+
+// An idle node's presence goroutine sleeps: it wakes for a change, the
+// grace period of a leave and the diffs they make, and not at all once
+// they are through (in process there is no lease to renew). Counted
+// through its wake-up counter: the old 200 ms ticker woke 5 times in each
+// quiet second below.
+func TestPresenceIdleNodeSleeps(t *testing.T) {
+	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 1, GapWindow: time.Second},
+		Parts{Store: persist.NewMemory(10), Pool: persist.PoolConfig{Window: -1}, PresenceGrace: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	n.NewTable(0, &testLoop{})
+	wakes := func() uint64 { return n.Stats.PresenceWakes.Load() }
+	quiet := func(what string) {
+		t.Helper()
+		// What a poke or a deadline already asked for comes within a
+		// tick; after that nothing waits.
+		time.Sleep(2 * presenceTick)
+		w := wakes()
+		time.Sleep(time.Second)
+		if got := wakes() - w; got != 0 {
+			t.Fatalf("%s: the presence goroutine woke %d times in a quiet second", what, got)
+		}
+	}
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not reached", what)
+			}
+		}
+	}
+	count := func() int {
+		c, err := n.PresenceCount(context.Background(), "a/r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	quiet("a node that never had presence")
+	if w := wakes(); w != 0 {
+		t.Fatalf("woke %d times before any presence", w)
+	}
+
+	n.pres.join("a/r", "watcher", true)
+	n.pres.join("a/r", "alice", false)
+	until("two users present, the diff sent", func() bool { return count() == 2 && n.Stats.PresenceFrames.Load() == 1 })
+	quiet("two idle users")
+
+	n.pres.leave("a/r", "alice", false, n.tables[0].Load().loop.Now())
+	until("alice left after her grace", func() bool { return count() == 1 && n.Stats.PresenceFrames.Load() == 2 })
+	quiet("after a leave")
+
+	// A presence answer is kept for a tick, then forgotten.
+	if _, err := n.pres.answer(context.Background(), "a/r"); err != nil {
+		t.Fatal(err)
+	}
+	until("the answer forgotten", func() bool {
+		n.pres.amu.Lock()
+		defer n.pres.amu.Unlock()
+		return len(n.pres.answers) == 0
+	})
+	quiet("after a presence query")
+	t.Logf("%d wake-ups in all", wakes())
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -427,5 +428,32 @@ func TestPresenceCoalesced(t *testing.T) {
 	}
 	if len(at) > 5 {
 		t.Fatalf("%d frames for 3 s of joins", len(at))
+	}
+}
+
+// With Redis an idle node's presence goroutine wakes for its lease only:
+// one renewal per fifth of the lease (here 3 s: every 600 ms), where the
+// old ticker woke every 200 ms, and the lease stays held.
+func TestPresenceIdleRedisWakesForLease(t *testing.T) {
+	redistest.Require(t)
+	prefix := redistest.Prefix(t)
+	n := presenceNode(t, redistest.Addr, prefix, 300*time.Millisecond, 3*time.Second, nil)
+	w := join(t, n, "watcher", "r", true)
+	w.untilDiff("r")
+	time.Sleep(500 * time.Millisecond) // the diff's own ticks are through
+	before := n.fan.Stats.PresenceWakes.Load()
+	time.Sleep(3 * time.Second)
+	got := n.fan.Stats.PresenceWakes.Load() - before
+	// 5 renewals fit in 3 s; a tick late by the grid makes it 4 or 6.
+	if got < 4 || got > 6 {
+		t.Fatalf("%d wake-ups in 3 idle seconds, want the lease's 5", got)
+	}
+	t.Logf("%d wake-ups in 3 idle seconds", got)
+	end, err := strconv.ParseInt(strings.Fields(redistest.CLI(t, 6379, "zrange", prefix+".pr.nodes", "0", "-1", "withscores"))[1], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Until(time.UnixMilli(end)); left < 2*time.Second {
+		t.Fatalf("the lease ends in %v: not renewed", left)
 	}
 }

@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Presence is who is in which room, over every node: the distinct users
@@ -26,6 +27,10 @@ type Presence interface {
 	// changes again. Called by one goroutine at a time. The returned
 	// slices are the caller's.
 	Apply(ctx context.Context, changes []PresenceChange) ([]PresenceDiff, error)
+	// RenewAt is when this node's lease needs an Apply, with or without
+	// changes (zero: it has no lease; Apply is for changes only). Called
+	// by Apply's goroutine.
+	RenewAt() time.Time
 	// Query returns the room's number of users and at most limit of their
 	// names. Any goroutine.
 	Query(ctx context.Context, key string, limit int) (count int, users []string, err error)
@@ -131,6 +136,9 @@ func (p *MemoryPresence) Apply(_ context.Context, changes []PresenceChange) ([]P
 	}
 	return diffs, nil
 }
+
+// RenewAt implements Presence: one process has no lease to keep.
+func (p *MemoryPresence) RenewAt() time.Time { return time.Time{} }
 
 // Query implements Presence.
 func (p *MemoryPresence) Query(_ context.Context, key string, limit int) (int, []string, error) {

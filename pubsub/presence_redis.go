@@ -228,7 +228,7 @@ func (p *RedisPresence) Apply(ctx context.Context, changes []PresenceChange) ([]
 		// rooms listed, and their cleaning is idempotent.
 		cmds = append(cmds, p.client.B().Sadd().Key(p.roomsKey(p.node)).Member(joinedRooms...).Build())
 	}
-	renew := !p.started || now.Sub(p.renewed) >= p.lease/5
+	renew := !p.started || now.Sub(p.renewed) >= p.renewEvery()
 	if renew {
 		end := now.Add(p.lease).UnixMilli()
 		cmds = append(cmds, p.evalsha(renewScript, []string{p.nodesKey()}, p.node, strconv.FormatInt(end, 10)))
@@ -301,6 +301,21 @@ func (p *RedisPresence) Apply(ctx context.Context, changes []PresenceChange) ([]
 		diffs = append(diffs, left...)
 	}
 	return diffs, firstErr
+}
+
+// renewEvery: the lease is renewed once a fifth of it has passed, so that
+// four renewals in a row can fail (a Redis failover, a pause) before the
+// other nodes take this one for dead.
+func (p *RedisPresence) renewEvery() time.Duration { return p.lease / 5 }
+
+// RenewAt implements Presence: the first Apply takes the lease at once;
+// after a failed renewal the time is past, and the caller retries at its
+// next tick.
+func (p *RedisPresence) RenewAt() time.Time {
+	if !p.started {
+		return time.Now()
+	}
+	return p.renewed.Add(p.renewEvery())
 }
 
 // ErrPresenceLost: this node's lease had ended (another node took it for
