@@ -581,3 +581,44 @@ func TestDisableEndsSSE(t *testing.T) {
 		t.Fatal("the other app's stream ended")
 	}
 }
+
+// A user whose last connection ends with its bucket spent is remembered
+// until the bucket refills, and the prune visits such users only: one
+// with a connection, or back before the prune, is never dropped.
+func TestPruneUsersSpentOnly(t *testing.T) {
+	a := &apps{byID: map[string]*app{}}
+	p := &app{id: "a", users: map[string]*appUser{}}
+	a.byID["a"] = p
+	cfg := resolve(DefaultLimits(), 256, &proto.App{ID: "a"})
+	admit := func(user string) *appUser {
+		u, why := p.admit(cfg, user)
+		if why != "" {
+			t.Fatal(why)
+		}
+		return u
+	}
+	now := int64(time.Since(monoEpoch))
+	idle := admit("idle") // stays connected
+	idle.tat.Store(now + int64(time.Hour))
+	full := admit("full")
+	p.release("full", full) // bucket full: forgotten at once
+	gone := admit("gone")
+	gone.tat.Store(now + int64(50*time.Millisecond))
+	p.release("gone", gone)
+	back := admit("back")
+	back.tat.Store(now + int64(time.Hour))
+	p.release("back", back)
+	admit("back") // reconnected with its spent bucket
+	if _, ok := p.users["full"]; ok || len(p.spent) != 2 {
+		t.Fatalf("users %v, spent %v", p.users, p.spent)
+	}
+	a.pruneUsers()
+	if len(p.users) != 3 || len(p.spent) != 1 || p.spent[0] != "gone" {
+		t.Fatalf("before the refill: users %v, spent %v", p.users, p.spent)
+	}
+	time.Sleep(60 * time.Millisecond)
+	a.pruneUsers()
+	if _, ok := p.users["gone"]; ok || len(p.users) != 2 || len(p.spent) != 0 {
+		t.Fatalf("after the refill: users %v, spent %v", p.users, p.spent)
+	}
+}

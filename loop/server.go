@@ -32,6 +32,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/panjf2000/gnet/v2/pkg/logging"
+	"github.com/panjf2000/gnet/v2/pkg/pool/goroutine"
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
@@ -478,6 +479,11 @@ func (s *Server) Start() error {
 		runtime.GOMAXPROCS(s.cfg.Loops + 1)
 		s.log.Info("GOMAXPROCS raised above the loop count so Go's netpoller keeps a P", "from", n, "to", s.cfg.Loops+1, "loops", s.cfg.Loops)
 	}
+	// gnet's global goroutine pool serves only Register and Enroll
+	// (outbound or adopted connections), which the server never calls;
+	// running, it wakes the process twice a second for its clock and its
+	// idle-worker purge. Released, an idle node does not wake for it.
+	goroutine.DefaultWorkerPool.Release()
 	go func() {
 		defer close(s.stopped)
 		s.runErr = gnet.Run(s, "tcp://"+addr,
