@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	vm "github.com/VictoriaMetrics/metrics"
@@ -363,9 +364,27 @@ func writeMetrics(w io.Writer, a *admin) error {
 	// process_resident_memory_bytes, process_open_fds, ...
 	vm.WriteProcessMetrics(bw)
 	// process_open_fds against process_max_fds: a node's connections are
-	// its descriptors (one directory read per scrape).
-	vm.WriteFDMetrics(bw)
+	// its descriptors.
+	writeFDMetrics(bw)
 	return bw.Flush()
+}
+
+// writeFDMetrics writes process_max_fds and process_open_fds as the
+// metrics library does, with the count from one stat(2) of /proc/self/fd
+// where the kernel gives it (Linux 6.2 on: the directory's size is the
+// number of open descriptors). The library lists the directory: with
+// 15,000 connections that is 15,000 entries and 10 ms of CPU per scrape,
+// which a scrape every 15 s turns into 0.07% of a core on an idle node.
+// Elsewhere (size 0, or no /proc) the library's way.
+func writeFDMetrics(w io.Writer) {
+	fi, err := os.Stat("/proc/self/fd")
+	var lim syscall.Rlimit
+	if err != nil || fi.Size() <= 0 || syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) != nil {
+		vm.WriteFDMetrics(w)
+		return
+	}
+	vm.WriteGaugeUint64(w, "process_max_fds", lim.Cur) // the soft limit, as /proc/self/limits gives it
+	vm.WriteGaugeUint64(w, "process_open_fds", uint64(fi.Size()))
 }
 
 // expo writes the series whose values are read at scrape time, with the

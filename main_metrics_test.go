@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"math"
 	"net/http"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -344,4 +346,56 @@ func BenchmarkHistogramObserveLibrary(b *testing.B) {
 			}
 		})
 	})
+}
+
+// process_open_fds is the library's count (a listing of /proc/self/fd)
+// without the listing: 200 more descriptors show as 200 more.
+func TestOpenFDsCounted(t *testing.T) {
+	read := func() (open, limit float64) {
+		var b strings.Builder
+		writeFDMetrics(&b)
+		for _, line := range strings.Split(b.String(), "\n") {
+			name, v, ok := strings.Cut(line, " ")
+			if !ok || name[0] == '#' {
+				continue
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			switch name {
+			case "process_open_fds":
+				open = f
+			case "process_max_fds":
+				limit = f
+			}
+		}
+		return open, limit
+	}
+	listed := func() int {
+		names, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd:", err)
+		}
+		return len(names) - 1 // the listing's own descriptor
+	}
+	before, limit := read()
+	if got := listed(); math.Abs(before-float64(got)) > 2 || limit < before {
+		t.Fatalf("process_open_fds %v, process_max_fds %v; /proc/self/fd lists %d", before, limit, got)
+	}
+	var files []*os.File
+	for range 100 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, r, w)
+	}
+	after, _ := read()
+	for _, f := range files {
+		_ = f.Close()
+	}
+	if after-before != 200 {
+		t.Fatalf("200 more descriptors counted as %v more (%v -> %v)", after-before, before, after)
+	}
 }
