@@ -368,20 +368,23 @@ func TestPresenceLeaseLostRecovers(t *testing.T) {
 	}
 	checkFor(t, 5*time.Second, func() bool { return count() == 4 })
 	// Every node's lease ends now: b reaps a (and a reaps b, or b itself
-	// is told at its renewal); both apply their presence again.
+	// is told at its renewal); both apply their presence again. Two
+	// renewals that meet in Redis (each node's renewal before the other's
+	// look) take nobody out, rightly: the lease's end is set again then.
 	nodes := prefix + ".pr.nodes"
-	for _, m := range strings.Fields(redistest.CLI(t, 6379, "zrange", nodes, "0", "-1")) {
-		redistest.CLI(t, 6379, "zadd", nodes, "1", m)
-	}
 	var sawLow bool
-	checkFor(t, 10*time.Second, func() bool {
-		n := count()
-		sawLow = sawLow || n < 4
-		return sawLow && n == 4
-	})
+	for try := 0; try < 5 && !sawLow; try++ {
+		for _, m := range strings.Fields(redistest.CLI(t, 6379, "zrange", nodes, "0", "-1")) {
+			redistest.CLI(t, 6379, "zadd", nodes, "1", m)
+		}
+		for end := time.Now().Add(2 * time.Second); !sawLow && time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			sawLow = count() < 4
+		}
+	}
 	if !sawLow {
 		t.Fatal("the lease's end took nobody out")
 	}
+	checkFor(t, 10*time.Second, func() bool { return count() == 4 })
 }
 
 // Joins spread over 3 s reach a subscriber in at most one presence_diff
