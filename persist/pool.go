@@ -34,7 +34,7 @@ type PoolConfig struct {
 	// Window: the longest a smaller batch may wait for company, counted
 	// from its first publish (so it overlaps the commit in flight);
 	// default 10ms, <0 means never wait. How long a batch actually waits
-	// depends on the rate its worker sees (see commitAt): the whole
+	// depends on the rate its worker sees (see holdUntil): the whole
 	// window only where the window brings MinFill publishes (from 4,800/s
 	// with the defaults), a share of it below, nothing where no company
 	// is due.
