@@ -49,6 +49,11 @@ type Member struct {
 	// Parked is the loop's: the member's frames wait for the transport to
 	// drain what the kernel refused (Sent).
 	Parked bool
+	// wrote is the flush period (NewPeriod) of the member's last write
+	// (Sent). 16 bits keep Member, and the loop's connection around it, in
+	// its size budget; a member last written exactly 65,536 periods ago
+	// only waits for the next tick.
+	wrote uint16
 }
 
 type slot struct {
@@ -91,9 +96,15 @@ type Table struct {
 	loop  Loop
 	arena *Arena
 
-	rooms   map[string]*Room
-	dirty   []*Member
-	urgent  []*Member
+	rooms  map[string]*Room
+	dirty  []*Member
+	urgent []*Member
+	// fresh: members that got output while not yet written in the current
+	// flush period (the loop's tick), the ones the loop may write before
+	// the tick without a second write in one period.
+	fresh   []*Member
+	spareFr []*Member // TakeFresh's other list
+	period  uint16
 	slow    []*Member
 	limit   int // outbound limit per member, bytes
 	flushAt int // pending bytes that make a member worth flushing before the tick
@@ -129,7 +140,8 @@ const maxFree = 1024
 // (pending + transport backlog); flushAt is the pending size past which a
 // member is flushed at once rather than at the next tick.
 func newTable(limit, flushAt int) *Table {
-	return &Table{rooms: make(map[string]*Room), limit: limit, flushAt: flushAt, arena: NewArena(64 << 10)}
+	// period 1: a member's zero wrote is no period (never written).
+	return &Table{rooms: make(map[string]*Room), limit: limit, flushAt: flushAt, arena: NewArena(64 << 10), period: 1}
 }
 
 // Arena is the loop's arena for the small frames it builds (acks, errs,
@@ -295,6 +307,9 @@ func (t *Table) queue(m *Member, frame []byte) {
 	if !m.dirty {
 		m.dirty = true
 		t.dirty = append(t.dirty, m)
+		if m.wrote != t.period {
+			t.fresh = append(t.fresh, m)
+		}
 	}
 	if m.bytes >= t.flushAt && !m.urgent {
 		m.urgent = true
@@ -377,6 +392,7 @@ func (t *Table) Flushed(m *Member) {
 // m is not dirty afterwards: the loop writes it again once the transport
 // has drained.
 func (t *Table) Sent(m *Member, n int) {
+	m.wrote = t.period
 	if n >= len(m.pending) {
 		t.Flushed(m)
 		return
@@ -404,8 +420,29 @@ func (t *Table) TakeDirty() []*Member {
 	d := t.dirty
 	t.dirty = t.dirty[:0]
 	t.urgent = t.urgent[:0]
+	t.fresh = t.fresh[:0]
 	return d
 }
+
+// NewPeriod starts a flush period: the loop calls it at each flush tick,
+// and a member written (Sent) since belongs to it.
+func (t *Table) NewPeriod() {
+	t.period++
+	t.fresh = t.fresh[:0]
+}
+
+// TakeFresh returns the members that got output since the last TakeFresh
+// or TakeDirty and had not been written in the current period when they
+// did; one written in between is there with nothing pending or with a
+// write in this period (WroteInPeriod). Valid until the next TakeFresh.
+func (t *Table) TakeFresh() []*Member {
+	f := t.fresh
+	t.fresh, t.spareFr = t.spareFr[:0], f
+	return f
+}
+
+// WroteInPeriod reports whether m was written in the current period.
+func (t *Table) WroteInPeriod(m *Member) bool { return m.wrote == t.period }
 
 // TakeUrgent returns members whose pending output passed flushAt, to be
 // flushed before the tick (bounds the work and memory of one wake-up).

@@ -102,6 +102,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 	l.flush()
 	l.flushT.Stop()
 	l.ticking = false
+	l.table.NewPeriod() // as the quiet tick behind those writes would
 	st := &s.Stats
 	st.Writes.Store(0)
 	st.FramesOut.Store(0)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/gobwas/ws"
+
+	"github.com/roost-chat/roost/fanout"
 )
 
 // TestFlushSchedule: output after a pause leaves at once, output within a
@@ -152,6 +154,122 @@ func TestFlushHoldsForProxyAnswers(t *testing.T) {
 	l.proxyPubs = 0
 }
 
+// TestFreshConnectionSkipsTheTick: while the loop ticks, a member not yet
+// written since the last tick is written at the end of the wake-up, and one
+// written since waits for the next tick.
+func TestFreshConnectionSkipsTheTick(t *testing.T) {
+	rig := newFanoutRig(t, 3, false)
+	l := rig.l
+	l.srv.cfg.FlushInterval = time.Second // the test runs the ticks itself
+	t.Cleanup(l.stopTimers)
+	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
+	rig.next()
+	ms := append([]*fanout.Member(nil), l.table.TakeFresh()...) // the three members
+	l.kick()
+	if writes() != 3 || !l.ticking {
+		t.Fatalf("after a pause: %d writes, ticking %v", writes(), l.ticking)
+	}
+	frame := []byte("x")
+	l.table.Enqueue(ms[0], frame)
+	l.kick()
+	if writes() != 3 {
+		t.Fatalf("member written in this period: %d writes; want it held for the tick", writes())
+	}
+	l.tick() // writes member 0 only; the others were not written in the new period
+	if writes() != 4 || !l.ticking {
+		t.Fatalf("tick: %d writes, ticking %v; want member 0 written and the tick re-armed", writes(), l.ticking)
+	}
+	l.table.Enqueue(ms[1], frame)
+	l.kick()
+	if writes() != 5 {
+		t.Fatalf("member not written since the tick: %d writes; want it written at once", writes())
+	}
+	l.table.Enqueue(ms[1], frame)
+	l.table.Enqueue(ms[0], frame)
+	l.kick()
+	if writes() != 5 {
+		t.Fatalf("members written since the tick: %d writes; want both held for the next tick", writes())
+	}
+	l.tick()
+	if writes() != 7 || l.table.HasDirty() {
+		t.Fatalf("next tick: %d writes, dirty %v; want both written", writes(), l.table.HasDirty())
+	}
+	l.tick()
+	if l.ticking {
+		t.Fatal("quiet tick did not stop the ticking")
+	}
+}
+
+// TestOneWritePerTickUnderLoad: whatever mix of deliveries, single frames,
+// publishes in flight and ticks the loop sees, no member is written twice
+// in one tick's period, and a tick leaves nothing pending.
+func TestOneWritePerTickUnderLoad(t *testing.T) {
+	const n = 20
+	rig := newFanoutRig(t, n, true)
+	l := rig.l
+	l.srv.cfg.FlushInterval = time.Second // the test runs the ticks itself
+	t.Cleanup(l.stopTimers)
+	rig.next()
+	ms := append([]*fanout.Member(nil), l.table.TakeFresh()...)
+	if len(ms) != n {
+		t.Fatalf("%d members dirty, want %d", len(ms), n)
+	}
+	l.kick()
+	period := 1             // the table's: one per tick
+	wrote := make([]int, n) // the period of each member's last observed write
+	for i := range wrote {
+		wrote[i] = period
+	}
+	frame := []byte("y")
+	rnd := uint64(1)
+	next := func(k uint64) uint64 { rnd = rnd*6364136223846793005 + 1442695040888963407; return (rnd >> 33) % k }
+	before := make([]int, n)
+	snap := func() {
+		for i, m := range ms {
+			before[i] = m.PendingBytes()
+		}
+	}
+	for step := 0; step < 5000; step++ {
+		op := next(10)
+		switch {
+		case op < 3:
+			rig.next()
+			snap()
+			l.kick()
+		case op < 6:
+			for j := next(4); j > 0; j-- {
+				l.table.Enqueue(ms[next(n)], frame)
+			}
+			snap()
+			l.kick()
+		case op < 7:
+			l.inflight = int(next(3))
+			snap()
+			l.kick()
+		default:
+			snap()
+			period++
+			l.tick()
+			if !l.holding {
+				for _, m := range ms {
+					if m.PendingBytes() > 0 {
+						t.Fatalf("step %d: a tick left output pending", step)
+					}
+				}
+			}
+		}
+		for i, m := range ms {
+			if before[i] > 0 && m.PendingBytes() == 0 {
+				if wrote[i] == period {
+					t.Fatalf("step %d (op %d): member %d written twice in period %d", step, op, i, period)
+				}
+				wrote[i] = period
+			}
+		}
+	}
+	l.inflight = 0
+}
+
 // TestFlushScheduleAllocationFree: the immediate write, the held frames and
 // the ticks (timer re-arming included) allocate nothing in steady state.
 func TestFlushScheduleAllocationFree(t *testing.T) {
@@ -159,12 +277,21 @@ func TestFlushScheduleAllocationFree(t *testing.T) {
 	l := rig.l
 	l.srv.cfg.FlushInterval = time.Second
 	t.Cleanup(l.stopTimers)
+	frame := []byte("z")
+	one := make([]*fanout.Member, 0, 1)
 	cycle := func() {
 		rig.next()
+		one = append(one[:0], l.table.TakeFresh()[0])
 		l.kick() // quiet: written now
 		rig.next()
 		l.kick() // waits for the tick
 		l.tick() // written, re-armed
+		l.table.Enqueue(one[0], frame)
+		l.kick() // written in this period: waits
+		l.tick() // written
+		rig.next()
+		l.kick() // the others, not written since the tick: written now
+		l.tick() // the first one
 		l.tick() // quiet: stops
 		l.inflight = 1
 		rig.next()
@@ -181,28 +308,42 @@ func TestFlushScheduleAllocationFree(t *testing.T) {
 
 // TestFirstFramesLeaveAtOnce over real sockets, with a tick long enough to
 // tell the paths apart: after a pause a message is written at once, and a
-// second one close behind it waits for the tick.
+// second one close behind it waits for the next grid point of the tick.
 func TestFirstFramesLeaveAtOnce(t *testing.T) {
-	n := startNode(t, func(c *Config) { c.Loops = 1; c.FlushInterval = time.Second })
+	const iv = time.Second
+	n := startNode(t, func(c *Config) { c.Loops = 1; c.FlushInterval = iv })
 	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
 	alice.send(`{"op":"join","room":"r"}`)
 	alice.expect(map[string]any{"op": "joined", "room": "r"})
-	time.Sleep(2300 * time.Millisecond) // the tick behind the reply finds nothing: a pause
-
-	t0 := time.Now()
-	bob.send(`{"op":"pub","room":"r","id":"m-1","body":1}`)
-	alice.expect(map[string]any{"op": "msg", "id": "m-1"})
-	first := time.Since(t0)
-	bob.send(`{"op":"pub","room":"r","id":"m-2","body":2}`)
-	alice.expect(map[string]any{"op": "msg", "id": "m-2"})
-	second := time.Since(t0) - first
-	if first > 500*time.Millisecond {
-		t.Errorf("first message after a pause took %v; want it written at once, not at the 1s tick", first)
-	}
-	// The tick after a write made at once is the next grid point at least
-	// a quarter tick away (250 ms here).
-	if second < 200*time.Millisecond {
-		t.Errorf("second message %v after the first; want it held for the tick (one write per connection per tick)", second)
+	for try := 1; ; try++ {
+		time.Sleep(2300 * time.Millisecond) // the tick behind the last write finds nothing: a pause
+		t0 := time.Now()
+		id := strconv.Itoa(try)
+		bob.send(`{"op":"pub","room":"r","id":"a` + id + `","body":1}`)
+		alice.expect(map[string]any{"op": "msg", "id": "a" + id})
+		first := time.Now()
+		bob.send(`{"op":"pub","room":"r","id":"b` + id + `","body":2}`)
+		alice.expect(map[string]any{"op": "msg", "id": "b" + id})
+		second := time.Now()
+		if d := first.Sub(t0); d > 500*time.Millisecond {
+			t.Fatalf("first message after a pause took %v; want it written at once, not at the 1s tick", d)
+		}
+		// The grid is the loop's (multiples of the tick since monoEpoch).
+		// Too close to a grid point, the first write and the second
+		// message may fall on either side of it: try another phase.
+		phase := first.Sub(monoEpoch) % iv
+		if phase < 100*time.Millisecond || phase > iv-200*time.Millisecond {
+			if try == 5 {
+				t.Fatal("no usable phase in 5 tries")
+			}
+			continue
+		}
+		grid := first.Add(iv - phase)
+		if second.Before(grid.Add(-5*time.Millisecond)) || second.After(grid.Add(500*time.Millisecond)) {
+			t.Fatalf("second message at %v of the tick's interval (phase of the first %v); want it held for the next grid point, one write per connection per tick",
+				second.Sub(grid)+iv, phase)
+		}
+		return
 	}
 }
 

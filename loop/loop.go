@@ -89,11 +89,13 @@ type loopState struct {
 	lostSpare map[string]struct{}
 	depth     atomic.Int64
 
-	// Output leaves at once when the loop's last tick found nothing, else
-	// at the next tick: at most one write per connection per
-	// FlushInterval, and no wait after a pause. ticking: a flush tick is
-	// armed or queued; it re-arms while it finds work, so an idle loop has
-	// no timer running (see kick and tick).
+	// A connection's output leaves at once when the connection has not
+	// been written since the loop's last tick, else at the next tick: at
+	// most one write per connection per tick, and no wait after a pause.
+	// ticking: a flush tick is armed or queued; it re-arms while it finds
+	// work, so an idle loop has no timer running (see kick and tick).
+	// Each tick starts a flush period of the table, which knows which
+	// members were written in it (flushFresh).
 	ticking  bool
 	holding  bool // output after a pause waits for this loop's publishes (kick); ticking too
 	flushT   *time.Timer
@@ -305,10 +307,13 @@ func (l *loopState) settle() {
 
 // kick runs at the end of each wake-up of the loop (an inbox drain, a read
 // event). With no tick armed the loop's last tick found nothing to write,
-// so what is pending leaves now and a tick is armed behind it; with one
-// armed, the output waits for it. Under load the ticks chain and every
-// connection gets one writev per tick, as many frames as it has; after a
-// pause the first frames do not wait.
+// so what is pending leaves now and a tick is armed behind it. With one
+// armed, a connection already written since the last tick waits for the
+// next one, and one that was not (a quiet room on a loop kept ticking by
+// others, output on a loop ticking only for a held gap) is written now
+// (flushFresh). Under load the ticks chain and every connection gets one
+// writev per tick, as many frames as it has; after a pause the first
+// frames do not wait.
 //
 // One exception after a pause: while publishes read on this loop are still
 // being committed (or answered by their publish proxy: ownPending), their deliveries are on the way in pieces (the pool
@@ -333,7 +338,11 @@ func (l *loopState) kick() {
 		l.armTick() // from the hold's deadline to the grid
 		return
 	}
-	if l.ticking || !l.hasTickWork() {
+	if l.ticking {
+		l.flushFresh()
+		return
+	}
+	if !l.hasTickWork() {
 		return
 	}
 	if l.ownPending() {
@@ -361,8 +370,32 @@ func (l *loopState) ownPending() bool {
 	return l.proxyPubs > 0 && time.Since(monoEpoch)-l.proxyAt < l.holdMax()
 }
 
-// holdMax bounds the hold of kick: a quarter tick, the shortest gap the
-// tick grid leaves between two writes.
+// flushFresh writes the members that got output while not written in this
+// tick's period; the others keep their output for the tick. The table
+// sorts members out as they get output, so under load, when the tick wrote
+// every member, this costs nothing per wake-up. It spends at most a slice
+// of loop time (as a pass does): the fresh members of a quiet room of
+// thousands past that are left to the tick, whose pass reads the input
+// between slices.
+func (l *loopState) flushFresh() {
+	f := l.table.TakeFresh()
+	var start time.Time
+	if len(f) > passCheck {
+		start = time.Now()
+	}
+	for i, m := range f {
+		if i > 0 && i%passCheck == 0 && time.Since(start) >= l.slice {
+			return
+		}
+		if m.Closed || m.PendingBytes() == 0 || l.table.WroteInPeriod(m) {
+			continue
+		}
+		m.Owner.Write()
+	}
+}
+
+// holdMax bounds the hold of kick: a quarter tick, short against the
+// tick that the rest of a burst would otherwise wait for.
 func (l *loopState) holdMax() time.Duration { return l.srv.cfg.FlushInterval / 4 }
 
 // hasTickWork: output is pending, a held gap or a failed tail read is
@@ -376,17 +409,14 @@ func (l *loopState) hasTickWork() bool {
 // of FlushInterval since the process started), so a tick that follows a
 // write made at once comes at the end of that write's interval, not a whole
 // interval after it: what arrived just behind the first frames (the rest of
-// a burst) waits half an interval on average rather than a whole one. Less
-// than a quarter interval before the grid point, the tick after it is taken
-// instead, so two writes to a connection are never that close together.
+// a burst) waits half an interval on average rather than a whole one. The
+// grid point is taken however close it is: a connection still gets at most
+// one write per tick, and skipping a close grid point (as an earlier rule
+// did within a quarter interval) held those frames for a whole extra tick.
 func (l *loopState) armTick() {
 	l.ticking = true
 	iv := l.srv.cfg.FlushInterval
-	d := iv - time.Since(monoEpoch)%iv
-	if d < iv/4 {
-		d += iv
-	}
-	l.flushT.Reset(d)
+	l.flushT.Reset(iv - time.Since(monoEpoch)%iv)
 }
 
 // tick is the flush tick. A tick that wrote nothing and has nothing to
@@ -399,8 +429,9 @@ func (l *loopState) armTick() {
 func (l *loopState) tick() {
 	l.srv.Stats.Ticks.Add(1)
 	if l.passing {
-		return // the pass arms the next tick when it ends
+		return // the pass arms the next tick when it ends; the period goes on
 	}
+	l.table.NewPeriod()
 	l.holding = false
 	wrote := l.flush()
 	if wrote > 0 || l.hasTickWork() {
