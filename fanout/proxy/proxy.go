@@ -195,10 +195,13 @@ func New(cfg Config) *Pool {
 	c := cfg.Client
 	if c == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		// Keep as many connections idle as an app may use at once, so
-		// that a steady flow of calls reuses them instead of dialling.
+		// Keep idle every connection the calls used at once (apps
+		// sharing a backend host, an app's own InFlight above Workers),
+		// so that a steady flow of calls reuses them instead of dialling;
+		// what is kept is bounded by what was in use, and closes after
+		// IdleConnTimeout.
 		tr.MaxIdleConns = 0
-		tr.MaxIdleConnsPerHost = cfg.Workers
+		tr.MaxIdleConnsPerHost = MaxInFlight
 		tr.IdleConnTimeout = 90 * time.Second
 		c = &http.Client{Transport: tr}
 	}
