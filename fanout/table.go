@@ -128,13 +128,30 @@ type Table struct {
 	paced []*Member // members whose next store read waits for their output to leave (pump)
 }
 
-// pending-list size classes: most flushes carry a handful of frames; a busy
-// room at 8,000 msg/s and a 4 ms tick gives ~32; the largest class covers a
-// catch-up burst until flushAt forces a write.
-var classes = [...]int{8, 64, 512, 4096}
+// pending-list size classes: a connection that gets a frame every few
+// hundred ms (a chat: most connections) has one frame per write nearly
+// always, and holds 24 bytes of list while it waits rather than 192; most
+// other flushes carry a handful of frames; a busy room at 8,000 msg/s and a
+// 4 ms tick gives ~32; the largest class covers a catch-up burst until
+// flushAt forces a write.
+var classes = [...]int{1, 8, 64, 512, 4096}
 
-// maxFree bounds each freelist so a burst does not pin memory forever.
-const maxFree = 1024
+// maxFreeBytes bounds each freelist, in bytes of list (24 per frame
+// reference), so that a backlog does not pin memory after it has left: a
+// burst that took thousands of 512-frame lists keeps 64 of them, not a
+// thousand (12 MB). The small classes keep enough for every member of a
+// loop at once (32,768 single-frame lists): a commit batch that makes
+// thousands of members dirty in one wake-up takes its lists from the
+// freelist, not from the heap.
+const maxFreeBytes = 768 << 10
+
+// maxFree is how many lists of each class its freelist keeps.
+var maxFree = func() (n [len(classes)]int) {
+	for i, size := range classes {
+		n[i] = maxFreeBytes / (size * 24)
+	}
+	return n
+}()
 
 // newTable returns an empty table. limit is the outbound limit per member
 // (pending + transport backlog); flushAt is the pending size past which a
@@ -359,7 +376,7 @@ func (t *Table) put(b [][]byte) {
 	clear(b)
 	for i, size := range classes {
 		if cap(b) == size {
-			if len(t.free[i]) < maxFree {
+			if len(t.free[i]) < maxFree[i] {
 				t.free[i] = append(t.free[i], b[:0])
 			}
 			return

@@ -177,6 +177,91 @@ func TestDeliverAllocationFree(t *testing.T) {
 	}
 }
 
+// pooled is the list capacity, in frame references, the table's freelists
+// hold.
+func (t *Table) pooled() int {
+	n := 0
+	for i := range t.free {
+		for _, b := range t.free[i] {
+			n += cap(b)
+		}
+	}
+	return n
+}
+
+// A connection that got its frame and was written holds no list: the
+// retained memory of a member after a delivery is its struct. One frame
+// per write (a connection of a chat, a frame every few hundred ms) takes a
+// single-frame list while it waits, from the freelist, however many
+// members are dirty at once, and gives it back.
+func TestDeliveredMemberHoldsNoBuffer(t *testing.T) {
+	tb := newTable(1<<30, 1<<30)
+	r := tb.add([]byte("app/room"))
+	ms := members(5000) // more members dirty at once than any freelist keeps
+	for _, m := range ms {
+		tb.join(r, m)
+	}
+	frame := make([]byte, 100)
+	round := func() {
+		tb.fan(r, 0, frame, nil)
+		for _, m := range tb.TakeDirty() {
+			tb.Flushed(m)
+		}
+	}
+	round()
+	if n := testing.AllocsPerRun(20, round); n != 0 {
+		t.Fatalf("one frame each to 5,000 members allocates %.1f per round", n)
+	}
+	if p := tb.pooled(); p != len(ms) {
+		t.Fatalf("freelists hold %d frame references after single frames to %d members, want one each", p, len(ms))
+	}
+	for i, m := range ms {
+		if cap(m.Pending()) != 0 || m.PendingBytes() != 0 {
+			t.Fatalf("member %d holds a list of %d after its write", i, cap(m.Pending()))
+		}
+	}
+	// While it waits, a member with one frame holds one reference.
+	tb.fan(r, 0, frame, nil)
+	if c := cap(ms[0].Pending()); c != 1 {
+		t.Fatalf("a member with one frame pending holds a list of %d", c)
+	}
+	for _, m := range tb.TakeDirty() {
+		tb.Flushed(m)
+	}
+	// What the freelists keep references no frame (its chunk can be freed).
+	for _, b := range tb.free[0] {
+		if b[:1][0] != nil {
+			t.Fatal("a pooled list still references a written frame")
+		}
+	}
+}
+
+// After a backlog has left, the freelists keep a bounded amount of list
+// capacity, whatever the size of the backlog: 2,000 members with 400
+// frames each took 2,000 lists of 512 references (24 MB).
+func TestFreelistsBoundedAfterBacklog(t *testing.T) {
+	tb := newTable(1<<30, 1<<30)
+	r := tb.add([]byte("app/room"))
+	ms := members(2000)
+	for _, m := range ms {
+		tb.join(r, m)
+	}
+	frame := make([]byte, 10)
+	for i := 0; i < 400; i++ {
+		tb.fan(r, 0, frame, nil)
+	}
+	for _, m := range tb.TakeDirty() {
+		tb.Flushed(m)
+	}
+	if got, bound := tb.pooled()*24, len(classes)*maxFreeBytes; got > bound {
+		t.Fatalf("freelists keep %d bytes of lists after the backlog, bound %d", got, bound)
+	}
+	// What they keep still serves the next burst without allocating.
+	if tb.pooled() == 0 {
+		t.Fatal("freelists kept nothing")
+	}
+}
+
 // BenchmarkDeliver300: one pre-encoded frame to 300 members of a room
 // (the fan-out step; the write is in loop's BenchmarkFanout300).
 func BenchmarkDeliver300(b *testing.B) {
