@@ -12,7 +12,8 @@
 # Usage (from anywhere): bench/scripts/chat-100k.sh [--short]
 #   --short: 2 nodes, 2,000 connections, 15 s (the CI form).
 #   NODES, ROOMS, PROCS, SRCS, DURATION in the environment override the
-#   full run's shape (a smaller run of the same kind on a smaller machine).
+#   full run's shape (a smaller run of the same kind on a smaller machine);
+#   NODE_GOGC (default 25) is the nodes' GOGC.
 # Needs: Go, PostgreSQL reachable at ROOST_TEST_DATABASE_URL (default
 # postgres://postgres@127.0.0.1:5432/test), psql, redis-server. Loopback
 # only; bounded in time; stops by itself and cleans up on any exit.
@@ -38,8 +39,13 @@ ports=($(free_ports "$nodes"))
 urls="" pids=""
 for k in $(seq 0 $((nodes - 1))); do
   # one loop each: six nodes on two cores, and each keeps a P for Go's
-  # netpoller; two publish workers each keep PostgreSQL connections few
-  start_node "n$k" "${ports[$k]}" --loops 1 --publish-workers 2 --database-url "$db_url" \
+  # netpoller; two publish workers each keep PostgreSQL connections few.
+  # GOGC 25: a node's heap is mostly its connections' state, ~0.9 KiB
+  # each and long-lived, while the garbage comes from the publish path at
+  # a few KB per publish; Go's default 100 lets the heap grow to twice the
+  # connections' state between collections (docs/benchmarks.md, "Memory
+  # per connection under a chat load").
+  GOGC=${NODE_GOGC:-25} start_node "n$k" "${ports[$k]}" --loops 1 --publish-workers 2 --database-url "$db_url" \
     --redis-url "redis://127.0.0.1:$redis_port" --connections $((rooms * size / nodes + 100))
   urls="${urls:+$urls,}ws://127.0.0.1:${ports[$k]}/ws"
   pids="${pids:+$pids,}n$k=@$work/n$k.pid"
