@@ -26,7 +26,10 @@ const (
 
 // conn is one client connection. Loop only. Kept small: an idle joined
 // connection costs this struct, its user id and its room slots (plus gnet's
-// own state), no buffers and no goroutine.
+// own state), no buffers and no goroutine. It fits the heap's 256-byte
+// size class (TestConnFitsItsSizeClass); what only some connections need
+// lives elsewhere (the source address counted against MaxConnsPerIP in
+// loopState.ips, the publish proxy's queue in loopState.pubQueues).
 type conn struct {
 	m        fanout.Member
 	gc       gnet.Conn
@@ -40,7 +43,6 @@ type conn struct {
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
 	skip     int32       // closing: payload bytes of the client's current frame still to discard; -1: discard all
-	ip       netip.Addr  // source address counted against MaxConnsPerIP; zero when not counted
 	fragOp   ws.OpCode
 	state    uint8
 	pinged   bool
@@ -69,7 +71,13 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	}
 	s.open.Add(1)
 	now := l.now()
-	c := &conn{gc: gc, l: l, opened: now, lastRead: now, pos: int32(len(l.conns)), ip: ip}
+	c := &conn{gc: gc, l: l, opened: now, lastRead: now, pos: int32(len(l.conns))}
+	if ip.IsValid() {
+		if l.ips == nil {
+			l.ips = make(map[*conn]netip.Addr)
+		}
+		l.ips[c] = ip
+	}
 	c.m.Owner = c
 	l.conns = append(l.conns, c)
 	l.due = append(l.due, c.dueAt())
@@ -124,8 +132,9 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	}
 	l := c.l
 	s.open.Add(-1)
-	if c.ip.IsValid() {
-		s.releaseIP(c.ip)
+	if ip, ok := l.ips[c]; ok {
+		delete(l.ips, c)
+		s.releaseIP(ip)
 	}
 	if c.m.SSE() {
 		s.Stats.SSEConns.Add(-1)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/gobwas/ws"
 
@@ -475,5 +476,14 @@ func TestSweepSpreadsPings(t *testing.T) {
 	c := gc.ctx.(*conn)
 	if c.pinged || l.due[c.pos] != c.lastRead+idle {
 		t.Fatalf("after a pong: pinged %v, due %d, want %d", c.pinged, l.due[c.pos], c.lastRead+idle)
+	}
+}
+
+// A connection's struct is most of what an idle joined connection costs
+// the node beyond gnet's own; one field more moves it from the heap's
+// 256-byte size class to the 288-byte one, 32 bytes per connection.
+func TestConnFitsItsSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(conn{}); n > 256 {
+		t.Fatalf("conn is %d bytes: past the 256-byte size class", n)
 	}
 }

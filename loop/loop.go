@@ -3,6 +3,7 @@ package loop
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,7 +154,10 @@ type loopState struct {
 	// app's publish proxy (proxy.go): kept here, not in conn, which
 	// stays small for the connections of apps without one.
 	pubQueues map[*conn]*pubQueue
-	inflight  int // publishes of this loop submitted and not yet answered
+	// ips: the source address of each connection counted against
+	// MaxConnsPerIP (none without the cap), here rather than in conn.
+	ips      map[*conn]netip.Addr
+	inflight int // publishes of this loop submitted and not yet answered
 	// proxyPubs: publishes of this loop asked of a publish proxy and not
 	// yet answered; proxyAt: when the last of their answers came (since
 	// monoEpoch). The flush hold waits for them too (kick).
