@@ -67,7 +67,39 @@ func parseEndpoint(raw string) endpoint {
 type hconn struct {
 	addr string
 	nc   net.Conn
-	br   *bufio.Reader
+	rc   syscall.RawConn  // nc's, for the probe before reuse; nil if none
+	lr   io.LimitedReader // nc, limited to one answer's budget
+	br   *bufio.Reader    // reads lr
+}
+
+// answerBudget bounds the bytes read from the backend per call: a head
+// of 64 KiB (net/http allows megabytes, a hook's answer needs a few
+// lines), the answer, and the drain below. A backend sending more fails
+// the call at once instead of being read into memory until the timeout.
+const answerBudget = 64<<10 + maxAnswer + 1 + drainMost
+
+// drainMost is the most of an answer's rest read so that its connection
+// serves the next call.
+const drainMost = 64 << 10
+
+// alive reports whether a kept connection can take a request: the
+// backend has sent nothing on it since the last answer, not even its
+// close. Asked before the request is written, as net/http's read
+// goroutine notices the close of an idle connection: a POST written to
+// a connection the backend has closed may have been read (the backend
+// closed after reading it), so it is never made again once written.
+func (h *hconn) alive() bool {
+	if h.rc == nil {
+		return true
+	}
+	ok := false
+	err := h.rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, e := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		ok = e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
+		return true // never wait: a read that would block is the answer
+	})
+	return err == nil && ok
 }
 
 // maxWorkerConns bounds the connections a worker keeps: an app's connect
@@ -125,14 +157,25 @@ type errAnswer struct{ msg string }
 func (e errAnswer) Error() string { return e.msg }
 
 // roundTrip POSTs body to e with the call's headers and returns the
-// answer's body (at most maxAnswer+1 bytes). A connection kept from an
-// earlier call that turns out closed by the backend (its idle timeout)
-// before any answer is retried once on a new one, as net/http retries a
-// request it could not have delivered.
+// answer's body (at most maxAnswer+1 bytes). A kept connection the
+// backend has closed (its idle timeout) is dropped before use; one that
+// fails while the request is written is retried once on a new one, as
+// net/http retries a POST of which nothing could have been read. Once
+// the request is written it is never made again: the backend may have
+// acted on it.
 func (d *direct) roundTrip(e *endpoint, c *Call, body []byte, sg *signing, deadline time.Time) ([]byte, error) {
+	if !time.Now().Before(deadline) {
+		// Waited in the queue past its timeout: not made, and the kept
+		// connection is kept.
+		return nil, os.ErrDeadlineExceeded
+	}
 	d.req = d.request(d.req[:0], e, c, body, sg)
 	for attempt := 0; ; attempt++ {
 		h := d.take(e.addr)
+		if h != nil && !h.alive() {
+			h.nc.Close()
+			h = nil
+		}
 		reused := h != nil
 		if h == nil {
 			ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -144,10 +187,15 @@ func (d *direct) roundTrip(e *endpoint, c *Call, body []byte, sg *signing, deadl
 			if tc, ok := nc.(*net.TCPConn); ok {
 				_ = tc.SetNoDelay(true)
 			}
-			h = &hconn{addr: e.addr, nc: nc, br: bufio.NewReaderSize(nc, 4<<10)}
+			h = &hconn{addr: e.addr, nc: nc}
+			if sc, ok := nc.(syscall.Conn); ok {
+				h.rc, _ = sc.SyscallConn()
+			}
+			h.lr.R = nc
+			h.br = bufio.NewReaderSize(&h.lr, 4<<10)
 		}
-		b, keep, sent, err := h.exchange(d.req, deadline)
-		if err == nil || sent {
+		b, keep, written, err := h.exchange(d.req, deadline)
+		if err == nil || written {
 			if keep && err == nil {
 				d.keep(h)
 			} else {
@@ -188,19 +236,17 @@ func (d *direct) request(b []byte, e *endpoint, c *Call, body []byte, sg *signin
 	return append(b, body...)
 }
 
-// exchange writes req and reads the answer. sent: some of the answer was
-// read, so the request reached the backend and must not be made again;
-// keep: the connection may serve the next call.
-func (h *hconn) exchange(req []byte, deadline time.Time) (b []byte, keep, sent bool, err error) {
+// exchange writes req and reads the answer. written: all of req was
+// written, so the backend may have acted on it and it must not be made
+// again; keep: the connection may serve the next call.
+func (h *hconn) exchange(req []byte, deadline time.Time) (b []byte, keep, written bool, err error) {
 	if err := h.nc.SetDeadline(deadline); err != nil {
 		return nil, false, false, err
 	}
 	if _, err := h.nc.Write(req); err != nil {
 		return nil, false, false, err
 	}
-	if _, err := h.br.Peek(1); err != nil {
-		return nil, false, false, err
-	}
+	h.lr.N = answerBudget
 	resp, err := http.ReadResponse(h.br, nil)
 	if err != nil {
 		return nil, false, true, err
@@ -209,9 +255,10 @@ func (h *hconn) exchange(req []byte, deadline time.Time) (b []byte, keep, sent b
 	if err != nil {
 		return nil, false, true, err
 	}
-	// The rest is drained (bounded) so that the connection is reused.
-	n, _ := io.CopyN(io.Discard, resp.Body, 64<<10)
-	keep = !resp.Close && n < 64<<10 && h.br.Buffered() == 0
+	// The rest is drained (bounded) so that the connection is reused;
+	// only a body read to its clean end leaves it at the next answer.
+	_, derr := io.CopyN(io.Discard, resp.Body, drainMost)
+	keep = !resp.Close && derr == io.EOF && h.br.Buffered() == 0
 	if resp.StatusCode/100 != 2 {
 		return nil, keep, true, errAnswer{"status " + resp.Status}
 	}

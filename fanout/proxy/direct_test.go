@@ -193,3 +193,95 @@ func TestParseEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// rawBackend serves each connection with serve, counting the requests it
+// read in full.
+func rawBackend(t *testing.T, serve func(nc net.Conn, br *bufio.Reader, conn int32)) (addr string, requests *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var accepted atomic.Int32
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(nc net.Conn, n int32) {
+				defer nc.Close()
+				serve(nc, bufio.NewReader(nc), n)
+			}(nc, accepted.Add(1))
+		}
+	}()
+	return ln.Addr().String(), &accepted
+}
+
+// A POST the backend read in full on a kept connection and then closed
+// without answering may have been acted on: it fails, and is not made
+// again on a new connection (net/http retries a POST only when nothing
+// of it was written).
+func TestDirectPostReadNotRepeated(t *testing.T) {
+	var requests atomic.Int32
+	addr, _ := rawBackend(t, func(nc net.Conn, br *bufio.Reader, n int32) {
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if requests.Add(1) > 1 {
+				return // read, maybe acted on, never answered
+			}
+			io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
+		}
+	})
+	p := New(Config{Workers: 1})
+	defer p.Close()
+	if !p.direct {
+		t.Skip("HTTP_PROXY is set: calls go through net/http")
+	}
+	tg := Target{URL: "http://" + addr + "/", Timeout: 5 * time.Second}
+	if c := askOne(t, p, Publish, tg); c.Result != Allowed {
+		t.Fatalf("first call: %s", ResultNames[c.Result])
+	}
+	if c := askOne(t, p, Publish, tg); c.Result != Failed {
+		t.Fatalf("second call: %s, want failed", ResultNames[c.Result])
+	}
+	time.Sleep(50 * time.Millisecond) // a repeat would have landed
+	if n := requests.Load(); n != 2 {
+		t.Fatalf("backend read %d requests for 2 calls", n)
+	}
+}
+
+// An answer's head is bounded as net/http bounds it: a backend that sends
+// megabytes of headers fails the call at once instead of being read into
+// memory until the timeout.
+func TestDirectAnswerHeadBounded(t *testing.T) {
+	addr, _ := rawBackend(t, func(nc net.Conn, br *bufio.Reader, n int32) {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(nc, "HTTP/1.1 200 OK\r\nX-Big: ")
+		line := strings.Repeat("a", 64<<10)
+		for i := 0; i < 64; i++ { // 4 MiB, then nothing more
+			if _, err := io.WriteString(nc, line); err != nil {
+				return
+			}
+		}
+		time.Sleep(5 * time.Second)
+	})
+	p := New(Config{Workers: 1})
+	defer p.Close()
+	if !p.direct {
+		t.Skip("HTTP_PROXY is set: calls go through net/http")
+	}
+	c := askOne(t, p, Publish, Target{URL: "http://" + addr + "/", Timeout: 2 * time.Second})
+	if c.Result != Failed {
+		t.Fatalf("%s, want failed", ResultNames[c.Result])
+	}
+}
