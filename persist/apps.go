@@ -246,15 +246,7 @@ func (p *Postgres) WatchApps(ctx context.Context, every time.Duration, fn func([
 		// after failed reads, a backoff from retryAppsRead up to every, so
 		// that a fleet does not hammer a PostgreSQL that is coming back.
 		retry := retryAppsRead
-		next := func() time.Duration {
-			if !failing {
-				retry = retryAppsRead
-				return every
-			}
-			d := min(every, retry)
-			retry *= 2
-			return d
-		}
+		next := func() time.Duration { return appsReadWait(failing, &retry, every) }
 		for ctx.Err() == nil {
 			conn, err := pgx.ConnectConfig(ctx, p.pool.Config().ConnConfig.Copy())
 			if err == nil {
@@ -300,6 +292,21 @@ func (p *Postgres) WatchApps(ctx context.Context, every time.Duration, fn func([
 			conn.Close(context.Background())
 		}
 	}()
+}
+
+// appsReadWait is how long WatchApps waits before reading the registry
+// anyway: every while reads succeed; after failed ones retry, which
+// doubles up to every.
+func appsReadWait(failing bool, retry *time.Duration, every time.Duration) time.Duration {
+	if !failing {
+		*retry = retryAppsRead
+		return every
+	}
+	d := min(every, *retry)
+	// Doubled only up to every: past the largest Duration it would turn
+	// negative, and a negative wait reads (and dials) in a busy loop.
+	*retry = min(every, 2**retry)
+	return d
 }
 
 // retryAppsRead is how soon WatchApps first reads the registry again after

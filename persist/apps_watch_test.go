@@ -230,3 +230,23 @@ func replaceLast(s, old, new string) string {
 	}
 	return s
 }
+
+// The backoff after failed registry reads starts at retryAppsRead, grows to
+// the interval and stays there however long PostgreSQL is away: a wait
+// that doubled past the largest Duration would turn negative and make the
+// watcher read (and dial) in a busy loop.
+func TestAppsReadWaitBounded(t *testing.T) {
+	retry := retryAppsRead
+	every := time.Second
+	if d := appsReadWait(true, &retry, every); d != retryAppsRead {
+		t.Fatalf("first retry after %v, want %v", d, retryAppsRead)
+	}
+	for i := 0; i < 1000; i++ {
+		if d := appsReadWait(true, &retry, every); d <= 0 || d > every {
+			t.Fatalf("failed read %d: wait %v, want (0, %v]", i+2, d, every)
+		}
+	}
+	if d := appsReadWait(false, &retry, every); d != every || retry != retryAppsRead {
+		t.Fatalf("after a good read: wait %v retry %v", d, retry)
+	}
+}
