@@ -493,12 +493,7 @@ func TestTakeIsExactAtTheBoundary(t *testing.T) {
 // real OnTraffic path.
 func TestRefusalsAllocationFree(t *testing.T) {
 	s, el := fuzzNode(t)
-	gc := &memConn{el: el}
-	s.OnOpen(gc)
-	l := s.loops[0].Load()
-	t.Cleanup(l.stopTimers)
-	gc.in = append(gc.in, fuzzUpgrade...)
-	s.OnTraffic(gc)
+	gc, _ := upgradedMemConn(t, s, el)
 	c, _ := gc.ctx.(*conn)
 	if c == nil || gc.closed {
 		t.Fatalf("upgrade failed: %q", gc.out)

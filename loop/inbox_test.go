@@ -91,12 +91,7 @@ func TestInboxBoundDeliveries(t *testing.T) {
 func TestInboxFullRefusesPublish(t *testing.T) {
 	s, el := fuzzNode(t)
 	s.cfg.InboxLimit = 16
-	gc := &memConn{el: el}
-	s.OnOpen(gc)
-	l := s.loops[0].Load()
-	t.Cleanup(l.stopTimers)
-	gc.in = append(gc.in, fuzzUpgrade...)
-	s.OnTraffic(gc)
+	gc, l := upgradedMemConn(t, s, el)
 	for i := 0; i < 16; i++ { // the loop is InboxLimit tasks behind
 		l.push(task{kind: tFlush})
 	}
@@ -121,29 +116,13 @@ func TestInboxOverflowRepairedOverSockets(t *testing.T) {
 	alice.send(`{"op":"join","room":"r"}`)
 	alice.expect(map[string]any{"op": "joined", "room": "r"})
 
-	l := n.srv.loops[0].Load()
-	release := make(chan struct{})
-	stalled := make(chan struct{})
-	if err := l.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		close(stalled)
-		<-release
-		return nil
-	})); err != nil {
-		t.Fatal(err)
-	}
-	<-stalled
+	release := stallLoop(t, n.srv.loops[0].Load())
 	// Commit, encode and broadcast as the publish path does, while the loop
 	// is stalled.
 	const total = 60
 	key := proto.RoomKey("test", "r")
 	for i := 1; i <= total; i++ {
-		req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("m-" + strconv.Itoa(i)), Body: []byte(strconv.Itoa(i))}
-		res := make([]proto.PubResult, 1)
-		if err := n.store.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
-			t.Fatalf("commit %d: %v %v", i, err, res[0].Err)
-		}
-		frame := proto.AppendMsgFrame(nil, "r", res[0].Seq, req.ID, req.From, res[0].TS, req.Body)
-		n.fan.OnMessage(key, res[0].Seq, frame) // as the broker delivers it
+		n.commitAndDeliver(t, key, i, []byte(strconv.Itoa(i)))
 	}
 	close(release)
 	for i := 1; i <= total; i++ {
@@ -249,8 +228,33 @@ func overflowRoom(t *testing.T, keep, total, size int) (*node, *client) {
 	c := n.dial(t, "slow")
 	c.send(`{"op":"join","room":"r"}`)
 	c.expect(map[string]any{"op": "joined", "room": "r"})
-	l := n.srv.loops[0].Load()
-	release := make(chan struct{})
+	release := stallLoop(t, n.srv.loops[0].Load())
+	key := proto.RoomKey("test", "r")
+	body := []byte(`"` + strings.Repeat("b", size) + `"`)
+	for i := 1; i <= total; i++ {
+		n.commitAndDeliver(t, key, i, body)
+	}
+	close(release)
+	return n, c
+}
+
+// upgradedMemConn opens a connection on s's loop and upgrades it,
+// reading fuzzUpgrade through OnTraffic.
+func upgradedMemConn(t *testing.T, s *Server, el *memLoop) (*memConn, *loopState) {
+	t.Helper()
+	gc := &memConn{el: el}
+	s.OnOpen(gc)
+	l := s.loops[0].Load()
+	t.Cleanup(l.stopTimers)
+	gc.in = append(gc.in, fuzzUpgrade...)
+	s.OnTraffic(gc)
+	return gc, l
+}
+
+// stallLoop blocks l's event loop until the returned channel is closed.
+func stallLoop(t *testing.T, l *loopState) (release chan struct{}) {
+	t.Helper()
+	release = make(chan struct{})
 	stalled := make(chan struct{})
 	if err := l.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 		close(stalled)
@@ -260,18 +264,19 @@ func overflowRoom(t *testing.T, keep, total, size int) (*node, *client) {
 		t.Fatal(err)
 	}
 	<-stalled
-	key := proto.RoomKey("test", "r")
-	body := []byte(`"` + strings.Repeat("b", size) + `"`)
-	for i := 1; i <= total; i++ {
-		req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("m-" + strconv.Itoa(i)), Body: body}
-		res := make([]proto.PubResult, 1)
-		if err := n.store.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
-			t.Fatalf("commit %d: %v %v", i, err, res[0].Err)
-		}
-		n.fan.OnMessage(key, res[0].Seq, proto.AppendMsgFrame(nil, "r", res[0].Seq, req.ID, req.From, res[0].TS, req.Body))
+	return release
+}
+
+// commitAndDeliver commits bob's message m-i of room key (in room "r") and
+// hands it to the node as the broker delivers it.
+func (n *node) commitAndDeliver(t *testing.T, key string, i int, body []byte) {
+	t.Helper()
+	req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("m-" + strconv.Itoa(i)), Body: body}
+	res := make([]proto.PubResult, 1)
+	if err := n.store.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
+		t.Fatalf("commit %d: %v %v", i, err, res[0].Err)
 	}
-	close(release)
-	return n, c
+	n.fan.OnMessage(key, res[0].Seq, proto.AppendMsgFrame(nil, "r", res[0].Seq, req.ID, req.From, res[0].TS, req.Body))
 }
 
 type wireMsg struct {

@@ -80,51 +80,34 @@ func TestDirectRequestAndReuse(t *testing.T) {
 // answer), answers chunked, or says Connection: close is still answered
 // on every call, over a new connection where needed.
 func TestDirectConnectionsClosedByBackend(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var accepted atomic.Int32
 	// A hand-written backend: the first connection answers chunked, then
 	// closes after its second answer without saying so; the second says
 	// Connection: close; the rest answer once and close.
-	go func() {
-		for {
-			nc, err := ln.Accept()
+	addr, accepted := rawBackend(t, func(nc net.Conn, br *bufio.Reader, n int32) {
+		for i := 0; ; i++ {
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			n := accepted.Add(1)
-			go func(nc net.Conn, n int32) {
-				defer nc.Close()
-				br := bufio.NewReader(nc)
-				for i := 0; ; i++ {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					switch {
-					case n == 1:
-						io.WriteString(nc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"all\r\n9\r\now\":true}\r\n0\r\n\r\n")
-						if i == 1 {
-							return
-						}
-					case n == 2:
-						io.WriteString(nc, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
-						return
-					default:
-						io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
-						return
-					}
+			io.Copy(io.Discard, req.Body)
+			switch {
+			case n == 1:
+				io.WriteString(nc, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"all\r\n9\r\now\":true}\r\n0\r\n\r\n")
+				if i == 1 {
+					return
 				}
-			}(nc, n)
+			case n == 2:
+				io.WriteString(nc, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
+				return
+			default:
+				io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
+				return
+			}
 		}
-	}()
+	})
 	p := New(Config{Workers: 1})
 	defer p.Close()
-	tg := Target{URL: "http://" + ln.Addr().String() + "/", Timeout: 5 * time.Second}
+	tg := Target{URL: "http://" + addr + "/", Timeout: 5 * time.Second}
 	for i := 0; i < 6; i++ {
 		if c := askOne(t, p, Connect, tg); c.Result != Allowed {
 			t.Fatalf("call %d: %s %+v", i, ResultNames[c.Result], c)
@@ -194,16 +177,16 @@ func TestParseEndpoint(t *testing.T) {
 	}
 }
 
-// rawBackend serves each connection with serve, counting the requests it
-// read in full.
-func rawBackend(t *testing.T, serve func(nc net.Conn, br *bufio.Reader, conn int32)) (addr string, requests *atomic.Int32) {
+// rawBackend serves each connection it accepts with serve (conn: 1 for the
+// first), for backends net/http would not be.
+func rawBackend(t *testing.T, serve func(nc net.Conn, br *bufio.Reader, conn int32)) (addr string, accepted *atomic.Int32) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	var accepted atomic.Int32
+	accepted = new(atomic.Int32)
 	go func() {
 		for {
 			nc, err := ln.Accept()
@@ -216,7 +199,7 @@ func rawBackend(t *testing.T, serve func(nc net.Conn, br *bufio.Reader, conn int
 			}(nc, accepted.Add(1))
 		}
 	}()
-	return ln.Addr().String(), &accepted
+	return ln.Addr().String(), accepted
 }
 
 // A POST the backend read in full on a kept connection and then closed
