@@ -92,12 +92,14 @@ func (h *hconn) alive() bool {
 	if h.rc == nil {
 		return true
 	}
+	// Control, not Read: Read fails at once once the last call's
+	// deadline, still set on the connection, has passed, and the probe
+	// never waits anyway (a read that would block is the answer).
 	ok := false
-	err := h.rc.Read(func(fd uintptr) bool {
+	err := h.rc.Control(func(fd uintptr) {
 		var b [1]byte
 		_, _, e := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		ok = e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
-		return true // never wait: a read that would block is the answer
 	})
 	return err == nil && ok
 }

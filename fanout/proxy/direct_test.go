@@ -268,3 +268,34 @@ func TestDirectAnswerHeadBounded(t *testing.T) {
 		t.Fatalf("%s, want failed", ResultNames[c.Result])
 	}
 }
+
+// A kept connection is reused by a call that comes after the previous
+// call's deadline has passed (its deadline is still set on the
+// connection).
+func TestDirectReuseAfterDeadline(t *testing.T) {
+	addr, accepted := rawBackend(t, func(nc net.Conn, br *bufio.Reader, n int32) {
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
+		}
+	})
+	p := New(Config{Workers: 1})
+	defer p.Close()
+	if !p.direct {
+		t.Skip("HTTP_PROXY is set: calls go through net/http")
+	}
+	tg := Target{URL: "http://" + addr + "/", Timeout: 50 * time.Millisecond}
+	for i := 0; i < 3; i++ {
+		if c := askOne(t, p, Publish, tg); c.Result != Allowed {
+			t.Fatalf("call %d: %s", i, ResultNames[c.Result])
+		}
+		time.Sleep(80 * time.Millisecond)
+	}
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("%d connections for 3 calls in turn, want 1", n)
+	}
+}
