@@ -110,7 +110,7 @@ const maxWorkerConns = 3
 
 // direct is a worker's own state for the direct client.
 type direct struct {
-	ends  [2]endpoint // by Kind: the last URL parsed
+	ends  [numKinds]endpoint // by Kind: the last URL parsed
 	conns []*hconn
 	req   []byte // the request being written, kept between calls
 	dial  net.Dialer
