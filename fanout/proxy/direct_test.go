@@ -299,3 +299,26 @@ func TestDirectReuseAfterDeadline(t *testing.T) {
 		t.Fatalf("%d connections for 3 calls in turn, want 1", n)
 	}
 }
+
+// A redirect is an answer but 2xx on both paths: the net/http one (https
+// targets, an HTTP proxy) does not follow it, which would turn the POST
+// into a GET of another URL.
+func TestRedirectFailsOnBothPaths(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hook" {
+			http.Redirect(w, r, "/elsewhere", http.StatusFound)
+			return
+		}
+		io.WriteString(w, `{"allow":true}`)
+	}))
+	defer srv.Close()
+	for _, direct := range []bool{true, false} {
+		p := New(Config{Workers: 1})
+		p.direct = p.direct && direct
+		c := askOne(t, p, Publish, Target{URL: srv.URL + "/hook", Timeout: time.Second})
+		p.Close()
+		if c.Result != Failed {
+			t.Errorf("direct %v: a 302 answered %s, want failed", p.direct, ResultNames[c.Result])
+		}
+	}
+}

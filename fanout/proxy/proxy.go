@@ -203,7 +203,12 @@ func New(cfg Config) *Pool {
 		tr.MaxIdleConns = 0
 		tr.MaxIdleConnsPerHost = MaxInFlight
 		tr.IdleConnTimeout = 90 * time.Second
-		c = &http.Client{Transport: tr}
+		// A redirect is the backend's answer, and not a 2xx one: followed,
+		// a 301-303 would turn the POST into a GET of another URL, unsigned
+		// for it, where the direct client (and the docs) fail the call.
+		c = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}}
 	}
 	return &Pool{cfg: cfg, log: cfg.Log, client: c, direct: cfg.Client == nil && directOK(),
 		apps: map[string]*appQueue{}, stop: make(chan struct{})}
