@@ -173,7 +173,12 @@ func New(cfg Config) *Dispatcher {
 	if c == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 4
-		c = &http.Client{Transport: tr}
+		// A redirect is the receiver's answer, not a delivery: followed, a
+		// 301-303 turns the POST into a GET of another URL whose 2xx would
+		// mark the batch delivered while nobody received it.
+		c = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}}
 	}
 	return &Dispatcher{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*target{}}
 }

@@ -9,9 +9,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,6 +220,41 @@ func TestReceiverDownThenBack(t *testing.T) {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
 	prototest.WaitFor(t, 10*time.Second, func() error { return rc.check([]string{"r"}, 500) })
+}
+
+// TestRedirectIsAFailure: a receiver that answers a redirect has not
+// taken the batch. Followed, the 302 would turn the POST into a GET of a
+// page that answers 200, and the batch would count as delivered.
+func TestRedirectIsAFailure(t *testing.T) {
+	var gets, posts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			gets.Add(1)
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		posts.Add(1)
+		http.Redirect(w, r, "/elsewhere", http.StatusFound)
+	}))
+	defer srv.Close()
+	cfg := Defaults()
+	cfg.RetryMin, cfg.RetryMax = 20*time.Millisecond, 100*time.Millisecond
+	d := New(cfg)
+	defer d.Close()
+	d.SetApps([]proto.App{app(srv.URL+"/hook", "current-secret-0123456789")})
+	commit(d, []string{"r"}, 10)
+	prototest.WaitFor(t, 5*time.Second, func() error {
+		if f := d.Stats.Failures.Load(); f < 2 {
+			return fmt.Errorf("%d failures after %d POSTs", f, posts.Load())
+		}
+		return nil
+	})
+	if g := gets.Load(); g != 0 {
+		t.Fatalf("the redirect was followed: %d GETs", g)
+	}
+	if o := d.Stats.Owed.Load(); o != 10 {
+		t.Fatalf("owed %d after redirects, want all 10", o)
+	}
 }
 
 // TestSlowReceiverTimesOut: a receiver slower than the webhook's timeout
