@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -299,8 +300,17 @@ func TestSSESlowReaderClosed(t *testing.T) {
 	pub := n.dial(t, "pub")
 	body := `"` + strings.Repeat("x", 2000) + `"`
 	const total = 4000
+	// The publisher stays at most 64 messages (128 KB) ahead of the fast
+	// readers, half their outbound limit: on a loaded machine the test's
+	// own reading goroutine can be descheduled long enough for an
+	// unpaced publisher to push a reader that does read past its limit,
+	// and the test is about the one that never reads.
+	var read atomic.Int64
 	go func() {
 		for i := 1; i <= total; i++ {
+			for int64(i) > read.Load()+64 {
+				time.Sleep(100 * time.Microsecond)
+			}
 			if err := wsutil.WriteClientText(pub.conn, []byte(fmt.Sprintf(`{"op":"pub","room":"busy","id":"s-%d","body":%s}`, i, body))); err != nil {
 				return
 			}
@@ -309,12 +319,13 @@ func TestSSESlowReaderClosed(t *testing.T) {
 	for i := 1; i <= total; i++ {
 		ev, err := fast.next(5 * time.Second)
 		if err != nil || ev.event != "msg" {
-			t.Fatalf("fast reader at %d: %+v %v; slow closes %d", i, ev, err, n.fan.Stats.SlowCloses.Load())
+			t.Fatalf("fast reader at %d: %+v %v; slow closes %d repairs %d gapcloses %d", i, ev, err, n.fan.Stats.SlowCloses.Load(), n.fan.Stats.Repairs.Load(), n.fan.Stats.GapCloses.Load())
 		}
 		if seq := between(ev.data, `"seq":`, `,`); seq != strconv.Itoa(i) {
 			t.Fatalf("fast reader: seq %s, want %d", seq, i)
 		}
 		ws.recvRaw()
+		read.Store(int64(i))
 	}
 	checkFor(t, 5*time.Second, func() bool { return n.fan.Stats.SlowCloses.Load() >= 1 })
 	if got := n.fan.Stats.SlowCloses.Load(); got != 1 {
