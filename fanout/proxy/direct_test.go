@@ -53,11 +53,7 @@ func TestDirectRequestAndReuse(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	p := New(Config{Workers: 1})
-	defer p.Close()
-	if !p.direct {
-		t.Skip("HTTP_PROXY is set: calls go through net/http")
-	}
+	p := directPool(t)
 	tg := Target{URL: srv.URL + "/hook/publish?v=1", Timeout: 5 * time.Second, Secret: current}
 	for i := 0; i < 5; i++ {
 		if c := askOne(t, p, Publish, tg); c.Result != Allowed {
@@ -221,11 +217,7 @@ func TestDirectPostReadNotRepeated(t *testing.T) {
 			io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
 		}
 	})
-	p := New(Config{Workers: 1})
-	defer p.Close()
-	if !p.direct {
-		t.Skip("HTTP_PROXY is set: calls go through net/http")
-	}
+	p := directPool(t)
 	tg := Target{URL: "http://" + addr + "/", Timeout: 5 * time.Second}
 	if c := askOne(t, p, Publish, tg); c.Result != Allowed {
 		t.Fatalf("first call: %s", ResultNames[c.Result])
@@ -258,11 +250,7 @@ func TestDirectAnswerHeadBounded(t *testing.T) {
 		}
 		time.Sleep(5 * time.Second)
 	})
-	p := New(Config{Workers: 1})
-	defer p.Close()
-	if !p.direct {
-		t.Skip("HTTP_PROXY is set: calls go through net/http")
-	}
+	p := directPool(t)
 	c := askOne(t, p, Publish, Target{URL: "http://" + addr + "/", Timeout: 2 * time.Second})
 	if c.Result != Failed {
 		t.Fatalf("%s, want failed", ResultNames[c.Result])
@@ -283,11 +271,7 @@ func TestDirectReuseAfterDeadline(t *testing.T) {
 			io.WriteString(nc, "HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n{\"allow\":true}")
 		}
 	})
-	p := New(Config{Workers: 1})
-	defer p.Close()
-	if !p.direct {
-		t.Skip("HTTP_PROXY is set: calls go through net/http")
-	}
+	p := directPool(t)
 	tg := Target{URL: "http://" + addr + "/", Timeout: 50 * time.Millisecond}
 	for i := 0; i < 3; i++ {
 		if c := askOne(t, p, Publish, tg); c.Result != Allowed {
@@ -321,4 +305,17 @@ func TestRedirectFailsOnBothPaths(t *testing.T) {
 			t.Errorf("direct %v: a 302 answered %s, want failed", p.direct, ResultNames[c.Result])
 		}
 	}
+}
+
+// directPool is a one-worker pool whose plain-HTTP calls take the direct
+// client, closed with the test; an HTTP_PROXY in the environment sends
+// calls through net/http instead, so the test has nothing to check.
+func directPool(t *testing.T) *Pool {
+	t.Helper()
+	p := New(Config{Workers: 1})
+	t.Cleanup(p.Close)
+	if !p.direct {
+		t.Skip("HTTP_PROXY is set: calls go through net/http")
+	}
+	return p
 }
