@@ -121,7 +121,6 @@ type loopState struct {
 	// passSlept); passC wakes the goroutine that queues that task.
 	pass      []*fanout.Member
 	passAt    int
-	passFrom  time.Time // when the pass began (about)
 	passing   bool
 	passFresh bool
 	passC     chan struct{}
@@ -517,7 +516,6 @@ func (l *loopState) flush() int {
 		// TakeDirty's slice is the table's next dirty list: keep the rest.
 		l.pass, l.passAt = append(l.pass[:0], ms[done:]...), 0
 		l.passing = true
-		l.passFrom = time.Now().Add(-l.slice) // the first slice took that at least
 		l.passSlept()
 		return n
 	}
@@ -570,8 +568,7 @@ func (l *loopState) passOn() { l.passRest(false) }
 // reports how many members it wrote. When the pass is through it ends:
 // what flush does after writing, and a tick armed for the members that
 // got frames since the pass wrote them (a tick that came during the pass
-// left that to its end); after a pass of a tick or more, their pass
-// follows at once.
+// left that to its end).
 func (l *loopState) passRest(all bool) int {
 	budget := l.slice
 	if all {
@@ -585,19 +582,8 @@ func (l *loopState) passRest(all bool) int {
 	clear(l.pass)
 	l.pass, l.passAt = l.pass[:0], 0
 	l.passing, l.passFresh = false, false
-	l.holding = false
-	if !all && l.table.HasDirty() && time.Since(l.passFrom) >= 4*l.slice {
-		// The pass took a tick or more, so the members that got frames
-		// since it wrote them were written that long ago or more: the
-		// next pass starts now, not at the grid (another tick at worst).
-		// Each member's writes stay about a pass apart.
-		n += l.flush()
-		if !l.passing {
-			l.armTick()
-		}
-		return n
-	}
 	l.flushed()
+	l.holding = false
 	l.armTick()
 	return n
 }
