@@ -194,19 +194,25 @@ func TestLongRepairToSlowReader(t *testing.T) {
 func TestRepairPastTheStoreCloses(t *testing.T) {
 	const total, keep = 3000, 1000
 	n, slow := overflowRoom(t, keep, total, 16<<10)
-	for seq := 1; seq <= 16; seq++ { // what the inbox held
-		if m := slow.nextMsg(t, n); m.Op != "msg" || m.Seq != seq {
-			t.Fatalf("at seq %d: %+v", seq, m)
+	// What the inbox held (16) arrives in order, then the close 1013. The
+	// close drops what was still queued in the node for the member, so
+	// how many of the 16 got out first depends on how far the kernel had
+	// taken them (256 KB of frames): any prefix, never a gap.
+	got := 0
+	m := slow.nextMsg(t, n)
+	for ; m.Op == "msg"; m = slow.nextMsg(t, n) {
+		if got++; m.Seq != got || got > 16 {
+			t.Fatalf("message %d: %+v, want seq %d of the 16 the inbox held", got, m, got)
 		}
 	}
-	if m := slow.nextMsg(t, n); m.Op != "close" || m.Code != proto.CloseTryAgain {
-		t.Fatalf("after seq 16: %+v, want the close 1013", m)
+	if m.Op != "close" || m.Code != proto.CloseTryAgain {
+		t.Fatalf("after seq %d: %+v, want the close 1013", got, m)
 	}
 	if got := n.fan.Stats.GapCloses.Load(); got != 1 {
 		t.Fatalf("gap closes %d, want 1", got)
 	}
 	c := n.dial(t, "back")
-	c.send(`{"op":"join","room":"r","since":16}`)
+	c.send(`{"op":"join","room":"r","since":` + strconv.Itoa(got) + `}`)
 	c.expect(map[string]any{"op": "joined", "recovered": false, "from": total - keep + 1})
 	for seq := total - keep + 1; seq <= total; seq++ {
 		if m := c.nextMsg(t, n); m.Op != "msg" || m.Seq != seq {
