@@ -1,8 +1,10 @@
 package persist
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -170,7 +172,8 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 }
 
 // BenchmarkPoolPostgresLatency publishes at a fixed rate (env
-// ROOST_BENCH_RATE publishes/s, default 5000) over 1,000 rooms and reports
+// ROOST_BENCH_RATE publishes/s, default 5000) over 1,000 rooms (in turn, or
+// at random with ROOST_BENCH_SHUFFLE; bodies of ROOST_BENCH_BODY bytes) and reports
 // the ack latency (Submit to Committed) p50, p95 and p99 and the batch size.
 func BenchmarkPoolPostgresLatency(b *testing.B) {
 	rate := 5000
@@ -190,9 +193,29 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
 	}
 	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
+	if v, err := strconv.Atoi(os.Getenv("ROOST_BENCH_BODY")); err == nil && v > 0 {
+		body = bytes.Repeat([]byte("x"), v)
+	}
+	// Publishes take the rooms in turn unless ROOST_BENCH_SHUFFLE is set:
+	// then each goes to a random room, as a node's independent publishers
+	// bring them, and a batch's rooms lie scattered over the tables.
+	roomOf := func(i int) int { return i % rooms }
+	if os.Getenv("ROOST_BENCH_SHUFFLE") != "" {
+		rnd := rand.New(rand.NewPCG(1, 2))
+		perm := make([]int, b.N)
+		for i := range perm {
+			perm[i] = rnd.IntN(rooms)
+		}
+		roomOf = func(i int) int {
+			if i >= b.N { // the warm-up: every room once
+				return i - b.N
+			}
+			return perm[i]
+		}
+	}
 	submit := func(i int) {
 		lat.start[i] = time.Now().UnixNano()
-		submitBench(p, keys[i%rooms], "user", i, body, benchOrigin(i))
+		submitBench(p, keys[roomOf(i)], "user", i, body, benchOrigin(i))
 	}
 	for i := 0; i < rooms; i++ {
 		submit(b.N + i)

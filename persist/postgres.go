@@ -56,6 +56,12 @@ type Postgres struct {
 	// Commit statements that failed with deadlock_detected; commit
 	// statements sent again after a failure that a retry resolves.
 	deadlocks, retries atomic.Uint64
+	// checkUntil (Unix ns): until then batches are committed with
+	// commitSQL, which looks every key up; after it with freshSQL, which
+	// does not (see commitStatement). rechecks counts the freshSQL
+	// statements that met a stored key and were sent again as commitSQL.
+	checkUntil atomic.Int64
+	rechecks   atomic.Uint64
 
 	policy RetentionPolicy
 	// fileRetention, when not nil, is the apps' own retention from a
@@ -395,6 +401,57 @@ SELECT 0, ord::int8, seq, ts FROM old
 UNION ALL
 SELECT 1, id, base, now() FROM upd`
 
+// freshSQL is commitSQL without old: every publish is taken as fresh. A
+// key already stored makes the insert fail with a unique violation, which
+// rolls the whole statement back (seqs and rooms included), and the batch
+// is sent again as commitSQL. It saves the lookup of every key in the
+// unique index, a descent of the index per publish that almost never
+// finds anything: a stored key comes back only when a client sends a
+// publish again (a lost ack, a reconnect).
+const freshSQL = `
+WITH input AS (
+	SELECT * FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::bytea[], $5::int4[])
+		AS t (room_id, sender, idem_key, body, ord)
+), fresh AS (
+	SELECT i.*, row_number() OVER (PARTITION BY i.room_id ORDER BY i.ord) AS rn
+	FROM input i
+), counts AS (
+	SELECT room_id, count(*) AS n FROM fresh GROUP BY room_id
+), locked AS MATERIALIZED (
+	SELECT r.id, c.n FROM rooms r JOIN counts c ON c.room_id = r.id
+	ORDER BY r.id FOR NO KEY UPDATE OF r
+), upd AS (
+	UPDATE rooms r SET last_seq = r.last_seq + l.n
+	FROM locked l
+	WHERE r.id = l.id
+	RETURNING r.id, r.last_seq - l.n AS base
+), ins AS (
+	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch)
+	SELECT f.room_id, u.base + f.rn, f.sender, f.idem_key, now(), f.body, $6
+	FROM fresh f JOIN upd u ON u.id = f.room_id
+)
+SELECT 1, id, base, now() FROM upd`
+
+// recheckFor: after a batch met a stored key, the batches of this long
+// are committed with commitSQL. Keys sent again come in runs (a client
+// that reconnects sends what was not acked), and each one met by
+// freshSQL costs a statement that is rolled back.
+const recheckFor = 2 * time.Second
+
+// commitStatement is the statement for the next batch: freshSQL unless a
+// stored key was met within recheckFor.
+func (p *Postgres) commitStatement(now time.Time) string {
+	if now.UnixNano() < p.checkUntil.Load() {
+		return commitSQL
+	}
+	return freshSQL
+}
+
+// sawStored marks a stored key met at now.
+func (p *Postgres) sawStored(now time.Time) {
+	p.checkUntil.Store(now.Add(recheckFor).UnixNano())
+}
+
 type dedupKey struct {
 	room     int64
 	from, id string
@@ -496,6 +553,7 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 		return nil // every request was refused by the room limit
 	}
 	var err error
+	sql := p.commitStatement(time.Now())
 	for attempt := 1; ; attempt++ {
 		token := int64(p.token.Add(1))
 		// Acquire apart from the statement: a failure to get a connection
@@ -504,13 +562,25 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 		if aerr != nil {
 			return p.wrap("acquire connection", aerr)
 		}
-		err = p.runCommit(ctx, conn, s, res, token)
+		err = p.runCommit(ctx, conn, sql, s, res, token)
 		conn.Release()
 		if err == nil {
 			break
 		}
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, reqs, res, token, err)
+		}
+		if sql == freshSQL && isUniqueViolation(err) {
+			// A key of the batch is stored already (or being stored by
+			// another node): the same batch again, looking its keys up.
+			// Not an attempt of its own: commitSQL gets all of them.
+			p.rechecks.Add(1)
+			p.sawStored(time.Now())
+			sql = commitSQL
+			attempt--
+			clear(s.isOld)
+			clear(s.base)
+			continue
 		}
 		deadlock := isDeadlock(err)
 		if deadlock {
@@ -612,15 +682,19 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
-// runCommit executes commitSQL and fills res for the distinct publishes.
-func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, res []proto.PubResult, token int64) error {
-	rows, err := conn.Query(ctx, commitSQL, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
+// runCommit executes sql (commitSQL or freshSQL) and fills res for the
+// distinct publishes.
+func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, res []proto.PubResult, token int64) error {
+	rows, err := conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
 	if err != nil {
 		return err
 	}
-	freshTS, err := p.readCommit(rows, s, res)
+	freshTS, old, err := p.readCommit(rows, s, res)
 	if err != nil {
 		return err
+	}
+	if old {
+		p.sawStored(time.Now())
 	}
 	for _, ord := range s.uOrd {
 		if s.isOld[ord] {
@@ -638,27 +712,29 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, s *pgScrat
 	return nil
 }
 
-// readCommit reads commitSQL's answer; rows.Err after Close reports a
-// failure up to the end of the statement, its commit included.
-func (p *Postgres) readCommit(rows pgx.Rows, s *pgScratch, res []proto.PubResult) (freshTS int64, err error) {
+// readCommit reads the commit statement's answer (old reports stored keys
+// met); rows.Err after Close reports a failure up to the end of the
+// statement, its commit included.
+func (p *Postgres) readCommit(rows pgx.Rows, s *pgScratch, res []proto.PubResult) (freshTS int64, old bool, err error) {
 	defer rows.Close()
 	for rows.Next() {
 		var kind int32
 		var a, b int64
 		var ts time.Time
 		if err := rows.Scan(&kind, &a, &b, &ts); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		if kind == 0 {
 			res[a] = proto.PubResult{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
 			s.isOld[a] = true
+			old = true
 		} else {
 			s.base[a] = uint64(b)
 			freshTS = ts.UnixMilli()
 		}
 	}
 	rows.Close()
-	return freshTS, rows.Err()
+	return freshTS, old, rows.Err()
 }
 
 // resolve settles a commit whose outcome is unknown (see CommitBatch).
@@ -763,14 +839,17 @@ type CommitStats struct {
 	// Retries: commit statements sent again after a deadlock, a
 	// serialization failure or a unique violation (another node storing the
 	// same key at once), at most commitAttempts in all per batch.
-	Retries                                           uint64
+	Retries uint64
+	// Rechecks: batches committed without looking their keys up that met
+	// a stored key and were sent again looking them up (see freshSQL).
+	Rechecks                                          uint64
 	ResolvedCommitted, ResolvedRolledBack, Unresolved uint64
 }
 
 // CommitStats returns the store's commit counters; it takes no lock.
 func (p *Postgres) CommitStats() CommitStats {
 	return CommitStats{
-		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(),
+		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(), Rechecks: p.rechecks.Load(),
 		ResolvedCommitted: p.resolvedCommitted.Load(), ResolvedRolledBack: p.resolvedRolledBack.Load(), Unresolved: p.unresolved.Load(),
 	}
 }
@@ -951,6 +1030,11 @@ func isRetryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+func isUniqueViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
 }
 
 func isDeadlock(err error) bool {

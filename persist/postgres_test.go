@@ -408,7 +408,7 @@ func TestPostgresResolveInDoubt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := st.runCommit(ctx, conn, s, res, token); err != nil {
+			if err := st.runCommit(ctx, conn, commitSQL, s, res, token); err != nil {
 				t.Fatal(err)
 			}
 			conn.Release()
@@ -459,31 +459,94 @@ func TestPostgresCommitPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Exec(ctx, `RESET plan_cache_mode`) //nolint:errcheck
-	if _, err := c.Exec(ctx, `PREPARE commit_plan(int8[], text[], bytea[], bytea[], int4[], int8) AS `+commitSQL); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Exec(ctx, `DEALLOCATE commit_plan`) //nolint:errcheck
-	rows, err := c.Query(ctx, `EXPLAIN EXECUTE commit_plan('{1}', '{u}', '{"\\x41"}', '{"\\x42"}', '{0}', 1)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan []string
-	for rows.Next() {
-		var l string
-		if err := rows.Scan(&l); err != nil {
+	plan := func(name, sql string) string {
+		if _, err := c.Exec(ctx, `PREPARE `+name+`(int8[], text[], bytea[], bytea[], int4[], int8) AS `+sql); err != nil {
 			t.Fatal(err)
 		}
-		plan = append(plan, l)
+		defer c.Exec(ctx, `DEALLOCATE `+name) //nolint:errcheck
+		rows, err := c.Query(ctx, `EXPLAIN EXECUTE `+name+`('{1}', '{u}', '{"\\x41"}', '{"\\x42"}', '{0}', 1)`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var l string
+			if err := rows.Scan(&l); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, l)
+		}
+		rows.Close()
+		return strings.Join(plan, "\n")
 	}
-	rows.Close()
-	text := strings.Join(plan, "\n")
+	text := plan("commit_plan", commitSQL)
 	if strings.Contains(text, "Seq Scan on messages") || !strings.Contains(text, "Index Scan using messages_room_id_sender_idem_key_key") {
 		t.Fatalf("generic commit plan does not probe messages by index:\n%s", text)
 	}
 	// The rooms are locked by one LockRows, in id order, before the
 	// update (see commitSQL): nodes sharing rooms must not deadlock.
-	if i := strings.Index(text, "CTE locked"); i < 0 || !strings.HasPrefix(strings.TrimSpace(text[i+len("CTE locked"):]), "->  LockRows") {
-		t.Fatalf("generic commit plan does not lock the rooms first:\n%s", text)
+	for _, text := range []string{text, plan("fresh_plan", freshSQL)} {
+		if i := strings.Index(text, "CTE locked"); i < 0 || !strings.HasPrefix(strings.TrimSpace(text[i+len("CTE locked"):]), "->  LockRows") {
+			t.Fatalf("generic commit plan does not lock the rooms first:\n%s", text)
+		}
+		if strings.Contains(text, "Seq Scan") {
+			t.Fatalf("generic commit plan scans a table:\n%s", text)
+		}
+	}
+}
+
+// TestPostgresStoredKeyAfterFreshCommits: batches are committed without
+// looking their keys up (freshSQL) until one meets a stored key; that
+// batch is rolled back and sent again looking them up, so the stored key
+// is answered as a duplicate with its seq, the batch's other publishes
+// get the next seqs without a gap, and the batches right after it look
+// their keys up too.
+func TestPostgresStoredKeyAfterFreshCommits(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	k, k2 := proto.RoomKey("app", "r"), proto.RoomKey("app", "r2")
+	first := commit(t, st, req(k, "u", "a", `1`), req(k, "u", "b", `2`), req(k2, "u", "a", `1`))
+	if st.commitStatement(time.Now()) != freshSQL || st.CommitStats().Rechecks != 0 {
+		t.Fatalf("fresh batch: rechecks %d, statement with lookups %v", st.CommitStats().Rechecks, st.commitStatement(time.Now()) == commitSQL)
+	}
+	// b again, between new publishes of both rooms.
+	res := commit(t, st, req(k, "u", "c", `3`), req(k, "u", "b", `x`), req(k2, "u", "b", `2`), req(k, "u", "d", `4`))
+	want := []proto.PubResult{{Seq: 3}, {Seq: first[1].Seq, TS: first[1].TS, Duplicate: true}, {Seq: 2}, {Seq: 4}}
+	for i, w := range want {
+		if res[i].Seq != w.Seq || res[i].Duplicate != w.Duplicate || (w.TS != 0 && res[i].TS != w.TS) {
+			t.Fatalf("res[%d] = %+v, want %+v", i, res[i], w)
+		}
+	}
+	if n := st.CommitStats().Rechecks; n != 1 {
+		t.Fatalf("rechecks = %d, want 1", n)
+	}
+	if st.commitStatement(time.Now()) != commitSQL {
+		t.Fatal("the batch after a stored key does not look its keys up")
+	}
+	if st.commitStatement(time.Now().Add(recheckFor)) != freshSQL {
+		t.Fatal("batches still look their keys up after recheckFor")
+	}
+	// While batches look keys up, a stored key costs no second statement.
+	res = commit(t, st, req(k, "u", "a", `1`), req(k, "u", "e", `5`))
+	if !res[0].Duplicate || res[0].Seq != first[0].Seq || res[1].Duplicate || res[1].Seq != 5 {
+		t.Fatalf("while looking up: %+v", res)
+	}
+	if n := st.CommitStats().Rechecks; n != 1 {
+		t.Fatalf("rechecks = %d, want still 1", n)
+	}
+	msgs, _, err := st.Range(ctx, k, 0, 100, Bounds{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSeqs(t, "room", msgs, 1, 5)
+	if last, _ := st.LastSeq(ctx, k2); last != 2 {
+		t.Fatalf("LastSeq(r2) = %d, want 2", last)
+	}
+	// Once recheckFor has passed, a stored key meets freshSQL again.
+	st.checkUntil.Store(0)
+	res = commit(t, st, req(k2, "u", "a", `1`))
+	if !res[0].Duplicate || res[0].Seq != 1 || st.CommitStats().Rechecks != 2 {
+		t.Fatalf("after the hold: %+v, rechecks %d", res[0], st.CommitStats().Rechecks)
 	}
 }
 
