@@ -271,6 +271,98 @@ func TestOneWritePerTickUnderLoad(t *testing.T) {
 	l.inflight = 0
 }
 
+// TestFlushTickFollowsLoad: the tick halves once the loop's writes carry
+// about one frame each and comes back as they carry more, judged once per
+// judgeWrites writes; rates between the two thresholds keep the tick they
+// have, so the tick does not swing. The room here gets perTick messages per
+// configured tick, so half of them per short tick: frames per write follow
+// the tick as they do under a steady rate.
+func TestFlushTickFollowsLoad(t *testing.T) {
+	const n = 300
+	rig := newFanoutRig(t, n, true)
+	l := rig.l
+	iv := time.Second
+	l.srv.cfg.FlushInterval = iv // the test runs the ticks itself
+	t.Cleanup(l.stopTimers)
+	msgs := 0
+	run := func(perTick int) {
+		t.Helper()
+		// Two judgements' worth of ticks: the last one saw only this rate.
+		for w := 0; w < 2*judgeWrites+n; w += n {
+			k := perTick
+			if l.tickHalf {
+				// Half the tick, half the messages: perTick odd alternates.
+				k = perTick / 2
+				if perTick%2 == 1 && msgs%2 == 1 {
+					k++
+				}
+				msgs++
+			}
+			for i := 0; i < k; i++ {
+				rig.next()
+			}
+			l.tick()
+		}
+	}
+	want := func(when string, d time.Duration) {
+		t.Helper()
+		if got := l.tickInterval(); got != d {
+			t.Fatalf("%s: tick %v, want %v", when, got, d)
+		}
+	}
+	want("at the start", iv)
+	run(4) // 4 frames per write at the configured tick
+	want("4 per write", iv)
+	run(2) // 2 per write: lightly loaded
+	want("2 per write at the configured tick", iv/2)
+	run(3) // 1.5 per write at the short tick: between the thresholds
+	want("3 per configured tick, at the short tick", iv/2)
+	run(4) // 2 per write at the short tick: load rises
+	want("4 per configured tick, at the short tick", iv)
+	run(3) // 3 per write at the configured tick: between
+	want("3 per configured tick, at the configured tick", iv)
+	run(1)
+	want("1 per write", iv/2)
+
+	// Rounds that outgrow their slice (a room written pass by pass) keep
+	// the configured tick however few frames their writes carry.
+	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 4, 5*4
+	l.judgeTick()
+	want("single frames written in passes", iv)
+	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 20, 10
+	l.judgeTick()
+	want("single frames, a round of two slices now and then", iv/2)
+	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 4, 5*4
+	l.judgeTick()
+	want("single frames written in passes, at the short tick", iv)
+	// Fewer writes than a judgement needs change nothing.
+	l.wFrames, l.wCount, l.wRounds, l.wSlices = 4*judgeWrites, judgeWrites-1, 1, 0
+	l.tickHalf = true
+	l.judgeTick()
+	want("too few writes to judge", iv/2)
+}
+
+// TestTickDelayKeepsTheGrid: the next tick falls on the grid of the tick
+// in use, skipping a point less than a quarter tick away; the short tick's
+// grid holds every point of the configured one.
+func TestTickDelayKeepsTheGrid(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct{ since, iv, want time.Duration }{
+		{0, 4 * ms, 4 * ms},
+		{1 * ms, 4 * ms, 3 * ms},
+		{3*ms + 100*time.Microsecond, 4 * ms, 4*ms + 900*time.Microsecond}, // 0.9 ms to the grid: the next
+		{3 * ms, 4 * ms, 1 * ms},
+		{1 * ms, 2 * ms, 1 * ms},
+		{1*ms + 600*time.Microsecond, 2 * ms, 2*ms + 400*time.Microsecond},
+		{5 * ms, 2 * ms, 1 * ms}, // 6 ms: a point of the short grid only
+		{7 * ms, 2 * ms, 1 * ms}, // 8 ms: a point of both
+	} {
+		if got := tickDelay(c.since, c.iv); got != c.want {
+			t.Errorf("tickDelay(%v, %v) = %v, want %v", c.since, c.iv, got, c.want)
+		}
+	}
+}
+
 // TestFlushScheduleAllocationFree: the immediate write, the held frames and
 // the ticks (timer re-arming included) allocate nothing in steady state.
 func TestFlushScheduleAllocationFree(t *testing.T) {
