@@ -493,29 +493,37 @@ func appendPresenceDiff(dst []byte, d *pubsub.PresenceDiff) []byte {
 }
 
 // received takes a broker message of presence diffs (any node's). It runs
-// on the broker's goroutine: it only merges into the pending diffs.
+// on the broker's goroutine: it only merges into the pending diffs. A
+// room's entry is found and its users merged in one hold of rmu: a flush
+// in between (the node's own diffs come back while its tick runs) would
+// forget the entry as empty, and the users merged after would sit on an
+// entry no flush sees again, never sent.
 func (pr *presence) received(msg []byte) {
 	var p *presPend
-	merged := false
+	merged, locked := false, false
 	for len(msg) > 0 {
 		i := bytes.IndexByte(msg, '\n')
 		if i < 1 {
-			return // malformed: no node sends it
+			break // malformed: no node sends it
 		}
 		line := msg[1:i]
 		switch msg[0] {
 		case 'K':
 			p = nil
+			if locked {
+				pr.rmu.Unlock()
+				locked = false
+			}
 			key := string(line)
 			if pr.watchers(key) == 0 {
 				break
 			}
 			pr.rmu.Lock()
+			locked = true
 			if p = pr.pend[key]; p == nil {
 				p = &presPend{users: make(map[string]int8)}
 				pr.pend[key] = p
 			}
-			pr.rmu.Unlock()
 		case '+', '-':
 			if p == nil {
 				break
@@ -524,7 +532,6 @@ func (pr *presence) received(msg []byte) {
 			if msg[0] == '-' {
 				d = -1
 			}
-			pr.rmu.Lock()
 			u := string(line)
 			switch v, ok := p.users[u]; {
 			case !ok:
@@ -533,10 +540,12 @@ func (pr *presence) received(msg []byte) {
 			case v != d:
 				delete(p.users, u) // joined and left, or left and back: no change
 			}
-			pr.rmu.Unlock()
 			merged = true
 		}
 		msg = msg[i+1:]
+	}
+	if locked {
+		pr.rmu.Unlock()
 	}
 	if merged {
 		pr.wake()

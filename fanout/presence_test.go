@@ -2,7 +2,10 @@ package fanout
 
 import (
 	"context"
+	"runtime"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -166,4 +169,58 @@ func TestPresenceIdleNodeSleeps(t *testing.T) {
 	})
 	quiet("after a presence query")
 	t.Logf("%d wake-ups in all", wakes())
+}
+
+// A diff received while the presence goroutine flushes is sent, never
+// lost: the broker's goroutine delivers a node's own diffs the moment its
+// Publish returns, which is when that node's tick flushes. A flush that
+// forgot the room's empty pending entry between the message's room line
+// and its user lines left the users on an entry no flush would see: the
+// room's subscribers never heard of them.
+func TestPresenceReceivedDuringFlush(t *testing.T) {
+	n, _, _ := testNode(t, persist.NewMemory(10))
+	pr := newPresence(n, pubsub.NewMemoryPresence(), time.Second)
+	// Long user lines make the gap between a room line and its user line
+	// (the line is scanned there) long enough for a flush to fall in it
+	// on every run.
+	const rooms = 64
+	user := strings.Repeat("u", 16<<10)
+	var msg []byte
+	for r := range rooms {
+		key := "a/r" + strconv.Itoa(r)
+		pr.join(key, "watcher", true)
+		msg = append(msg, "K"+key+"\n+"+user+"\n"...)
+	}
+	// The presence goroutine, flushing without a pause; every flush a
+	// second after the one before, so that each either sends a room's
+	// pending users or forgets its empty entry.
+	var passes atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for now := int64(1_000_000); ; now += presenceEvery.Milliseconds() {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			pr.flush(now)
+			passes.Add(1)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	end := time.Now().Add(3 * time.Second)
+	i := 1
+	for ; time.Now().Before(end); i++ {
+		pr.received(msg)
+		// Two passes begun after it: every user of the message is sent.
+		for p := passes.Load(); passes.Load() < p+2; {
+			runtime.Gosched()
+		}
+		if got, want := n.Stats.PresenceFrames.Load(), uint64(i*rooms); got != want {
+			t.Fatalf("message %d: %d presence_diff frames made, want %d: a received user was lost", i, got, want)
+		}
+	}
+	t.Logf("%d messages, %d flushes", i-1, passes.Load())
 }
