@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -132,7 +133,9 @@ func OpenPostgres(ctx context.Context, url string, cfg PGConfig) (*Postgres, err
 	var seed [8]byte
 	_, _ = crand.Read(seed[:])
 	p.token.Store(binary.LittleEndian.Uint64(seed[:]))
-	p.scratchPool.New = func() any { return &pgScratch{dedup: make(map[dedupKey]int), base: make(map[int64]uint64)} }
+	p.scratchPool.New = func() any {
+		return &pgScratch{dedup: make(map[dedupKey]int), base: make(map[int64]uint64), count: make(map[int64]int64)}
+	}
 	return p, nil
 }
 
@@ -401,34 +404,31 @@ SELECT 0, ord::int8, seq, ts FROM old
 UNION ALL
 SELECT 1, id, base, now() FROM upd`
 
-// freshSQL is commitSQL without old: every publish is taken as fresh. A
-// key already stored makes the insert fail with a unique violation, which
-// rolls the whole statement back (seqs and rooms included), and the batch
-// is sent again as commitSQL. It saves the lookup of every key in the
-// unique index, a descent of the index per publish that almost never
-// finds anything: a stored key comes back only when a client sends a
-// publish again (a lost ack, a reconnect).
+// freshSQL commits a batch taking every publish as fresh, without
+// commitSQL's lookups: a key already stored makes the insert fail with a
+// unique violation, which rolls the whole statement back (seqs and rooms
+// included), and the batch is sent again as commitSQL. It saves, per
+// publish, the descent of the unique index that almost never finds
+// anything (a stored key comes back only when a client sends a publish
+// again: a lost ack, a reconnect), and what the batch's numbering costs in
+// SQL: CommitBatch gives each publish its rank in its room ($5) and the
+// batch's rooms in id order with their counts ($6, $7). The update takes
+// the rooms as unnest gives them, so it locks them in id order, the one
+// order of every batch of every node, without a lock step of its own: the
+// join's outer side is either that list or rooms by its primary key, both
+// in id order, and rooms is never read in its physical order
+// (enable_seqscan off; TestPostgresCommitPlan checks the plan).
 const freshSQL = `
-WITH input AS (
-	SELECT * FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::bytea[], $5::int4[])
-		AS t (room_id, sender, idem_key, body, ord)
-), fresh AS (
-	SELECT i.*, row_number() OVER (PARTITION BY i.room_id ORDER BY i.ord) AS rn
-	FROM input i
-), counts AS (
-	SELECT room_id, count(*) AS n FROM fresh GROUP BY room_id
-), locked AS MATERIALIZED (
-	SELECT r.id, c.n FROM rooms r JOIN counts c ON c.room_id = r.id
-	ORDER BY r.id FOR NO KEY UPDATE OF r
-), upd AS (
-	UPDATE rooms r SET last_seq = r.last_seq + l.n
-	FROM locked l
-	WHERE r.id = l.id
-	RETURNING r.id, r.last_seq - l.n AS base
+WITH upd AS (
+	UPDATE rooms r SET last_seq = r.last_seq + c.n
+	FROM unnest($6::int8[], $7::int8[]) AS c (id, n)
+	WHERE r.id = c.id
+	RETURNING r.id, r.last_seq - c.n AS base
 ), ins AS (
 	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch)
-	SELECT f.room_id, u.base + f.rn, f.sender, f.idem_key, now(), f.body, $6
-	FROM fresh f JOIN upd u ON u.id = f.room_id
+	SELECT i.room_id, u.base + i.rn, i.sender, i.idem_key, now(), i.body, $8
+	FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[]) AS i (room_id, sender, idem_key, body, rn)
+	JOIN upd u ON u.id = i.room_id
 )
 SELECT 1, id, base, now() FROM upd`
 
@@ -471,6 +471,12 @@ type pgScratch struct {
 	uKey    [][]byte
 	uBody   [][]byte
 	uOrd    []int32
+	// freshSQL's: per distinct publish its rank in its room (1, 2, ...);
+	// the batch's rooms in id order and their counts.
+	uRank  []int64
+	rooms  []int64
+	counts []int64
+	count  map[int64]int64 // room id → distinct publishes so far
 }
 
 func (s *pgScratch) reset(n int) {
@@ -487,6 +493,8 @@ func (s *pgScratch) reset(n int) {
 	clear(s.uBody)
 	s.misses = s.misses[:0]
 	s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd = s.uRoom[:0], s.uSender[:0], s.uKey[:0], s.uBody[:0], s.uOrd[:0]
+	s.uRank, s.rooms, s.counts = s.uRank[:0], s.rooms[:0], s.counts[:0]
+	clear(s.count)
 }
 
 func resize[T any](s []T, n int) []T {
@@ -642,6 +650,16 @@ func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubR
 		s.uKey = append(s.uKey, r.ID)
 		s.uBody = append(s.uBody, r.Body)
 		s.uOrd = append(s.uOrd, int32(i))
+		n := s.count[s.ids[i]] + 1
+		s.count[s.ids[i]] = n
+		s.uRank = append(s.uRank, n)
+	}
+	for room := range s.count {
+		s.rooms = append(s.rooms, room)
+	}
+	slices.Sort(s.rooms)
+	for _, room := range s.rooms {
+		s.counts = append(s.counts, s.count[room])
 	}
 	return nil
 }
@@ -685,7 +703,13 @@ func containsString(list []string, s string) bool {
 // runCommit executes sql (commitSQL or freshSQL) and fills res for the
 // distinct publishes.
 func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, res []proto.PubResult, token int64) error {
-	rows, err := conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
+	var rows pgx.Rows
+	var err error
+	if sql == freshSQL {
+		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token)
+	} else {
+		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
+	}
 	if err != nil {
 		return err
 	}
