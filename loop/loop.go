@@ -474,8 +474,10 @@ const judgeWrites = 8192
 // random); at half of it, 2 or more gives it back (above ~800 msg/s), so
 // the rates between keep the tick they have and from there up the loop
 // batches exactly as with the configured tick. Nor is a loop lightly
-// loaded while its rounds outgrow a slice: a room of thousands, written
-// pass by pass, keeps the configured tick whatever its frames per write.
+// loaded while its rounds take longer than the short tick (more than one
+// slice past their first, on average): a room of thousands, written pass
+// by pass, or a loop starved of its CPU keeps the configured tick
+// whatever its frames per write.
 // The loop starts at the configured tick and changes only on evidence.
 func (l *loopState) judgeTick() {
 	if l.wCount < judgeWrites {
