@@ -994,7 +994,7 @@ func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
 }
 
 // ping sends a server ping. On an idle connection nothing is queued and
-// the transport holds nothing, so the ping is one write(2) straight from
+// the transport holds nothing, so the ping is one sendto(2) straight from
 // the sweep: no pending list, no flush, and no tick armed behind it.
 // Otherwise it queues behind the pending frames like any frame.
 func (c *conn) ping() {
@@ -1002,7 +1002,7 @@ func (c *conn) ping() {
 	st.Pings.Add(1)
 	if c.m.PendingBytes() == 0 && c.gc.OutboundBuffered() == 0 {
 		if fd := c.gc.Fd(); fd >= 0 {
-			n, err := unix.Write(fd, pingFrame)
+			n, err := sendPing(fd)
 			if n == len(pingFrame) {
 				st.FramesOut.Add(1)
 				st.Writes.Add(1)
@@ -1025,6 +1025,21 @@ func (c *conn) ping() {
 		}
 	}
 	c.send(pingFrame)
+}
+
+// sendPing writes the ping frame to fd with sendto(2). On a socket it does
+// what write(2) does without the file layer write passes through first
+// (fdget_pos, vfs_write, the iov_iter set-up of sock_write_iter), and
+// MSG_NOSIGNAL spares a peer that is gone the SIGPIPE; with 15,000 idle
+// connections this write is most of what the node does. The raw call keeps
+// the byte count that unix.Sendto drops.
+func sendPing(fd int) (int, error) {
+	r, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(pingFrame))),
+		uintptr(len(pingFrame)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
 }
 
 // pingShare is how many pings one sweep may send: the loop's connections
