@@ -279,6 +279,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 		cs := st.CommitStats()
 		c("roost_store_deadlocks_total", cs.Deadlocks)
 		c("roost_store_commit_retries_total", cs.Retries)
+		c("roost_store_commit_rechecks_total", cs.Rechecks)
 		m.family("roost_store_commits_in_doubt_total", "counter")
 		m.line(`roost_store_commits_in_doubt_total{outcome="committed"}`, float64(cs.ResolvedCommitted))
 		m.line(`roost_store_commits_in_doubt_total{outcome="rolled_back"}`, float64(cs.ResolvedRolledBack))
