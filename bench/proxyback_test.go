@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -17,7 +18,7 @@ import (
 // forged, missing, stale or for another body are refused 401 and counted.
 func TestProxyBackendVerifiesSignatures(t *testing.T) {
 	const secret = "s3cret"
-	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Millisecond, precise: true, secret: secret})
+	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Millisecond, secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +93,53 @@ func TestWaitUntilNotEarly(t *testing.T) {
 		waitUntil(dl)
 		if early := time.Until(dl); early > 0 {
 			t.Errorf("wait of %s ended %s early", d, early)
+		}
+	}
+}
+
+// Every way of waiting answers each call, never before its delay, over
+// kept-alive connections several at a time, and counts the answers' timing.
+func TestProxyBackendWaits(t *testing.T) {
+	const delay = 2 * time.Millisecond
+	for _, wait := range []string{waitThread, waitPrecise, waitTimer} {
+		pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: delay, wait: wait, deny: "nope"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+		errs := make(chan error, 4)
+		for g := 0; g < 4; g++ {
+			go func() {
+				for i := 0; i < 10; i++ {
+					body, want := `{"type":"publish","body":"x"}`, `{"allow":true}`
+					if i == 3 {
+						body, want = `{"type":"publish","body":"nope"}`, `{"allow":false,"code":"forbidden","message":"refused by the bench backend"}`
+					}
+					t0 := time.Now()
+					resp, err := cl.Post(pb.url+"/publish", "application/json", strings.NewReader(body))
+					if err != nil {
+						errs <- err
+						return
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if took := time.Since(t0); took < delay || resp.StatusCode != 200 || string(b) != want {
+						errs <- fmt.Errorf("%s: status %d, answer %s after %s", wait, resp.StatusCode, b, took)
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for g := 0; g < 4; g++ {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		cl.CloseIdleConnections()
+		pb.stop()
+		if s := pb.summary(); !strings.Contains(s, "40 calls answered, 4 refused") || !strings.Contains(s, "(wait "+wait) {
+			t.Errorf("%s: summary %q", wait, s)
 		}
 	}
 }
