@@ -36,9 +36,8 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "127.0.0.1:0", "`ADDR` to serve on")
 	delay := fs.Duration("delay", 5*time.Millisecond, "how long each answer takes")
 	deny := fs.String("deny-body", "", "refuse publishes whose body contains this text (empty: allow all)")
-	wait := fs.String("wait", waitThread, "how the --delay is waited: thread (one thread, at the process's priority, sleeps to just short of each deadline, spins the rest and writes the answer), precise (each call a Go timer to 2 ms short, then a nanosleep) or timer (a Go timer alone, which can wake a millisecond late)")
+	wait := fs.String("wait", waitThread, "how the --delay is waited: thread (one thread sleeps to just short of each deadline, spins the rest and writes the answer), precise (each call a Go timer to 2 ms short, then a nanosleep) or timer (a Go timer alone, which can wake a millisecond late)")
 	spin := fs.Duration("spin", defaultSpin, "with --wait thread: how long before a deadline the thread stops sleeping and spins")
-	rt := fs.Int("rt", 0, "with --wait thread: run that thread alone at real-time priority `N` (SCHED_FIFO 1-99; needs CAP_SYS_NICE; 0: the process's own policy), so that an answer is written on time however busy the CPUs are")
 	secret := fs.String("secret", "", "verify each call's X-Roost-Signature against the app's `SECRET` (default $ROOST_SECRET; empty: not verified); a call that fails is answered 401 and counted")
 	life := fs.Duration("for", 10*time.Minute, "stop after this long")
 	probe := fs.String("probe", "", "instead of serving, call the backend at `URL` as a node would (--rate calls per second in bursts of --burst, for --for, signed with --secret) and print the latency: what the backend and the HTTP round trip cost without a node")
@@ -64,10 +63,6 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "roost bench proxy-backend: --wait is thread, precise or timer, not %q\n", *wait)
 		return 2
 	}
-	if *rt < 0 || *rt > 99 {
-		fmt.Fprintln(stderr, "roost bench proxy-backend: --rt is a priority from 1 to 99, or 0")
-		return 2
-	}
 	if *delay < 0 {
 		fmt.Fprintln(stderr, "roost bench proxy-backend: --delay must not be negative")
 		return 2
@@ -76,7 +71,7 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	// the process, the answer thread too, and the others run at the
 	// load's priority on cores the load keeps busy.
 	debug.SetGCPercent(800)
-	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, rt: *rt, secret: *secret})
+	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, secret: *secret})
 	if err != nil {
 		fmt.Fprintln(stderr, "roost bench proxy-backend:", err)
 		return 1
@@ -111,9 +106,9 @@ type proxyServer struct {
 
 // How a backend waits out its --delay.
 const (
-	// waitThread: one OS thread, at the process's (real-time) priority,
-	// holds every answer due and writes each at its deadline itself,
-	// sleeping to just short of the next one and spinning the rest. A
+	// waitThread: one OS thread holds every answer due and writes each
+	// at its deadline itself, sleeping to just short of the next one and
+	// spinning the rest. A
 	// goroutine per call that sleeps and then writes needs, once its
 	// sleep ends, a P and a CPU before it can write: on a machine whose
 	// cores are shared with the node and the load, that is where the
@@ -135,7 +130,6 @@ type backendConfig struct {
 	// or waitTimer.
 	wait   string
 	spin   time.Duration // waitThread: how long before a deadline the thread stops sleeping and spins (0: defaultSpin)
-	rt     int           // waitThread: run the thread SCHED_FIFO at this priority (0: the process's policy)
 	secret string        // verify X-Roost-Signature against it (empty: not verified)
 }
 
@@ -346,12 +340,13 @@ func (a *answer) write(ps *proxyServer) error {
 
 // answerer is the waitThread: one goroutine locked to its OS thread
 // that writes every answer at its deadline. It sleeps in ppoll(2) on an
-// eventfd (a new answer wakes it; the kernel's hrtimer ends the sleep,
-// with no timer slack for a real-time thread) until cfg.spin before the
-// next deadline, then spins on the clock to the deadline and writes.
-// Answers due together are written back to back. The thread never parks
-// in the Go scheduler while answers are due, so neither a P nor the
-// runtime's poller stands between a deadline and its write.
+// eventfd (an answer due before its wake-up wakes it; the kernel's
+// hrtimer ends the sleep, the thread's timer slack set to 1 ns) until
+// cfg.spin before the next deadline, then spins on the clock to the
+// deadline and writes. Answers due together are written back to back.
+// No goroutine wake-up stands between a deadline and its write, only the
+// thread's own return from ppoll, which needs a free P (newAnswerer
+// raises GOMAXPROCS so that one is).
 type answerer struct {
 	ps  *proxyServer
 	efd int
@@ -364,8 +359,6 @@ type answerer struct {
 	wake time.Time
 	stop atomic.Bool
 	gone chan struct{}
-	// policy: how the thread is scheduled, for the summary.
-	policy string
 }
 
 func newAnswerer(ps *proxyServer) (*answerer, error) {
@@ -380,9 +373,7 @@ func newAnswerer(ps *proxyServer) (*answerer, error) {
 	if runtime.GOMAXPROCS(0) < 4 {
 		runtime.GOMAXPROCS(4)
 	}
-	ready := make(chan string)
-	go s.run(ready)
-	s.policy = <-ready
+	go s.run()
 	return s, nil
 }
 
@@ -423,25 +414,17 @@ func (h *answerHeap) Pop() any {
 	return a
 }
 
-// run is the thread. Under SCHED_FIFO it must never wait for another
-// thread without blocking in the kernel: the one it waits for may be
-// queued behind it on the same CPU. Its only busy wait is the spin to a
-// deadline, at most cfg.spin. The thread is never returned to the Go
-// runtime's pool (the goroutine ends locked to it), so its priority goes
-// with it.
-func (s *answerer) run(ready chan<- string) {
+// run is the thread. It is not made real-time (SCHED_FIFO): a Go
+// thread at real-time priority that waits for a P held by a thread of
+// its own process queued behind it on the same CPU spins until the
+// kernel throttles real-time threads (950 ms of each second), and so did
+// the answers; the process is run at a high nice instead.
+func (s *answerer) run() {
 	runtime.LockOSThread()
 	defer close(s.gone)
-	policy := "the process's policy"
-	if s.ps.cfg.rt > 0 {
-		err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: uint32(s.ps.cfg.rt)}, 0)
-		if err != nil {
-			policy = fmt.Sprintf("the process's policy (SCHED_FIFO %d refused: %v)", s.ps.cfg.rt, err)
-		} else {
-			policy = fmt.Sprintf("SCHED_FIFO %d", s.ps.cfg.rt)
-		}
-	}
-	ready <- policy
+	// The kernel may end a sleep up to the timer slack (50 µs) late to
+	// batch wake-ups; this thread's sleeps are its answers' timing.
+	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
 	var due answerHeap
 	var buf [8]byte
 	pfd := []unix.PollFd{{Fd: int32(s.efd), Events: unix.POLLIN}}
@@ -488,8 +471,9 @@ func (s *answerer) run(ready chan<- string) {
 	}
 }
 
-// schedPolicy says how the kernel schedules this process: a backend run
-// under chrt -f answers on time on cores it shares with a node and a load.
+// schedPolicy says how the kernel schedules this process: a backend
+// sharing its cores with a node and a load answers on time at a high
+// nice (nice -n -20).
 func schedPolicy() string {
 	a, err := unix.SchedGetAttr(0, 0)
 	if err != nil {
@@ -578,12 +562,8 @@ func (ps *proxyServer) summary() string {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.took.Count() > 0 {
-		wait := ps.cfg.wait
-		if ps.sched != nil {
-			wait += ", " + ps.sched.policy
-		}
 		s += fmt.Sprintf("; answers after %s (wait %s): read to written p50 %s p99 %s p999 %s max %s; past their deadline p50 %s p99 %s p999 %s max %s",
-			ps.cfg.delay, wait,
+			ps.cfg.delay, ps.cfg.wait,
 			fmtDur(ps.took.Quantile(0.5)), fmtDur(ps.took.Quantile(0.99)), fmtDur(ps.took.Quantile(0.999)), fmtDur(ps.took.Max()),
 			fmtDur(ps.late.Quantile(0.5)), fmtDur(ps.late.Quantile(0.99)), fmtDur(ps.late.Quantile(0.999)), fmtDur(ps.late.Max()))
 	}
