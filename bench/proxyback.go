@@ -559,6 +559,13 @@ func (ps *proxyServer) summary() string {
 	if ps.cfg.secret != "" {
 		s += fmt.Sprintf(", %d bad signatures", ps.bad.Load())
 	}
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil && ps.calls.Load() > 0 {
+		// What the backend took from the cores it shares with the node
+		// and the load.
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		s += fmt.Sprintf("; CPU %.2fs (%.1f µs per call)", cpu.Seconds(), float64(cpu.Microseconds())/float64(ps.calls.Load()))
+	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.took.Count() > 0 {
