@@ -156,9 +156,13 @@ type loopState struct {
 	sseList     []sseRoom // its rooms
 	scratch     []byte
 	iov         [iovMax]unix.Iovec
-	interns     map[string]string
-	draining    bool
-	stamps      []*pubStamp // free list of publish stamps (server.go)
+	// ring batches the one-frame sends of a flush (sendRing); nil where
+	// the kernel has none, or until the first socket write (ringTried).
+	ring      *sendRing
+	ringTried bool
+	interns   map[string]string
+	draining  bool
+	stamps    []*pubStamp // free list of publish stamps (server.go)
 	// pubQueues are the connections with publishes waiting for their
 	// app's publish proxy (proxy.go): kept here, not in conn, which
 	// stays small for the connections of apps without one.
@@ -220,6 +224,10 @@ func (l *loopState) stopTimers() {
 	if l.passC != nil {
 		close(l.passC)
 		l.passC = nil
+	}
+	if l.ring != nil {
+		l.ring.close()
+		l.ring = nil
 	}
 }
 
@@ -397,14 +405,18 @@ func (l *loopState) flushFresh() {
 		start = time.Now()
 	}
 	for i, m := range f {
-		if i > 0 && i%passCheck == 0 && time.Since(start) >= l.slice {
-			return
+		if i > 0 && i%passCheck == 0 {
+			l.sendQueued()
+			if time.Since(start) >= l.slice {
+				return
+			}
 		}
 		if m.Closed || m.PendingBytes() == 0 || l.table.WroteInPeriod(m) {
 			continue
 		}
-		m.Owner.Write()
+		l.out(m)
 	}
+	l.sendQueued()
 }
 
 // holdMax bounds the hold of kick: a quarter tick, short against the
@@ -616,16 +628,103 @@ func (l *loopState) writeSlice(ms []*fanout.Member, budget time.Duration) (wrote
 		start = time.Now()
 	}
 	for i, m := range ms {
-		if i > 0 && i%passCheck == 0 && !start.IsZero() && time.Since(start) >= budget {
-			return wrote, i
+		if i > 0 && i%passCheck == 0 {
+			l.sendQueued()
+			if !start.IsZero() && time.Since(start) >= budget {
+				return wrote, i
+			}
 		}
 		if m.PendingBytes() == 0 || m.Closed {
 			continue
 		}
-		m.Owner.Write()
+		l.out(m)
 		wrote++
 	}
+	l.sendQueued()
 	return wrote, len(ms)
+}
+
+// out writes m's pending output, or queues it on the loop's ring: one
+// frame, nothing of gnet's ahead of it, a socket. Whoever calls it sends
+// the ring's batch (sendQueued) before the loop does anything else, so a
+// queued send is never overtaken by another write to its connection.
+func (l *loopState) out(m *fanout.Member) {
+	c, ok := m.Owner.(*conn)
+	if !ok {
+		m.Owner.Write()
+		return
+	}
+	if frames := m.Pending(); len(frames) == 1 && len(frames[0]) > 0 && c.gc.OutboundBuffered() == 0 {
+		if fd := c.gc.Fd(); fd >= 0 && l.sendRing() != nil {
+			if l.ring.queued(c) {
+				// The dirty list holds a member again that got output
+				// after a write in this wake-up: its frame is in the
+				// batch already.
+				return
+			}
+			l.ring.queue(c, fd, frames[0])
+			if l.ring.full() {
+				l.sendQueued()
+			}
+			return
+		}
+	}
+	l.write(c)
+}
+
+// sendRing is the loop's ring, set up at the first socket write (a loop
+// of tests' in-memory connections never makes one).
+func (l *loopState) sendRing() *sendRing {
+	if !l.ringTried {
+		l.ringTried = true
+		l.ring = newSendRing()
+	}
+	return l.ring
+}
+
+// sendQueued submits the ring's batch and finishes each of its writes.
+func (l *loopState) sendQueued() {
+	r := l.ring
+	if r == nil || r.n == 0 {
+		return
+	}
+	n := r.submit()
+	for i := 0; i < n; i++ {
+		c := r.conns[i]
+		r.conns[i] = nil
+		if r.pending[i] {
+			r.pending[i] = false // not taken by the kernel: sent here instead
+			l.write(c)
+			continue
+		}
+		l.sent(c, r.res[i])
+	}
+}
+
+// sent finishes a one-frame write that the ring sent, with its result (bytes
+// sent, or -errno) as send(2) would have returned it: what the kernel did
+// not take goes to gnet, and the counts are those of write. An error other
+// than a full socket is left to send(2) itself, which closes a broken
+// connection (and sends on one whose error was the ring's own).
+func (l *loopState) sent(c *conn, res int32) {
+	m := &c.m
+	frames := m.Pending()
+	if c.closed || len(frames) == 0 {
+		return
+	}
+	before := m.PendingBytes()
+	done := 0
+	switch {
+	case int(res) == len(frames[0]):
+		frames, done = frames[1:], 1
+	case res >= 0:
+		frames[0] = frames[0][res:]
+	case res == -int32(unix.EAGAIN) || res == -int32(unix.EINTR):
+	default:
+		l.write(c)
+		return
+	}
+	l.wrote(c, frames, done, before, false)
 }
 
 // passOn writes the next slice of the pass in progress.
@@ -758,6 +857,16 @@ func (l *loopState) writeOut(c *conn, all bool) {
 			break
 		}
 	}
+	l.wrote(c, frames, done, before, all)
+}
+
+// wrote is the rest of a write once the kernel had its go: frames are what
+// it did not take (the first one possibly cut), done how many frames it
+// took whole; what is left goes to gnet (all) or its first frame does and
+// the connection is parked, and the counts follow.
+func (l *loopState) wrote(c *conn, frames [][]byte, done, before int, all bool) {
+	m := &c.m
+	gc := c.gc
 	if len(frames) > 0 {
 		// The socket is full (or was). The first Write may try it once
 		// more; the rest append.

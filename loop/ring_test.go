@@ -1,0 +1,196 @@
+package loop
+
+import (
+	"bytes"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+func needRing(t *testing.T, l *loopState) *sendRing {
+	t.Helper()
+	r := l.sendRing()
+	if r == nil {
+		t.Skip("no io_uring on this kernel: every write is a send(2) of its own")
+	}
+	return r
+}
+
+func readAll(fd int) []byte {
+	var out []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, _ := syscall.Read(fd, buf)
+		if n <= 0 {
+			return out
+		}
+		out = append(out, buf[:n]...)
+	}
+}
+
+// parkedConn finds the member's connection of parkRig by its transport.
+func (l *loopState) parkedConn(gc *bufConn) *conn {
+	for _, m := range l.table.TakeDirty() {
+		if c, ok := m.Owner.(*conn); ok && c.gc == gc {
+			return c
+		}
+	}
+	return nil
+}
+
+// One message to 100 members of one frame each leaves in ceil(100/32)
+// submits of the ring, not 100 syscalls, and every member gets its frame
+// whole, counted as one write of one frame each.
+func TestRingBatchesOneFrameWrites(t *testing.T) {
+	rig := newFanoutRig(t, 100, false)
+	r := needRing(t, rig.l)
+	for _, p := range rig.peers {
+		_ = syscall.SetNonblock(int(p.Fd()), true)
+		readAll(int(p.Fd()))
+	}
+	before := r.submits
+	rig.deliver(1)
+	if got := r.submits - before; got != (100+ringBatch-1)/ringBatch {
+		t.Fatalf("%d submits for 100 one-frame writes, want %d", got, (100+ringBatch-1)/ringBatch)
+	}
+	for i, p := range rig.peers {
+		if got := readAll(int(p.Fd())); !bytes.Equal(got, rig.frame) {
+			t.Fatalf("member %d got %d bytes, want its frame (%d)", i, len(got), len(rig.frame))
+		}
+	}
+	st := &rig.l.srv.Stats
+	if w, f := st.Writes.Load(), st.FramesOut.Load(); w != 100 || f != 100 {
+		t.Fatalf("writes %d, frames %d; want 100 and 100", w, f)
+	}
+}
+
+// A consumer whose socket fills while its frames go through the ring gets
+// every frame once and in order: what a send did not take goes to gnet and
+// the rest waits parked, as with send(2).
+func TestRingFullSocketKeepsOrder(t *testing.T) {
+	rig, gc, peer := parkRig(t)
+	needRing(t, rig.l)
+	var want, got []byte
+	parked := false
+	body := []byte(`"` + string(bytes.Repeat([]byte("y"), 300)) + `"`)
+	for i := 0; i < 300; i++ {
+		rig.frame = proto.AppendMsgFrame(nil, "room", uint64(i+1), []byte("m"), "alice", 1764484800123, body)
+		want = append(want, rig.frame...)
+		rig.deliver(1)
+		parked = parked || len(rig.l.parked) > 0
+		if i%50 == 49 {
+			got = append(got, readAll(peer)...)
+			gc.drain()
+		}
+	}
+	for k := 0; k < 1000 && len(got) < len(want); k++ {
+		got = append(got, readAll(peer)...)
+		gc.drain()
+		rig.l.tick()
+	}
+	got = append(got, readAll(peer)...)
+	if !parked {
+		t.Fatal("the socket never filled: the test does not reach the short send")
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("peer read %d bytes, want the %d of 300 frames in order", len(got), len(want))
+	}
+}
+
+// What the ring reports for a send is taken as send(2)'s result: a part
+// sent leaves the rest to gnet, a full socket the whole frame, and any
+// other error goes to send(2) itself (which closes a broken connection).
+func TestRingSendResults(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		res  func(n int) int32
+		want func(f []byte) []byte
+	}{
+		{"whole", func(n int) int32 { return int32(n) }, func(f []byte) []byte { return nil }},
+		{"part", func(int) int32 { return 10 }, func(f []byte) []byte { return f[10:] }},
+		{"full socket", func(int) int32 { return -int32(syscall.EAGAIN) }, func(f []byte) []byte { return f }},
+		{"other error", func(int) int32 { return -int32(syscall.EINVAL) }, func(f []byte) []byte { return f }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rig, gc, peer := parkRig(t)
+			rig.next()
+			c := rig.l.parkedConn(gc)
+			if c == nil {
+				t.Fatal("the member has no pending output")
+			}
+			st := &rig.l.srv.Stats
+			w0 := st.Writes.Load()
+			rig.l.sent(c, tc.res(len(rig.frame)))
+			if got := readAll(peer); !bytes.Equal(got, tc.want(rig.frame)) {
+				t.Fatalf("peer got %d bytes, want %d", len(got), len(tc.want(rig.frame)))
+			}
+			if c.m.PendingBytes() != 0 || st.Writes.Load() != w0+1 {
+				t.Fatalf("pending %d bytes, writes +%d; want 0 and +1", c.m.PendingBytes(), st.Writes.Load()-w0)
+			}
+		})
+	}
+}
+
+// A member written at once (flushFresh) that gets output again before the
+// tick is in the dirty list twice; its frame goes into the batch once.
+func TestRingMemberTwiceInDirtyListSentOnce(t *testing.T) {
+	rig := newFanoutRig(t, 1, false)
+	needRing(t, rig.l)
+	p := int(rig.peers[0].Fd())
+	_ = syscall.SetNonblock(p, true)
+	readAll(p)
+	rig.next()
+	rig.l.flushFresh()
+	rig.next()
+	if d := rig.l.table.TakeDirty(); len(d) != 2 || d[0] != d[1] {
+		t.Fatalf("dirty list %d long; the test needs the member in it twice", len(d))
+	} else {
+		rig.l.writeSlice(d, -1)
+	}
+	if got := readAll(p); !bytes.Equal(got, append(append([]byte{}, rig.frame...), rig.frame...)) {
+		t.Fatalf("peer got %d bytes, want two frames (%d)", len(got), 2*len(rig.frame))
+	}
+	if w := rig.l.srv.Stats.Writes.Load(); w != 2 {
+		t.Fatalf("%d writes, want 2", w)
+	}
+}
+
+// A send to a full socket completes at once with EAGAIN: the ring never
+// waits in the kernel for a slow consumer's socket to drain.
+func TestRingFullSocketDoesNotWait(t *testing.T) {
+	r := newSendRing()
+	if r == nil {
+		t.Skip("no io_uring on this kernel")
+	}
+	defer r.close()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fds[0])
+	defer syscall.Close(fds[1])
+	_ = syscall.SetNonblock(fds[0], true)
+	junk := make([]byte, 4096)
+	for {
+		if n, _ := syscall.Write(fds[0], junk); n <= 0 {
+			break
+		}
+	}
+	done := make(chan int32, 1)
+	go func() {
+		r.queue(&conn{}, fds[0], junk[:100])
+		r.submit()
+		done <- r.res[0]
+	}()
+	select {
+	case res := <-done:
+		if res != -int32(syscall.EAGAIN) {
+			t.Fatalf("send to a full socket: %d, want -EAGAIN", res)
+		}
+	case <-time.After(5 * time.Second):
+		syscall.Close(fds[1]) // let the stuck send finish
+		t.Fatal("the ring waited for a full socket")
+	}
+}
