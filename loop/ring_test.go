@@ -2,10 +2,14 @@ package loop
 
 import (
 	"bytes"
+	"io"
+	"net"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -194,3 +198,75 @@ func TestRingFullSocketDoesNotWait(t *testing.T) {
 		t.Fatal("the ring waited for a full socket")
 	}
 }
+
+// BenchmarkOneFrameWrites is one message to 300 members on loopback TCP
+// whose peers read it (each frame its own write, as in a chat load), with
+// the ring and with a send(2) per frame, alternating in one run. cpu-ns/frame
+// is the loop thread's CPU (user + system) per frame: the TCP send with the
+// receiver's side of loopback, and the syscalls around it.
+func BenchmarkOneFrameWrites(b *testing.B) {
+	for _, mode := range []string{"send", "ring", "send", "ring"} {
+		b.Run(mode, func(b *testing.B) {
+			rig := newFanoutRig(b, 0, false)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			var last *conn
+			for i := 0; i < 300; i++ {
+				cl, err := net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				sv, err := ln.Accept()
+				if err != nil {
+					b.Fatal(err)
+				}
+				f, _ := sv.(*net.TCPConn).File()
+				sv.Close()
+				fd := int(f.Fd())
+				_ = syscall.SetNonblock(fd, true)
+				b.Cleanup(func() { f.Close(); cl.Close() })
+				go func() { _, _ = io.Copy(io.Discard, cl) }()
+				c := &conn{gc: &sockConn{fd: fd}, l: rig.l, state: stateOpen}
+				c.m.Owner = c
+				if err := rig.l.table.Join(&c.m, []byte(rig.key), fanout.Resume{}); err != nil {
+					b.Fatal(err)
+				}
+				last = c
+			}
+			rig.pump(b, func() bool { return last.m.Rooms() == 1 })
+			rig.l.flush()
+			if mode == "send" {
+				if rig.l.ring != nil {
+					rig.l.ring.close()
+				}
+				rig.l.ring, rig.l.ringTried = nil, true
+			} else if rig.l.sendRing() == nil {
+				b.Skip("no io_uring on this kernel")
+			}
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var r0, r1, p0, p1 syscall.Rusage
+			b.ReportAllocs()
+			b.ResetTimer()
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &p0)
+			_ = syscall.Getrusage(rusageThread, &r0)
+			for i := 0; i < b.N; i++ {
+				rig.deliver(1)
+			}
+			_ = syscall.Getrusage(rusageThread, &r1)
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &p1)
+			b.StopTimer()
+			cpu := r1.Utime.Nano() + r1.Stime.Nano() - r0.Utime.Nano() - r0.Stime.Nano()
+			b.ReportMetric(float64(cpu)/float64(b.N)/300, "cpu-ns/frame")
+			// The whole process: the peers' reads too, and any kernel
+			// worker thread the ring would hand a send to.
+			all := p1.Utime.Nano() + p1.Stime.Nano() - p0.Utime.Nano() - p0.Stime.Nano()
+			b.ReportMetric(float64(all)/float64(b.N)/300, "proc-cpu-ns/frame")
+		})
+	}
+}
+
+const rusageThread = 1 // RUSAGE_THREAD
