@@ -514,6 +514,7 @@ func TestPostgresStoredKeyAfterFreshCommits(t *testing.T) {
 		t.Fatalf("fresh batch: rechecks %d, statement with lookups %v", st.CommitStats().Rechecks, st.commitStatement(time.Now()) == commitSQL)
 	}
 	// b again, between new publishes of both rooms.
+	before := time.Now()
 	res := commit(t, st, req(k, "u", "c", `3`), req(k, "u", "b", `x`), req(k2, "u", "b", `2`), req(k, "u", "d", `4`))
 	want := []proto.PubResult{{Seq: 3}, {Seq: first[1].Seq, TS: first[1].TS, Duplicate: true}, {Seq: 2}, {Seq: 4}}
 	for i, w := range want {
@@ -524,13 +525,17 @@ func TestPostgresStoredKeyAfterFreshCommits(t *testing.T) {
 	if n := st.CommitStats().Rechecks; n != 1 {
 		t.Fatalf("rechecks = %d, want 1", n)
 	}
-	if st.commitStatement(time.Now()) != commitSQL {
-		t.Fatal("the batch after a stored key does not look its keys up")
+	// The clock is not the test's: what the hold covers is checked at
+	// times of its own, and the next batch is made to fall inside it.
+	until := time.Unix(0, st.checkUntil.Load())
+	if until.Before(before.Add(recheckFor)) || st.commitStatement(until.Add(-time.Millisecond)) != commitSQL {
+		t.Fatalf("the batches after a stored key do not look their keys up for %v (until %v, met after %v)", recheckFor, until, before)
 	}
-	if st.commitStatement(time.Now().Add(recheckFor)) != freshSQL {
+	if st.commitStatement(until) != freshSQL {
 		t.Fatal("batches still look their keys up after recheckFor")
 	}
 	// While batches look keys up, a stored key costs no second statement.
+	st.checkUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	res = commit(t, st, req(k, "u", "a", `1`), req(k, "u", "e", `5`))
 	if !res[0].Duplicate || res[0].Seq != first[0].Seq || res[1].Duplicate || res[1].Seq != 5 {
 		t.Fatalf("while looking up: %+v", res)
