@@ -121,6 +121,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.IntVar(&c.node.MaxConns, "max-conns", 0, "client connections held at once, upgraded or not; past it a connection is closed at accept (default: the open-file limit minus a reserve for the store, broker, admin listener and files)")
 	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; leave 0 behind a proxy or load balancer)")
 	fs.BoolVar(&c.node.ReusePort, "reuse-port", false, "share the client port with other processes (SO_REUSEPORT); without it a port in use fails the start with \"address already in use\"")
+	fs.BoolVar(&c.node.IOURing, "io-uring", d.IOURing, "write the one-frame output of a flush in batches through io_uring (Linux 5.12+; where the kernel refuses it, one send(2) per frame as with false)")
 	fs.IntVar(&c.node.Readers, "readers", d.Readers, "goroutines doing store reads (join catch-up, history, gap repair)")
 	fs.DurationVar(&c.node.GapWindow, "gap-window", d.GapWindow, "how long a missing seq is awaited before it is read from the store")
 	fs.DurationVar(&c.node.RetryMin, "retry-min", d.RetryMin, "shortest reconnect hint (retry=MS) of 1013 and drain closes")
@@ -774,6 +775,7 @@ func bindValues(c *config, into map[string]string) {
 		"max-conns":           strconv.Itoa(n.MaxConns),
 		"max-conns-per-ip":    strconv.Itoa(n.MaxConnsPerIP),
 		"reuse-port":          strconv.FormatBool(n.ReusePort),
+		"io-uring":            strconv.FormatBool(n.IOURing),
 		"readers":             strconv.Itoa(n.Readers),
 		"gap-window":          d(n.GapWindow),
 		"retry-min":           d(n.RetryMin),

@@ -677,7 +677,9 @@ func (l *loopState) out(m *fanout.Member) {
 func (l *loopState) sendRing() *sendRing {
 	if !l.ringTried {
 		l.ringTried = true
-		l.ring = newSendRing()
+		if l.srv.cfg.IOURing {
+			l.ring = newSendRing()
+		}
 	}
 	return l.ring
 }

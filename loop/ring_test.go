@@ -270,3 +270,22 @@ func BenchmarkOneFrameWrites(b *testing.B) {
 }
 
 const rusageThread = 1 // RUSAGE_THREAD
+
+// --io-uring=false: the loop never sets up a ring, and a one-frame write
+// is a send(2) of its own.
+func TestRingOff(t *testing.T) {
+	rig := newFanoutRig(t, 3, false)
+	l := rig.l
+	if l.ring != nil {
+		l.ring.close()
+	}
+	l.ring, l.ringTried = nil, false
+	l.srv.cfg.IOURing = false
+	rig.deliver(1)
+	if l.ring != nil || !l.ringTried {
+		t.Fatal("a ring was set up with IOURing off")
+	}
+	if w := l.srv.Stats.Writes.Load(); w != 3 {
+		t.Fatalf("%d writes, want 3", w)
+	}
+}

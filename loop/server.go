@@ -94,6 +94,11 @@ type Config struct {
 	// (SO_REUSEPORT across processes). Off, a port already in use fails
 	// Start with "address already in use".
 	ReusePort bool
+	// IOURing lets each loop hand its one-frame writes to the kernel in
+	// batches through an io_uring of its own (Linux 5.12 and later; where
+	// the kernel refuses one the loop sends as without). Off: one send(2)
+	// per frame.
+	IOURing bool
 	// NodeID names this node to operators and clients: it is sent as the
 	// X-Roost-Node header of every upgrade response, so a client (or a
 	// support engineer with its logs) can tell which node it is on.
@@ -117,6 +122,7 @@ func Defaults() Config {
 		Listen:          "127.0.0.1:8080",
 		MaxFrame:        64 << 10,
 		IdleInterval:    25 * time.Second,
+		IOURing:         true,
 		FlushInterval:   4 * time.Millisecond, // p99 under 10 ms at 1,000 msg/s in a 330-member room; see docs/benchmarks.md
 		UpgradeTimeout:  10 * time.Second,
 		RetryMin:        500 * time.Millisecond,
