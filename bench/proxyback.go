@@ -418,7 +418,7 @@ func (h *answerHeap) Pop() any {
 // thread at real-time priority that waits for a P held by a thread of
 // its own process queued behind it on the same CPU spins until the
 // kernel throttles real-time threads (950 ms of each second), and so did
-// the answers; the process is run at a high nice instead.
+// the answers.
 func (s *answerer) run() {
 	runtime.LockOSThread()
 	defer close(s.gone)
@@ -471,9 +471,9 @@ func (s *answerer) run() {
 	}
 }
 
-// schedPolicy says how the kernel schedules this process: a backend
-// sharing its cores with a node and a load answers on time at a high
-// nice (nice -n -20).
+// schedPolicy says how the kernel schedules this process, so that a
+// run's figures say how the backend was run (its priority against the
+// node's and the load's on the cores they share).
 func schedPolicy() string {
 	a, err := unix.SchedGetAttr(0, 0)
 	if err != nil {
