@@ -135,25 +135,24 @@ type Table struct {
 // 4 ms tick gives ~32, at 15,000-30,000 msg/s 60-120 and more when a tick
 // is stretched; the largest class covers a catch-up burst until flushAt
 // forces a write. Above 64 the classes double: a busy member takes a list
-// near its need (3 or 6 KB, not 12), so the freelists' bound below keeps
-// a list for every member of such a room.
+// near its need (3 or 6 KB, not 12).
 var classes = [...]int{1, 8, 64, 128, 256, 512, 4096}
 
 // maxFreeBytes bounds each freelist, in bytes of list (24 per frame
 // reference), so that a backlog does not pin memory after it has left: a
-// burst that took thousands of 512-frame lists keeps 170 of them, not a
-// thousand (12 MB), and all the freelists of a loop keep at most 14 MiB.
+// burst that took thousands of 4096-frame lists keeps 42 of them, not a
+// thousand (96 MB), and all the freelists of a loop keep at most 28 MiB.
 // The bound is also what steady high-rate delivery needs: every member of
 // a busy room takes its list again at the next tick, and a list dropped at
 // a write because its freelist was full is allocated again then (a room
 // of 330 at 19,000 msg/s, with 512-frame lists kept to 64, allocated 3 MB
-// per tick). Each class up to 256
-// keeps a list for every member of a room of 330 on one loop (up to
-// ~60,000 msg/s at a 4 ms tick), and the small ones keep enough for every
-// member of a loop at once (87,381 single-frame lists): a commit batch
-// that makes thousands of members dirty in one wake-up takes its lists
-// from the freelist, not from the heap.
-const maxFreeBytes = 2 << 20
+// per tick). Each class up to 512 keeps a list for every member of a room
+// of 330 on one loop, up to 512 frames per write (~120,000 msg/s at a 4 ms
+// tick, or a node so busy that its ticks stretch), and the small ones keep
+// enough for every member of a loop at once (174,762 single-frame lists):
+// a commit batch that makes thousands of members dirty in one wake-up
+// takes its lists from the freelist, not from the heap.
+const maxFreeBytes = 4 << 20
 
 // maxFree is how many lists of each class its freelist keeps.
 var maxFree = func() (n [len(classes)]int) {

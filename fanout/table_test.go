@@ -237,13 +237,14 @@ func TestDeliveredMemberHoldsNoBuffer(t *testing.T) {
 }
 
 // A busy room fills every member's list each tick: 330 members at
-// 15,000-60,000 msg/s and a 4 ms tick get 60-250 frames per write. Each
+// 15,000-60,000 msg/s and a 4 ms tick get 60-250 frames per write, and a
+// node whose ticks stretch under load 400 or more. Each
 // list goes back to its freelist at the member's write and is taken again
 // at the next tick, so the freelists must keep one per member: a list
 // dropped at the write is a fresh allocation (12 KB at 512 frames) at the
 // next tick for every member past the bound.
 func TestBusyRoomListsFromFreelist(t *testing.T) {
-	for _, k := range []int{60, 120, 250} {
+	for _, k := range []int{60, 120, 250, 400} {
 		tb := newTable(1<<30, 1<<30)
 		r := tb.add([]byte("app/room"))
 		for _, m := range members(330) {
