@@ -182,7 +182,7 @@ func TestScriptSoakClusterShort(t *testing.T) {
 	}
 	out, log := runScript(t, "soak.sh", "--short", "--cluster")
 	rep := readReport(t, filepath.Join(out, "soak.json"))
-	// Eight windows (the run and seven faults) when the slot move ends
+	// Eight fault windows, the last one the slot move's end, when it ends
 	// inside the measured run; on a slow machine the move can take longer
 	// than the short run, and its end then falls after the last window.
 	if rep.Verdict == nil || !rep.Verdict.OK || len(rep.Windows) < 8 && !(len(rep.Windows) == 7 && strings.Contains(log, "event: slots moved")) || !strings.Contains(log, "soak verdict: ok") {
