@@ -456,14 +456,14 @@ func TestAdmitPubAllocationFree(t *testing.T) {
 	p.cfg.Store(resolve(DefaultLimits(), 256, &proto.App{ID: "a", Limits: proto.AppLimits{PubRate: f64(1e9), PubBurst: i64(1 << 40), AppPubRate: f64(1e9)}}))
 	c := &conn{app: p, au: &appUser{}} // the allowed path touches no loop state
 	cmd := &proto.Command{Op: proto.OpPub, Room: []byte("r"), ID: []byte("1"), Body: []byte("1")}
-	if n := testing.AllocsPerRun(1000, func() {
+	if n := leastAllocs(1000, func() {
 		if !c.admitPub(cmd) {
 			t.Fatal("refused")
 		}
 	}); n != 0 {
 		t.Fatalf("admitPub allocates %.1f", n)
 	}
-	if n := testing.AllocsPerRun(1000, func() { take(&p.pubTAT, 0, int64(time.Second), 0) }); n != 0 {
+	if n := leastAllocs(1000, func() { take(&p.pubTAT, 0, int64(time.Second), 0) }); n != 0 {
 		t.Fatalf("a refused take allocates %.1f", n)
 	}
 }
@@ -523,7 +523,7 @@ func TestRefusalsAllocationFree(t *testing.T) {
 			t.Fatalf("%d answers with %s in one read, want 8:\n%s", n, want, gc.out)
 		}
 	}
-	if n := testing.AllocsPerRun(200, read); n != 0 {
+	if n := leastAllocs(200, read); n != 0 {
 		t.Fatalf("refusing a flood allocates %.1f per read of %d frames", n, 3*8)
 	}
 	if gc.closed {
