@@ -357,8 +357,13 @@ type answerer struct {
 	// that is only added: with a burst of calls in flight, a wake-up of
 	// the thread per call would cost the CPU it shares with the load.
 	wake time.Time
-	stop atomic.Bool
-	gone chan struct{}
+	// closed: the thread has taken its last look at in (under mu); an
+	// answer added after that is answered net.ErrClosed by add itself,
+	// or its connection's goroutine would wait for it forever (and stop
+	// with it, in ps.wg.Wait).
+	closed bool
+	stop   atomic.Bool
+	gone   chan struct{}
 }
 
 func newAnswerer(ps *proxyServer) (*answerer, error) {
@@ -381,15 +386,19 @@ var one = [8]byte{1}
 
 func (s *answerer) add(a *answer) {
 	s.mu.Lock()
-	s.in = append(s.in, a)
-	kick := s.wake.IsZero() || a.deadline.Before(s.wake)
-	if kick {
-		s.wake = time.Time{}
+	if s.closed {
+		s.mu.Unlock()
+		a.done <- net.ErrClosed
+		return
 	}
-	s.mu.Unlock()
-	if kick {
+	s.in = append(s.in, a)
+	if s.wake.IsZero() || a.deadline.Before(s.wake) {
+		s.wake = time.Time{}
+		// Under mu: the thread has not ended, so close has not closed
+		// efd (its number could be another file's by then).
 		_, _ = unix.Write(s.efd, one[:]) // EAGAIN: the counter is already set, the thread wakes anyway
 	}
+	s.mu.Unlock()
 }
 
 func (s *answerer) close() {
@@ -442,8 +451,9 @@ func (s *answerer) run() {
 		} else {
 			s.wake = time.Time{}
 		}
+		s.closed = s.stop.Load()
 		s.mu.Unlock()
-		if s.stop.Load() {
+		if s.closed {
 			for _, a := range due {
 				a.done <- net.ErrClosed
 			}

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -141,5 +143,26 @@ func TestProxyBackendWaits(t *testing.T) {
 		if s := pb.summary(); !strings.Contains(s, "40 calls answered, 4 refused") || !strings.Contains(s, "(wait "+wait) {
 			t.Errorf("%s: summary %q", wait, s)
 		}
+	}
+}
+
+// A call read just before the backend stops can reach the answer thread
+// after the thread has ended: it is answered net.ErrClosed at once, so its
+// connection's goroutine ends and stop returns.
+func TestProxyBackendAnswerAfterStop(t *testing.T) {
+	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb.stop()
+	a := &answer{deadline: time.Now(), timed: true, done: make(chan error, 1)}
+	pb.sched.add(a)
+	select {
+	case err := <-a.done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("answer after stop: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("an answer added after stop was never answered: its connection's goroutine waits forever")
 	}
 }
