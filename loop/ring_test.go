@@ -3,7 +3,6 @@ package loop
 import (
 	"bytes"
 	"io"
-	"net"
 	"runtime"
 	"syscall"
 	"testing"
@@ -20,6 +19,33 @@ func needRing(t *testing.T, l *loopState) *sendRing {
 		t.Skip("no io_uring on this kernel: every write is a send(2) of its own")
 	}
 	return r
+}
+
+// bothWays runs f with the loop's one-frame writes going through the ring
+// and, as on a kernel without io_uring or with --io-uring=false, without it
+// (a send(2) each): the same deliveries must come out of both.
+func bothWays(t *testing.T, f func(t *testing.T, ring bool)) {
+	for _, ring := range []bool{true, false} {
+		name := "send"
+		if ring {
+			name = "ring"
+		}
+		t.Run(name, func(t *testing.T) { f(t, ring) })
+	}
+}
+
+// useRing sets l to write one-frame output through its ring (skipping where
+// the kernel has none) or with a send(2) each.
+func useRing(t *testing.T, l *loopState, on bool) {
+	t.Helper()
+	if on {
+		needRing(t, l)
+		return
+	}
+	if l.ring != nil {
+		l.ring.close()
+	}
+	l.ring, l.ringTried = nil, true
 }
 
 func readAll(fd int) []byte {
@@ -47,17 +73,22 @@ func (l *loopState) parkedConn(gc *bufConn) *conn {
 // One message to 100 members of one frame each leaves in ceil(100/32)
 // submits of the ring, not 100 syscalls, and every member gets its frame
 // whole, counted as one write of one frame each.
-func TestRingBatchesOneFrameWrites(t *testing.T) {
+func TestRingBatchesOneFrameWrites(t *testing.T) { bothWays(t, batchesOneFrameWrites) }
+
+func batchesOneFrameWrites(t *testing.T, ring bool) {
 	rig := newFanoutRig(t, 100, false)
-	r := needRing(t, rig.l)
+	useRing(t, rig.l, ring)
 	for _, p := range rig.peers {
 		_ = syscall.SetNonblock(int(p.Fd()), true)
 		readAll(int(p.Fd()))
 	}
-	before := r.submits
+	var before uint64
+	if ring {
+		before = rig.l.ring.submits
+	}
 	rig.deliver(1)
-	if got := r.submits - before; got != (100+ringBatch-1)/ringBatch {
-		t.Fatalf("%d submits for 100 one-frame writes, want %d", got, (100+ringBatch-1)/ringBatch)
+	if got := (100 + ringBatch - 1) / ringBatch; ring && rig.l.ring.submits-before != uint64(got) {
+		t.Fatalf("%d submits for 100 one-frame writes, want %d", rig.l.ring.submits-before, got)
 	}
 	for i, p := range rig.peers {
 		if got := readAll(int(p.Fd())); !bytes.Equal(got, rig.frame) {
@@ -73,9 +104,11 @@ func TestRingBatchesOneFrameWrites(t *testing.T) {
 // A consumer whose socket fills while its frames go through the ring gets
 // every frame once and in order: what a send did not take goes to gnet and
 // the rest waits parked, as with send(2).
-func TestRingFullSocketKeepsOrder(t *testing.T) {
+func TestRingFullSocketKeepsOrder(t *testing.T) { bothWays(t, fullSocketKeepsOrder) }
+
+func fullSocketKeepsOrder(t *testing.T, ring bool) {
 	rig, gc, peer := parkRig(t)
-	needRing(t, rig.l)
+	useRing(t, rig.l, ring)
 	var want, got []byte
 	parked := false
 	body := []byte(`"` + string(bytes.Repeat([]byte("y"), 300)) + `"`)
@@ -139,9 +172,11 @@ func TestRingSendResults(t *testing.T) {
 
 // A member written at once (flushFresh) that gets output again before the
 // tick is in the dirty list twice; its frame goes into the batch once.
-func TestRingMemberTwiceInDirtyListSentOnce(t *testing.T) {
+func TestRingMemberTwiceInDirtyListSentOnce(t *testing.T) { bothWays(t, memberTwiceSentOnce) }
+
+func memberTwiceSentOnce(t *testing.T, ring bool) {
 	rig := newFanoutRig(t, 1, false)
-	needRing(t, rig.l)
+	useRing(t, rig.l, ring)
 	p := int(rig.peers[0].Fd())
 	_ = syscall.SetNonblock(p, true)
 	readAll(p)
@@ -208,26 +243,14 @@ func BenchmarkOneFrameWrites(b *testing.B) {
 	for _, mode := range []string{"send", "ring", "send", "ring"} {
 		b.Run(mode, func(b *testing.B) {
 			rig := newFanoutRig(b, 0, false)
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ln.Close()
 			var last *conn
 			for i := 0; i < 300; i++ {
-				cl, err := net.Dial("tcp", ln.Addr().String())
-				if err != nil {
-					b.Fatal(err)
-				}
-				sv, err := ln.Accept()
-				if err != nil {
-					b.Fatal(err)
-				}
-				f, _ := sv.(*net.TCPConn).File()
+				sv, cl := tcpPair(b)
+				f, _ := sv.File()
 				sv.Close()
 				fd := int(f.Fd())
 				_ = syscall.SetNonblock(fd, true)
-				b.Cleanup(func() { f.Close(); cl.Close() })
+				b.Cleanup(func() { f.Close() })
 				go func() { _, _ = io.Copy(io.Discard, cl) }()
 				c := &conn{gc: &sockConn{fd: fd}, l: rig.l, state: stateOpen}
 				c.m.Owner = c
