@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -202,14 +203,30 @@ func (ps *proxyServer) accept() {
 }
 
 // stampReader remembers when its last read returned bytes: when the
-// request it completed was read.
+// request it completed was read. While a request's head is read, left
+// bounds what it may take from the connection (http.ReadRequest has no
+// bound of its own: a head without its end would grow without one).
 type stampReader struct {
-	r  io.Reader
-	at time.Time
+	r    io.Reader
+	at   time.Time
+	left int64
 }
 
+// maxRequestHead bounds a request's line and headers, as net/http's
+// default MaxHeaderBytes does; a node's calls take a few hundred bytes.
+const maxRequestHead = 1 << 20
+
+var errHeadTooLarge = errors.New("request head too large")
+
 func (s *stampReader) Read(b []byte) (int, error) {
+	if s.left <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(b)) > s.left {
+		b = b[:s.left]
+	}
 	n, err := s.r.Read(b)
+	s.left -= int64(n)
 	if n > 0 {
 		s.at = time.Now()
 	}
@@ -242,7 +259,9 @@ func (ps *proxyServer) serve(nc net.Conn) {
 	br := bufio.NewReaderSize(sr, 8<<10)
 	a := &answer{rc: rc, done: make(chan error, 1)}
 	for {
+		sr.left = maxRequestHead
 		req, err := http.ReadRequest(br)
+		sr.left = math.MaxInt64 // the body is bounded below
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				_, _ = nc.Write(answerBad)
