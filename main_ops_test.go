@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -202,39 +203,56 @@ func TestMetricsAfterScriptedSession(t *testing.T) {
 	}
 	_ = pub
 
-	m := scrape(t, admin)
-	want := map[string]float64{
-		`roost_connections{app="mx"}`:          receivers + 1,
-		`roost_connections{app="other"}`:       1,
-		"roost_connections_total_open":         receivers + 2,
-		"roost_accepted_total":                 receivers + 2,
-		"roost_upgrading_connections":          0,
-		"roost_room_memberships":               receivers,
-		"roost_rooms":                          1,
-		"roost_frames_in_total":                receivers + pubs,
-		"roost_frames_out_total":               framesOut,
-		"roost_bytes_out_total":                bytesOut,
-		"roost_write_frames_sum":               framesOut,
-		"roost_publishes_total":                pubs,
-		"roost_acks_total":                     pubs,
-		"roost_publishes_in_flight":            0,
-		"roost_publish_latency_seconds_count":  pubs,
-		"roost_ack_latency_seconds_count":      pubs,
-		"roost_broker_publish_seconds_count":   pubs,
-		"roost_commit_batch_size_sum":          pubs,
-		"roost_store_errors_total":             0,
-		"roost_slow_consumer_closes_total":     0,
-		"roost_broker_errors_total":            0,
-		`roost_write_frames_bucket{le="+Inf"}`: m["roost_writes_total"],
-		"roost_commit_batch_size_count":        m["roost_commit_batches_total"],
-	}
-	for k, v := range want {
-		got, ok := m[k]
-		if !ok {
-			t.Errorf("%s missing from /metrics", k)
-		} else if got != v {
-			t.Errorf("%s = %v, want %v", k, got, v)
+	// A frame is counted once the loop's write returns, which can be after
+	// its receiver has read it: the counters settle within a moment of the
+	// last frame read, so the check waits for them (and reports every
+	// mismatch of its last scrape if they never settle).
+	var m map[string]float64
+	var bad []string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m = scrape(t, admin)
+		bad = bad[:0]
+		want := map[string]float64{
+			`roost_connections{app="mx"}`:          receivers + 1,
+			`roost_connections{app="other"}`:       1,
+			"roost_connections_total_open":         receivers + 2,
+			"roost_accepted_total":                 receivers + 2,
+			"roost_upgrading_connections":          0,
+			"roost_room_memberships":               receivers,
+			"roost_rooms":                          1,
+			"roost_frames_in_total":                receivers + pubs,
+			"roost_frames_out_total":               framesOut,
+			"roost_bytes_out_total":                bytesOut,
+			"roost_write_frames_sum":               framesOut,
+			"roost_publishes_total":                pubs,
+			"roost_acks_total":                     pubs,
+			"roost_publishes_in_flight":            0,
+			"roost_publish_latency_seconds_count":  pubs,
+			"roost_ack_latency_seconds_count":      pubs,
+			"roost_broker_publish_seconds_count":   pubs,
+			"roost_commit_batch_size_sum":          pubs,
+			"roost_store_errors_total":             0,
+			"roost_slow_consumer_closes_total":     0,
+			"roost_broker_errors_total":            0,
+			`roost_write_frames_bucket{le="+Inf"}`: m["roost_writes_total"],
+			"roost_commit_batch_size_count":        m["roost_commit_batches_total"],
 		}
+		for k, v := range want {
+			if got, ok := m[k]; !ok {
+				bad = append(bad, k+" missing from /metrics")
+			} else if got != v {
+				bad = append(bad, fmt.Sprintf("%s = %v, want %v", k, got, v))
+			}
+		}
+		if len(bad) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sort.Strings(bad)
+	for _, b := range bad {
+		t.Error(b)
 	}
 	if m["roost_writes_total"] < 1 || m["roost_writes_total"] > framesOut {
 		t.Errorf("roost_writes_total = %v, want 1..%v", m["roost_writes_total"], framesOut)

@@ -106,7 +106,14 @@ func checkNodeCounters(t *testing.T, n testNode, rep *Report) {
 	if got := n.metric(t, "roost_acks_total"); got != rep.TotalSent {
 		t.Errorf("node acked %d publishes, bench sent %d", got, rep.TotalSent)
 	}
-	if got := n.metric(t, "roost_frames_out_total"); got != rep.TotalFrames {
+	// The node counts a frame when its write returns, which can be after
+	// the bench read it: give the count a moment to settle.
+	got := n.metric(t, "roost_frames_out_total")
+	for deadline := time.Now().Add(5 * time.Second); got != rep.TotalFrames && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		got = n.metric(t, "roost_frames_out_total")
+	}
+	if got != rep.TotalFrames {
 		t.Errorf("node sent %d frames, bench received %d", got, rep.TotalFrames)
 	}
 }
