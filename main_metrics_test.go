@@ -14,6 +14,7 @@ import (
 
 	vm "github.com/VictoriaMetrics/metrics"
 
+	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
@@ -408,4 +409,44 @@ func TestOpenFDsCounted(t *testing.T) {
 		msgs = append(msgs, fmt.Sprintf("%v (%v -> %v)", after-before, before, after))
 	}
 	t.Fatalf("200 more descriptors counted as %s more", strings.Join(msgs, ", "))
+}
+
+// The PostgreSQL store's own counters reach /metrics: a node on a database
+// meets a publish resent after its first commit, whose key the fresh
+// commit does not look up; the statement fails on the unique index and the
+// batch goes again with the lookup, which roost_store_commit_rechecks_total
+// counts. The client gets the first seq again.
+func TestPostgresStoreMetricsExposed(t *testing.T) {
+	url := pgtest.NewDB(t)
+	addr, admin := inProcessNode(t, "--database-url", url, "--migrate")
+	c := dialOps(t, addr, "user=u&app=pgm")
+	var seqs []float64
+	for _, id := range []string{"a", "b", "a"} {
+		if err := c.send(`{"op":"pub","room":"r","id":"` + id + `","body":1}`); err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, c.expect("ack").json["seq"].(float64))
+	}
+	if seqs[0] != 1 || seqs[1] != 2 || seqs[2] != 1 {
+		t.Fatalf("acked seqs %v, want [1 2 1]", seqs)
+	}
+	m := scrape(t, admin)
+	for _, name := range []string{
+		"roost_store_deadlocks_total",
+		"roost_store_commit_retries_total",
+		`roost_store_commits_in_doubt_total{outcome="committed"}`,
+		`roost_store_commits_in_doubt_total{outcome="rolled_back"}`,
+		`roost_store_commits_in_doubt_total{outcome="unknown"}`,
+		"roost_rooms_refused_total",
+	} {
+		if v, ok := m[name]; !ok || v != 0 {
+			t.Errorf("%s = %v (exposed %v), want 0", name, v, ok)
+		}
+	}
+	if v := m["roost_store_commit_rechecks_total"]; v != 1 {
+		t.Errorf("roost_store_commit_rechecks_total = %v, want 1", v)
+	}
+	if _, ok := m["roost_memory_store_bytes"]; ok {
+		t.Error("a PostgreSQL node exposes roost_memory_store_bytes")
+	}
 }
