@@ -141,7 +141,9 @@ var classes = [...]int{1, 8, 64, 128, 256, 512, 4096}
 // maxFreeBytes bounds each freelist, in bytes of list (24 per frame
 // reference), so that a backlog does not pin memory after it has left: a
 // burst that took thousands of 4096-frame lists keeps 42 of them, not a
-// thousand (96 MB), and all the freelists of a loop keep at most 28 MiB.
+// thousand (96 MB), and all the freelists of a loop keep at most 28 MiB
+// of lists, plus 4.6 MiB of the slice headers that hold them (24 bytes a
+// list: 174,762 one-frame lists alone take 4 MiB of headers).
 // The bound is also what steady high-rate delivery needs: every member of
 // a busy room takes its list again at the next tick, and a list dropped at
 // a write because its freelist was full is allocated again then (a room
