@@ -79,6 +79,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "roost bench %s: unexpected argument %q\n", sc.name, fs.Arg(0))
 		return 2
 	}
+	if p.pgDB != "" {
+		p.pg = true
+	}
 	if p.runID == "" {
 		p.runID = "b" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	}

@@ -37,6 +37,7 @@ type params struct {
 	retryMin       time.Duration
 	retryMax       time.Duration
 	pg             bool
+	pgDB           string
 	jsonOut        bool
 	plot           string
 	procs          int
@@ -162,6 +163,7 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.DurationVar(&p.retryMin, "retry-min", 500*time.Millisecond, "with --reconnect: shortest jittered delay when the close carries no retry=MS hint")
 	fs.DurationVar(&p.retryMax, "retry-max", 3*time.Second, "with --reconnect: longest such delay (also the cap of the doubling after failed attempts)")
 	fs.BoolVar(&p.pg, "pg", false, "report the CPU of all processes named postgres")
+	fs.StringVar(&p.pgDB, "pg-db", "", "with --pg (implies it): count only this database's backends and the server's own processes, not other databases' clients on a shared server")
 	fs.BoolVar(&p.jsonOut, "json", false, "print the report as JSON")
 	fs.StringVar(&p.plot, "plot", "", "write latency against offered rate of a --step run to this SVG file")
 	fs.IntVar(&p.procs, "procs", 1, "worker processes sharing the connections (each holds under 20,000 open files)")

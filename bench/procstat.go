@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -81,8 +82,9 @@ func parseVmRSS(b []byte) (int64, error) {
 
 // commCPU sums utime+stime of every process whose comm is name (PostgreSQL
 // runs one process per connection plus its background workers). Processes
-// that come and go during a window make this a lower bound.
-func commCPU(name string) (time.Duration, int, error) {
+// that come and go during a window make this a lower bound. With keep, only
+// the processes whose command line keep accepts.
+func commCPU(name string, keep func(cmdline []byte) bool) (time.Duration, int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, 0, fmt.Errorf("cannot list /proc: %w", err)
@@ -97,12 +99,42 @@ func commCPU(name string) (time.Duration, int, error) {
 		if err != nil || statComm(b) != name {
 			continue
 		}
+		if keep != nil {
+			cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if err != nil || !keep(cl) {
+				continue
+			}
+		}
 		if d, err := parseStatCPU(b); err == nil {
 			total += d
 			n++
 		}
 	}
 	return total, n, nil
+}
+
+// pgProcessOf keeps the PostgreSQL processes a load on database db costs:
+// the server's own (checkpointer, WAL writer, background writer: they write
+// what the load committed) and the backends connected to db, leaving out the
+// backends of other databases, which on a shared server are other people's
+// work. A backend's title is "postgres: [CLUSTER: ]USER DB HOST(PORT) STATE"
+// (or [local] for a Unix socket); a server process's has no address.
+func pgProcessOf(db string) func(cmdline []byte) bool {
+	return func(cl []byte) bool {
+		title := strings.TrimRight(strings.ReplaceAll(string(cl), "\x00", " "), " ")
+		rest, ok := strings.CutPrefix(title, "postgres: ")
+		if !ok {
+			return true // the postmaster
+		}
+		w := strings.Fields(rest)
+		if len(w) > 0 && strings.HasSuffix(w[0], ":") {
+			w = w[1:] // cluster_name
+		}
+		if len(w) < 3 || !(strings.Contains(w[2], "(") || w[2] == "[local]") {
+			return true
+		}
+		return w[1] == db
+	}
 }
 
 // selfCPU is this process's user+system CPU time so far.
@@ -118,6 +150,7 @@ func selfCPU() time.Duration {
 type sampler struct {
 	pids []procRef
 	pg   bool
+	pgDB string // with pg: only this database's backends (pgProcessOf)
 }
 
 type cpuSample struct {
@@ -156,7 +189,11 @@ func (s sampler) sample() cpuSample {
 		c.rss = append(c.rss, rss)
 	}
 	if s.pg {
-		c.pg, _, c.err = commCPU("postgres")
+		var keep func([]byte) bool
+		if s.pgDB != "" {
+			keep = pgProcessOf(s.pgDB)
+		}
+		c.pg, _, c.err = commCPU("postgres", keep)
 	}
 	return c
 }

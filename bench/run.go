@@ -342,7 +342,7 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 
 // execute runs the scenario through d and fills rep.
 func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) error {
-	smp := sampler{pids: append(append([]procRef(nil), p.pids...), p.watch...), pg: p.pg}
+	smp := sampler{pids: append(append([]procRef(nil), p.pids...), p.watch...), pg: p.pg, pgDB: p.pgDB}
 	var rss0 int64
 	if p.scenario == "density" && p.pids.first() > 0 {
 		v, err := procRSS(p.pids.first())

@@ -330,7 +330,7 @@ func TestProcStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, n, err := commCPU(statComm(own)); err != nil || n < 1 {
+	if _, n, err := commCPU(statComm(own), nil); err != nil || n < 1 {
 		t.Fatalf("commCPU found %d processes named %q: %v", n, statComm(own), err)
 	}
 	if selfCPU() <= 0 {
@@ -821,6 +821,27 @@ func TestSSEMsgFast(t *testing.T) {
 		data, n := sseMsgFast([]byte(tc.in))
 		if string(data) != tc.data || n != tc.n {
 			t.Errorf("%q: %q %d, want %q %d", tc.in, data, n, tc.data, tc.n)
+		}
+	}
+}
+
+func TestPGProcessOf(t *testing.T) {
+	keep := pgProcessOf("roost_a")
+	for _, c := range []struct {
+		title string
+		want  bool
+	}{
+		{"/usr/lib/postgresql/15/bin/postgres\x00-D\x00/var/lib/postgresql/15/main\x00", true},
+		{"postgres: 15/main: checkpointer                 ", true},
+		{"postgres: 15/main: walwriter ", true},
+		{"postgres: 15/main: postgres roost_a 127.0.0.1(51234) idle", true},
+		{"postgres: 15/main: postgres roost_b 127.0.0.1(51236) COMMIT", false},
+		{"postgres: postgres roost_a [local] idle", true},
+		{"postgres: root test [local] SELECT", false},
+		{"postgres: background writer   ", true},
+	} {
+		if got := keep([]byte(c.title)); got != c.want {
+			t.Errorf("%q: kept %v, want %v", c.title, got, c.want)
 		}
 	}
 }
