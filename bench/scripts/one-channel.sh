@@ -21,7 +21,7 @@ if [ $short = 1 ]; then
 else
   # from a quarter of the design documents' rate, so that a limit below it
   # is found too
-  members=6000 duration=60s warmup=5s step_dur=10s step_start=25 step_max=40000 factor=1.5
+  members=6000 duration=60s warmup=5s step_dur=10s step_start=5 step_max=40000 factor=1.5
 fi
 need taskset "util-linux"
 cpus=$(nproc)
