@@ -172,6 +172,13 @@ type appQueue struct {
 	running atomic.Int32 // workers started and not yet gone
 	idle    atomic.Int32 // workers waiting for a call
 	failing atomic.Bool  // a failure was logged and no success since (logs once per outage)
+
+	// mu guards parked and closed: the workers waiting on a kept
+	// connection for a call written to it (handoff.go), and whether the
+	// pool closed (none may park then).
+	mu     sync.Mutex
+	parked []*worker
+	closed bool
 }
 
 // idleExit is how long a worker waits for a call before it goes: an app
@@ -232,6 +239,9 @@ func (p *Pool) Ask(c *Call, t Target) bool {
 		p.answer(c, Full, 0, "")
 		return false
 	}
+	if p.direct && p.handOff(q, c) {
+		return true
+	}
 	select {
 	case q.ch <- c:
 	default:
@@ -256,6 +266,10 @@ func (p *Pool) Ask(c *Call, t Target) bool {
 			go p.work(q)
 			break
 		}
+	}
+	if int(q.idle.Load()) < len(q.ch) && int(q.running.Load()) >= most {
+		// Parked workers do not take calls from the queue.
+		p.kick(q)
 	}
 	return true
 }
@@ -282,6 +296,12 @@ func (p *Pool) Close() {
 	if !p.closed {
 		p.closed = true
 		close(p.stop)
+		for _, q := range p.apps {
+			q.mu.Lock()
+			q.closed = true
+			q.mu.Unlock()
+			p.closeParked(q)
+		}
 	}
 }
 
@@ -325,20 +345,26 @@ func (sg *signing) values(t *Target, body []byte, now time.Time) (ts, sig []byte
 }
 
 func (p *Pool) work(q *appQueue) {
-	var sg signing
-	var d direct
-	defer d.close()
+	w := &worker{}
+	defer w.d.close()
 	idle := time.NewTimer(idleExit)
 	defer idle.Stop()
 	for {
+		if p.direct && len(w.d.conns) > 0 {
+			switch p.park(q, w) {
+			case parkAgain:
+				continue
+			case parkExit:
+				q.running.Add(-1)
+				return
+			}
+			idle.Reset(idleExit)
+		}
 		q.idle.Add(1)
 		select {
 		case c := <-q.ch:
 			q.idle.Add(-1)
-			p.do(q, c, &sg, &d)
-			if !idle.Stop() {
-				<-idle.C
-			}
+			p.do(q, c, &w.sg, &w.d)
 			idle.Reset(idleExit)
 		case <-idle.C:
 			q.idle.Add(-1)
@@ -390,14 +416,7 @@ func (p *Pool) do(q *appQueue, c *Call, sg *signing, d *direct) {
 	if p.direct {
 		if e := d.endpoint(c.Kind, t.URL); e.ok {
 			b, err := d.roundTrip(e, c, body, sg, c.asked.Add(t.Timeout))
-			switch {
-			case err != nil && isTimeout(err):
-				p.fail(q, c, Timeout, err, t0)
-			case err != nil:
-				p.fail(q, c, Failed, err, t0)
-			default:
-				p.verdict(q, c, b, t0)
-			}
+			p.finish(q, c, b, err, t0)
 			return
 		}
 	}
@@ -439,6 +458,18 @@ func (p *Pool) do(q *appQueue, c *Call, sg *signing, d *direct) {
 		return
 	}
 	p.verdict(q, c, b, t0)
+}
+
+// finish answers c with what a direct call returned.
+func (p *Pool) finish(q *appQueue, c *Call, b []byte, err error, t0 time.Time) {
+	switch {
+	case err != nil && isTimeout(err):
+		p.fail(q, c, Timeout, err, t0)
+	case err != nil:
+		p.fail(q, c, Failed, err, t0)
+	default:
+		p.verdict(q, c, b, t0)
+	}
 }
 
 // verdict answers c with the backend's answer b (a 2xx body).
