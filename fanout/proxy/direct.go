@@ -72,6 +72,9 @@ type hconn struct {
 	lr   io.LimitedReader // nc, limited to one answer's budget
 	br   *bufio.Reader    // reads lr
 
+	body io.LimitedReader // an answer's body, limited to maxAnswer+1
+	buf  []byte           // the last answer's body
+
 	// writeNow's, kept so that a hand-off allocates nothing for them.
 	writeFd func(uintptr)
 	wb      []byte
@@ -278,10 +281,24 @@ func (h *hconn) readAnswer(perr error) (b []byte, keep bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	b, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
-	if err != nil {
-		return nil, false, err
+	// Into the connection's own buffer through its own limit: one
+	// allocation each per call otherwise. b is read before the next call.
+	h.body.R, h.body.N = resp.Body, maxAnswer+1
+	b = h.buf[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, rerr := h.body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return nil, false, rerr
+		}
 	}
+	h.buf = b[:0]
 	// The rest is drained (bounded) so that the connection is reused;
 	// only a body read to its clean end leaves it at the next answer.
 	_, derr := io.CopyN(io.Discard, resp.Body, drainMost)

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -402,6 +403,9 @@ type response struct {
 	Message string `json:"message"`
 }
 
+// answerAllow is the answer most calls get, as a backend usually writes it.
+const answerAllow = `{"allow":true}`
+
 // maxAnswer bounds what is read of an answer.
 const maxAnswer = 4 << 10
 
@@ -478,6 +482,13 @@ func (p *Pool) verdict(q *appQueue, c *Call, b []byte, t0 time.Time) {
 		p.fail(q, c, Failed, errors.New("answer larger than 4 KiB"), t0)
 		return
 	}
+	if string(b) == answerAllow {
+		// The usual answer, without the decoder's allocations.
+		q.failing.Store(false)
+		p.answer(c, Allowed, 0, "")
+		p.done(c, t0)
+		return
+	}
 	var r response
 	if err := sonic.Unmarshal(b, &r); err != nil || r.Allow == nil {
 		p.fail(q, c, Failed, errors.New(`answer is not {"allow":true|false,...}`), t0)
@@ -487,7 +498,9 @@ func (p *Pool) verdict(q *appQueue, c *Call, b []byte, t0 time.Time) {
 	if *r.Allow {
 		p.answer(c, Allowed, 0, "")
 	} else {
-		p.answer(c, Denied, codeOf(r.Code), r.Message)
+		// Cloned: the decoder's strings may share b, which the direct
+		// client reuses for the next answer.
+		p.answer(c, Denied, codeOf(r.Code), strings.Clone(r.Message))
 	}
 	p.done(c, t0)
 }
