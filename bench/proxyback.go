@@ -39,6 +39,7 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	deny := fs.String("deny-body", "", "refuse publishes whose body contains this text (empty: allow all)")
 	wait := fs.String("wait", waitLoop, "how the --delay is waited: loop (one thread reads every connection, counts each delay from the kernel's receive time of the request and writes the answer when due, to a --slice), thread (one thread sleeps to just short of each deadline, spins the rest and writes the answer), precise (each call a Go timer to 2 ms short, then a nanosleep) or timer (a Go timer alone, which can wake a millisecond late)")
 	slice := fs.Duration("slice", defaultSlice, "with --wait loop: deadlines are rounded up to this, so that answers due within one leave in one wake-up (each at most this late)")
+	lead := fs.Duration("lead", defaultLead, "with --wait loop: how long before a slice the thread wakes and spins the rest (0: it sleeps to the slice)")
 	spin := fs.Duration("spin", defaultSpin, "with --wait thread: how long before a deadline the thread stops sleeping and spins")
 	secret := fs.String("secret", "", "verify each call's X-Roost-Signature against the app's `SECRET` (default $ROOST_SECRET; empty: not verified); a call that fails is answered 401 and counted")
 	life := fs.Duration("for", 10*time.Minute, "stop after this long")
@@ -73,7 +74,7 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	// the process, the answer thread too, and the others run at the
 	// load's priority on cores the load keeps busy.
 	debug.SetGCPercent(800)
-	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, slice: *slice, secret: *secret})
+	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, slice: *slice, lead: *lead, secret: *secret})
 	if err != nil {
 		fmt.Fprintln(stderr, "roost bench proxy-backend:", err)
 		return 1
@@ -137,6 +138,7 @@ type backendConfig struct {
 	wait   string
 	spin   time.Duration // waitThread: how long before a deadline the thread stops sleeping and spins (0: defaultSpin)
 	slice  time.Duration // waitLoop: deadlines are rounded up to it (0: defaultSlice)
+	lead   time.Duration // waitLoop: wake this long before a slice and spin the rest
 	secret string        // verify X-Roost-Signature against it (empty: not verified)
 }
 
