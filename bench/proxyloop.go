@@ -34,11 +34,13 @@ import (
 // wake-up; an answer is never early and at most a slice late from it.
 const defaultSlice = 20 * time.Microsecond
 
-// defaultLead is --lead: a timerfd wake-up of this thread on two busy
-// cores ended p50 108–126 µs past its time, 18–28 µs with the last 100 µs
-// spun (probed alone, 1,000 calls/s in bursts of 30), at no CPU per call
-// that the probe could tell: the bursts' answers share one spin.
-const defaultLead = 100 * time.Microsecond
+// defaultLead is --lead. Spinning brought the answers closer to their
+// deadline (a timerfd wake-up alone ended p50 86–126 µs past it, with
+// 100 µs spun 18–74 µs) but cost the backend 17–20% more CPU per call in
+// hooked runs, taken from the cores it shares with the node and the bench
+// (and three of five hooked runs with it fell behind, none without): so
+// the thread sleeps to the slice unless asked.
+const defaultLead = 0
 
 // loopConn is one connection of the loop.
 type loopConn struct {
