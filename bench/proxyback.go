@@ -37,7 +37,9 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "127.0.0.1:0", "`ADDR` to serve on")
 	delay := fs.Duration("delay", 5*time.Millisecond, "how long each answer takes")
 	deny := fs.String("deny-body", "", "refuse publishes whose body contains this text (empty: allow all)")
-	wait := fs.String("wait", waitThread, "how the --delay is waited: thread (one thread sleeps to just short of each deadline, spins the rest and writes the answer), precise (each call a Go timer to 2 ms short, then a nanosleep) or timer (a Go timer alone, which can wake a millisecond late)")
+	wait := fs.String("wait", waitLoop, "how the --delay is waited: loop (one thread reads every connection, counts each delay from the kernel's receive time of the request and writes the answer when due, to a --slice), thread (one thread sleeps to just short of each deadline, spins the rest and writes the answer), precise (each call a Go timer to 2 ms short, then a nanosleep) or timer (a Go timer alone, which can wake a millisecond late)")
+	slice := fs.Duration("slice", defaultSlice, "with --wait loop: deadlines are rounded up to this, so that answers due within one leave in one wake-up (each at most this late)")
+	lead := fs.Duration("lead", defaultLead, "with --wait loop: how long before a slice the thread wakes and spins the rest (0: it sleeps to the slice)")
 	spin := fs.Duration("spin", defaultSpin, "with --wait thread: how long before a deadline the thread stops sleeping and spins")
 	secret := fs.String("secret", "", "verify each call's X-Roost-Signature against the app's `SECRET` (default $ROOST_SECRET; empty: not verified); a call that fails is answered 401 and counted")
 	life := fs.Duration("for", 10*time.Minute, "stop after this long")
@@ -60,8 +62,8 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	if *probe != "" {
 		return probeBackend(*probe, *rate, *burst, *life, *secret, stdout, stderr)
 	}
-	if *wait != waitThread && *wait != waitPrecise && *wait != waitTimer {
-		fmt.Fprintf(stderr, "roost bench proxy-backend: --wait is thread, precise or timer, not %q\n", *wait)
+	if *wait != waitLoop && *wait != waitThread && *wait != waitPrecise && *wait != waitTimer {
+		fmt.Fprintf(stderr, "roost bench proxy-backend: --wait is loop, thread, precise or timer, not %q\n", *wait)
 		return 2
 	}
 	if *delay < 0 {
@@ -72,7 +74,7 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	// the process, the answer thread too, and the others run at the
 	// load's priority on cores the load keeps busy.
 	debug.SetGCPercent(800)
-	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, secret: *secret})
+	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, slice: *slice, lead: *lead, secret: *secret})
 	if err != nil {
 		fmt.Fprintln(stderr, "roost bench proxy-backend:", err)
 		return 1
@@ -97,6 +99,7 @@ type proxyServer struct {
 	cfg                backendConfig
 	calls, denied, bad atomic.Int64
 	sched              *answerer // cfg.wait == waitThread: writes the answers at their deadlines
+	loop               *netLoop  // cfg.wait == waitLoop: reads the calls and writes their answers
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -107,6 +110,9 @@ type proxyServer struct {
 
 // How a backend waits out its --delay.
 const (
+	// waitLoop: one thread serves every connection and counts each
+	// delay from the kernel's receive time of the call (proxyloop.go).
+	waitLoop = "loop"
 	// waitThread: one OS thread holds every answer due and writes each
 	// at its deadline itself, sleeping to just short of the next one and
 	// spinning the rest. A
@@ -127,10 +133,12 @@ const (
 type backendConfig struct {
 	delay time.Duration
 	deny  string // refuse publishes whose body contains it (empty: none)
-	// wait: how delay is waited, waitThread (the zero value), waitPrecise
-	// or waitTimer.
+	// wait: how delay is waited, waitLoop (the zero value), waitThread,
+	// waitPrecise or waitTimer.
 	wait   string
 	spin   time.Duration // waitThread: how long before a deadline the thread stops sleeping and spins (0: defaultSpin)
+	slice  time.Duration // waitLoop: deadlines are rounded up to it (0: defaultSlice)
+	lead   time.Duration // waitLoop: wake this long before a slice and spin the rest
 	secret string        // verify X-Roost-Signature against it (empty: not verified)
 }
 
@@ -166,10 +174,13 @@ func httpAnswer(status, ctype, body string) []byte {
 // at its deadline by whoever waited for it.
 func startProxyBackend(addr string, cfg backendConfig) (*proxyServer, error) {
 	if cfg.wait == "" {
-		cfg.wait = waitThread
+		cfg.wait = waitLoop
 	}
 	if cfg.spin <= 0 {
 		cfg.spin = defaultSpin
+	}
+	if cfg.slice <= 0 {
+		cfg.slice = defaultSlice
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -178,6 +189,12 @@ func startProxyBackend(addr string, cfg backendConfig) (*proxyServer, error) {
 	ps := &proxyServer{url: "http://" + ln.Addr().String(), ln: ln, cfg: cfg, conns: map[net.Conn]struct{}{}}
 	if cfg.wait == waitThread && cfg.delay > 0 {
 		if ps.sched, err = newAnswerer(ps); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
+	if cfg.wait == waitLoop {
+		if ps.loop, err = newNetLoop(ps); err != nil {
 			ln.Close()
 			return nil, err
 		}
@@ -193,6 +210,10 @@ func (ps *proxyServer) accept() {
 		nc, err := ps.ln.Accept()
 		if err != nil {
 			return
+		}
+		if ps.loop != nil {
+			ps.loop.adopt(nc)
+			continue
 		}
 		ps.mu.Lock()
 		ps.conns[nc] = struct{}{}
@@ -578,7 +599,10 @@ func (ps *proxyServer) stop() {
 	if ps.sched != nil {
 		ps.sched.close()
 	}
-	ps.wg.Wait()
+	ps.wg.Wait() // accept has returned: nothing more is adopted
+	if ps.loop != nil {
+		ps.loop.close()
+	}
 }
 
 // summary is the backend's counts, and how long its answers took: from

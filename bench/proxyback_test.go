@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -103,7 +104,7 @@ func TestWaitUntilNotEarly(t *testing.T) {
 // kept-alive connections several at a time, and counts the answers' timing.
 func TestProxyBackendWaits(t *testing.T) {
 	const delay = 2 * time.Millisecond
-	for _, wait := range []string{waitThread, waitPrecise, waitTimer} {
+	for _, wait := range []string{waitLoop, waitThread, waitPrecise, waitTimer} {
 		pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: delay, wait: wait, deny: "nope"})
 		if err != nil {
 			t.Fatal(err)
@@ -150,7 +151,7 @@ func TestProxyBackendWaits(t *testing.T) {
 // after the thread has ended: it is answered net.ErrClosed at once, so its
 // connection's goroutine ends and stop returns.
 func TestProxyBackendAnswerAfterStop(t *testing.T) {
-	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Hour})
+	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Hour, wait: waitThread})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,5 +200,98 @@ func TestProxyBackendBoundsRequestHead(t *testing.T) {
 	// The 400 may be lost to the reset of a close with unread input.
 	if len(got) > 0 && !bytes.HasPrefix(got, []byte("HTTP/1.1 400")) {
 		t.Fatalf("answer %q, want 400", got)
+	}
+}
+
+// The loop backend takes a request however its bytes arrive (split
+// mid-head and mid-body, two pipelined in one write) and answers them in
+// order, each not before its delay from its receipt; Connection: close closes after the
+// answer.
+func TestProxyBackendLoopSplitAndPipelined(t *testing.T) {
+	const delay = 3 * time.Millisecond
+	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: delay, wait: waitLoop, deny: "nope"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pb.stop()
+	c, err := net.Dial("tcp", strings.TrimPrefix(pb.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := func(body string, close bool) string {
+		h := "POST /publish HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+		if close {
+			h += "Connection: close\r\n"
+		}
+		return h + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	one := req(`{"body":"x"}`, false)
+	t0 := time.Now()
+	for _, part := range []string{one[:10], one[10 : len(one)-4], one[len(one)-4:]} {
+		if _, err := io.WriteString(c, part); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if took := time.Since(t0); string(b) != `{"allow":true}` || took < delay {
+		t.Fatalf("split request: %s after %s", b, took)
+	}
+	t0 = time.Now()
+	if _, err := io.WriteString(c, req(`{"body":"nope"}`, false)+req(`{"body":"y"}`, true)); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{`"allow":false`, `{"allow":true}`} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("pipelined %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		// Both were received at once, so both are due at once.
+		if took := time.Since(t0); !strings.Contains(string(b), want) || took < delay {
+			t.Fatalf("pipelined %d: %s after %s, want %s after %s", i, b, took, want, delay)
+		}
+	}
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("after Connection: close: read %d, %v; want EOF", n, err)
+	}
+	if s := pb.summary(); !strings.Contains(s, "3 calls answered, 1 refused") || !strings.Contains(s, "(wait loop)") {
+		t.Errorf("summary %q", s)
+	}
+}
+
+// The loop counts each delay from the kernel's receive time, rounded up
+// to its slice: what it reports from read to written is the delay and
+// at most a slice and a wake-up more, never less.
+func TestProxyBackendLoopTiming(t *testing.T) {
+	const delay = 2 * time.Millisecond
+	const slice = 500 * time.Microsecond
+	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: delay, wait: waitLoop, slice: slice})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2}}
+	for i := 0; i < 20; i++ {
+		resp, err := cl.Post(pb.url+"/publish", "application/json", strings.NewReader(`{"body":"x"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	cl.CloseIdleConnections()
+	pb.stop()
+	// The histogram's buckets are a few percent wide: hence the 9/10.
+	if lo := pb.took.Quantile(0.01); lo < delay*9/10 {
+		t.Errorf("answers written %s after their read, before their delay of %s", lo, delay)
+	}
+	if p50 := pb.took.Quantile(0.5); p50 > delay+slice+5*time.Millisecond {
+		t.Errorf("read to written p50 %s, want about %s", p50, delay)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -70,6 +71,15 @@ type hconn struct {
 	rc   syscall.RawConn  // nc's, for the probe before reuse; nil if none
 	lr   io.LimitedReader // nc, limited to one answer's budget
 	br   *bufio.Reader    // reads lr
+
+	body io.LimitedReader // an answer's body, limited to maxAnswer+1
+	buf  []byte           // the last answer's body
+
+	// writeNow's, kept so that a hand-off allocates nothing for them.
+	writeFd func(uintptr)
+	wb      []byte
+	wsent   int
+	werr    error
 }
 
 // answerBudget bounds the bytes read from the backend per call: a head
@@ -141,6 +151,14 @@ func (d *direct) take(addr string) *hconn {
 		}
 	}
 	return nil
+}
+
+// drop closes h and removes it from the worker's connections.
+func (d *direct) drop(h *hconn) {
+	h.nc.Close()
+	if i := slices.Index(d.conns, h); i >= 0 {
+		d.conns = slices.Delete(d.conns, i, i+1)
+	}
 }
 
 // keep returns h to the worker's connections, dropping the oldest past
@@ -249,22 +267,46 @@ func (h *hconn) exchange(req []byte, deadline time.Time) (b []byte, keep, writte
 		return nil, false, false, err
 	}
 	h.lr.N = answerBudget
+	b, keep, err = h.readAnswer(nil)
+	return b, keep, true, err
+}
+
+// readAnswer reads the answer to the request written on h; perr is what
+// the read that waited for it returned (a parked worker's), nil if none.
+func (h *hconn) readAnswer(perr error) (b []byte, keep bool, err error) {
+	if perr != nil {
+		return nil, false, perr
+	}
 	resp, err := http.ReadResponse(h.br, nil)
 	if err != nil {
-		return nil, false, true, err
+		return nil, false, err
 	}
-	b, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
-	if err != nil {
-		return nil, false, true, err
+	// Into the connection's own buffer through its own limit: one
+	// allocation each per call otherwise. b is read before the next call.
+	h.body.R, h.body.N = resp.Body, maxAnswer+1
+	b = h.buf[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, rerr := h.body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return nil, false, rerr
+		}
 	}
+	h.buf = b[:0]
 	// The rest is drained (bounded) so that the connection is reused;
 	// only a body read to its clean end leaves it at the next answer.
 	_, derr := io.CopyN(io.Discard, resp.Body, drainMost)
 	keep = !resp.Close && derr == io.EOF && h.br.Buffered() == 0
 	if resp.StatusCode/100 != 2 {
-		return nil, keep, true, errAnswer{"status " + resp.Status}
+		return nil, keep, errAnswer{"status " + resp.Status}
 	}
-	return b, keep, true, nil
+	return b, keep, nil
 }
 
 // isTimeout: the call's deadline passed.

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -172,6 +173,13 @@ type appQueue struct {
 	running atomic.Int32 // workers started and not yet gone
 	idle    atomic.Int32 // workers waiting for a call
 	failing atomic.Bool  // a failure was logged and no success since (logs once per outage)
+
+	// mu guards parked and closed: the workers waiting on a kept
+	// connection for a call written to it (handoff.go), and whether the
+	// pool closed (none may park then).
+	mu     sync.Mutex
+	parked []*worker
+	closed bool
 }
 
 // idleExit is how long a worker waits for a call before it goes: an app
@@ -232,6 +240,9 @@ func (p *Pool) Ask(c *Call, t Target) bool {
 		p.answer(c, Full, 0, "")
 		return false
 	}
+	if p.direct && p.handOff(q, c) {
+		return true
+	}
 	select {
 	case q.ch <- c:
 	default:
@@ -256,6 +267,10 @@ func (p *Pool) Ask(c *Call, t Target) bool {
 			go p.work(q)
 			break
 		}
+	}
+	if int(q.idle.Load()) < len(q.ch) && int(q.running.Load()) >= most {
+		// Parked workers do not take calls from the queue.
+		p.kick(q)
 	}
 	return true
 }
@@ -282,6 +297,12 @@ func (p *Pool) Close() {
 	if !p.closed {
 		p.closed = true
 		close(p.stop)
+		for _, q := range p.apps {
+			q.mu.Lock()
+			q.closed = true
+			q.mu.Unlock()
+			p.closeParked(q)
+		}
 	}
 }
 
@@ -325,20 +346,26 @@ func (sg *signing) values(t *Target, body []byte, now time.Time) (ts, sig []byte
 }
 
 func (p *Pool) work(q *appQueue) {
-	var sg signing
-	var d direct
-	defer d.close()
+	w := &worker{}
+	defer w.d.close()
 	idle := time.NewTimer(idleExit)
 	defer idle.Stop()
 	for {
+		if p.direct && len(w.d.conns) > 0 {
+			switch p.park(q, w) {
+			case parkAgain:
+				continue
+			case parkExit:
+				q.running.Add(-1)
+				return
+			}
+			idle.Reset(idleExit)
+		}
 		q.idle.Add(1)
 		select {
 		case c := <-q.ch:
 			q.idle.Add(-1)
-			p.do(q, c, &sg, &d)
-			if !idle.Stop() {
-				<-idle.C
-			}
+			p.do(q, c, &w.sg, &w.d)
 			idle.Reset(idleExit)
 		case <-idle.C:
 			q.idle.Add(-1)
@@ -376,6 +403,9 @@ type response struct {
 	Message string `json:"message"`
 }
 
+// answerAllow is the answer most calls get, as a backend usually writes it.
+const answerAllow = `{"allow":true}`
+
 // maxAnswer bounds what is read of an answer.
 const maxAnswer = 4 << 10
 
@@ -390,14 +420,7 @@ func (p *Pool) do(q *appQueue, c *Call, sg *signing, d *direct) {
 	if p.direct {
 		if e := d.endpoint(c.Kind, t.URL); e.ok {
 			b, err := d.roundTrip(e, c, body, sg, c.asked.Add(t.Timeout))
-			switch {
-			case err != nil && isTimeout(err):
-				p.fail(q, c, Timeout, err, t0)
-			case err != nil:
-				p.fail(q, c, Failed, err, t0)
-			default:
-				p.verdict(q, c, b, t0)
-			}
+			p.finish(q, c, b, err, t0)
 			return
 		}
 	}
@@ -441,10 +464,29 @@ func (p *Pool) do(q *appQueue, c *Call, sg *signing, d *direct) {
 	p.verdict(q, c, b, t0)
 }
 
+// finish answers c with what a direct call returned.
+func (p *Pool) finish(q *appQueue, c *Call, b []byte, err error, t0 time.Time) {
+	switch {
+	case err != nil && isTimeout(err):
+		p.fail(q, c, Timeout, err, t0)
+	case err != nil:
+		p.fail(q, c, Failed, err, t0)
+	default:
+		p.verdict(q, c, b, t0)
+	}
+}
+
 // verdict answers c with the backend's answer b (a 2xx body).
 func (p *Pool) verdict(q *appQueue, c *Call, b []byte, t0 time.Time) {
 	if len(b) > maxAnswer {
 		p.fail(q, c, Failed, errors.New("answer larger than 4 KiB"), t0)
+		return
+	}
+	if string(b) == answerAllow {
+		// The usual answer, without the decoder's allocations.
+		q.failing.Store(false)
+		p.answer(c, Allowed, 0, "")
+		p.done(c, t0)
 		return
 	}
 	var r response
@@ -456,7 +498,9 @@ func (p *Pool) verdict(q *appQueue, c *Call, b []byte, t0 time.Time) {
 	if *r.Allow {
 		p.answer(c, Allowed, 0, "")
 	} else {
-		p.answer(c, Denied, codeOf(r.Code), r.Message)
+		// Cloned: the decoder's strings may share b, which the direct
+		// client reuses for the next answer.
+		p.answer(c, Denied, codeOf(r.Code), strings.Clone(r.Message))
 	}
 	p.done(c, t0)
 }
