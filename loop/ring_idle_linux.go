@@ -243,28 +243,54 @@ func (l *loopState) idleUnhold(c *conn) {
 	}
 }
 
+// ringCmdSQE is struct io_uring_sqe as a socket command reads it (its
+// unions: cmd_op where a send has off, level and optname where it has
+// addr, optlen and optval in what ringSQE leaves as padding).
+type ringCmdSQE struct {
+	opcode      uint8
+	flags       uint8
+	ioprio      uint16
+	fd          int32
+	cmdOp       uint32
+	_           uint32
+	level       uint32
+	optname     uint32
+	len         uint32
+	cmdFlags    uint32
+	userData    uint64
+	bufIndex    uint16
+	personality uint16
+	optlen      uint32
+	optval      uint64
+	_           uint64
+}
+
+var _ [unsafe.Sizeof(ringSQE{}) - unsafe.Sizeof(ringCmdSQE{})]struct{} // same size
+var _ [unsafe.Sizeof(ringCmdSQE{}) - unsafe.Sizeof(ringSQE{})]struct{}
+
 // lowatSQE is setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, v) as a socket
-// command. The fields are the kernel's unions of struct io_uring_sqe
-// (little-endian): cmd_op in off, level and optname in addr, optlen at
-// byte 44 and the value's address at byte 48.
+// command.
 func (l *loopState) lowatSQE(fd int, v int32) ringSQE {
 	id := &l.idle
+	id.lowat = [2]int32{1, holdLowat}
 	p := &id.lowat[0]
 	if v != 1 {
 		p = &id.lowat[1]
 	}
-	id.lowat = [2]int32{1, holdLowat}
 	op := id.holdOp
 	if op == 0 {
 		op = sockCmdSetsockopt
 	}
-	return ringSQE{
-		opcode: ringOpURingCmd,
-		fd:     int32(fd),
-		off:    uint64(op),
-		addr:   uint64(unix.SOL_SOCKET) | uint64(unix.SO_RCVLOWAT)<<32,
-		pad:    [3]uint64{4 << 32, uint64(uintptr(unsafe.Pointer(p))), 0},
+	e := ringCmdSQE{
+		opcode:  ringOpURingCmd,
+		fd:      int32(fd),
+		cmdOp:   op,
+		level:   unix.SOL_SOCKET,
+		optname: unix.SO_RCVLOWAT,
+		optlen:  4,
+		optval:  uint64(uintptr(unsafe.Pointer(p))),
 	}
+	return *(*ringSQE)(unsafe.Pointer(&e))
 }
 
 // idleSubmit sends the batch and finishes each of its entries.
