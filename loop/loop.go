@@ -160,6 +160,7 @@ type loopState struct {
 	// the kernel has none, or until the first socket write (ringTried).
 	ring      *sendRing
 	ringTried bool
+	idle      idleState // the sweep's pings and held pongs on the ring (ring_idle_linux.go)
 	interns   map[string]string
 	draining  bool
 	stamps    []*pubStamp // free list of publish stamps (server.go)
@@ -1056,6 +1057,8 @@ func (l *loopState) retryReason() []byte {
 func (l *loopState) sweep() {
 	now := l.now()
 	l.srv.apps.maybePrune(now)
+	l.takeHeld(now)
+	defer l.pingsQueued()
 	idle := l.srv.cfg.IdleInterval.Milliseconds()
 	upTimeout := l.srv.cfg.UpgradeTimeout.Milliseconds()
 	l.pingBudget = l.pingShare()
@@ -1113,6 +1116,9 @@ func (c *conn) ping() {
 	st.Pings.Add(1)
 	if c.m.PendingBytes() == 0 && c.gc.OutboundBuffered() == 0 {
 		if fd := c.gc.Fd(); fd >= 0 {
+			if c.l.queuePing(c, fd) {
+				return // it leaves with the sweep's batch
+			}
 			n, err := sendPing(fd)
 			if n == len(pingFrame) {
 				st.FramesOut.Add(1)

@@ -17,4 +17,5 @@ func newSendRing() *sendRing                        { return nil }
 func (r *sendRing) close()                          {}
 func (r *sendRing) queue(c *conn, fd int, f []byte) {}
 func (r *sendRing) full() bool                      { return true }
+func (r *sendRing) queued(c *conn) bool             { return false }
 func (r *sendRing) submit() int                     { return 0 }
