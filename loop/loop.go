@@ -644,25 +644,30 @@ func (l *loopState) writeSlice(ms []*fanout.Member, budget time.Duration) (wrote
 	return wrote, len(ms)
 }
 
-// out writes m's pending output, or queues it on the loop's ring: one
-// frame, nothing of gnet's ahead of it, a socket. Whoever calls it sends
-// the ring's batch (sendQueued) before the loop does anything else, so a
-// queued send is never overtaken by another write to its connection.
+// out writes m's pending output, or queues it on the loop's ring: nothing
+// of gnet's ahead of it, a socket, no more frames than a batch's iovecs.
+// Whoever calls it sends the ring's batch (sendQueued) before the loop does
+// anything else, so a queued send is never overtaken by another write to
+// its connection, and the frames it points at stay as they are until the
+// kernel has them.
 func (l *loopState) out(m *fanout.Member) {
 	c, ok := m.Owner.(*conn)
 	if !ok {
 		m.Owner.Write()
 		return
 	}
-	if frames := m.Pending(); len(frames) == 1 && len(frames[0]) > 0 && c.gc.OutboundBuffered() == 0 {
-		if fd := c.gc.Fd(); fd >= 0 && l.sendRing() != nil {
+	if frames := m.Pending(); len(frames) > 0 && len(frames[0]) > 0 && c.gc.OutboundBuffered() == 0 {
+		if fd := c.gc.Fd(); fd >= 0 && l.sendRing() != nil && l.ring.takes(len(frames)) {
 			if l.ring.queued(c) {
 				// The dirty list holds a member again that got output
-				// after a write in this wake-up: its frame is in the
+				// after a write in this wake-up: its frames are in the
 				// batch already.
 				return
 			}
-			l.ring.queue(c, fd, frames[0])
+			if !l.ring.fits(len(frames)) {
+				l.sendQueued()
+			}
+			l.ring.queue(c, fd, frames)
 			if l.ring.full() {
 				l.sendQueued()
 			}
@@ -703,28 +708,34 @@ func (l *loopState) sendQueued() {
 	}
 }
 
-// sent finishes a one-frame write that the ring sent, with its result (bytes
-// sent, or -errno) as send(2) would have returned it: what the kernel did
-// not take goes to gnet, and the counts are those of write. An error other
-// than a full socket is left to send(2) itself, which closes a broken
-// connection (and sends on one whose error was the ring's own).
+// sent finishes a write that the ring sent, with its result (bytes sent,
+// or -errno) as send(2) or writev(2) would have returned it: what the
+// kernel did not take goes to gnet, and the counts are those of write. An
+// error other than a full socket is left to write itself, which closes a
+// broken connection (and sends on one whose error was the ring's own).
 func (l *loopState) sent(c *conn, res int32) {
 	m := &c.m
 	frames := m.Pending()
 	if c.closed || len(frames) == 0 {
 		return
 	}
+	if res < 0 {
+		if res != -int32(unix.EAGAIN) && res != -int32(unix.EINTR) {
+			l.write(c)
+			return
+		}
+		res = 0
+	}
 	before := m.PendingBytes()
 	done := 0
-	switch {
-	case int(res) == len(frames[0]):
-		frames, done = frames[1:], 1
-	case res >= 0:
-		frames[0] = frames[0][res:]
-	case res == -int32(unix.EAGAIN) || res == -int32(unix.EINTR):
-	default:
-		l.write(c)
-		return
+	rest := int(res)
+	for len(frames) > 0 && rest >= len(frames[0]) {
+		rest -= len(frames[0])
+		frames = frames[1:]
+		done++
+	}
+	if rest > 0 {
+		frames[0] = frames[0][rest:]
 	}
 	l.wrote(c, frames, done, before, false)
 }

@@ -13,8 +13,11 @@ type sendRing struct {
 
 const ringBatch = passCheck
 
-func newSendRing() *sendRing                        { return nil }
-func (r *sendRing) close()                          {}
-func (r *sendRing) queue(c *conn, fd int, f []byte) {}
-func (r *sendRing) full() bool                      { return true }
-func (r *sendRing) submit() int                     { return 0 }
+func newSendRing() *sendRing                          { return nil }
+func (r *sendRing) close()                            {}
+func (r *sendRing) queue(c *conn, fd int, f [][]byte) {}
+func (r *sendRing) fits(k int) bool                   { return false }
+func (r *sendRing) takes(k int) bool                  { return false }
+func (r *sendRing) full() bool                        { return true }
+func (r *sendRing) submit() int                       { return 0 }
+func (r *sendRing) queued(c *conn) bool               { return false }
