@@ -99,7 +99,7 @@ type loopState struct {
 	// members were written in it (flushFresh).
 	ticking  bool
 	holding  bool // output after a pause waits for this loop's publishes (kick); ticking too
-	flushT   *time.Timer
+	flushT   *flushTimer
 	onFlushT func()
 	// tickHalf: the tick is half of FlushInterval while the loop is
 	// lightly loaded, its writes carrying about one frame each (judgeTick).
@@ -191,8 +191,7 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 	l.drainF = l.drain
 	l.onFlushT = func() { l.push(task{kind: tFlush}) }
 	l.onSweepT = func() { l.push(task{kind: tSweep}) }
-	l.flushT = time.AfterFunc(time.Hour, l.onFlushT)
-	l.flushT.Stop()
+	l.flushT = newFlushTimer(l.onFlushT)
 	l.sweepT = time.AfterFunc(time.Hour, l.onSweepT)
 	l.sweepT.Stop()
 	l.lingerT = time.AfterFunc(time.Hour, func() { l.push(task{kind: tLinger}) })
@@ -218,7 +217,7 @@ var _ fanout.Loop = (*loopState)(nil)
 
 // stopTimers is for Server.Stop, after the loops have ended.
 func (l *loopState) stopTimers() {
-	l.flushT.Stop()
+	l.flushT.close()
 	l.sweepT.Stop()
 	l.lingerT.Stop()
 	if l.passC != nil {
@@ -368,7 +367,7 @@ func (l *loopState) kick() {
 	}
 	if l.ownPending() {
 		l.holding, l.ticking = true, true
-		l.flushT.Reset(l.holdMax())
+		l.flushT.reset(l.holdMax())
 		return
 	}
 	l.flush()
@@ -443,7 +442,7 @@ func (l *loopState) hasTickWork() bool {
 func (l *loopState) armTick() {
 	l.ticking = true
 	l.judgeTick()
-	l.flushT.Reset(tickDelay(time.Since(monoEpoch), l.tickInterval()))
+	l.flushT.reset(tickDelay(time.Since(monoEpoch), l.tickInterval()))
 }
 
 // tickDelay is how long after since (on monoEpoch's clock) the next tick
