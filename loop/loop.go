@@ -512,6 +512,9 @@ func (l *loopState) judgeTick() {
 // write per member whether it finds the loop ticking or not.
 func (l *loopState) tick() {
 	l.srv.Stats.Ticks.Add(1)
+	if l.tickHalf {
+		l.srv.Stats.ShortTicks.Add(1)
+	}
 	if l.passing {
 		return // the pass arms the next tick when it ends; the period goes on
 	}
