@@ -271,12 +271,13 @@ func TestOneWritePerTickUnderLoad(t *testing.T) {
 	l.inflight = 0
 }
 
-// TestFlushTickFollowsLoad: the tick halves once the loop's writes carry
-// about one frame each and comes back as they carry more, judged once per
-// judgeWrites writes; rates between the two thresholds keep the tick they
-// have, so the tick does not swing. The room here gets perTick messages per
-// configured tick, so half of them per short tick: frames per write follow
-// the tick as they do under a steady rate.
+// TestFlushTickFollowsLoad: the tick halves once a written member gets
+// few frames per configured tick and comes back as it gets more, judged
+// once per judgeWrites writes; rates between the two thresholds keep the
+// tick they have, so the tick does not swing. The room here gets perTick
+// messages per configured tick, so half of them per short tick, and the
+// clock moves a tick in force per tick: frames per write follow the tick
+// as they do under a steady rate, and the rate per member does not.
 func TestFlushTickFollowsLoad(t *testing.T) {
 	const n = 300
 	rig := newFanoutRig(t, n, true)
@@ -284,16 +285,21 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	iv := time.Second
 	l.srv.cfg.FlushInterval = iv // the test runs the ticks itself
 	t.Cleanup(l.stopTimers)
+	var now time.Duration
+	l.fakeNow = func() time.Duration { return now }
 	msgs := 0
-	run := func(perTick int) {
+	// every: a write round every this many ticks in force (the loop
+	// stopped between bursts, or its ticks stretched), each with perTick
+	// messages per configured tick the round covers.
+	runEvery := func(perTick, every int) {
 		t.Helper()
 		// Two judgements' worth of ticks: the last one saw only this rate.
 		for w := 0; w < 2*judgeWrites+n; w += n {
-			k := perTick
+			k := perTick * every
 			if l.tickHalf {
 				// Half the tick, half the messages: perTick odd alternates.
-				k = perTick / 2
-				if perTick%2 == 1 && msgs%2 == 1 {
+				k = perTick * every / 2
+				if perTick*every%2 == 1 && msgs%2 == 1 {
 					k++
 				}
 				msgs++
@@ -301,9 +307,11 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 			for i := 0; i < k; i++ {
 				rig.next()
 			}
+			now += time.Duration(every) * l.tickInterval()
 			l.tick()
 		}
 	}
+	run := func(perTick int) { t.Helper(); runEvery(perTick, 1) }
 	want := func(when string, d time.Duration) {
 		t.Helper()
 		if got := l.tickInterval(); got != d {
@@ -323,22 +331,38 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	want("3 per configured tick, at the configured tick", iv)
 	run(1)
 	want("1 per write", iv/2)
+	run(4)
+	want("4 per configured tick", iv)
+
+	// Frames per write that are high because the rounds are far apart
+	// (a loop that stops between bursts at 500 msg/s) are a light load:
+	// 4 frames per write every other tick is 2 per configured tick.
+	runEvery(2, 2)
+	want("4 per write, a round every other configured tick", iv/2)
+	// The rate, not the schedule, gives the tick back: a loop whose ticks
+	// stretch to three (starved) writes 12 per write at 4 per tick.
+	runEvery(4, 3)
+	want("12 per write, a round every third tick", iv)
 
 	// Rounds that outgrow their slice (a room written pass by pass) keep
 	// the configured tick however few frames their writes carry.
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 4, 5*4
-	l.judgeTick()
+	judge := func(frames, writes, rounds, slices int, span time.Duration) {
+		l.wFrames, l.wCount, l.wRounds, l.wSlices = frames, writes, rounds, slices
+		now += span
+		l.judgeTick(now)
+	}
+	judge(judgeWrites, judgeWrites, 4, 5*4, 4*iv)
 	want("single frames written in passes", iv)
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 20, 10
-	l.judgeTick()
+	judge(judgeWrites, judgeWrites, 20, 10, 20*iv)
 	want("single frames, a round of two slices now and then", iv/2)
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 4, 5*4
-	l.judgeTick()
+	judge(judgeWrites, judgeWrites, 4, 5*4, 4*iv)
 	want("single frames written in passes, at the short tick", iv)
+	// A window that spans a pause says nothing of the load after it.
+	judge(judgeWrites, judgeWrites, 20, 0, (judgeSpans+1)*iv)
+	want("a window across a pause", iv)
 	// Fewer writes than a judgement needs change nothing.
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = 4*judgeWrites, judgeWrites-1, 1, 0
 	l.tickHalf = true
-	l.judgeTick()
+	judge(4*judgeWrites, judgeWrites-1, 1, 0, iv)
 	want("too few writes to judge", iv/2)
 }
 

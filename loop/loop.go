@@ -107,6 +107,8 @@ type loopState struct {
 	// rounds (flushes that wrote) and slices after a pass's first since
 	// the tick was last judged.
 	tickHalf bool
+	judgedAt time.Duration        // when the tick was last judged (since monoEpoch)
+	fakeNow  func() time.Duration // tests: the clock of judgeTick and armTick
 	wFrames  int
 	wCount   int
 	wRounds  int
@@ -441,8 +443,17 @@ func (l *loopState) hasTickWork() bool {
 // docs/benchmarks.md).
 func (l *loopState) armTick() {
 	l.ticking = true
-	l.judgeTick()
-	l.flushT.reset(tickDelay(time.Since(monoEpoch), l.tickInterval()))
+	now := l.clock()
+	l.judgeTick(now)
+	l.flushT.reset(tickDelay(now, l.tickInterval()))
+}
+
+// clock is the time since monoEpoch, as tests may fake it.
+func (l *loopState) clock() time.Duration {
+	if l.fakeNow != nil {
+		return l.fakeNow()
+	}
+	return time.Since(monoEpoch)
 }
 
 // tickDelay is how long after since (on monoEpoch's clock) the next tick
@@ -470,35 +481,55 @@ func (l *loopState) tickInterval() time.Duration {
 // its tick: in a room of 330, a dozen rounds at the configured tick.
 const judgeWrites = 8192
 
+// judgeSpans bounds a judgement's window, in configured ticks (1 s at 4
+// ms): a window longer than that spans a pause, whose rate says nothing of
+// the load that follows it (a step run's next level), and is dropped.
+const judgeSpans = 250
+
 // judgeTick shortens the tick to half of FlushInterval while the loop is
 // lightly loaded and gives it back as load rises, once per judgeWrites
 // writes. The tick only batches: a connection is written at most once per
 // tick, so a message that comes behind its connection's last write waits
-// for the next grid point, half a tick on average. Where the writes carry
-// about one frame each, a shorter tick costs hardly a write more (there
-// is little left to batch) and halves that wait: in a room of 330 at 500
-// msg/s, p50 publish -> receipt is bounded by ~2.3 ms at a 4 ms tick and
-// falls to ~1.1 ms at a 2 ms one (docs/benchmarks.md). Where they carry
-// several, a shorter tick would split them into more writes, the cost per
-// frame that the tick exists to cut. So: at the configured tick, under 2.5
-// frames per write halves it (in that room below ~550 msg/s, arrivals at
-// random); at half of it, 2 or more gives it back (above ~800 msg/s), so
-// the rates between keep the tick they have and from there up the loop
-// batches exactly as with the configured tick. Nor is a loop lightly
-// loaded while its rounds take longer than the short tick (more than one
-// slice past their first, on average): a room of thousands, written pass
-// by pass, or a loop starved of its CPU keeps the configured tick
-// whatever its frames per write.
-// The loop starts at the configured tick and changes only on evidence.
-func (l *loopState) judgeTick() {
+// for the next grid point, half a tick on average. Where a member gets
+// few frames per configured tick, a shorter tick costs few writes more
+// (there is little left to batch) and halves that wait: in a room of 330
+// at 500 msg/s, p50 publish -> receipt is bounded by ~2.3 ms at a 4 ms
+// tick and falls to ~1.1 ms at a 2 ms one (docs/benchmarks.md). Where it
+// gets several, a shorter tick would split them into more writes, the
+// cost per frame that the tick exists to cut.
+//
+// The load is judged by the frames a written member gets per configured
+// tick: frames per write times write rounds per configured tick. Frames
+// per write alone follow the tick in force and the schedule, not the
+// load: a loop that stops between bursts, or whose rounds are stretched
+// by a busy CPU, writes more frames per write at the same rate, and at 500
+// msg/s that kept the configured tick (2.1-3.5 frames per write against a
+// threshold of 2.5). Frames per round-normalised write do not: they are
+// the rate per member times the tick (2 at 500 msg/s, 4 at 1,000), what
+// the writes would carry at the configured tick with the ticks chained.
+// Under 3 (in that room below ~750 msg/s) halves the tick; 3.5 or more
+// gives it back, so the rates between keep the tick they have, and 1,000
+// msg/s and every level of the step run batch exactly as with the
+// configured tick. Nor is a loop lightly loaded while its rounds take
+// longer than the short tick (more than one slice past their first, on
+// average): a room of thousands, written pass by pass, or a loop starved
+// of its CPU keeps the configured tick whatever its rate. The loop starts
+// at the configured tick and changes only on evidence.
+func (l *loopState) judgeTick(now time.Duration) {
 	if l.wCount < judgeWrites {
 		return
 	}
-	fits := l.wSlices <= l.wRounds // at most one slice more per round, on average
-	if l.tickHalf {
-		l.tickHalf = fits && l.wFrames < 2*l.wCount
-	} else {
-		l.tickHalf = fits && 2*l.wFrames < 5*l.wCount
+	span := now - l.judgedAt
+	l.judgedAt = now
+	iv := l.srv.cfg.FlushInterval
+	if span > 0 && span <= judgeSpans*iv && l.wRounds > 0 {
+		fits := l.wSlices <= l.wRounds // at most one slice more per round, on average
+		perTick := float64(l.wFrames) / float64(l.wCount) * float64(l.wRounds) * float64(iv) / float64(span)
+		if l.tickHalf {
+			l.tickHalf = fits && perTick < 3.5
+		} else {
+			l.tickHalf = fits && perTick < 3
+		}
 	}
 	l.wFrames, l.wCount, l.wRounds, l.wSlices = 0, 0, 0, 0
 }
