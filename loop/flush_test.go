@@ -348,6 +348,7 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	// the configured tick however few frames their writes carry.
 	judge := func(frames, writes, rounds, slices int, span time.Duration) {
 		l.wFrames, l.wCount, l.wRounds, l.wSlices = frames, writes, rounds, slices
+		l.wWidest = writes / rounds
 		now += span
 		l.judgeTick(now)
 	}
@@ -357,9 +358,17 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	want("single frames, a round of two slices now and then", iv/2)
 	judge(judgeWrites, judgeWrites, 4, 5*4, 4*iv)
 	want("single frames written in passes, at the short tick", iv)
+	// Small rounds between the full ones (a publisher's ack written at
+	// once) are not members of their own: 30 rounds of 300 members with 2
+	// frames each per configured tick and 30 of one ack read as 2.
+	l.tickHalf = false
+	l.wFrames, l.wCount, l.wRounds, l.wSlices, l.wWidest = 2*300*30+30, 300*30+30, 60, 0, 300
+	now += 30 * iv
+	l.judgeTick(now)
+	want("rounds of 300 at 2 frames per tick, acks between them", iv/2)
 	// A window that spans a pause says nothing of the load after it.
 	judge(judgeWrites, judgeWrites, 20, 0, (judgeSpans+1)*iv)
-	want("a window across a pause", iv)
+	want("a window across a pause: the tick it had", iv/2)
 	// Fewer writes than a judgement needs change nothing.
 	l.tickHalf = true
 	judge(4*judgeWrites, judgeWrites-1, 1, 0, iv)

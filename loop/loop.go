@@ -105,7 +105,8 @@ type loopState struct {
 	// lightly loaded, its writes carrying about one frame each (judgeTick).
 	// wFrames, wCount, wRounds and wSlices count the frames, writes, write
 	// rounds (flushes that wrote) and slices after a pass's first since
-	// the tick was last judged.
+	// the tick was last judged; wWidest is the most members one round
+	// wrote in that time, wRoundW the writes of the round in progress.
 	tickHalf bool
 	judgedAt time.Duration        // when the tick was last judged (since monoEpoch)
 	fakeNow  func() time.Duration // tests: the clock of judgeTick and armTick
@@ -113,6 +114,8 @@ type loopState struct {
 	wCount   int
 	wRounds  int
 	wSlices  int
+	wWidest  int
+	wRoundW  int
 	// sweeping: the sweep timer is armed or queued; it runs only while the
 	// loop has connections.
 	sweeping bool
@@ -498,23 +501,29 @@ const judgeSpans = 250
 // gets several, a shorter tick would split them into more writes, the
 // cost per frame that the tick exists to cut.
 //
-// The load is judged by the frames a written member gets per configured
-// tick: frames per write times write rounds per configured tick. Frames
-// per write alone follow the tick in force and the schedule, not the
-// load: a loop that stops between bursts, or whose rounds are stretched
-// by a busy CPU, writes more frames per write at the same rate, and at 500
-// msg/s that kept the configured tick (2.1-3.5 frames per write against a
-// threshold of 2.5). Frames per round-normalised write do not: they are
-// the rate per member times the tick (2 at 500 msg/s, 4 at 1,000), what
-// the writes would carry at the configured tick with the ticks chained.
-// Under 3 (in that room below ~750 msg/s) halves the tick; 3.5 or more
-// gives it back, so the rates between keep the tick they have, and 1,000
-// msg/s and every level of the step run batch exactly as with the
-// configured tick. Nor is a loop lightly loaded while its rounds take
-// longer than the short tick (more than one slice past their first, on
-// average): a room of thousands, written pass by pass, or a loop starved
-// of its CPU keeps the configured tick whatever its rate. The loop starts
-// at the configured tick and changes only on evidence.
+// The load is judged by the frames a member gets per configured tick:
+// the frames written per member of the widest round (the loop's busy
+// members: a room's message makes every member dirty) per configured
+// tick of the window. Frames per write follow the tick in force and the
+// schedule, not the load: a loop that stops between bursts, or whose
+// rounds a busy CPU stretches, writes more frames per write at the same
+// rate, and at 500 msg/s that kept the configured tick (2.1-3.5 frames per
+// write against a threshold of 2.5). The rate per member times the tick
+// does not move with either (2 at 500 msg/s, 4 at 1,000): it is what the
+// writes would carry at the configured tick with the ticks chained, and
+// the small rounds between the full ones (a publisher's ack written at
+// once) do not count as members. Where the rounds write different members
+// (many small rooms), it counts every frame against the widest round's
+// members, so it reads high: such a loop keeps the configured tick rather
+// than halve it wrongly. Under 3 (in the room of 330 below ~750 msg/s)
+// halves the tick; 3.5 or more gives it back, so the rates between keep
+// the tick they have, and 1,000 msg/s and every level of the step run
+// batch exactly as with the configured tick. Nor is a loop lightly loaded
+// while its rounds take longer than the short tick (more than one slice
+// past their first, on average): a room of thousands, written pass by
+// pass, or a loop starved of its CPU keeps the configured tick whatever
+// its rate. The loop starts at the configured tick and changes only on
+// evidence.
 func (l *loopState) judgeTick(now time.Duration) {
 	if l.wCount < judgeWrites {
 		return
@@ -522,9 +531,9 @@ func (l *loopState) judgeTick(now time.Duration) {
 	span := now - l.judgedAt
 	l.judgedAt = now
 	iv := l.srv.cfg.FlushInterval
-	if span > 0 && span <= judgeSpans*iv && l.wRounds > 0 {
+	if span > 0 && span <= judgeSpans*iv && l.wRounds > 0 && l.wWidest > 0 {
 		fits := l.wSlices <= l.wRounds // at most one slice more per round, on average
-		perTick := float64(l.wFrames) / float64(l.wCount) * float64(l.wRounds) * float64(iv) / float64(span)
+		perTick := float64(l.wFrames) * float64(iv) / (float64(l.wWidest) * float64(span))
 		if l.tickHalf {
 			l.tickHalf = fits && perTick < 3.5
 		} else {
@@ -532,6 +541,7 @@ func (l *loopState) judgeTick(now time.Duration) {
 		}
 	}
 	l.wFrames, l.wCount, l.wRounds, l.wSlices = 0, 0, 0, 0
+	l.wWidest = l.wRoundW // a round in progress goes on counting
 }
 
 // tick is the flush tick. A tick that wrote nothing and has nothing to
@@ -624,6 +634,8 @@ func (l *loopState) flush() int {
 	if n > 0 {
 		l.wRounds++
 	}
+	l.wRoundW = n
+	l.wWidest = max(l.wWidest, n)
 	if done < len(ms) {
 		// TakeDirty's slice is the table's next dirty list: keep the rest.
 		l.pass, l.passAt = append(l.pass[:0], ms[done:]...), 0
@@ -787,6 +799,8 @@ func (l *loopState) passRest(all bool) int {
 		budget = -1
 	}
 	n, done := l.writeSlice(l.pass[l.passAt:], budget)
+	l.wRoundW += n
+	l.wWidest = max(l.wWidest, l.wRoundW)
 	if l.passAt += done; l.passAt < len(l.pass) {
 		l.passSlept()
 		return n
