@@ -344,31 +344,37 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	runEvery(4, 3)
 	want("12 per write, a round every third tick", iv)
 
-	// Rounds that outgrow their slice (a room written pass by pass) keep
-	// the configured tick however few frames their writes carry.
-	judge := func(frames, writes, rounds, slices int, span time.Duration) {
-		l.wFrames, l.wCount, l.wRounds, l.wSlices = frames, writes, rounds, slices
+	// Rounds longer than the short tick (a room of thousands, a starved
+	// loop) keep the configured tick however few frames their writes
+	// carry.
+	judge := func(frames, writes, rounds int, round, span time.Duration) {
+		l.wFrames, l.wCount, l.wRounds = frames, writes, rounds
 		l.wWidest = writes / rounds
+		l.wBusy, l.wBusyW = round*time.Duration(rounds), writes
 		now += span
 		l.judgeTick(now)
 	}
-	judge(judgeWrites, judgeWrites, 4, 5*4, 4*iv)
-	want("single frames written in passes", iv)
-	judge(judgeWrites, judgeWrites, 20, 10, 20*iv)
-	want("single frames, a round of two slices now and then", iv/2)
-	judge(judgeWrites, judgeWrites, 4, 5*4, 4*iv)
-	want("single frames written in passes, at the short tick", iv)
+	judge(judgeWrites, judgeWrites, 4, iv, 4*iv)
+	want("single frames, rounds as long as the configured tick", iv)
+	judge(judgeWrites, judgeWrites, 20, iv/3, 20*iv)
+	want("single frames, rounds of a third of the configured tick", iv/2)
+	judge(judgeWrites, judgeWrites, 20, iv/2+iv/10, 20*iv)
+	want("single frames, rounds a little longer than the short tick", iv)
 	// Small rounds between the full ones (a publisher's ack written at
 	// once) are not members of their own: 30 rounds of 300 members with 2
 	// frames each per configured tick and 30 of one ack read as 2.
 	l.tickHalf = false
-	l.wFrames, l.wCount, l.wRounds, l.wSlices, l.wWidest = 2*300*30+30, 300*30+30, 60, 0, 300
+	l.wFrames, l.wCount, l.wRounds, l.wWidest = 2*300*30+30, 300*30+30, 60, 300
+	l.wBusy, l.wBusyW = 30*iv/10, 300*30+30
 	now += 30 * iv
 	l.judgeTick(now)
 	want("rounds of 300 at 2 frames per tick, acks between them", iv/2)
 	// A window that spans a pause says nothing of the load after it.
 	judge(judgeWrites, judgeWrites, 20, 0, (judgeSpans+1)*iv)
 	want("a window across a pause: the tick it had", iv/2)
+	l.tickHalf = false
+	judge(judgeWrites, judgeWrites, 20, 0, (judgeSpans+1)*iv)
+	want("a window across a pause, at the configured tick", iv)
 	// Fewer writes than a judgement needs change nothing.
 	l.tickHalf = true
 	judge(4*judgeWrites, judgeWrites-1, 1, 0, iv)

@@ -103,19 +103,21 @@ type loopState struct {
 	onFlushT func()
 	// tickHalf: the tick is half of FlushInterval while the loop is
 	// lightly loaded, its writes carrying about one frame each (judgeTick).
-	// wFrames, wCount, wRounds and wSlices count the frames, writes, write
-	// rounds (flushes that wrote) and slices after a pass's first since
-	// the tick was last judged; wWidest is the most members one round
-	// wrote in that time, wRoundW the writes of the round in progress.
+	// wFrames, wCount and wRounds count the frames, writes and write
+	// rounds (flushes that wrote) since the tick was last judged; wWidest
+	// is the most members one round wrote in that time, wRoundW the
+	// writes of the round in progress, wBusy the loop time the rounds'
+	// slices took and wBusyW the writes they made.
 	tickHalf bool
 	judgedAt time.Duration        // when the tick was last judged (since monoEpoch)
 	fakeNow  func() time.Duration // tests: the clock of judgeTick and armTick
 	wFrames  int
 	wCount   int
 	wRounds  int
-	wSlices  int
 	wWidest  int
 	wRoundW  int
+	wBusy    time.Duration
+	wBusyW   int
 	// sweeping: the sweep timer is armed or queued; it runs only while the
 	// loop has connections.
 	sweeping bool
@@ -519,10 +521,13 @@ const judgeSpans = 250
 // halves the tick; 3.5 or more gives it back, so the rates between keep
 // the tick they have, and 1,000 msg/s and every level of the step run
 // batch exactly as with the configured tick. Nor is a loop lightly loaded
-// while its rounds take longer than the short tick (more than one slice
-// past their first, on average): a room of thousands, written pass by
-// pass, or a loop starved of its CPU keeps the configured tick whatever
-// its rate. The loop starts at the configured tick and changes only on
+// while a full round takes longer than the short tick (the loop time per
+// write in the rounds times the widest round): a room of thousands, or a
+// loop starved of its CPU keeps the configured tick whatever its rate.
+// This was counted in slices (at most one slice past a round's first, on
+// average), which is a bound of 1-2 ms for a 2 ms tick: rounds of 330 that
+// took 1.0-1.5 ms on a shared machine sat on it, and the tick swung at 500
+// msg/s. The loop starts at the configured tick and changes only on
 // evidence.
 func (l *loopState) judgeTick(now time.Duration) {
 	if l.wCount < judgeWrites {
@@ -531,8 +536,8 @@ func (l *loopState) judgeTick(now time.Duration) {
 	span := now - l.judgedAt
 	l.judgedAt = now
 	iv := l.srv.cfg.FlushInterval
-	if span > 0 && span <= judgeSpans*iv && l.wRounds > 0 && l.wWidest > 0 {
-		fits := l.wSlices <= l.wRounds // at most one slice more per round, on average
+	if span > 0 && span <= judgeSpans*iv && l.wRounds > 0 && l.wWidest > 0 && l.wBusyW > 0 {
+		fits := l.wBusy*time.Duration(l.wWidest)/time.Duration(l.wBusyW) < iv/2
 		perTick := float64(l.wFrames) * float64(iv) / (float64(l.wWidest) * float64(span))
 		if l.tickHalf {
 			l.tickHalf = fits && perTick < 3.5
@@ -540,7 +545,8 @@ func (l *loopState) judgeTick(now time.Duration) {
 			l.tickHalf = fits && perTick < 3
 		}
 	}
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = 0, 0, 0, 0
+	l.wFrames, l.wCount, l.wRounds = 0, 0, 0
+	l.wBusy, l.wBusyW = 0, 0
 	l.wWidest = l.wRoundW // a round in progress goes on counting
 }
 
@@ -630,9 +636,12 @@ func (l *loopState) flush() int {
 		return l.passRest(true)
 	}
 	ms := l.table.TakeDirty()
+	t0 := time.Now()
 	n, done := l.writeSlice(ms, l.slice)
 	if n > 0 {
 		l.wRounds++
+		l.wBusy += time.Since(t0)
+		l.wBusyW += n
 	}
 	l.wRoundW = n
 	l.wWidest = max(l.wWidest, n)
@@ -798,7 +807,10 @@ func (l *loopState) passRest(all bool) int {
 	if all {
 		budget = -1
 	}
+	t0 := time.Now()
 	n, done := l.writeSlice(l.pass[l.passAt:], budget)
+	l.wBusy += time.Since(t0)
+	l.wBusyW += n
 	l.wRoundW += n
 	l.wWidest = max(l.wWidest, l.wRoundW)
 	if l.passAt += done; l.passAt < len(l.pass) {
@@ -824,7 +836,6 @@ func (l *loopState) passRest(all bool) int {
 // during a slice come before the next one.
 func (l *loopState) passSlept() {
 	l.passFresh = true
-	l.wSlices++
 	if l.passC == nil {
 		l.passC = make(chan struct{}, 1)
 		go func(c chan struct{}) {
