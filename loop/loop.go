@@ -525,9 +525,9 @@ const judgeSpans = 250
 // write in the rounds times the widest round): a room of thousands, or a
 // loop starved of its CPU keeps the configured tick whatever its rate.
 // This was counted in slices (at most one slice past a round's first, on
-// average), which is a bound of 1-2 ms for a 2 ms tick: rounds of 330 that
-// took 1.0-1.5 ms on a shared machine sat on it, and the tick swung at 500
-// msg/s. The loop starts at the configured tick and changes only on
+// average), which is a bound of 1-2 ms for a 2 ms tick: rounds of 330
+// that took 1-2 ms on a shared machine sat on it, and the tick swung at
+// 500 msg/s. The loop starts at the configured tick and changes only on
 // evidence.
 func (l *loopState) judgeTick(now time.Duration) {
 	if l.wCount < judgeWrites {
