@@ -231,6 +231,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_writes_total", st.Writes.Load())
 	c("roost_pings_total", st.Pings.Load())
 	c("roost_loop_ticks_total", st.Ticks.Load())
+	c("roost_loop_short_ticks_total", st.ShortTicks.Load())
 	c("roost_loop_sweeps_total", st.Sweeps.Load())
 
 	c("roost_publishes_total", st.Publishes.Load())

@@ -113,6 +113,7 @@ var exposedMetrics = []string{
 	"roost_writes_total",
 	"roost_pings_total",
 	"roost_loop_ticks_total",
+	"roost_loop_short_ticks_total",
 	"roost_loop_sweeps_total",
 	"roost_disconnected_total",
 	"roost_api_requests_total",

@@ -100,7 +100,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 	// Start from rest: the joined frames written, no tick armed, no
 	// counts.
 	l.flush()
-	l.flushT.Stop()
+	l.flushT.stop()
 	l.ticking = false
 	l.table.NewPeriod() // as the quiet tick behind those writes would
 	st := &s.Stats

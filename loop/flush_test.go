@@ -271,12 +271,13 @@ func TestOneWritePerTickUnderLoad(t *testing.T) {
 	l.inflight = 0
 }
 
-// TestFlushTickFollowsLoad: the tick halves once the loop's writes carry
-// about one frame each and comes back as they carry more, judged once per
-// judgeWrites writes; rates between the two thresholds keep the tick they
-// have, so the tick does not swing. The room here gets perTick messages per
-// configured tick, so half of them per short tick: frames per write follow
-// the tick as they do under a steady rate.
+// TestFlushTickFollowsLoad: the tick halves once a written member gets
+// few frames per configured tick and comes back as it gets more, judged
+// once per judgeWrites writes; rates between the two thresholds keep the
+// tick they have, so the tick does not swing. The room here gets perTick
+// messages per configured tick, so half of them per short tick, and the
+// clock moves a tick in force per tick: frames per write follow the tick
+// as they do under a steady rate, and the rate per member does not.
 func TestFlushTickFollowsLoad(t *testing.T) {
 	const n = 300
 	rig := newFanoutRig(t, n, true)
@@ -284,16 +285,21 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	iv := time.Second
 	l.srv.cfg.FlushInterval = iv // the test runs the ticks itself
 	t.Cleanup(l.stopTimers)
+	var now time.Duration
+	l.fakeNow = func() time.Duration { return now }
 	msgs := 0
-	run := func(perTick int) {
+	// every: a write round every this many ticks in force (the loop
+	// stopped between bursts, or its ticks stretched), each with perTick
+	// messages per configured tick the round covers.
+	runEvery := func(perTick, every int) {
 		t.Helper()
 		// Two judgements' worth of ticks: the last one saw only this rate.
 		for w := 0; w < 2*judgeWrites+n; w += n {
-			k := perTick
+			k := perTick * every
 			if l.tickHalf {
 				// Half the tick, half the messages: perTick odd alternates.
-				k = perTick / 2
-				if perTick%2 == 1 && msgs%2 == 1 {
+				k = perTick * every / 2
+				if perTick*every%2 == 1 && msgs%2 == 1 {
 					k++
 				}
 				msgs++
@@ -301,9 +307,11 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 			for i := 0; i < k; i++ {
 				rig.next()
 			}
+			now += time.Duration(every) * l.tickInterval()
 			l.tick()
 		}
 	}
+	run := func(perTick int) { t.Helper(); runEvery(perTick, 1) }
 	want := func(when string, d time.Duration) {
 		t.Helper()
 		if got := l.tickInterval(); got != d {
@@ -323,22 +331,53 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	want("3 per configured tick, at the configured tick", iv)
 	run(1)
 	want("1 per write", iv/2)
+	run(4)
+	want("4 per configured tick", iv)
 
-	// Rounds that outgrow their slice (a room written pass by pass) keep
-	// the configured tick however few frames their writes carry.
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 4, 5*4
-	l.judgeTick()
-	want("single frames written in passes", iv)
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 20, 10
-	l.judgeTick()
-	want("single frames, a round of two slices now and then", iv/2)
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = judgeWrites, judgeWrites, 4, 5*4
-	l.judgeTick()
-	want("single frames written in passes, at the short tick", iv)
+	// Frames per write that are high because the rounds are far apart
+	// (a loop that stops between bursts at 500 msg/s) are a light load:
+	// 4 frames per write every other tick is 2 per configured tick.
+	runEvery(2, 2)
+	want("4 per write, a round every other configured tick", iv/2)
+	// The rate, not the schedule, gives the tick back: a loop whose ticks
+	// stretch to three (starved) writes 12 per write at 4 per tick.
+	runEvery(4, 3)
+	want("12 per write, a round every third tick", iv)
+
+	// Rounds longer than the short tick (a room of thousands, a starved
+	// loop) keep the configured tick however few frames their writes
+	// carry.
+	judge := func(frames, writes, rounds int, round, span time.Duration) {
+		l.wFrames, l.wCount, l.wRounds = frames, writes, rounds
+		l.wWidest = writes / rounds
+		l.wBusy, l.wBusyW = round*time.Duration(rounds), writes
+		now += span
+		l.judgeTick(now)
+	}
+	judge(judgeWrites, judgeWrites, 4, iv, 4*iv)
+	want("single frames, rounds as long as the configured tick", iv)
+	judge(judgeWrites, judgeWrites, 20, iv/3, 20*iv)
+	want("single frames, rounds of a third of the configured tick", iv/2)
+	judge(judgeWrites, judgeWrites, 20, iv/2+iv/10, 20*iv)
+	want("single frames, rounds a little longer than the short tick", iv)
+	// Small rounds between the full ones (a publisher's ack written at
+	// once) are not members of their own: 30 rounds of 300 members with 2
+	// frames each per configured tick and 30 of one ack read as 2.
+	l.tickHalf = false
+	l.wFrames, l.wCount, l.wRounds, l.wWidest = 2*300*30+30, 300*30+30, 60, 300
+	l.wBusy, l.wBusyW = 30*iv/10, 300*30+30
+	now += 30 * iv
+	l.judgeTick(now)
+	want("rounds of 300 at 2 frames per tick, acks between them", iv/2)
+	// A window that spans a pause says nothing of the load after it.
+	judge(judgeWrites, judgeWrites, 20, 0, (judgeSpans+1)*iv)
+	want("a window across a pause: the tick it had", iv/2)
+	l.tickHalf = false
+	judge(judgeWrites, judgeWrites, 20, 0, (judgeSpans+1)*iv)
+	want("a window across a pause, at the configured tick", iv)
 	// Fewer writes than a judgement needs change nothing.
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = 4*judgeWrites, judgeWrites-1, 1, 0
 	l.tickHalf = true
-	l.judgeTick()
+	judge(4*judgeWrites, judgeWrites-1, 1, 0, iv)
 	want("too few writes to judge", iv/2)
 }
 

@@ -99,18 +99,25 @@ type loopState struct {
 	// members were written in it (flushFresh).
 	ticking  bool
 	holding  bool // output after a pause waits for this loop's publishes (kick); ticking too
-	flushT   *time.Timer
+	flushT   *flushTimer
 	onFlushT func()
 	// tickHalf: the tick is half of FlushInterval while the loop is
 	// lightly loaded, its writes carrying about one frame each (judgeTick).
-	// wFrames, wCount, wRounds and wSlices count the frames, writes, write
-	// rounds (flushes that wrote) and slices after a pass's first since
-	// the tick was last judged.
+	// wFrames, wCount and wRounds count the frames, writes and write
+	// rounds (flushes that wrote) since the tick was last judged; wWidest
+	// is the most members one round wrote in that time, wRoundW the
+	// writes of the round in progress, wBusy the loop time the rounds'
+	// slices took and wBusyW the writes they made.
 	tickHalf bool
+	judgedAt time.Duration        // when the tick was last judged (since monoEpoch)
+	fakeNow  func() time.Duration // tests: the clock of judgeTick and armTick
 	wFrames  int
 	wCount   int
 	wRounds  int
-	wSlices  int
+	wWidest  int
+	wRoundW  int
+	wBusy    time.Duration
+	wBusyW   int
 	// sweeping: the sweep timer is armed or queued; it runs only while the
 	// loop has connections.
 	sweeping bool
@@ -192,8 +199,7 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 	l.drainF = l.drain
 	l.onFlushT = func() { l.push(task{kind: tFlush}) }
 	l.onSweepT = func() { l.push(task{kind: tSweep}) }
-	l.flushT = time.AfterFunc(time.Hour, l.onFlushT)
-	l.flushT.Stop()
+	l.flushT = newFlushTimer(l.onFlushT)
 	l.sweepT = time.AfterFunc(time.Hour, l.onSweepT)
 	l.sweepT.Stop()
 	l.lingerT = time.AfterFunc(time.Hour, func() { l.push(task{kind: tLinger}) })
@@ -219,7 +225,7 @@ var _ fanout.Loop = (*loopState)(nil)
 
 // stopTimers is for Server.Stop, after the loops have ended.
 func (l *loopState) stopTimers() {
-	l.flushT.Stop()
+	l.flushT.close()
 	l.sweepT.Stop()
 	l.lingerT.Stop()
 	if l.passC != nil {
@@ -369,7 +375,7 @@ func (l *loopState) kick() {
 	}
 	if l.ownPending() {
 		l.holding, l.ticking = true, true
-		l.flushT.Reset(l.holdMax())
+		l.flushT.reset(l.holdMax())
 		return
 	}
 	l.flush()
@@ -443,8 +449,17 @@ func (l *loopState) hasTickWork() bool {
 // docs/benchmarks.md).
 func (l *loopState) armTick() {
 	l.ticking = true
-	l.judgeTick()
-	l.flushT.Reset(tickDelay(time.Since(monoEpoch), l.tickInterval()))
+	now := l.clock()
+	l.judgeTick(now)
+	l.flushT.reset(tickDelay(now, l.tickInterval()))
+}
+
+// clock is the time since monoEpoch, as tests may fake it.
+func (l *loopState) clock() time.Duration {
+	if l.fakeNow != nil {
+		return l.fakeNow()
+	}
+	return time.Since(monoEpoch)
 }
 
 // tickDelay is how long after since (on monoEpoch's clock) the next tick
@@ -472,37 +487,68 @@ func (l *loopState) tickInterval() time.Duration {
 // its tick: in a room of 330, a dozen rounds at the configured tick.
 const judgeWrites = 8192
 
+// judgeSpans bounds a judgement's window, in configured ticks (1 s at 4
+// ms): a window longer than that spans a pause, whose rate says nothing of
+// the load that follows it (a step run's next level), and is dropped.
+const judgeSpans = 250
+
 // judgeTick shortens the tick to half of FlushInterval while the loop is
 // lightly loaded and gives it back as load rises, once per judgeWrites
 // writes. The tick only batches: a connection is written at most once per
 // tick, so a message that comes behind its connection's last write waits
-// for the next grid point, half a tick on average. Where the writes carry
-// about one frame each, a shorter tick costs hardly a write more (there
-// is little left to batch) and halves that wait: in a room of 330 at 500
-// msg/s, p50 publish -> receipt is bounded by ~2.3 ms at a 4 ms tick and
-// falls to ~1.1 ms at a 2 ms one (docs/benchmarks.md). Where they carry
-// several, a shorter tick would split them into more writes, the cost per
-// frame that the tick exists to cut. So: at the configured tick, under 2.5
-// frames per write halves it (in that room below ~550 msg/s, arrivals at
-// random); at half of it, 2 or more gives it back (above ~800 msg/s), so
-// the rates between keep the tick they have and from there up the loop
-// batches exactly as with the configured tick. Nor is a loop lightly
-// loaded while its rounds take longer than the short tick (more than one
-// slice past their first, on average): a room of thousands, written pass
-// by pass, or a loop starved of its CPU keeps the configured tick
-// whatever its frames per write.
-// The loop starts at the configured tick and changes only on evidence.
-func (l *loopState) judgeTick() {
+// for the next grid point, half a tick on average. Where a member gets
+// few frames per configured tick, a shorter tick costs few writes more
+// (there is little left to batch) and halves that wait: in a room of 330
+// at 500 msg/s, p50 publish -> receipt is bounded by ~2.3 ms at a 4 ms
+// tick and falls to ~1.1 ms at a 2 ms one (docs/benchmarks.md). Where it
+// gets several, a shorter tick would split them into more writes, the
+// cost per frame that the tick exists to cut.
+//
+// The load is judged by the frames a member gets per configured tick:
+// the frames written per member of the widest round (the loop's busy
+// members: a room's message makes every member dirty) per configured
+// tick of the window. Frames per write follow the tick in force and the
+// schedule, not the load: a loop that stops between bursts, or whose
+// rounds a busy CPU stretches, writes more frames per write at the same
+// rate, and at 500 msg/s that kept the configured tick (2.1-3.5 frames per
+// write against a threshold of 2.5). The rate per member times the tick
+// does not move with either (2 at 500 msg/s, 4 at 1,000): it is what the
+// writes would carry at the configured tick with the ticks chained, and
+// the small rounds between the full ones (a publisher's ack written at
+// once) do not count as members. Where the rounds write different members
+// (many small rooms), it counts every frame against the widest round's
+// members, so it reads high: such a loop keeps the configured tick rather
+// than halve it wrongly. Under 3 (in the room of 330 below ~750 msg/s)
+// halves the tick; 3.5 or more gives it back, so the rates between keep
+// the tick they have, and 1,000 msg/s and every level of the step run
+// batch exactly as with the configured tick. Nor is a loop lightly loaded
+// while a full round takes longer than the short tick (the loop time per
+// write in the rounds times the widest round): a room of thousands, or a
+// loop starved of its CPU keeps the configured tick whatever its rate.
+// This was counted in slices (at most one slice past a round's first, on
+// average), which is a bound of 1-2 ms for a 2 ms tick: rounds of 330
+// that took 1-2 ms on a shared machine sat on it, and the tick swung at
+// 500 msg/s. The loop starts at the configured tick and changes only on
+// evidence.
+func (l *loopState) judgeTick(now time.Duration) {
 	if l.wCount < judgeWrites {
 		return
 	}
-	fits := l.wSlices <= l.wRounds // at most one slice more per round, on average
-	if l.tickHalf {
-		l.tickHalf = fits && l.wFrames < 2*l.wCount
-	} else {
-		l.tickHalf = fits && 2*l.wFrames < 5*l.wCount
+	span := now - l.judgedAt
+	l.judgedAt = now
+	iv := l.srv.cfg.FlushInterval
+	if span > 0 && span <= judgeSpans*iv && l.wRounds > 0 && l.wWidest > 0 && l.wBusyW > 0 {
+		fits := l.wBusy*time.Duration(l.wWidest)/time.Duration(l.wBusyW) < iv/2
+		perTick := float64(l.wFrames) * float64(iv) / (float64(l.wWidest) * float64(span))
+		if l.tickHalf {
+			l.tickHalf = fits && perTick < 3.5
+		} else {
+			l.tickHalf = fits && perTick < 3
+		}
 	}
-	l.wFrames, l.wCount, l.wRounds, l.wSlices = 0, 0, 0, 0
+	l.wFrames, l.wCount, l.wRounds = 0, 0, 0
+	l.wBusy, l.wBusyW = 0, 0
+	l.wWidest = l.wRoundW // a round in progress goes on counting
 }
 
 // tick is the flush tick. A tick that wrote nothing and has nothing to
@@ -514,6 +560,9 @@ func (l *loopState) judgeTick() {
 // write per member whether it finds the loop ticking or not.
 func (l *loopState) tick() {
 	l.srv.Stats.Ticks.Add(1)
+	if l.tickHalf {
+		l.srv.Stats.ShortTicks.Add(1)
+	}
 	if l.passing {
 		return // the pass arms the next tick when it ends; the period goes on
 	}
@@ -588,10 +637,15 @@ func (l *loopState) flush() int {
 		return l.passRest(true)
 	}
 	ms := l.table.TakeDirty()
+	t0 := time.Now()
 	n, done := l.writeSlice(ms, l.slice)
 	if n > 0 {
 		l.wRounds++
+		l.wBusy += time.Since(t0)
+		l.wBusyW += n
 	}
+	l.wRoundW = n
+	l.wWidest = max(l.wWidest, n)
 	if done < len(ms) {
 		// TakeDirty's slice is the table's next dirty list: keep the rest.
 		l.pass, l.passAt = append(l.pass[:0], ms[done:]...), 0
@@ -645,25 +699,30 @@ func (l *loopState) writeSlice(ms []*fanout.Member, budget time.Duration) (wrote
 	return wrote, len(ms)
 }
 
-// out writes m's pending output, or queues it on the loop's ring: one
-// frame, nothing of gnet's ahead of it, a socket. Whoever calls it sends
-// the ring's batch (sendQueued) before the loop does anything else, so a
-// queued send is never overtaken by another write to its connection.
+// out writes m's pending output, or queues it on the loop's ring: nothing
+// of gnet's ahead of it, a socket, no more frames than a batch's iovecs.
+// Whoever calls it sends the ring's batch (sendQueued) before the loop does
+// anything else, so a queued send is never overtaken by another write to
+// its connection, and the frames it points at stay as they are until the
+// kernel has them.
 func (l *loopState) out(m *fanout.Member) {
 	c, ok := m.Owner.(*conn)
 	if !ok {
 		m.Owner.Write()
 		return
 	}
-	if frames := m.Pending(); len(frames) == 1 && len(frames[0]) > 0 && c.gc.OutboundBuffered() == 0 {
-		if fd := c.gc.Fd(); fd >= 0 && l.sendRing() != nil {
+	if frames := m.Pending(); len(frames) > 0 && len(frames[0]) > 0 && c.gc.OutboundBuffered() == 0 {
+		if fd := c.gc.Fd(); fd >= 0 && l.sendRing() != nil && l.ring.takes(len(frames)) {
 			if l.ring.queued(c) {
 				// The dirty list holds a member again that got output
-				// after a write in this wake-up: its frame is in the
+				// after a write in this wake-up: its frames are in the
 				// batch already.
 				return
 			}
-			l.ring.queue(c, fd, frames[0])
+			if !l.ring.fits(len(frames)) {
+				l.sendQueued()
+			}
+			l.ring.queue(c, fd, frames)
 			if l.ring.full() {
 				l.sendQueued()
 			}
@@ -704,28 +763,34 @@ func (l *loopState) sendQueued() {
 	}
 }
 
-// sent finishes a one-frame write that the ring sent, with its result (bytes
-// sent, or -errno) as send(2) would have returned it: what the kernel did
-// not take goes to gnet, and the counts are those of write. An error other
-// than a full socket is left to send(2) itself, which closes a broken
-// connection (and sends on one whose error was the ring's own).
+// sent finishes a write that the ring sent, with its result (bytes sent,
+// or -errno) as send(2) or writev(2) would have returned it: what the
+// kernel did not take goes to gnet, and the counts are those of write. An
+// error other than a full socket is left to write itself, which closes a
+// broken connection (and sends on one whose error was the ring's own).
 func (l *loopState) sent(c *conn, res int32) {
 	m := &c.m
 	frames := m.Pending()
 	if c.closed || len(frames) == 0 {
 		return
 	}
+	if res < 0 {
+		if res != -int32(unix.EAGAIN) && res != -int32(unix.EINTR) {
+			l.write(c)
+			return
+		}
+		res = 0
+	}
 	before := m.PendingBytes()
 	done := 0
-	switch {
-	case int(res) == len(frames[0]):
-		frames, done = frames[1:], 1
-	case res >= 0:
-		frames[0] = frames[0][res:]
-	case res == -int32(unix.EAGAIN) || res == -int32(unix.EINTR):
-	default:
-		l.write(c)
-		return
+	rest := int(res)
+	for len(frames) > 0 && rest >= len(frames[0]) {
+		rest -= len(frames[0])
+		frames = frames[1:]
+		done++
+	}
+	if rest > 0 {
+		frames[0] = frames[0][rest:]
 	}
 	l.wrote(c, frames, done, before, false)
 }
@@ -743,7 +808,12 @@ func (l *loopState) passRest(all bool) int {
 	if all {
 		budget = -1
 	}
+	t0 := time.Now()
 	n, done := l.writeSlice(l.pass[l.passAt:], budget)
+	l.wBusy += time.Since(t0)
+	l.wBusyW += n
+	l.wRoundW += n
+	l.wWidest = max(l.wWidest, l.wRoundW)
 	if l.passAt += done; l.passAt < len(l.pass) {
 		l.passSlept()
 		return n
@@ -767,7 +837,6 @@ func (l *loopState) passRest(all bool) int {
 // during a slice come before the next one.
 func (l *loopState) passSlept() {
 	l.passFresh = true
-	l.wSlices++
 	if l.passC == nil {
 		l.passC = make(chan struct{}, 1)
 		go func(c chan struct{}) {

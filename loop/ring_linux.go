@@ -9,9 +9,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sendRing hands the loop's one-frame writes to the kernel in batches, one
-// io_uring_enter(2) for up to ringBatch sockets, instead of one send(2)
-// each. When nearly every frame is a write of its own (a chat connection
+// sendRing hands the loop's writes to the kernel in batches, one
+// io_uring_enter(2) for up to ringBatch sockets, instead of one send(2) or
+// writev(2) each: a one-frame write is an IORING_OP_SEND, a write of
+// several frames an IORING_OP_SENDMSG over an iovec array of the ring's
+// (at most ringIovs iovecs a batch: a batch ends early when they are
+// spent). When nearly every frame is a write of its own (a chat connection
 // gets a frame every few hundred ms, a room of thousands is one frame per
 // member per message), the kernel's TCP send is most of a frame's CPU, and
 // of the rest the largest part is the syscall's own entry and exit, which
@@ -43,7 +46,20 @@ type sendRing struct {
 	res     [ringBatch]int32
 	pending [ringBatch]bool // queued and not yet completed
 	submits uint64          // io_uring_enter calls that submitted a batch (tests)
+	// A SENDMSG's header and iovecs stay here until its batch completes:
+	// the kernel reads them during the submit, the frames' memory
+	// belongs to the members' pending lists, which nothing changes
+	// before the batch is through (sendQueued runs before the loop does
+	// anything else).
+	msgs [ringBatch]unix.Msghdr
+	iov  [ringIovs]unix.Iovec
+	iovN int // iovecs used by the queued batch
 }
+
+// ringIovs bounds the iovecs of one batch: the kernel's IOV_MAX, as many
+// as one writev may carry, so a write the ring cannot take (more frames
+// than that) is one the writev path splits anyway.
+const ringIovs = iovMax
 
 // ringBatch is the most sends one submit carries: as many members as a
 // pass looks at between two looks at the clock (passCheck), so a batch
@@ -54,6 +70,7 @@ const (
 	sysIOUringSetup       = 425
 	sysIOUringEnter       = 426
 	ringOpSend            = 26     // IORING_OP_SEND
+	ringOpSendmsg         = 9      // IORING_OP_SENDMSG
 	ringGetEvents         = 1      // IORING_ENTER_GETEVENTS
 	ringFeatNativeWorkers = 1 << 9 // IORING_FEAT_NATIVE_WORKERS: Linux 5.12 and later
 	ringOffSQRing         = 0
@@ -153,25 +170,50 @@ func (r *sendRing) close() {
 	_ = unix.Close(r.fd)
 }
 
-// queue adds a send of frame on c's socket; the caller submits when the
-// batch is full (full).
-func (r *sendRing) queue(c *conn, fd int, frame []byte) {
+// queue adds a send of frames on c's socket; the caller makes room first
+// (fits) and submits when the batch is full (full). One frame is a plain
+// send; several are a sendmsg over the ring's iovecs, whose result is
+// that of a writev (the bytes taken, possibly short).
+func (r *sendRing) queue(c *conn, fd int, frames [][]byte) {
 	i := r.n
 	tail := atomic.LoadUint32(r.sqTail) + uint32(i)
-	r.sqes[tail&r.sqMask] = ringSQE{
+	e := ringSQE{
 		opcode:   ringOpSend,
 		fd:       int32(fd),
-		addr:     uint64(uintptr(unsafe.Pointer(&frame[0]))),
-		len:      uint32(len(frame)),
+		addr:     uint64(uintptr(unsafe.Pointer(&frames[0][0]))),
+		len:      uint32(len(frames[0])),
 		msgFlags: unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL,
 		userData: uint64(i),
 	}
+	if len(frames) > 1 {
+		at := r.iovN
+		for j, f := range frames {
+			r.iov[at+j].Base = &f[0]
+			r.iov[at+j].SetLen(len(f))
+		}
+		r.iovN += len(frames)
+		h := &r.msgs[i]
+		*h = unix.Msghdr{Iov: &r.iov[at]}
+		h.SetIovlen(len(frames))
+		e.opcode = ringOpSendmsg
+		e.addr = uint64(uintptr(unsafe.Pointer(h)))
+		e.len = 1 // one msghdr, as liburing sets it
+	}
+	r.sqes[tail&r.sqMask] = e
 	r.conns[i] = c
 	r.pending[i] = true
 	r.n++
 }
 
-func (r *sendRing) full() bool { return r.n == ringBatch }
+// fits reports whether a write of k frames has room in the batch; when it
+// has not, the caller submits the batch first. A write of more frames than
+// a batch's iovecs never fits: writev splits it.
+func (r *sendRing) fits(k int) bool { return k == 1 || r.iovN+k <= ringIovs }
+
+// takes reports whether the ring can carry a write of k frames at all.
+func (r *sendRing) takes(k int) bool { return k <= ringIovs }
+
+func (r *sendRing) full() bool { return r.n == ringBatch || r.iovN == ringIovs }
 
 // queued reports whether c has a send in the batch.
 func (r *sendRing) queued(c *conn) bool {
@@ -193,6 +235,7 @@ func (r *sendRing) submit() int {
 		return 0
 	}
 	r.n = 0
+	defer r.unpin()
 	atomic.StoreUint32(r.sqTail, atomic.LoadUint32(r.sqTail)+uint32(n))
 	r.submits++
 	_, _, _ = unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(n), uintptr(n), ringGetEvents, 0, 0)
@@ -219,4 +262,14 @@ func (r *sendRing) submit() int {
 		}
 	}
 	return n
+}
+
+// unpin drops the batch's references to the frames, which the kernel is
+// done with once every send completed: the iovecs would otherwise keep
+// frame chunks alive for the GC until the slots are reused.
+func (r *sendRing) unpin() {
+	for j := range r.iov[:r.iovN] {
+		r.iov[j].Base = nil
+	}
+	r.iovN = 0
 }

@@ -216,7 +216,10 @@ type Stats struct {
 	// sweeps): an idle node shows none.
 	Ticks  atomic.Uint64
 	Sweeps atomic.Uint64
-	Pings  atomic.Uint64 // server pings sent (idle connections)
+	// ShortTicks: of Ticks, those run at the shortened period (judgeTick),
+	// which shows whether a loop's tick is halved at a given load.
+	ShortTicks atomic.Uint64
+	Pings      atomic.Uint64 // server pings sent (idle connections)
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.
