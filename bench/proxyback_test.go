@@ -172,16 +172,7 @@ func TestProxyBackendAnswerAfterStop(t *testing.T) {
 // connection is answered 400 and closed rather than read into memory
 // without a bound.
 func TestProxyBackendBoundsRequestHead(t *testing.T) {
-	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.stop()
-	c, err := net.Dial("tcp", strings.TrimPrefix(pb.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	_, c := dialProxyBackend(t, backendConfig{})
 	go func() {
 		_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nX-Long: ")
 		chunk := bytes.Repeat([]byte("a"), 64<<10)
@@ -209,16 +200,7 @@ func TestProxyBackendBoundsRequestHead(t *testing.T) {
 // answer.
 func TestProxyBackendLoopSplitAndPipelined(t *testing.T) {
 	const delay = 3 * time.Millisecond
-	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: delay, wait: waitLoop, deny: "nope"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.stop()
-	c, err := net.Dial("tcp", strings.TrimPrefix(pb.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	pb, c := dialProxyBackend(t, backendConfig{delay: delay, wait: waitLoop, deny: "nope"})
 	req := func(body string, close bool) string {
 		h := "POST /publish HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 		if close {
@@ -294,4 +276,21 @@ func TestProxyBackendLoopTiming(t *testing.T) {
 	if p50 := pb.took.Quantile(0.5); p50 > delay+slice+5*time.Millisecond {
 		t.Errorf("read to written p50 %s, want about %s", p50, delay)
 	}
+}
+
+// dialProxyBackend starts a backend with cfg and opens one raw connection
+// to it; both end with the test.
+func dialProxyBackend(t *testing.T, cfg backendConfig) (*proxyServer, net.Conn) {
+	t.Helper()
+	pb, err := startProxyBackend("127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pb.stop)
+	c, err := net.Dial("tcp", strings.TrimPrefix(pb.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return pb, c
 }

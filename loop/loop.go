@@ -1188,27 +1188,30 @@ func (c *conn) ping() {
 			if c.l.queuePing(c, fd) {
 				return // it leaves with the sweep's batch
 			}
-			n, err := sendPing(fd)
-			if n == len(pingFrame) {
-				st.FramesOut.Add(1)
-				st.Writes.Add(1)
-				st.WriteFrames.Observe(1)
-				st.BytesOut.Add(uint64(n))
-				return
-			}
-			if err != nil && err != unix.EAGAIN && err != unix.EINTR {
-				c.fail()
-				return
-			}
-			// A full socket buffer (or a 2-byte frame cut in two, which a
-			// socket with room never does): the frame queues whole below;
-			// with n > 0 its rest would have to, so the connection is
-			// beyond saving and is closed.
-			if n > 0 {
-				c.fail()
-				return
-			}
+			c.pingSent(sendPing(fd))
+			return
 		}
+	}
+	c.send(pingFrame)
+}
+
+// pingSent finishes a ping sent straight from the sweep, by sendto(2) or
+// through the ring, with what the send returned. A full socket buffer (or
+// a 2-byte frame cut in two, which a socket with room never does): the
+// frame queues whole; with n > 0 its rest would have to, so the
+// connection is beyond saving and is closed.
+func (c *conn) pingSent(n int, err error) {
+	st := &c.l.srv.Stats
+	if n == len(pingFrame) {
+		st.FramesOut.Add(1)
+		st.Writes.Add(1)
+		st.WriteFrames.Observe(1)
+		st.BytesOut.Add(uint64(n))
+		return
+	}
+	if (err != nil && err != unix.EAGAIN && err != unix.EINTR) || n > 0 {
+		c.fail()
+		return
 	}
 	c.send(pingFrame)
 }

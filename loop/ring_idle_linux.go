@@ -356,21 +356,3 @@ func (l *loopState) idleSubmit() {
 		}
 	}
 }
-
-// pingSent finishes a ping that went out through the ring, with what
-// sendto(2) would have returned, as ping does.
-func (c *conn) pingSent(n int, err error) {
-	st := &c.l.srv.Stats
-	if n == len(pingFrame) {
-		st.FramesOut.Add(1)
-		st.Writes.Add(1)
-		st.WriteFrames.Observe(1)
-		st.BytesOut.Add(uint64(n))
-		return
-	}
-	if (err != nil && err != unix.EAGAIN && err != unix.EINTR) || n > 0 {
-		c.fail()
-		return
-	}
-	c.send(pingFrame)
-}

@@ -75,7 +75,13 @@ func (l *loopState) parkedConn(gc *bufConn) *conn {
 // whole, counted as one write of one frame each.
 func TestRingBatchesOneFrameWrites(t *testing.T) { bothWays(t, batchesOneFrameWrites) }
 
-func batchesOneFrameWrites(t *testing.T, ring bool) {
+func batchesOneFrameWrites(t *testing.T, ring bool) { batchedWrites(t, ring, 1) }
+
+// batchedWrites delivers k messages to 100 members at once and checks that
+// the ring took them in ceil(100/32) submits, that every member got its k
+// frames whole and in order, and that each was one write.
+func batchedWrites(t *testing.T, ring bool, k int) *fanoutRig {
+	t.Helper()
 	rig := newFanoutRig(t, 100, false)
 	useRing(t, rig.l, ring)
 	for _, p := range rig.peers {
@@ -86,19 +92,21 @@ func batchesOneFrameWrites(t *testing.T, ring bool) {
 	if ring {
 		before = rig.l.ring.submits
 	}
-	rig.deliver(1)
+	rig.deliver(k)
 	if got := (100 + ringBatch - 1) / ringBatch; ring && rig.l.ring.submits-before != uint64(got) {
-		t.Fatalf("%d submits for 100 one-frame writes, want %d", rig.l.ring.submits-before, got)
+		t.Fatalf("%d submits for 100 writes of %d frames, want %d", rig.l.ring.submits-before, k, got)
 	}
+	want := bytes.Repeat(rig.frame, k)
 	for i, p := range rig.peers {
-		if got := readAll(int(p.Fd())); !bytes.Equal(got, rig.frame) {
-			t.Fatalf("member %d got %d bytes, want its frame (%d)", i, len(got), len(rig.frame))
+		if got := readAll(int(p.Fd())); !bytes.Equal(got, want) {
+			t.Fatalf("member %d got %d bytes, want its %d frames (%d)", i, len(got), k, len(want))
 		}
 	}
 	st := &rig.l.srv.Stats
-	if w, f := st.Writes.Load(), st.FramesOut.Load(); w != 100 || f != 100 {
-		t.Fatalf("writes %d, frames %d; want 100 and 100", w, f)
+	if w, f := st.Writes.Load(), st.FramesOut.Load(); w != 100 || f != uint64(100*k) {
+		t.Fatalf("writes %d, frames %d; want 100 and %d", w, f, 100*k)
 	}
+	return rig
 }
 
 // A consumer whose socket fills while its frames go through the ring gets
@@ -331,30 +339,7 @@ func TestRingOff(t *testing.T) {
 func TestRingBatchesWritesOfSeveralFrames(t *testing.T) { bothWays(t, batchesWritesOfSeveralFrames) }
 
 func batchesWritesOfSeveralFrames(t *testing.T, ring bool) {
-	rig := newFanoutRig(t, 100, false)
-	useRing(t, rig.l, ring)
-	for _, p := range rig.peers {
-		_ = syscall.SetNonblock(int(p.Fd()), true)
-		readAll(int(p.Fd()))
-	}
-	var before uint64
-	if ring {
-		before = rig.l.ring.submits
-	}
-	rig.deliver(3)
-	if got := (100 + ringBatch - 1) / ringBatch; ring && rig.l.ring.submits-before != uint64(got) {
-		t.Fatalf("%d submits for 100 three-frame writes, want %d", rig.l.ring.submits-before, got)
-	}
-	want := bytes.Repeat(rig.frame, 3)
-	for i, p := range rig.peers {
-		if got := readAll(int(p.Fd())); !bytes.Equal(got, want) {
-			t.Fatalf("member %d got %d bytes, want its three frames (%d)", i, len(got), len(want))
-		}
-	}
-	st := &rig.l.srv.Stats
-	if w, f := st.Writes.Load(), st.FramesOut.Load(); w != 100 || f != 300 {
-		t.Fatalf("writes %d, frames %d; want 100 and 300", w, f)
-	}
+	rig := batchedWrites(t, ring, 3)
 	if ring {
 		for i := range rig.l.ring.iov {
 			if rig.l.ring.iov[i].Base != nil {

@@ -46,11 +46,7 @@ func TestDirectRequestAndReuse(t *testing.T) {
 		mu.Unlock()
 		io.WriteString(w, `{"allow":true}`)
 	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
+	countConns(srv, &conns)
 	srv.Start()
 	defer srv.Close()
 	p := directPool(t)
@@ -318,4 +314,14 @@ func directPool(t *testing.T) *Pool {
 		t.Skip("HTTP_PROXY is set: calls go through net/http")
 	}
 	return p
+}
+
+// countConns counts the connections srv accepts in n: how many a pool
+// opened, to tell a kept connection from a new one.
+func countConns(srv *httptest.Server, n *atomic.Int32) {
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			n.Add(1)
+		}
+	}
 }

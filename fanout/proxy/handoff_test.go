@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -42,11 +41,7 @@ func TestHandOffWritesOnParkedConnection(t *testing.T) {
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, `{"allow":false,"code":"forbidden","message":"no"}`)
 	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
+	countConns(srv, &conns)
 	srv.Start()
 	defer srv.Close()
 	p := directPool(t)
@@ -83,11 +78,7 @@ func TestHandOffBackendClosesIdle(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, `{"allow":true}`)
 	}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
+	countConns(srv, &conns)
 	srv.Config.IdleTimeout = 50 * time.Millisecond
 	srv.Start()
 	defer srv.Close()
