@@ -139,6 +139,39 @@ func TestScriptOneChannelShort(t *testing.T) {
 	}
 }
 
+// TestScriptOneChannelSteeredShort: --steer runs the same in a network
+// namespace whose loopback steers received packets to the bench's CPUs,
+// says so in its reports, and leaves the machine's loopback as it was.
+func TestScriptOneChannelSteeredShort(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("--steer needs root (a network namespace and a sysfs mount in it)")
+	}
+	for _, bin := range []string{"unshare", "ip"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("one-channel.sh --steer needs %s: %v", bin, err)
+			}
+			t.Skipf("one-channel.sh --steer needs %s: %v", bin, err)
+		}
+	}
+	const rps = "/sys/class/net/lo/queues/rx-0/rps_cpus"
+	before, _ := os.ReadFile(rps)
+	out, log := runScript(t, "one-channel.sh", "--short", "--steer")
+	for _, name := range []string{"one-channel.json", "one-channel-step.json"} {
+		b, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil || !strings.Contains(string(b), `"steered": true`) {
+			t.Fatalf("%s does not say it was steered (%v)\n%s", name, err, log)
+		}
+	}
+	rep := readReport(t, filepath.Join(out, "one-channel.json"))
+	if rep.Connections != 610 || rep.Verdict == nil || !rep.Verdict.OK || rep.Levels[0].DeliveryPct != 100 {
+		t.Fatalf("100 msg/s run, steered: %+v\n%s", rep.Levels, log)
+	}
+	if after, _ := os.ReadFile(rps); string(after) != string(before) {
+		t.Fatalf("the machine's loopback steering changed: %q -> %q", before, after)
+	}
+}
+
 func TestScriptStormShort(t *testing.T) {
 	out, log := runScript(t, "storm.sh", "--short")
 	storm := readReport(t, filepath.Join(out, "storm-storm.json"))
