@@ -292,6 +292,51 @@ func TestFreelistsBoundedAfterBacklog(t *testing.T) {
 	}
 }
 
+// A backlog's lists leave the freelists once no take reaches them, and
+// the slices that held them shrink too; lists that delivery takes between
+// two trims stay.
+func TestFreelistsTrimmedAfterBacklog(t *testing.T) {
+	tb := newTable(1<<30, 1<<30)
+	r := tb.add([]byte("app/room"))
+	ms := members(2000)
+	for _, m := range ms {
+		tb.join(r, m)
+	}
+	frame := make([]byte, 10)
+	for i := 0; i < 400; i++ {
+		tb.fan(r, 0, frame, nil)
+	}
+	for _, m := range tb.TakeDirty() {
+		tb.Flushed(m)
+	}
+	if tb.pooled() == 0 {
+		t.Fatal("the backlog left nothing to trim")
+	}
+	for range 30 {
+		tb.TrimFree()
+	}
+	if n := tb.pooled(); n != 0 {
+		t.Fatalf("freelists keep %d frames of lists after 30 trims without a take", n)
+	}
+	for i := range tb.free {
+		if c := cap(tb.free[i]); c > 64 {
+			t.Fatalf("class %d: the freelist's slice still has room for %d lists", classes[i], c)
+		}
+	}
+
+	// Steady delivery: every member takes a list between two trims.
+	for round := range 20 {
+		tb.fan(r, uint64(round), frame, nil)
+		for _, m := range tb.TakeDirty() {
+			tb.Flushed(m)
+		}
+		tb.TrimFree()
+	}
+	if got := len(tb.free[0]); got < len(ms) {
+		t.Fatalf("steady delivery to %d members: the one-frame freelist keeps %d lists", len(ms), got)
+	}
+}
+
 // BenchmarkDeliver300: one pre-encoded frame to 300 members of a room
 // (the fan-out step; the write is in loop's BenchmarkFanout300).
 func BenchmarkDeliver300(b *testing.B) {

@@ -1132,6 +1132,7 @@ func (l *loopState) sweep() {
 	now := l.now()
 	l.srv.apps.maybePrune(now)
 	l.takeHeld(now)
+	l.table.TrimFree()
 	defer l.pingsQueued()
 	idle := l.srv.cfg.IdleInterval.Milliseconds()
 	upTimeout := l.srv.cfg.UpgradeTimeout.Milliseconds()

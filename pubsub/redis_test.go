@@ -1,6 +1,7 @@
 package pubsub
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -585,4 +586,38 @@ func ownerOf(t testing.TB, b *Redis, key string) string {
 		t.Fatalf("room %q is not subscribed", key)
 	}
 	return addr
+}
+
+// The connections' buffers are smaller than a message may be: a frame
+// several times the read and write buffer passes whole both ways, and the
+// option that bounds the buffers is the one the client was made with.
+func TestRedisFrameLargerThanConnBuffer(t *testing.T) {
+	redistest.Require(t)
+	cfg := RedisConfig{Addrs: []string{redistest.Addr}, Prefix: redistest.Prefix(t)}
+	rec := newRecorder()
+	r := newTestRedis(t, cfg, rec)
+	if r.opt.ReadBufferEachConn != redisConnBuffer || r.opt.WriteBufferEachConn != redisConnBuffer {
+		t.Fatalf("buffers %d/%d, want %d", r.opt.ReadBufferEachConn, r.opt.WriteBufferEachConn, redisConnBuffer)
+	}
+	subscribeWait(t, r, "big")
+	frames := [][]byte{make([]byte, 3*redisConnBuffer+17), testFrame("big", 2), make([]byte, redisConnBuffer)}
+	for i, f := range frames {
+		for j := range f {
+			f[j] = byte(i + j*7)
+		}
+		if err := r.Publish(context.Background(), "big", uint64(i+1), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkFor(t, 5*time.Second, func() error {
+		if n := rec.count("big"); n < len(frames) {
+			return fmt.Errorf("got %d of %d", n, len(frames))
+		}
+		return nil
+	})
+	for i, d := range rec.deliveries("big") {
+		if d.seq != uint64(i+1) || !bytes.Equal(d.frame, frames[i]) {
+			t.Fatalf("message %d: seq %d, %d bytes, want seq %d, %d bytes", i, d.seq, len(d.frame), i+1, len(frames[i]))
+		}
+	}
 }
