@@ -27,7 +27,7 @@ var layers = map[string][]string{
 	"proto":            {},
 	"proto/prototest":  {},
 	"tuning":           {},
-	"bench":            {"proto", "tuning"}, // tuning: the proxy backend's scheduler slice
+	"bench":            {"proto"},
 }
 
 // TestLayering fails when a package imports what the layering forbids.

@@ -149,15 +149,6 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		// the cgroup CPU quota: one loop per usable CPU, not per host CPU.
 		c.node.Loops = min(runtime.GOMAXPROCS(0), fanout.MaxLoops)
 	}
-	if c.schedSlice > 0 {
-		// Before the node starts its loops and pools: the threads started
-		// from here on inherit the slice.
-		if n, err := tuning.SetSchedSlice(c.schedSlice); err != nil {
-			log.Warn("scheduler slice not set", "sched_slice", c.schedSlice, "threads_set", n, "err", err)
-		} else {
-			log.Info("scheduler slice set", "sched_slice", c.schedSlice, "threads", n)
-		}
-	}
 	log.Info("tuned", "report", rep, "loops", c.node.Loops, "took", time.Since(t0))
 	if err := connBudget(&c, rep.NoFileSoft, rep.NoFileErr, log); err != nil {
 		return fatal(err)

@@ -68,7 +68,6 @@ type config struct {
 	logFormat       string
 	memLimit        string
 	memLimitN       int64 // memLimit parsed; 0 = from the cgroup
-	schedSlice      time.Duration
 	connTarget      int
 
 	configFile  string
@@ -172,7 +171,6 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&c.memLimit, "memory-limit", "", "Go memory limit (e.g. 400MiB); default: cgroup limit minus headroom")
-	fs.DurationVar(&c.schedSlice, "sched-slice", 0, "the scheduler slice the node's threads ask of the kernel (Linux 6.12+, 100us to 100ms; 0: the kernel's default): a short one bounds how long a hand-off between the event loop and the node's goroutines waits for a CPU the loop holds")
 	fs.IntVar(&c.connTarget, "connections", 100000, "connection target the kernel settings are checked against")
 }
 
@@ -624,9 +622,6 @@ func validate(c *config) []error {
 	if c.connTarget < 1 {
 		bad("invalid --connections %d: want at least 1", c.connTarget)
 	}
-	if c.schedSlice != 0 && (c.schedSlice < tuning.MinSchedSlice || c.schedSlice > tuning.MaxSchedSlice) {
-		bad("invalid --sched-slice %s: want 0 (the kernel's default) or %s to %s", c.schedSlice, tuning.MinSchedSlice, tuning.MaxSchedSlice)
-	}
 	return errs
 }
 
@@ -830,7 +825,6 @@ func bindValues(c *config, into map[string]string) {
 		"log-level":           c.logLevel,
 		"log-format":          c.logFormat,
 		"memory-limit":        c.memLimit,
-		"sched-slice":         d(c.schedSlice),
 		"connections":         strconv.Itoa(c.connTarget),
 	} {
 		into[k] = v

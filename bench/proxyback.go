@@ -26,7 +26,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/tuning"
 )
 
 // proxyBackend is `roost bench proxy-backend`: an app backend for the
@@ -42,7 +41,6 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	slice := fs.Duration("slice", defaultSlice, "with --wait loop: deadlines are rounded up to this, so that answers due within one leave in one wake-up (each at most this late)")
 	lead := fs.Duration("lead", defaultLead, "with --wait loop: how long before a slice the thread wakes and spins the rest (0: it sleeps to the slice)")
 	spin := fs.Duration("spin", defaultSpin, "with --wait thread: how long before a deadline the thread stops sleeping and spins")
-	schedSlice := fs.Duration("sched-slice", defaultSchedSlice, "with --wait loop or thread: the time slice the answering thread asks of the kernel's scheduler (EEVDF, Linux 6.12 or later; 0: the kernel's default): a thread with a shorter slice than the one running on its CPU takes the CPU when it wakes, instead of waiting up to the running one's slice (1.4 ms here)")
 	secret := fs.String("secret", "", "verify each call's X-Roost-Signature against the app's `SECRET` (default $ROOST_SECRET; empty: not verified); a call that fails is answered 401 and counted")
 	life := fs.Duration("for", 10*time.Minute, "stop after this long")
 	probe := fs.String("probe", "", "instead of serving, call the backend at `URL` as a node would (--rate calls per second in bursts of --burst, for --for, signed with --secret) and print the latency: what the backend and the HTTP round trip cost without a node")
@@ -76,16 +74,13 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	// the process, the answer thread too, and the others run at the
 	// load's priority on cores the load keeps busy.
 	debug.SetGCPercent(800)
-	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, slice: *slice, lead: *lead, secret: *secret, schedSlice: *schedSlice})
+	pb, err := startProxyBackend(*listen, backendConfig{delay: *delay, deny: *deny, wait: *wait, spin: *spin, slice: *slice, lead: *lead, secret: *secret})
 	if err != nil {
 		fmt.Fprintln(stderr, "roost bench proxy-backend:", err)
 		return 1
 	}
 	fmt.Fprintln(stdout, pb.url)
 	fmt.Fprintln(stderr, "roost bench proxy-backend:", schedPolicy())
-	if msg := pb.sliceSet(); msg != "" {
-		fmt.Fprintln(stderr, "roost bench proxy-backend:", msg)
-	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
@@ -99,9 +94,6 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 
 // proxyServer is a running proxy hook backend.
 type proxyServer struct {
-	// sliced: what the answering thread made of cfg.schedSlice, sent
-	// once it has started (loop and thread waits only).
-	sliced             chan string
 	url                string
 	ln                 net.Listener
 	cfg                backendConfig
@@ -148,9 +140,6 @@ type backendConfig struct {
 	slice  time.Duration // waitLoop: deadlines are rounded up to it (0: defaultSlice)
 	lead   time.Duration // waitLoop: wake this long before a slice and spin the rest
 	secret string        // verify X-Roost-Signature against it (empty: not verified)
-	// schedSlice: the answering thread's requested scheduler slice (0:
-	// the kernel's default); see setSchedSlice.
-	schedSlice time.Duration
 }
 
 // defaultSpin covers what a sleep of a real-time thread oversleeps on
@@ -197,7 +186,7 @@ func startProxyBackend(addr string, cfg backendConfig) (*proxyServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ps := &proxyServer{url: "http://" + ln.Addr().String(), ln: ln, cfg: cfg, conns: map[net.Conn]struct{}{}, sliced: make(chan string, 1)}
+	ps := &proxyServer{url: "http://" + ln.Addr().String(), ln: ln, cfg: cfg, conns: map[net.Conn]struct{}{}}
 	if cfg.wait == waitThread && cfg.delay > 0 {
 		if ps.sched, err = newAnswerer(ps); err != nil {
 			ln.Close()
@@ -482,7 +471,6 @@ func (h *answerHeap) Pop() any {
 func (s *answerer) run() {
 	runtime.LockOSThread()
 	defer close(s.gone)
-	s.ps.answeringThread()
 	// The kernel may end a sleep up to the timer slack (50 µs) late to
 	// batch wake-ups; this thread's sleeps are its answers' timing.
 	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
@@ -553,50 +541,6 @@ func schedPolicy() string {
 	}
 	return fmt.Sprintf("scheduled %s priority %d nice %d on %s CPU(s), GOMAXPROCS %d", n, a.Priority, a.Nice, cpus, runtime.GOMAXPROCS(0))
 }
-
-// answeringThread is run first by the thread that writes the answers
-// (LockOSThread'd): its slice, reported through ps.sliced.
-func (ps *proxyServer) answeringThread() {
-	d := ps.cfg.schedSlice
-	if d <= 0 {
-		ps.sliced <- "answering thread: the kernel's scheduler slice"
-		return
-	}
-	if err := tuning.SetThreadSlice(d); err != nil {
-		ps.sliced <- "answering thread: scheduler slice not set: " + err.Error()
-		return
-	}
-	shown := "the kernel does not show it"
-	if got, ok := tuning.ThreadSlice(0); ok {
-		shown = "the kernel shows " + got.String()
-	}
-	ps.sliced <- fmt.Sprintf("answering thread: scheduler slice %v asked (%s)", d, shown)
-}
-
-// sliceSet is what the answering thread reported of its slice, waited
-// for briefly ("" with no such thread).
-func (ps *proxyServer) sliceSet() string {
-	if ps.loop == nil && ps.sched == nil {
-		return ""
-	}
-	select {
-	case m := <-ps.sliced:
-		return m
-	case <-time.After(time.Second):
-		return "answering thread: slice not reported"
-	}
-}
-
-// defaultSchedSlice is --sched-slice. The backend stands in for an app's
-// backend on a machine of its own, whose answers leave at their
-// deadline; here it shares two cores with the node and the load, and
-// under the kernel's EEVDF scheduler a thread that wakes behind a running
-// one of the default slice (1.4 ms on this machine: 0.7 ms times 1 +
-// log2 of the CPUs) waits for that slice's end unless its own is
-// shorter. The answers' lateness then was the slice: p99 1.5 ms past the
-// deadline on an otherwise quiet run (docs/benchmarks.md, "The backend's
-// slice"). The kernel's minimum is 0.1 ms.
-const defaultSchedSlice = 100 * time.Microsecond
 
 // verifySignature reports whether h's X-Roost-Signature holds a valid
 // signature of body with secret, with an X-Roost-Timestamp within maxSkew

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/tuning"
 )
 
 // The bench backend verifies each call's signature as an app's backend
@@ -294,32 +293,4 @@ func dialProxyBackend(t *testing.T, cfg backendConfig) (*proxyServer, net.Conn) 
 	}
 	t.Cleanup(func() { c.Close() })
 	return pb, c
-}
-
-// TestProxyBackendSchedSlice: the thread that writes the answers asks for
-// its scheduler slice (loop and thread waits) and says what the kernel
-// made of it; 0 leaves the kernel's.
-func TestProxyBackendSchedSlice(t *testing.T) {
-	if _, ok := tuning.ThreadSlice(0); !ok {
-		t.Skip("this kernel does not show a thread's slice")
-	}
-	for _, wait := range []string{waitLoop, waitThread} {
-		pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Millisecond, wait: wait, schedSlice: 200 * time.Microsecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := pb.sliceSet()
-		pb.stop()
-		if msg != "answering thread: scheduler slice 200µs asked (the kernel shows 200µs)" {
-			t.Fatalf("--wait %s: %q", wait, msg)
-		}
-	}
-	pb, err := startProxyBackend("127.0.0.1:0", backendConfig{delay: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.stop()
-	if msg := pb.sliceSet(); msg != "answering thread: the kernel's scheduler slice" {
-		t.Fatalf("no slice asked: %q", msg)
-	}
 }

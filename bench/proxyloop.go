@@ -176,7 +176,6 @@ func (l *netLoop) close() {
 func (l *netLoop) run() {
 	runtime.LockOSThread()
 	defer close(l.gone)
-	l.ps.answeringThread()
 	// The kernel may end a sleep up to the timer slack (50 µs) late to
 	// batch wake-ups; this thread's sleeps are its answers' timing.
 	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)

@@ -89,11 +89,6 @@ type loopState struct {
 	lost      map[string]struct{}
 	lostSpare map[string]struct{}
 	depth     atomic.Int64
-	// answers: publish proxy answers in the inbox (answered, proxied). A
-	// pass ends its slice early for them: an answer is a publish of this
-	// loop released, and read a slice later its delivery would miss the
-	// members the pass has not reached yet (a tick later for them).
-	answers atomic.Int32
 
 	// A connection's output leaves at once when the connection has not
 	// been written since the loop's last tick, else at the next tick: at
@@ -690,7 +685,7 @@ func (l *loopState) writeSlice(ms []*fanout.Member, budget time.Duration) (wrote
 	for i, m := range ms {
 		if i > 0 && i%passCheck == 0 {
 			l.sendQueued()
-			if !start.IsZero() && (time.Since(start) >= budget || l.answers.Load() > 0) {
+			if !start.IsZero() && time.Since(start) >= budget {
 				return wrote, i
 			}
 		}

@@ -123,33 +123,3 @@ func TestPassAllocationFree(t *testing.T) {
 		t.Fatalf("a pass allocates %.1f per cycle", n)
 	}
 }
-
-// TestPassYieldsToProxyAnswers: a slice with time left ends at its next
-// check when a publish proxy's answer is waiting in the inbox, so that
-// the released publish is read before the members the pass has not
-// reached are written (its delivery joins their write instead of waiting
-// a tick for them); the answer read, the pass goes on with whole slices.
-func TestPassYieldsToProxyAnswers(t *testing.T) {
-	const n = 100
-	rig := newFanoutRig(t, n, false)
-	l := rig.l
-	l.srv.cfg.FlushInterval = time.Second // the test runs the ticks itself
-	l.slice = time.Hour                   // only an answer ends a slice
-	st := &l.srv.Stats
-	writes := func() uint64 { return st.Writes.Load() }
-
-	l.answers.Store(1) // an answer came in while the loop was busy
-	rig.next()
-	l.kick()
-	if writes() != passCheck || !l.passing {
-		t.Fatalf("slice with an answer waiting: %d writes, passing %v; want it ended at the first check (%d)", writes(), l.passing, passCheck)
-	}
-	l.answers.Store(0) // the drain ran it
-	l.passFresh = false
-	l.kick()
-	if writes() != n || l.passing {
-		t.Fatalf("after the answer: %d writes, passing %v; want the rest in one slice", writes(), l.passing)
-	}
-	l.tick() // quiet: stops
-	_ = l.drain(context.Background())
-}

@@ -51,9 +51,6 @@ type pubQueue struct {
 // calls it (proxy.Call.Done).
 func answered(call *proxy.Call) {
 	w := call.Ref.(*proxyWait)
-	if w.req != nil {
-		w.c.l.answers.Add(1)
-	}
 	w.c.l.push(task{kind: tProxy, px: w})
 }
 
@@ -117,7 +114,6 @@ func (c *conn) askPublish(t *proxy.Target, room []byte, req *proto.PubRequest) {
 func (l *loopState) proxied(w *proxyWait) {
 	c := w.c
 	if w.req != nil {
-		l.answers.Add(-1)
 		l.proxyPubs--
 		l.proxyAt = time.Since(monoEpoch)
 		w.answered = true

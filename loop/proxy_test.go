@@ -167,11 +167,6 @@ func TestProxyPublishAllowDeny(t *testing.T) {
 	if m := c.expectAnswer("m3"); m["op"] != "err" || m["code"] != "forbidden" || m["message"] != "refused by the app" {
 		t.Fatalf("m3: %v", m)
 	}
-	for i := range n.srv.nloops.Load() {
-		if a := n.srv.loops[i].Load().answers.Load(); a != 0 {
-			t.Fatalf("loop %d counts %d answers waiting after every one was read", i, a)
-		}
-	}
 	calls := b.calls()
 	if len(calls) != 3 || calls[0]["type"] != "publish" || calls[0]["room"] != "r" || calls[0]["id"] != "m1" ||
 		calls[0]["user"] != "alice" || fmt.Sprint(calls[0]["body"]) != "map[text:hello]" {
