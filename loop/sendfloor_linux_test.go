@@ -194,7 +194,14 @@ func sendFloorReader(t *testing.T) {
 			}
 		}
 	}()
+	// The accepted files stay open (and out of the collector's
+	// finalizers) while the reader reads them.
 	var keep []*os.File
+	defer func() {
+		for _, f := range keep {
+			f.Close()
+		}
+	}()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
