@@ -266,23 +266,31 @@ func TestBusyRoomListsFromFreelist(t *testing.T) {
 	}
 }
 
-// After a backlog has left, the freelists keep a bounded amount of list
-// capacity, whatever the size of the backlog: 2,000 members with 400
-// frames each took 2,000 lists of 512 references (24 MB).
-func TestFreelistsBoundedAfterBacklog(t *testing.T) {
-	tb := newTable(1<<30, 1<<30)
-	r := tb.add([]byte("app/room"))
-	ms := members(2000)
+// afterBacklog is a table whose room of 2,000 members was sent 400
+// frames each and written: the lists of that backlog are back in the
+// freelists.
+func afterBacklog() (tb *Table, r *Room, ms []*Member, frame []byte) {
+	tb = newTable(1<<30, 1<<30)
+	r = tb.add([]byte("app/room"))
+	ms = members(2000)
 	for _, m := range ms {
 		tb.join(r, m)
 	}
-	frame := make([]byte, 10)
+	frame = make([]byte, 10)
 	for i := 0; i < 400; i++ {
 		tb.fan(r, 0, frame, nil)
 	}
 	for _, m := range tb.TakeDirty() {
 		tb.Flushed(m)
 	}
+	return tb, r, ms, frame
+}
+
+// After a backlog has left, the freelists keep a bounded amount of list
+// capacity, whatever the size of the backlog: 2,000 members with 400
+// frames each took 2,000 lists of 512 references (24 MB).
+func TestFreelistsBoundedAfterBacklog(t *testing.T) {
+	tb, _, _, _ := afterBacklog()
 	if got, bound := tb.pooled()*24, len(classes)*maxFreeBytes; got > bound {
 		t.Fatalf("freelists keep %d bytes of lists after the backlog, bound %d", got, bound)
 	}
@@ -296,19 +304,7 @@ func TestFreelistsBoundedAfterBacklog(t *testing.T) {
 // the slices that held them shrink too; lists that delivery takes between
 // two trims stay.
 func TestFreelistsTrimmedAfterBacklog(t *testing.T) {
-	tb := newTable(1<<30, 1<<30)
-	r := tb.add([]byte("app/room"))
-	ms := members(2000)
-	for _, m := range ms {
-		tb.join(r, m)
-	}
-	frame := make([]byte, 10)
-	for i := 0; i < 400; i++ {
-		tb.fan(r, 0, frame, nil)
-	}
-	for _, m := range tb.TakeDirty() {
-		tb.Flushed(m)
-	}
+	tb, r, ms, frame := afterBacklog()
 	if tb.pooled() == 0 {
 		t.Fatal("the backlog left nothing to trim")
 	}
