@@ -30,13 +30,25 @@ func backendFaults(t *testing.T, pid int) uint64 {
 // TestPostgresCommitKeepsBackendHeap: a commit on a backend the store has
 // warmed (warmBackendHeap) faults in far fewer pages than on a cold one,
 // whose malloc gave the last commit's memory back to the kernel.
+//
+// Both counts carry the backend's first touches of shared buffers and WAL
+// (about 8 a commit here), which the warming cannot save, so the bound is on
+// the ratio with room for that floor: on a quiet machine warm/cold is
+// 0.35-0.45, and with the heap given back it would be near 1. A CI run on a
+// busy machine once measured 9.4 against 15.8 (0.59), so the pair is measured
+// again, up to three times, before the test fails.
 func TestPostgresCommitKeepsBackendHeap(t *testing.T) {
-	warm := commitFaults(t, PGConfig{MaxConns: 1})
-	cold := commitFaults(t, PGConfig{MaxConns: 1, coldBackends: true})
-	t.Logf("minor faults per commit of 50 publishes: warm %.1f, cold %.1f", warm, cold)
-	if warm > cold/2 {
-		t.Fatalf("a warmed backend faults %.1f pages per commit, a cold one %.1f: the heap is given back between commits", warm, cold)
+	const bound = 0.7
+	var warm, cold float64
+	for try := 1; try <= 3; try++ {
+		warm = commitFaults(t, PGConfig{MaxConns: 1})
+		cold = commitFaults(t, PGConfig{MaxConns: 1, coldBackends: true})
+		t.Logf("try %d: minor faults per commit of 50 publishes: warm %.1f, cold %.1f", try, warm, cold)
+		if warm <= cold*bound {
+			return
+		}
 	}
+	t.Fatalf("a warmed backend faults %.1f pages per commit, a cold one %.1f (more than %.0f%%): the heap is given back between commits", warm, cold, bound*100)
 }
 
 // commitFaults commits batches of 50 publishes over 20 rooms on a store of
