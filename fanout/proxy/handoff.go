@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -39,8 +38,32 @@ type worker struct {
 	h  *hconn // parked on it
 	// call: the call written to h, or a sentinel; stored by whoever took
 	// the worker off the parked list, once (after the write, so that the
-	// worker reads the answer only when the call is the loop's no more).
+	// worker reads the answer only when the call is the loop's no more),
+	// through give.
 	call atomic.Pointer[Call]
+	// given wakes a worker whose read ended before call was stored: an
+	// answer that came while the loop was still in its write(2). It waited
+	// in runtime.Gosched before, and on a node of one P the spin kept the
+	// loop from the P it needed to store the call: a backend answering in
+	// under a millisecond cost the node 20,000 rounds per such wait and
+	// 30-90% more CPU per frame (docs/benchmarks.md).
+	given chan struct{}
+}
+
+func newWorker() *worker { return &worker{given: make(chan struct{}, 1)} }
+
+// give stores what the worker taken off the parked list is to do, and
+// wakes it if its read ended first. A token left from an earlier give
+// (the worker did not wait then) only makes the worker load call once
+// more: give stores before it signals, so a worker that finds call nil
+// after taking a token finds the channel empty and the next give's
+// token comes.
+func (w *worker) give(c *Call) {
+	w.call.Store(c)
+	select {
+	case w.given <- struct{}{}:
+	default:
+	}
 }
 
 // Sentinels a worker taken off the parked list may find instead of a call.
@@ -91,13 +114,13 @@ func (p *Pool) handOff(q *appQueue, c *Call) bool {
 	w.d.req = w.d.request(w.d.req[:0], e, c, body, &w.sg)
 	if h.nc.SetReadDeadline(c.asked.Add(c.target.Timeout)) != nil {
 		h.nc.Close()
-		w.call.Store(dropped)
+		w.give(dropped)
 		return false
 	}
 	sent, err := h.writeNow(w.d.req)
 	if sent == 0 && err != nil {
 		h.nc.Close()
-		w.call.Store(dropped)
+		w.give(dropped)
 		return false
 	}
 	if sent < len(w.d.req) {
@@ -112,7 +135,10 @@ func (p *Pool) handOff(q *appQueue, c *Call) bool {
 			}
 		}()
 	}
-	w.call.Store(c)
+	if p.beforeGive != nil {
+		p.beforeGive()
+	}
+	w.give(c)
 	return true
 }
 
@@ -120,7 +146,7 @@ func (p *Pool) handOff(q *appQueue, c *Call) bool {
 // instead of a call, ending its read.
 func (p *Pool) release(w *worker, s *Call) {
 	_ = w.h.nc.SetReadDeadline(past)
-	w.call.Store(s)
+	w.give(s)
 }
 
 // writeNow writes b without waiting: what the socket takes now.
@@ -228,7 +254,7 @@ func (p *Pool) park(q *appQueue, w *worker) parkResult {
 			}
 			// Taken: whoever took it stores what to do next in a moment.
 			for c = w.call.Load(); c == nil; c = w.call.Load() {
-				runtime.Gosched()
+				<-w.given
 			}
 		}
 		switch c {

@@ -4,7 +4,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -162,4 +164,62 @@ func TestHandOffClose(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// An answer that comes before Ask has given the call to the worker (a
+// backend answering while the loop is still in its write) leaves the
+// worker waiting without the CPU: on a node of one P, a worker spinning
+// for the call kept the loop from the P it needed to give it.
+func TestHandOffAnswerBeforeGiveWaitsIdle(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	answered := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"allow":true}`)
+		w.(http.Flusher).Flush()
+		answered <- struct{}{}
+	}))
+	defer srv.Close()
+	p := directPool(t)
+	tg := Target{URL: srv.URL + "/publish", Timeout: 5 * time.Second, Secret: current}
+	askOne(t, p, Publish, tg)
+	<-answered
+	waitParked(t, p, "chat", 1)
+
+	const window = 200 * time.Millisecond
+	var cpu time.Duration
+	p.beforeGive = func() {
+		<-answered // the answer is on its way to the worker's read
+		before := processCPU(t)
+		time.Sleep(window)
+		cpu = processCPU(t) - before
+	}
+	done := make(chan *Call, 1)
+	c := &Call{Kind: Publish, App: "chat", User: "alice", Room: "r", ID: "m2", Body: []byte(`"hi"`), Done: func(c *Call) { done <- c }}
+	if !p.Ask(c, tg) {
+		t.Fatal("not asked")
+	}
+	p.beforeGive = nil
+	select {
+	case c := <-done:
+		if c.Result != Allowed {
+			t.Fatalf("%+v", c)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer")
+	}
+	t.Logf("the process's CPU while the answered worker waited %v for its call: %v", window, cpu)
+	if cpu > window/4 {
+		t.Fatalf("the process spent %v of CPU in %v while a worker waited for its call: it spins", cpu, window)
+	}
+}
+
+// processCPU is the user and system time of this process so far.
+func processCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -161,6 +161,10 @@ type Pool struct {
 	// (direct.go), not through client.
 	direct bool
 
+	// beforeGive, in tests, runs in handOff after the write and before
+	// the call is given to the worker: the window an answer can beat.
+	beforeGive func()
+
 	mu     sync.Mutex
 	apps   map[string]*appQueue
 	closed bool
@@ -346,7 +350,7 @@ func (sg *signing) values(t *Target, body []byte, now time.Time) (ts, sig []byte
 }
 
 func (p *Pool) work(q *appQueue) {
-	w := &worker{}
+	w := newWorker()
 	defer w.d.close()
 	idle := time.NewTimer(idleExit)
 	defer idle.Stop()
