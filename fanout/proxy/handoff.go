@@ -42,11 +42,12 @@ type worker struct {
 	// through give.
 	call atomic.Pointer[Call]
 	// given wakes a worker whose read ended before call was stored: an
-	// answer that came while the loop was still in its write(2). It waited
-	// in runtime.Gosched before, and on a node of one P the spin kept the
-	// loop from the P it needed to store the call: a backend answering in
-	// under a millisecond cost the node 20,000 rounds per such wait and
-	// 30-90% more CPU per frame (docs/benchmarks.md).
+	// answer that came while the loop was still in its write(2). The
+	// worker must not spin for it (runtime.Gosched): on a node of one P
+	// the spin keeps the loop from the P it needs to store the call, and
+	// a backend answering in under a millisecond cost the node 20,000
+	// rounds per such wait and 30-90% more CPU per frame
+	// (docs/benchmarks.md).
 	given chan struct{}
 }
 
@@ -252,7 +253,7 @@ func (p *Pool) park(q *appQueue, w *worker) parkResult {
 				}
 				return parkQueue
 			}
-			// Taken: whoever took it stores what to do next in a moment.
+			// Taken: whoever took it gives it what to do next in a moment.
 			for c = w.call.Load(); c == nil; c = w.call.Load() {
 				<-w.given
 			}
