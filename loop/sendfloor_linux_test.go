@@ -33,7 +33,7 @@ import (
 // logs the writing thread's user and system CPU per send and the mean
 // round.
 func TestSendFloor(t *testing.T) {
-	if addr := os.Getenv("ROOST_SENDFLOOR_READER"); addr != "" {
+	if os.Getenv("ROOST_SENDFLOOR_READER") != "" {
 		sendFloorReader(t)
 		return
 	}
