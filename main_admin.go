@@ -247,11 +247,11 @@ func writeMetrics(w io.Writer, a *admin) error {
 	// answered is the closest total (it includes those of failed commits).
 	m.family("roost_commit_batch_size", "histogram")
 	var cum uint64
-	for i, b := range persist.BatchBuckets {
+	for i, b := range fanout.BatchBuckets {
 		cum += ps.BatchSizes[i]
 		m.line(`roost_commit_batch_size_bucket{le="`+strconv.Itoa(b)+`"}`, float64(cum))
 	}
-	cum += ps.BatchSizes[len(persist.BatchBuckets)]
+	cum += ps.BatchSizes[len(fanout.BatchBuckets)]
 	m.line(`roost_commit_batch_size_bucket{le="+Inf"}`, float64(cum))
 	m.line("roost_commit_batch_size_sum", float64(ps.Requests))
 	m.line("roost_commit_batch_size_count", float64(cum))

@@ -27,6 +27,17 @@ func (l *testLoop) Post(ev Event) {
 
 func (l *testLoop) Now() int64 { return time.Now().UnixMilli() }
 
+// runPosted runs the events posted so far, as one wake-up of the loop.
+func (l *testLoop) runPosted(tb *Table) {
+	l.mu.Lock()
+	evs := l.evs
+	l.evs = nil
+	l.mu.Unlock()
+	for i := range evs {
+		tb.Run(&evs[i])
+	}
+}
+
 // pump runs posted events (and the gap check of each flush tick) until
 // done holds.
 func (l *testLoop) pump(t *testing.T, tb *Table, done func() bool) {
@@ -50,21 +61,21 @@ func (l *testLoop) pump(t *testing.T, tb *Table, done func() bool) {
 	}
 }
 
-// acks records the outcome of each publish (proto.Origin).
+// acks records the outcome of each publish (Origin).
 type acks struct {
 	mu  sync.Mutex
 	got map[string]uint64 // id -> seq
 	err []error
 }
 
-func (a *acks) Published(req *proto.PubRequest, res *proto.PubResult) {
+func (a *acks) Published(req *PubRequest) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if res.Err != nil {
-		a.err = append(a.err, res.Err)
+	if req.Err != nil {
+		a.err = append(a.err, req.Err)
 		return
 	}
-	a.got[string(req.ID)] = res.Seq
+	a.got[string(req.ID)] = req.Seq
 }
 
 func (a *acks) n() int {
@@ -76,7 +87,7 @@ func (a *acks) n() int {
 func testNode(t *testing.T, store persist.Store) (*Node, *Table, *testLoop) {
 	t.Helper()
 	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 2, GapWindow: 10 * time.Millisecond},
-		Parts{Store: store, Pool: persist.PoolConfig{Window: -1}})
+		Parts{Store: store, Pool: PoolConfig{Window: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +142,7 @@ func TestPublishWalk(t *testing.T) {
 	}
 	src := &acks{got: map[string]uint64{}}
 	for i := 1; i <= 3; i++ {
-		req := proto.GetPubRequest()
+		req := GetPubRequest()
 		req.Key, req.From, req.Origin = key, "alice", src
 		req.ID = append(req.ID, "m-"+strconv.Itoa(i)...)
 		req.Body = append(req.Body, strconv.Itoa(i)...)
@@ -159,12 +170,11 @@ func commit(t *testing.T, st persist.Store, key string, count int) map[int][]byt
 	frames := map[int][]byte{}
 	_, room := proto.SplitKey(key)
 	for i := 0; i < count; i++ {
-		req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("x-" + strconv.Itoa(i)), Body: []byte("1")}
-		res := make([]proto.PubResult, 1)
-		if err := st.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
-			t.Fatal(err, res[0].Err)
+		req := &persist.Row{Key: key, From: "bob", ID: []byte("x-" + strconv.Itoa(i)), Body: []byte("1")}
+		if err := st.CommitBatch(context.Background(), []*persist.Row{req}); err != nil || req.Err != nil {
+			t.Fatal(err, req.Err)
 		}
-		frames[int(res[0].Seq)] = proto.AppendMsgFrame(nil, room, res[0].Seq, req.ID, req.From, res[0].TS, req.Body)
+		frames[int(req.Seq)] = proto.AppendMsgFrame(nil, room, req.Seq, req.ID, req.From, req.TS, req.Body)
 	}
 	return frames
 }
@@ -182,12 +192,14 @@ func TestGapHeldThenReadFromStore(t *testing.T) {
 	}
 	l.pump(t, tb, func() bool { return m.Rooms() == 1 })
 	frames := commit(t, st, key, 3) // stored, but the broker lost 1 and 2
-	tb.Deliver(key, 3, frames[3])
+	n.OnMessage(key, 3, frames[3])
+	l.runPosted(tb)
 	if len(seqs(m)) != 0 || !tb.NeedsTick() {
 		t.Fatalf("message ahead of a gap went out (%v) or no tick asked for", seqs(m))
 	}
 	l.pump(t, tb, func() bool { return len(seqs(m)) == 3 })
-	tb.Deliver(key, 2, frames[2]) // the broker's copy, late
+	n.OnMessage(key, 2, frames[2]) // the broker's copy, late
+	l.runPosted(tb)
 	if !sameInts(seqs(m), []int{1, 2, 3}) || n.Stats.Repairs.Load() != 1 {
 		t.Fatalf("delivered %v, repairs %d; want 1 2 3 after one repair", seqs(m), n.Stats.Repairs.Load())
 	}
@@ -205,7 +217,7 @@ func TestGapTheStoreCannotFill(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.pump(t, tb, func() bool { return m.Rooms() == 1 })
-	tb.Deliver(key, 5, proto.AppendMsgFrame(nil, "h", 5, []byte("x"), "bob", 1, []byte("1")))
+	n.OnMessage(key, 5, proto.AppendMsgFrame(nil, "h", 5, []byte("x"), "bob", 1, []byte("1")))
 	l.pump(t, tb, func() bool { return o.resyncs == 1 })
 	if n.Stats.GapCloses.Load() != 1 {
 		t.Fatalf("gap closes %d, want 1", n.Stats.GapCloses.Load())

@@ -52,20 +52,8 @@ type Held struct {
 	Frame []byte
 }
 
-// Key is the room's RoomKey.
-func (r *Room) Key() string { return r.key }
-
 // Members is the number of live members.
 func (r *Room) Members() int { return len(r.members) }
-
-// Last is the newest seq delivered to the room's members on this loop.
-func (r *Room) Last() uint64 { return r.last }
-
-// Active reports whether the room is live on this loop.
-func (r *Room) Active() bool { return r.active }
-
-// Epoch names the history the room's seqs belong to.
-func (r *Room) Epoch() string { return r.epoch }
 
 // backlogged reports whether a live member of r has more than n bytes of
 // output waiting.
@@ -501,18 +489,6 @@ func (t *Table) activate(r *Room, seq uint64, epoch string, err error) {
 		t.readTails() // a delivery overflowed while the room was joining
 	}
 	t.removeIfIdle(r)
-}
-
-// Room returns the room key on this loop, or nil. Loop only; its
-// accessors read, they do not change it.
-func (t *Table) Room(key string) *Room { return t.rooms[key] }
-
-// Deliver hands one message of the room key to this loop's members, in seq
-// order (the broker's delivery, run on the loop). Loop only.
-func (t *Table) Deliver(key string, seq uint64, frame []byte) {
-	if r := t.rooms[key]; r != nil {
-		t.deliver(r, seq, frame, nil)
-	}
 }
 
 // deliver fans one message out to a room's members, in seq order: a

@@ -723,7 +723,7 @@ func (c *conn) pub(cmd *proto.Command) {
 	if !c.admitPub(cmd) {
 		return
 	}
-	req := proto.GetPubRequest()
+	req := fanout.GetPubRequest()
 	req.Key = l.intern(l.roomKey(c, cmd.Room))
 	req.From = c.user
 	req.ID = append(req.ID[:0], cmd.ID...)
@@ -742,14 +742,14 @@ func (c *conn) pub(cmd *proto.Command) {
 }
 
 // publish hands req, a publish of c, to the publish path. Loop only.
-func (c *conn) publish(req *proto.PubRequest) {
+func (c *conn) publish(req *fanout.PubRequest) {
 	l := c.l
 	ps := l.stamp(c, req)
 	req.Origin = ps
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.fan.Publish(req); err != nil {
 		l.unstamp(ps, false)
-		proto.PutPubRequest(req)
+		fanout.PutPubRequest(req)
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(req.ID, proto.CodeOverloaded, "publish queue full: retry later")
 	}
@@ -759,7 +759,7 @@ func (c *conn) publish(req *proto.PubRequest) {
 func (l *loopState) ack(ps *pubStamp) {
 	c, req, seq, err := ps.c, ps.req, ps.seq, ps.err
 	waited := l.unstamp(ps, true)
-	defer proto.PutPubRequest(req)
+	defer fanout.PutPubRequest(req)
 	if c.closed || c.state != stateOpen {
 		return
 	}

@@ -255,28 +255,28 @@ func orNone(o fanout.Observer) fanout.Observer {
 // clock, so a wall-clock step cannot produce a negative latency.
 var monoEpoch = time.Now()
 
-// pubStamp is the loop's side of one publish, its proto.Origin: the
+// pubStamp is the loop's side of one publish, its fanout.Origin: the
 // publishing connection, when its frame was read, and (filled by
 // Published) the outcome. Stamps are recycled through their loop's free
 // list (loop only), so a publish allocates none in steady state.
 type pubStamp struct {
 	c   *conn
-	req *proto.PubRequest
+	req *fanout.PubRequest
 	t0  time.Duration // since monoEpoch
 	seq uint64
 	err error
 }
 
 // Published hands the outcome of a publish to its connection's loop
-// (proto.Origin). A publish worker calls it; the push publishes the
+// (fanout.Origin). A publish worker calls it; the push publishes the
 // outcome fields to the loop.
-func (ps *pubStamp) Published(req *proto.PubRequest, res *proto.PubResult) {
-	ps.seq, ps.err = res.Seq, res.Err
+func (ps *pubStamp) Published(req *fanout.PubRequest) {
+	ps.seq, ps.err = req.Seq, req.Err
 	ps.c.l.push(task{kind: tAck, ack: ps})
 }
 
 // stamp returns a stamp for req, a publish of c read now. Loop only.
-func (l *loopState) stamp(c *conn, req *proto.PubRequest) *pubStamp {
+func (l *loopState) stamp(c *conn, req *fanout.PubRequest) *pubStamp {
 	var ps *pubStamp
 	if n := len(l.stamps); n > 0 {
 		ps = l.stamps[n-1]

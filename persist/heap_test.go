@@ -64,13 +64,13 @@ func commitFaults(t *testing.T, cfg PGConfig) float64 {
 	body := []byte(`{"text":"` + strings.Repeat("x", 200) + `"}`)
 	n := 0
 	batch := func() {
-		reqs := make([]*proto.PubRequest, 50)
+		reqs := make([]*Row, 50)
 		for i := range reqs {
 			n++
-			reqs[i] = &proto.PubRequest{Key: proto.RoomKey("a", "r"+strconv.Itoa(n%20)), From: "u", ID: []byte(strconv.Itoa(n)), Body: body}
+			reqs[i] = &Row{Key: proto.RoomKey("a", "r"+strconv.Itoa(n%20)), From: "u", ID: []byte(strconv.Itoa(n)), Body: body}
 		}
-		res := make([]proto.PubResult, len(reqs))
-		if err := st.CommitBatch(ctx, reqs, res); err != nil {
+		res := make([]Stored, len(reqs))
+		if err := commitInto(ctx, st, reqs, res); err != nil {
 			t.Fatal(err)
 		}
 	}
