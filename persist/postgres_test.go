@@ -75,18 +75,24 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
+// keep registers app with its own retention (0: no bound of that kind),
+// as `roost app` does with the registry in PostgreSQL.
+func keep(t *testing.T, st *Postgres, app string, age time.Duration, count int) {
+	t.Helper()
+	a := proto.App{ID: app, Secret: "secret-of-" + app + "-0123456789", KeepAge: proto.Duration(age), KeepCount: count}
+	if err := st.CreateApp(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestPostgresRetention(t *testing.T) {
 	ctx := context.Background()
 	st := newPG(t)
 	k1, k2 := proto.RoomKey("counted", "r"), proto.RoomKey("aged", "r")
 	fill(t, st, k1, 2500)
 	fill(t, st, k2, 10)
-	if err := st.SetRetention(ctx, "counted", 0, 100); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SetRetention(ctx, "aged", time.Hour, 0); err != nil {
-		t.Fatal(err)
-	}
+	keep(t, st, "counted", 0, 100)
+	keep(t, st, "aged", time.Hour, 0)
 	// Age the first 4 messages of k2.
 	if _, err := st.pool.Exec(ctx, `UPDATE messages SET ts = ts - interval '2 hours'
 WHERE room_id = (SELECT id FROM rooms WHERE app = 'aged') AND seq <= 4`); err != nil {
@@ -291,12 +297,8 @@ func TestPostgresRetentionPolicy(t *testing.T) {
 	for _, k := range []string{named, stored, def} {
 		fill(t, st, k, 30)
 	}
-	if err := st.SetRetention(ctx, "named", 0, 5); err != nil { // overridden by the policy
-		t.Fatal(err)
-	}
-	if err := st.SetRetention(ctx, "stored", 0, 10); err != nil {
-		t.Fatal(err)
-	}
+	keep(t, st, "named", 0, 5) // overridden by the policy
+	keep(t, st, "stored", 0, 10)
 	st.SetRetentionPolicy(RetentionPolicy{
 		Default: Retention{MaxCount: 20},
 		Apps:    map[string]Retention{"named": {MaxCount: 25}},
@@ -335,9 +337,7 @@ func TestPostgresFileRegistryRetention(t *testing.T) {
 	for _, k := range []string{file, column, named} {
 		fill(t, st, k, 10)
 	}
-	if err := st.SetRetention(ctx, "column", 0, 2); err != nil { // a column no file registry reads
-		t.Fatal(err)
-	}
+	keep(t, st, "column", 0, 2) // a column no file registry reads
 	st.SetRetentionPolicy(RetentionPolicy{Apps: map[string]Retention{"named": {MaxCount: 8}}})
 	st.SetAppRetention(map[string]Retention{"file": {MaxCount: 3}, "named": {MaxCount: 1}})
 	if n, err := st.EnforceRetention(ctx); err != nil || n != 7+2 {

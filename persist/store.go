@@ -1,11 +1,3 @@
-// Package persist owns where messages live: the Store interface and its
-// memory and PostgreSQL implementations, which commit batches of Rows and
-// read them back, and the app registry's tables (apps.go, appfile.go) and
-// the webhook cursors (webhook.go). It knows nothing of wire frames nor of
-// who publishes: fanout batches the publishes, commits them here and
-// encodes what comes back.
-//
-// persist imports only proto; main wires it to fanout.
 package persist
 
 import (
