@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -467,5 +468,34 @@ func TestPoolSpread(t *testing.T) {
 	}
 	if _, ok := sink.lastNew[bad]; ok {
 		t.Fatal("the failing room was stored")
+	}
+}
+
+// TestPublishPoolAllocations: a publish through the pool (submit, gather,
+// commit, encode into the arena, answer) allocates nothing of its own.
+// What remains is per commit (its timeout context) and per 64 KiB arena
+// chunk of frames, far below one per publish.
+func TestPublishPoolAllocations(t *testing.T) {
+	sink := &countSink{}
+	p := newPool(&seqStore{}, sink.committed, PoolConfig{Workers: 1})
+	defer p.close()
+	body := []byte(`{"text":"hello, this is a chat message"}`)
+	const per = 512
+	i := 0
+	round := func() {
+		want := sink.n.Load() + per
+		for range per {
+			i++
+			submitBench(p, "a/r", "u", i, body, nil)
+		}
+		for sink.n.Load() < want {
+			runtime.Gosched()
+		}
+	}
+	round()
+	n := leastAllocs(5, round)
+	t.Logf("%.1f allocations per %d publishes", n, per)
+	if n >= per/8 {
+		t.Fatalf("%.1f allocations per %d publishes: something allocates per publish", n, per)
 	}
 }
