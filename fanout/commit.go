@@ -3,6 +3,7 @@ package fanout
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"math"
 	"runtime"
@@ -129,6 +130,7 @@ type pool struct {
 	done    func(batch []*PubRequest)
 	cfg     PoolConfig
 	workers []*worker
+	seed    maphash.Seed
 
 	// close must not strand a request that a concurrent submit is
 	// enqueueing: submit counts itself in submitting before checking closed,
@@ -194,7 +196,7 @@ type batchSlot struct {
 // answered batch to done.
 func newPool(st persist.Store, done func(batch []*PubRequest), cfg PoolConfig) *pool {
 	cfg.setDefaults()
-	p := &pool{st: st, done: done, cfg: cfg, stop: make(chan struct{})}
+	p := &pool{st: st, done: done, cfg: cfg, stop: make(chan struct{}), seed: maphash.MakeSeed()}
 	p.workers = make([]*worker, cfg.Workers)
 	for i := range p.workers {
 		// Three slots: one gathering, one committing, one being answered.
@@ -242,7 +244,7 @@ func (p *pool) submit(req *PubRequest) error {
 	if p.closed.Load() {
 		return proto.ErrClosed
 	}
-	w := p.workers[roomHash(req.Key)%uint32(len(p.workers))]
+	w := p.workers[p.roomHash(req.Key)%uint32(len(p.workers))]
 	select {
 	case w.q <- req:
 		return nil
@@ -627,7 +629,7 @@ func (w *worker) commitSpread(sl *batchSlot, parts int) {
 	for _, r := range sl.rows {
 		// The room's worker was chosen by roomHash % Workers; dividing
 		// first keeps the parts even when Workers > 1.
-		pt := w.parts[(roomHash(r.Key)/uint32(len(w.p.workers)))%k]
+		pt := w.parts[(w.p.roomHash(r.Key)/uint32(len(w.p.workers)))%k]
 		pt.rows = append(pt.rows, r)
 	}
 	var wg sync.WaitGroup
@@ -693,15 +695,10 @@ func (w *worker) answerLoop() {
 	}
 }
 
-// roomHash is FNV-1a over the room key: cheap, allocation-free and
-// stable, for the room → worker mapping and the parts of a spread commit.
-func roomHash(key string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return h
+// roomHash maps a room key to its worker and to its part of a spread
+// commit: cheap and allocation-free.
+func (p *pool) roomHash(key string) uint32 {
+	return uint32(maphash.String(p.seed, key))
 }
 
 func isOverload(err error) bool {

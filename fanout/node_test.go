@@ -27,8 +27,9 @@ func (l *testLoop) Post(ev Event) {
 
 func (l *testLoop) Now() int64 { return time.Now().UnixMilli() }
 
-// runPosted runs the events posted so far, as one wake-up of the loop.
-func (l *testLoop) runPosted(tb *Table) {
+// runPosted runs the events posted so far, as one wake-up of the loop,
+// and returns how many it ran.
+func (l *testLoop) runPosted(tb *Table) int {
 	l.mu.Lock()
 	evs := l.evs
 	l.evs = nil
@@ -36,6 +37,7 @@ func (l *testLoop) runPosted(tb *Table) {
 	for i := range evs {
 		tb.Run(&evs[i])
 	}
+	return len(evs)
 }
 
 // pump runs posted events (and the gap check of each flush tick) until
@@ -47,14 +49,7 @@ func (l *testLoop) pump(t *testing.T, tb *Table, done func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("state not reached in time")
 		}
-		l.mu.Lock()
-		evs := l.evs
-		l.evs = nil
-		l.mu.Unlock()
-		for i := range evs {
-			tb.Run(&evs[i])
-		}
-		if len(evs) == 0 {
+		if l.runPosted(tb) == 0 {
 			time.Sleep(time.Millisecond)
 			tb.CheckGaps()
 		}

@@ -15,8 +15,6 @@ import (
 	"github.com/roost-chat/roost/proto"
 )
 
-func adminURL() string { return pgtest.AdminURL() }
-
 func newTestDB(tb testing.TB) string { return pgtest.NewDB(tb) }
 
 func openTestPG(tb testing.TB, url string, cfg PGConfig) *Postgres {
