@@ -218,3 +218,60 @@ func TestGapTheStoreCannotFill(t *testing.T) {
 		t.Fatalf("gap closes %d, want 1", n.Stats.GapCloses.Load())
 	}
 }
+
+// TestOnCommittedSeesNewMessagesOnce: the hook sees each new message once,
+// with the frame the commit encoded, before its source hears of it; a
+// duplicate publish reaches the source and not the hook.
+func TestOnCommittedSeesNewMessagesOnce(t *testing.T) {
+	type seen struct {
+		key   string
+		seq   uint64
+		ts    int64
+		frame []byte
+	}
+	var mu sync.Mutex
+	var hooked []seen
+	src := &acks{got: map[string]uint64{}}
+	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 1, GapWindow: 10 * time.Millisecond},
+		Parts{Store: persist.NewMemory(100), Pool: PoolConfig{Window: -1},
+			OnCommitted: func(key string, seq uint64, ts int64, frame []byte) {
+				src.mu.Lock()
+				acked := len(src.got)
+				src.mu.Unlock()
+				mu.Lock()
+				defer mu.Unlock()
+				if acked > len(hooked) {
+					t.Errorf("message %d reached the hook after its ack", seq)
+				}
+				hooked = append(hooked, seen{key, seq, ts, frame})
+			}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	key := proto.RoomKey("app", "hooked")
+	for _, id := range []string{"a", "b", "a"} {
+		req := GetPubRequest()
+		req.Key, req.From, req.Origin = key, "alice", src
+		req.ID = append(req.ID, id...)
+		req.Body = append(req.Body, `{"x":1}`...)
+		if err := n.Publish(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.ClosePublishes() // commits and answers what is queued
+	if src.n() != 2 || src.got["a"] != 1 || src.got["b"] != 2 {
+		t.Fatalf("acked %v, want a at 1 (twice) and b at 2", src.got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hooked) != 2 || hooked[0].seq != 1 || hooked[1].seq != 2 {
+		t.Fatalf("hook saw %+v, want seqs 1 and 2 once each", hooked)
+	}
+	for _, h := range hooked {
+		ts, ok := proto.FrameTS(h.frame)
+		if h.key != key || !ok || ts != h.ts || !bytes.Contains(h.frame, []byte(`"body":{"x":1}`)) {
+			t.Fatalf("hook got key %q ts %d, frame %q", h.key, h.ts, h.frame)
+		}
+	}
+}
