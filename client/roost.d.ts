@@ -199,10 +199,17 @@ export interface RoostOptions {
   refreshMargin?: number;
   sseAfter?: number;
   wsProbeInterval?: number;
-  /** Test hooks: replace the environment's classes, clock and randomness. */
+  /**
+   * The WebSocket class to connect with. Default: the environment's own
+   * (browsers, Node 22+, Deno, Bun). Node 20 has none: pass the `ws`
+   * package's (`import WebSocket from "ws"`).
+   */
   WebSocket?: unknown;
+  /** The EventSource class for the SSE fallback. Default: the environment's own. */
   EventSource?: unknown;
+  /** The fetch function used to ask why a WebSocket did not open. Default: the environment's own. */
   fetch?: unknown;
+  /** Test hooks: replace the clock and the randomness. */
   clock?: { setTimeout(fn: () => void, ms: number): unknown; clearTimeout(id: unknown): void; now(): number };
   random?: () => number;
 }

@@ -191,7 +191,7 @@ export class Roost {
     }
     if (!this._WebSocket) {
       if (this.options.sse && this._EventSource) this._openSSE();
-      else this._stop(new RoostError("unsupported", "Roost: this environment has no WebSocket (and the SSE fallback is not allowed or not available)"));
+      else this._stop(new RoostError("unsupported", "Roost: this environment has no WebSocket: pass one as the WebSocket option (on Node 20: import WebSocket from \"ws\"; Node 22+, Deno, Bun and browsers have their own), or allow the SSE fallback with sse: true where EventSource exists"));
       return;
     }
     let token;
