@@ -56,7 +56,7 @@ func runNode(t *testing.T, timeout time.Duration, env []string, files ...string)
 }
 
 func TestClientUnit(t *testing.T) {
-	runNode(t, 2*time.Minute, nil, "test/roost.test.mjs")
+	runNode(t, 2*time.Minute, nil, "test/roost.test.mjs", "test/chat.test.mjs")
 }
 
 // TestClientBrowser runs client/test/browser.test.mjs: two pages exchanging
