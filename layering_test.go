@@ -28,7 +28,7 @@ var layers = map[string][]string{
 	"proto":            {},
 	"proto/prototest":  {},
 	"tuning":           {},
-	"bench":            {"proto"},
+	"bench":            {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
 }
 
 // never are the edges the design rules out whatever layers says: the wire
