@@ -273,22 +273,11 @@ func TestPostgresRestart(t *testing.T) {
 // lost, no failed publish left a row (checkRows: every row was
 // acknowledged by a later retry of its key, with the stored seq).
 func TestPostgresTerminateBackends(t *testing.T) {
-	ctx := context.Background()
 	url := pgtest.NewDB(t)
 	st := openPG(t, url, persist.PGConfig{MaxConns: 6})
 	defer st.Close()
 	pb := newPublisher()
 	pb.p = newPool(st, pb.committed, PoolConfig{Workers: 3, MaxBatch: 32})
-	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dbname := cfg.Database
 	const rooms, per = 6, 150
 	var wg sync.WaitGroup
 	for g := 0; g < 6; g++ {
@@ -303,13 +292,7 @@ func TestPostgresTerminateBackends(t *testing.T) {
 	killed := 0
 	for round := 0; round < 8; round++ {
 		time.Sleep(15 * time.Millisecond)
-		var n int
-		if err := admin.QueryRow(ctx, `
-SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE datname = $1 AND pid <> pg_backend_pid()) t`, dbname).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		killed += n
+		killed += pgtest.Terminate(t, url)
 	}
 	wg.Wait()
 	pb.p.close()
