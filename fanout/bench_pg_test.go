@@ -127,7 +127,7 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 // BenchmarkPoolPostgresLatency publishes at a fixed rate (env
 // ROOST_BENCH_RATE publishes/s, default 5000) over 1,000 rooms (in turn, or
 // at random with ROOST_BENCH_SHUFFLE; bodies of ROOST_BENCH_BODY bytes) and reports
-// the ack latency (Submit to Committed) p50, p95 and p99 and the batch size.
+// the ack latency (submit to the answer) p50, p95 and p99 and the batch size.
 func BenchmarkPoolPostgresLatency(b *testing.B) {
 	rate := 5000
 	if v, err := strconv.Atoi(os.Getenv("ROOST_BENCH_RATE")); err == nil && v > 0 {
