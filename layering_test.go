@@ -15,11 +15,12 @@ import (
 // the test until it is given its place.
 var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
-	"loop":             {"fanout", "fanout/proxy", "proto"},
+	"loop":             {"fanout", "fanout/outq", "fanout/proxy", "proto"},
 	"fanout/api":       {"fanout", "persist", "proto"},
 	"fanout/webhook":   {"persist", "proto"},
 	"fanout/proxy":     {"proto"},
-	"fanout":           {"persist", "pubsub", "proto"},
+	"fanout/outq":      {},
+	"fanout":           {"fanout/outq", "persist", "pubsub", "proto"},
 	"persist":          {"proto"},
 	"persist/pgtest":   {},
 	"pubsub":           {"proto"},

@@ -2,8 +2,6 @@ package loop
 
 import (
 	"time"
-
-	"github.com/roost-chat/roost/fanout"
 )
 
 // flushFresh writes the members that got output while not written in this
@@ -14,7 +12,7 @@ import (
 // thousands past that are left to the tick, whose pass reads the input
 // between slices.
 func (l *loopState) flushFresh() {
-	f := l.table.TakeFresh()
+	f := l.q.TakeFresh()
 	var start time.Time
 	if len(f) > passCheck {
 		start = time.Now()
@@ -26,7 +24,7 @@ func (l *loopState) flushFresh() {
 				return
 			}
 		}
-		if m.Closed || m.PendingBytes() == 0 || l.table.WroteInPeriod(m) {
+		if m.Closed() || m.PendingBytes() == 0 || l.q.WroteInPeriod(m) {
 			continue
 		}
 		l.out(m)
@@ -47,7 +45,7 @@ func (l *loopState) flush() int {
 	if l.passing {
 		return l.passRest(true)
 	}
-	ms := l.table.TakeDirty()
+	ms := l.q.TakeDirty()
 	t0 := time.Now()
 	n, done := l.writeSlice(ms, l.slice)
 	if n > 0 {
@@ -76,7 +74,7 @@ func (l *loopState) flushed() {
 	l.table.CheckGaps()
 }
 
-func (l *loopState) flushMembers(ms []*fanout.Member) int {
+func (l *loopState) flushMembers(ms []*connOut) int {
 	n, _ := l.writeSlice(ms, -1)
 	return n
 }
@@ -88,7 +86,7 @@ const passCheck = 32
 // writeSlice writes ms's members in order until budget of loop time is
 // spent (checked every passCheck members; a negative budget: no bound),
 // and returns how many it wrote and how many of ms it went through.
-func (l *loopState) writeSlice(ms []*fanout.Member, budget time.Duration) (wrote, done int) {
+func (l *loopState) writeSlice(ms []*connOut, budget time.Duration) (wrote, done int) {
 	var start time.Time
 	if budget >= 0 && len(ms) > passCheck {
 		start = time.Now()
@@ -100,7 +98,7 @@ func (l *loopState) writeSlice(ms []*fanout.Member, budget time.Duration) (wrote
 				return wrote, i
 			}
 		}
-		if m.PendingBytes() == 0 || m.Closed {
+		if m.PendingBytes() == 0 || m.Closed() {
 			continue
 		}
 		l.out(m)
@@ -116,7 +114,7 @@ func (l *loopState) writeSlice(ms []*fanout.Member, budget time.Duration) (wrote
 // anything else, so a queued send is never overtaken by another write to
 // its connection, and the frames it points at stay as they are until the
 // kernel has them.
-func (l *loopState) out(m *fanout.Member) {
+func (l *loopState) out(m *connOut) {
 	c, ok := m.Owner.(*conn)
 	if !ok {
 		m.Owner.Write()

@@ -93,10 +93,10 @@ func (l *loopState) drain(context.Context) error {
 // and a member past flushAt is written now (bounding the memory and the
 // latency one wake-up can build up).
 func (l *loopState) settle() {
-	if l.table.HasSlow() {
+	if l.q.HasSlow() {
 		l.table.CloseSlow()
 	}
-	if u := l.table.TakeUrgent(); len(u) > 0 {
+	if u := l.q.TakeUrgent(); len(u) > 0 {
 		l.flushMembers(u)
 	}
 }

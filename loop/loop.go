@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/outq"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -41,6 +42,13 @@ type task struct {
 	px    *proxyWait  // tProxy
 }
 
+// connOut is a connection's outbound queue and outQueue the loop's: what
+// fanout queues for the connections and the flush writes.
+type (
+	connOut  = outq.Out[fanout.Owner]
+	outQueue = outq.Queue[fanout.Owner]
+)
+
 // drainRound is one round of Server.Drain on one loop: with code 0 the loop
 // only refuses new work; otherwise it closes 1/roundsLeft of its
 // connections with code.
@@ -61,6 +69,7 @@ type loopState struct {
 	el    gnet.EventLoop
 	idx   int
 	table *fanout.Table
+	q     *outQueue // the connections' outbound queue, which the table fills
 	arena *fanout.Arena
 
 	// inbox is the loop's one entry point for other goroutines (nats
@@ -103,8 +112,7 @@ type loopState struct {
 	// writes of the round in progress, wBusy the loop time the rounds'
 	// slices took and wBusyW the writes they made.
 	tickHalf bool
-	judgedAt time.Duration        // when the tick was last judged (since monoEpoch)
-	fakeNow  func() time.Duration // tests: the clock of judgeTick and armTick
+	judgedAt time.Duration // when the tick was last judged (since monoEpoch)
 	wFrames  int
 	wCount   int
 	wRounds  int
@@ -130,7 +138,7 @@ type loopState struct {
 	// yet written; passFresh: a slice was written and no input has been
 	// read since (the next slice waits for a read or for the task of
 	// passSlept); passC wakes the goroutine that queues that task.
-	pass      []*fanout.Member
+	pass      []*connOut
 	passAt    int
 	passing   bool
 	passFresh bool
@@ -189,6 +197,7 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 		interns: make(map[string]string),
 	}
 	l.table = s.fan.NewTable(idx, l)
+	l.q = l.table.Queue()
 	l.arena = l.table.Arena()
 	l.drainF = l.drain
 	l.onFlushT = func() { l.push(task{kind: tFlush}) }

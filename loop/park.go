@@ -9,8 +9,7 @@ import (
 // park remembers a connection whose frames wait for gnet to drain what the
 // kernel refused; every tick checks it (unpark).
 func (l *loopState) park(c *conn) {
-	if !c.m.Parked {
-		c.m.Parked = true
+	if c.out.Park() {
 		l.parked = append(l.parked, c)
 	}
 }
@@ -25,12 +24,12 @@ func (l *loopState) unpark() {
 	l.parked = l.spareParked[:0]
 	for i, c := range ps {
 		ps[i] = nil
-		c.m.Parked = false
+		c.out.Unpark()
 		if c.closed || c.state != stateOpen {
 			continue
 		}
-		c.m.Backlog = c.gc.OutboundBuffered()
-		if c.m.Backlog > 0 {
+		c.out.SetBacklog(c.gc.OutboundBuffered())
+		if c.out.Backlog() > 0 {
 			l.park(c)
 			continue
 		}

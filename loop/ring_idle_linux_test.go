@@ -41,7 +41,7 @@ func idleRig(t *testing.T, n int) (*loopState, []*conn, []*net.TCPConn) {
 		var fd int
 		withFd(t, srv, func(f int) { fd = f })
 		c := &conn{gc: &fdConn{fd: fd}, l: l, state: stateOpen, lastRead: l.now() - idle, pos: int32(len(l.conns))}
-		c.m.Owner = c
+		c.linkOut()
 		l.conns = append(l.conns, c)
 		l.due = append(l.due, c.dueAt())
 		cs = append(cs, c)
@@ -162,11 +162,11 @@ func TestRingPingResults(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the reset crosses loopback
 	l.sweep()
 	readPing(t, peers[0])
-	if !ok.pinged || ok.state != stateOpen || ok.m.PendingBytes() != 0 {
-		t.Fatalf("answering conn: pinged %v, state %d, pending %d", ok.pinged, ok.state, ok.m.PendingBytes())
+	if !ok.pinged || ok.state != stateOpen || ok.out.PendingBytes() != 0 {
+		t.Fatalf("answering conn: pinged %v, state %d, pending %d", ok.pinged, ok.state, ok.out.PendingBytes())
 	}
-	if full.state != stateOpen || full.m.PendingBytes() != len(pingFrame) {
-		t.Fatalf("full socket: state %d, %d bytes pending; want open with the ping queued", full.state, full.m.PendingBytes())
+	if full.state != stateOpen || full.out.PendingBytes() != len(pingFrame) {
+		t.Fatalf("full socket: state %d, %d bytes pending; want open with the ping queued", full.state, full.out.PendingBytes())
 	}
 	if gone.state != stateClosing || !gone.gc.(*fdConn).closed {
 		t.Fatalf("reset peer: state %d, closed %v; want closed", gone.state, gone.gc.(*fdConn).closed)

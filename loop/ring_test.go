@@ -62,7 +62,7 @@ func readAll(fd int) []byte {
 
 // parkedConn finds the member's connection of parkRig by its transport.
 func (l *loopState) parkedConn(gc *bufConn) *conn {
-	for _, m := range l.table.TakeDirty() {
+	for _, m := range l.q.TakeDirty() {
 		if c, ok := m.Owner.(*conn); ok && c.gc == gc {
 			return c
 		}
@@ -171,8 +171,8 @@ func TestRingSendResults(t *testing.T) {
 			if got := readAll(peer); !bytes.Equal(got, tc.want(rig.frame)) {
 				t.Fatalf("peer got %d bytes, want %d", len(got), len(tc.want(rig.frame)))
 			}
-			if c.m.PendingBytes() != 0 || st.Writes.Load() != w0+1 {
-				t.Fatalf("pending %d bytes, writes +%d; want 0 and +1", c.m.PendingBytes(), st.Writes.Load()-w0)
+			if c.out.PendingBytes() != 0 || st.Writes.Load() != w0+1 {
+				t.Fatalf("pending %d bytes, writes +%d; want 0 and +1", c.out.PendingBytes(), st.Writes.Load()-w0)
 			}
 		})
 	}
@@ -191,7 +191,7 @@ func memberTwiceSentOnce(t *testing.T, ring bool) {
 	rig.next()
 	rig.l.flushFresh()
 	rig.next()
-	if d := rig.l.table.TakeDirty(); len(d) != 2 || d[0] != d[1] {
+	if d := rig.l.q.TakeDirty(); len(d) != 2 || d[0] != d[1] {
 		t.Fatalf("dirty list %d long; the test needs the member in it twice", len(d))
 	} else {
 		rig.l.writeSlice(d, -1)
@@ -269,7 +269,7 @@ func frameWrites(b *testing.B, k int) {
 				b.Cleanup(func() { f.Close() })
 				go func() { _, _ = io.Copy(io.Discard, cl) }()
 				c := &conn{gc: &sockConn{fd: fd}, l: rig.l, state: stateOpen}
-				c.m.Owner = c
+				c.linkOut()
 				if err := rig.l.table.Join(&c.m, []byte(rig.key), fanout.Resume{}); err != nil {
 					b.Fatal(err)
 				}
@@ -403,7 +403,7 @@ func TestRingSendResultsOfSeveralFrames(t *testing.T) {
 			rig.next()
 			rig.next()
 			c := rig.l.parkedConn(gc)
-			if c == nil || len(c.m.Pending()) != 3 {
+			if c == nil || len(c.out.Pending()) != 3 {
 				t.Fatal("the member has not three frames pending")
 			}
 			n := len(rig.frame)
@@ -415,7 +415,7 @@ func TestRingSendResultsOfSeveralFrames(t *testing.T) {
 			if got := len(readAll(peer)); got != tc.gnet(n) {
 				t.Fatalf("peer got %d bytes after the ring's share, want %d", got, tc.gnet(n))
 			}
-			if left := len(c.m.Pending()); left != tc.left {
+			if left := len(c.out.Pending()); left != tc.left {
 				t.Fatalf("%d frames still queued, want %d", left, tc.left)
 			}
 			if st.Writes.Load() != w0+1 {

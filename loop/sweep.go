@@ -25,7 +25,7 @@ func (l *loopState) sweep() {
 	now := l.now()
 	l.srv.apps.maybePrune(now)
 	l.takeHeld(now)
-	l.table.TrimFree()
+	l.q.TrimFree()
 	defer l.pingsQueued()
 	idle := l.srv.cfg.IdleInterval.Milliseconds()
 	upTimeout := l.srv.cfg.UpgradeTimeout.Milliseconds()
@@ -82,7 +82,7 @@ func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
 func (c *conn) ping() {
 	st := &c.l.srv.Stats
 	st.Pings.Add(1)
-	if c.m.PendingBytes() == 0 && c.gc.OutboundBuffered() == 0 {
+	if c.out.PendingBytes() == 0 && c.gc.OutboundBuffered() == 0 {
 		if fd := c.gc.Fd(); fd >= 0 {
 			if c.l.queuePing(c, fd) {
 				return // it leaves with the sweep's batch

@@ -77,7 +77,7 @@ func (l *loopState) holdMax() time.Duration { return l.srv.cfg.FlushInterval / 4
 // waiting for its window, a replay for its output, or a connection for its
 // transport to drain (parked, or a close frame still in gnet).
 func (l *loopState) hasTickWork() bool {
-	return l.table.NeedsTick() || len(l.parked) > 0 || l.unshut > 0
+	return l.q.HasDirty() || l.table.NeedsTick() || len(l.parked) > 0 || l.unshut > 0
 }
 
 // armTick arms the next flush tick. Ticks fall on a fixed grid (multiples
@@ -92,18 +92,14 @@ func (l *loopState) hasTickWork() bool {
 // docs/benchmarks.md).
 func (l *loopState) armTick() {
 	l.ticking = true
-	now := l.clock()
+	now := tickClock()
 	l.judgeTick(now)
 	l.flushT.reset(tickDelay(now, l.tickInterval()))
 }
 
-// clock is the time since monoEpoch, as tests may fake it.
-func (l *loopState) clock() time.Duration {
-	if l.fakeNow != nil {
-		return l.fakeNow()
-	}
-	return time.Since(monoEpoch)
-}
+// tickClock is the clock of armTick and judgeTick, the time since
+// monoEpoch: a variable so that a test can move it tick by tick.
+var tickClock = func() time.Duration { return time.Since(monoEpoch) }
 
 // tickDelay is how long after since (on monoEpoch's clock) the next tick
 // of interval iv falls: the next grid point, or the one after it when the
@@ -209,7 +205,7 @@ func (l *loopState) tick() {
 	if l.passing {
 		return // the pass arms the next tick when it ends; the period goes on
 	}
-	l.table.NewPeriod()
+	l.q.NewPeriod()
 	l.holding = false
 	wrote := l.flush()
 	if wrote > 0 || l.hasTickWork() {

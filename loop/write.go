@@ -48,7 +48,7 @@ func (l *loopState) sendQueued() {
 // error other than a full socket is left to write itself, which closes a
 // broken connection (and sends on one whose error was the ring's own).
 func (l *loopState) sent(c *conn, res int32) {
-	m := &c.m
+	m := &c.out
 	frames := m.Pending()
 	if c.closed || len(frames) == 0 {
 		return
@@ -89,7 +89,7 @@ func (l *loopState) write(c *conn) { l.writeOut(c, false) }
 // writeOut is write; with all, everything the kernel refuses goes into
 // gnet at once (a close frame follows it and the connection ends).
 func (l *loopState) writeOut(c *conn, all bool) {
-	m := &c.m
+	m := &c.out
 	frames := m.Pending()
 	if len(frames) == 0 {
 		return
@@ -131,7 +131,7 @@ func (l *loopState) writeOut(c *conn, all bool) {
 			}
 			if errno != 0 {
 				if errno != unix.EAGAIN && errno != unix.EINTR {
-					l.table.Flushed(m)
+					l.q.Flushed(m)
 					c.fail()
 					return
 				}
@@ -160,7 +160,7 @@ func (l *loopState) writeOut(c *conn, all bool) {
 // took whole; what is left goes to gnet (all) or its first frame does and
 // the connection is parked, and the counts follow.
 func (l *loopState) wrote(c *conn, frames [][]byte, done, before int, all bool) {
-	m := &c.m
+	m := &c.out
 	gc := c.gc
 	if len(frames) > 0 {
 		// The socket is full (or was). The first Write may try it once
@@ -191,12 +191,12 @@ func (l *loopState) wrote(c *conn, frames [][]byte, done, before int, all bool) 
 	st.FramesOut.Add(uint64(done))
 	st.Writes.Add(1)
 	st.WriteFrames.Observe(float64(done))
-	l.table.Sent(m, done)
+	l.q.Sent(m, done)
 	st.BytesOut.Add(uint64(before - m.PendingBytes()))
 	if c.closed {
 		return
 	}
-	m.Backlog = gc.OutboundBuffered()
+	m.SetBacklog(gc.OutboundBuffered())
 	if m.PendingBytes() > 0 {
 		l.park(c)
 	}
