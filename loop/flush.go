@@ -2,6 +2,8 @@ package loop
 
 import (
 	"time"
+
+	"github.com/roost-chat/roost/loop/internal/uring"
 )
 
 // flushFresh writes the members that got output while not written in this
@@ -80,8 +82,10 @@ func (l *loopState) flushMembers(ms []*connOut) int {
 }
 
 // passCheck: a slice looks at the clock after every this many members; a
-// flush of fewer is never split.
-const passCheck = 32
+// flush of fewer is never split. One ring batch (uring.Batch), so that the
+// batch is submitted where the clock is looked at and never holds a slice
+// past its budget.
+const passCheck = uring.Batch
 
 // writeSlice writes ms's members in order until budget of loop time is
 // spent (checked every passCheck members; a negative budget: no bound),
@@ -121,18 +125,18 @@ func (l *loopState) out(m *connOut) {
 		return
 	}
 	if frames := m.Pending(); len(frames) > 0 && len(frames[0]) > 0 && c.gc.OutboundBuffered() == 0 {
-		if fd := c.gc.Fd(); fd >= 0 && l.sendRing() != nil && l.ring.takes(len(frames)) {
-			if l.ring.queued(c) {
+		if fd := c.gc.Fd(); fd >= 0 && l.sendRing() != nil && l.ring.Takes(len(frames)) {
+			if l.ringQueued(c) {
 				// The dirty list holds a member again that got output
 				// after a write in this wake-up: its frames are in the
 				// batch already.
 				return
 			}
-			if !l.ring.fits(len(frames)) {
+			if !l.ring.Fits(len(frames)) {
 				l.sendQueued()
 			}
-			l.ring.queue(c, fd, frames)
-			if l.ring.full() {
+			l.ringConns[l.ring.Send(fd, frames)] = c
+			if l.ring.Full() {
 				l.sendQueued()
 			}
 			return

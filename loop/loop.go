@@ -12,6 +12,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/outq"
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -165,11 +166,13 @@ type loopState struct {
 	sseList     []sseRoom // its rooms
 	scratch     []byte
 	iov         [iovMax]unix.Iovec
-	// ring batches the one-frame sends of a flush (sendRing); nil where
-	// the kernel has none, or until the first socket write (ringTried).
-	ring      *sendRing
+	// ring batches the sends of a flush (sendRing); nil where the kernel
+	// has none, or until the first socket write (ringTried). ringConns[i]
+	// is the connection of the batch's operation i.
+	ring      *uring.Ring
 	ringTried bool
-	idle      idleState // the sweep's pings and held pongs on the ring (ring_idle_linux.go)
+	ringConns [uring.Batch]*conn
+	idle      idleState // the sweep's pings and held pongs on the ring (idle_linux.go)
 	interns   map[string]string
 	draining  bool
 	stamps    []*pubStamp // free list of publish stamps (server.go)
@@ -236,7 +239,7 @@ func (l *loopState) stopTimers() {
 		l.passC = nil
 	}
 	if l.ring != nil {
-		l.ring.close()
+		l.ring.Close()
 		l.ring = nil
 	}
 }

@@ -36,6 +36,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -220,6 +221,11 @@ type Stats struct {
 	// which shows whether a loop's tick is halved at a given load.
 	ShortTicks atomic.Uint64
 	Pings      atomic.Uint64 // server pings sent (idle connections)
+	// PongsHeld: idle connections whose pong was left in the socket for
+	// the next sweep (idle_linux.go); PongsTaken: pongs that sweep took.
+	PongsHeld  atomic.Uint64
+	PongsTaken atomic.Uint64
+	Ring       uring.Stats // the loops' io_uring batches
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.

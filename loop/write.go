@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"unsafe"
 
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"golang.org/x/sys/unix"
 )
 
@@ -13,32 +14,42 @@ const iovMax = 1024
 
 // sendRing is the loop's ring, set up at the first socket write (a loop
 // of tests' in-memory connections never makes one).
-func (l *loopState) sendRing() *sendRing {
+func (l *loopState) sendRing() *uring.Ring {
 	if !l.ringTried {
 		l.ringTried = true
 		if l.srv.cfg.IOURing {
-			l.ring = newSendRing()
+			l.ring = uring.New(&l.srv.Stats.Ring)
 		}
 	}
 	return l.ring
 }
 
+// ringQueued reports whether c has an operation in the ring's batch.
+func (l *loopState) ringQueued(c *conn) bool {
+	for _, q := range l.ringConns[:l.ring.Len()] {
+		if q == c {
+			return true
+		}
+	}
+	return false
+}
+
 // sendQueued submits the ring's batch and finishes each of its writes.
 func (l *loopState) sendQueued() {
 	r := l.ring
-	if r == nil || r.n == 0 {
+	if r == nil || r.Len() == 0 {
 		return
 	}
-	n := r.submit()
+	n := r.Submit()
 	for i := 0; i < n; i++ {
-		c := r.conns[i]
-		r.conns[i] = nil
-		if r.pending[i] {
-			r.pending[i] = false // not taken by the kernel: sent here instead
-			l.write(c)
+		c := l.ringConns[i]
+		l.ringConns[i] = nil
+		res, done := r.Result(i)
+		if !done {
+			l.write(c) // not taken by the kernel: sent here instead
 			continue
 		}
-		l.sent(c, r.res[i])
+		l.sent(c, res)
 	}
 }
 
