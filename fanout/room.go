@@ -234,7 +234,7 @@ func (t *Table) Leave(m *Member, key []byte) {
 }
 
 // Close forgets m everywhere: rooms, joins on the way, pending output.
-// The loop calls it when the connection is gone (m.Out.Closed() set). Loop only.
+// The loop calls it when the connection is gone (its Out closed). Loop only.
 func (t *Table) Close(m *Member) {
 	t.node.Stats.Joined.Add(-int64(m.Rooms()))
 	if m.reads != nil {

@@ -7,7 +7,7 @@ import (
 )
 
 // flushFresh writes the members that got output while not written in this
-// tick's period; the others keep their output for the tick. The table
+// tick's period; the others keep their output for the tick. The queue
 // sorts members out as they get output, so under load, when the tick wrote
 // every member, this costs nothing per wake-up. It spends at most a slice
 // of loop time (as a pass does): the fresh members of a quiet room of
@@ -58,7 +58,7 @@ func (l *loopState) flush() int {
 	l.wRoundW = n
 	l.wWidest = max(l.wWidest, n)
 	if done < len(ms) {
-		// TakeDirty's slice is the table's next dirty list: keep the rest.
+		// TakeDirty's slice is the queue's next dirty list: keep the rest.
 		l.pass, l.passAt = append(l.pass[:0], ms[done:]...), 0
 		l.passing = true
 		l.passSlept()

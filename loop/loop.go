@@ -99,8 +99,8 @@ type loopState struct {
 	// most one write per connection per tick, and no wait after a pause.
 	// ticking: a flush tick is armed or queued; it re-arms while it finds
 	// work, so an idle loop has no timer running (see kick and tick).
-	// Each tick starts a flush period of the table, which knows which
-	// members were written in it (flushFresh).
+	// Each tick starts a flush period of the outbound queue, which knows
+	// which members were written in it (flushFresh).
 	ticking  bool
 	holding  bool // output after a pause waits for this loop's publishes (kick); ticking too
 	flushT   *flushTimer
