@@ -146,6 +146,8 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.Float64Var(&c.node.Limits.PubRate, "pub-rate", d.Limits.PubRate, "default publishes per second of one user (0: no limit; insecure mode: no limit unless set)")
 	fs.Int64Var(&c.node.Limits.PubBurst, "pub-burst", d.Limits.PubBurst, "default publishes one user may send at once above --pub-rate")
 	fs.Float64Var(&c.node.Limits.AppPubRate, "app-pub-rate", d.Limits.AppPubRate, "default publishes per second of one app on this node (0: no limit; insecure mode: no limit unless set)")
+	fs.Float64Var(&c.node.SignalRate, "signal-rate", d.SignalRate, "signals (typing, cursors) per second of one connection; past it err rate_limited (0: no limit)")
+	fs.IntVar(&c.node.SignalBurst, "signal-burst", d.SignalBurst, "signals one connection may send at once above --signal-rate")
 	fs.Int64Var(&c.node.Limits.MaxPresence, "max-presence", d.Limits.MaxPresence, "default presence subscribers (joins with \"presence\":true) of one room of an app on this node; past it such a join gets err forbidden (0: no limit)")
 	fs.DurationVar(&c.presenceGrace, "presence-grace", fanout.DefaultPresenceGrace, "a user leaves a room's presence only after this long with no connection in it, so a page reload does not flap")
 	fs.DurationVar(&c.presenceLease, "presence-lease", pubsub.DefaultPresenceLease, "with Redis: a node silent this long is dead and its users leave every room's presence")
@@ -534,6 +536,9 @@ func validate(c *config) []error {
 	if c.presenceLease < time.Second {
 		bad("invalid --presence-lease %s: want at least 1s (the lease is renewed every fifth of it)", c.presenceLease)
 	}
+	if n.SignalRate < 0 || n.SignalBurst < 1 {
+		bad("invalid --signal-rate %g or --signal-burst %d: want a rate of 0 (no limit) or more and a burst of at least 1", n.SignalRate, n.SignalBurst)
+	}
 	if n.Limits.MaxPresence < 0 {
 		bad("invalid --max-presence %d: want 0 (no limit) or more", n.Limits.MaxPresence)
 	}
@@ -802,6 +807,8 @@ func bindValues(c *config, into map[string]string) {
 		"app-pub-rate":        strconv.FormatFloat(n.Limits.AppPubRate, 'g', -1, 64),
 		"max-msg":             strconv.FormatInt(n.Limits.MaxMsg, 10),
 		"max-presence":        strconv.FormatInt(n.Limits.MaxPresence, 10),
+		"signal-rate":         strconv.FormatFloat(n.SignalRate, 'g', -1, 64),
+		"signal-burst":        strconv.Itoa(n.SignalBurst),
 		"presence-grace":      d(c.presenceGrace),
 		"presence-lease":      d(c.presenceLease),
 		"keep":                strconv.Itoa(c.keep),

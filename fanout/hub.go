@@ -178,9 +178,12 @@ func (h *hub) OnMessage(key string, seq uint64, frame []byte) {
 	r := s.rooms[key]
 	var loops uint64
 	var sse bool
+	signal := IsSignal(seq)
 	if r != nil {
 		loops, sse = r.loops, r.sse > 0
-		r.msgs.Add(1)
+		if !signal {
+			r.msgs.Add(1)
+		}
 	}
 	s.mu.RUnlock()
 	var event []byte
@@ -191,7 +194,11 @@ func (h *hub) OnMessage(key string, seq uint64, frame []byte) {
 		if s.arena == nil {
 			s.arena = NewArena(16 << 10)
 		}
-		event = buildSSEEvent(s.arena, key, seq, frame)
+		if signal {
+			event = buildSignalEvent(s.arena, frame)
+		} else {
+			event = buildSSEEvent(s.arena, key, seq, frame)
+		}
 		s.arenaMu.Unlock()
 	}
 	for i := 0; loops != 0; i++ {

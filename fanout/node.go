@@ -89,6 +89,12 @@ type Stats struct {
 	// PresenceWakes counts the presence goroutine's wake-ups: only while
 	// changes, grace periods or diffs wait, and for the lease's renewals.
 	PresenceWakes atomic.Uint64
+	// Signals: deliveries queued for members, deliveries skipped (the
+	// member over half its outbound limit, or the broker's or a loop's
+	// queue full) and signals refused for the sender's rate.
+	SignalsSent    atomic.Uint64
+	SignalsSkipped atomic.Uint64
+	SignalsLimited atomic.Uint64
 
 	PublishLatency Observer
 	BrokerLatency  Observer
@@ -117,6 +123,7 @@ const (
 	evRepair                          // room, held, upto, tail, flags, err: messages read from the store for a gap or a tail
 	evReset                           // the broker may have lost messages
 	evPresence                        // key, frame: a presence_diff for the room's presence subscribers
+	evSignal                          // key, seq (the sender's tag), frame, sse: a signal of a room (signal.go)
 )
 
 // Event is work for a loop's Table, made by fanout on another goroutine
@@ -158,6 +165,10 @@ func (t *Table) Run(ev *Event) {
 		t.repaired(ev.room, ev.held, ev.upto, ev.tail, ev.flags&readMore != 0, ev.err)
 	case evReset:
 		t.reset()
+	case evSignal:
+		if r := t.rooms[ev.key]; r != nil {
+			t.signal(r, ev.seq, ev.frame, ev.sse)
+		}
 	case evPresence:
 		if r := t.rooms[ev.key]; r != nil {
 			for _, m := range r.watchers {
@@ -193,6 +204,9 @@ type Node struct {
 	onCommitted  func(key string, seq uint64, ts int64, frame []byte)
 
 	reads     chan readJob
+	signals   chan signalJob
+	sigNode   uint64        // this node's part of its members' signal tags
+	sigSerial atomic.Uint32 // the members' part
 	replays   *ReplayShare
 	retries   chan rebroadcast
 	done      chan struct{}
@@ -225,6 +239,8 @@ func New(cfg Config, p Parts) (*Node, error) {
 		log:     p.Log,
 		store:   p.Store,
 		reads:   make(chan readJob, 4096),
+		signals: make(chan signalJob, signalQueue),
+		sigNode: signalNode(),
 		replays: NewReplayShare(p.Store, replayKeep, replayRooms, replayBytes),
 		retries: make(chan rebroadcast, 8192),
 		done:    make(chan struct{}),
@@ -281,6 +297,8 @@ func New(cfg Config, p Parts) (*Node, error) {
 	}
 	n.wg.Add(1)
 	go n.rebroadcaster()
+	n.wg.Add(1)
+	go n.signaller()
 	return n, nil
 }
 
@@ -440,6 +458,10 @@ func (n *Node) Close() error {
 // deliver, subscribed and reset are how the hub reaches the loops.
 
 func (n *Node) deliver(i int, key string, seq uint64, frame, sse []byte) {
+	if IsSignal(seq) {
+		n.tables[i].Load().loop.Post(Event{kind: evSignal, key: key, seq: seq, frame: frame, sse: sse})
+		return
+	}
 	if i == 0 && seq%64 == 0 {
 		// Sampled: a message reaches each holding loop, so measure on
 		// loop 0's copy only, one message in 64.

@@ -32,6 +32,7 @@ type Member struct {
 	joins []*joinState
 	reads *readQueue // its store reads; nil until it makes one
 	sse   *sseMember // nil for a WebSocket member
+	sig   uint64     // its signals' sender tag (signal.go); 0 until it sends one
 }
 
 type slot struct {

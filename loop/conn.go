@@ -41,6 +41,7 @@ type conn struct {
 	rooms    *roomClaims // the token's rooms and expiry; nil: no token (insecure), every room
 	frag     *[]byte     // a fragmented message being assembled, nil otherwise (rare: a pointer keeps conn small)
 	opened   int64       // Unix ms
+	sigTAT   int64       // its signal bucket (chat.go)
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
 	skip     int32       // closing: payload bytes of the client's current frame still to discard; -1: discard all
@@ -569,6 +570,8 @@ func (c *conn) message(p []byte) {
 		c.refresh(cmd.Token)
 	case proto.OpPresence:
 		c.presence(cmd)
+	case proto.OpSignal:
+		c.signal(cmd)
 	}
 }
 

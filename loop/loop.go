@@ -221,6 +221,10 @@ func (l *loopState) Post(ev fanout.Event) {
 		l.pushDelivery(key, ev)
 		return
 	}
+	if ev.Signal() {
+		l.pushSignal(ev)
+		return
+	}
 	l.push(task{kind: tFanout, ev: ev})
 }
 

@@ -91,6 +91,11 @@ type Config struct {
 	// InsecureMaxApps caps the apps made on first use in insecure mode
 	// (each is a metric series and a map entry); 0: no cap.
 	InsecureMaxApps int
+	// SignalRate and SignalBurst are one connection's signals per second
+	// and the most it may send at once (err rate_limited past them;
+	// SignalRate 0: no limit).
+	SignalRate  float64
+	SignalBurst int
 	// MaxConns is the connection budget: TCP connections the client
 	// listener holds at once, upgraded or not (0: no budget). main derives
 	// it from RLIMIT_NOFILE minus a reserve, so that accept never meets
@@ -143,6 +148,8 @@ func Defaults() Config {
 		Limits:          DefaultLimits(),
 		Leeway:          5 * time.Second,
 		InsecureMaxApps: 100,
+		SignalRate:      DefaultSignalRate,
+		SignalBurst:     DefaultSignalBurst,
 	}
 }
 

@@ -32,11 +32,17 @@ var (
 	ErrBadToken    = &Error{CodeBadRequest, "token must be a JWT string (no escapes)"}
 	ErrMissingTok  = &Error{CodeBadRequest, "missing token"}
 	ErrBadPresence = &Error{CodeBadRequest, "presence must be true or false"}
+	ErrBadEcho     = &Error{CodeBadRequest, "echo must be true or false"}
+	ErrSignalSize  = &Error{CodeTooLarge, "signal body larger than 1024 bytes"}
 )
 
 const (
 	maxRoom = 128
 	maxID   = 64
+
+	// MaxSignalBody bounds a signal's body: signals are typing and cursor
+	// notes, carried to every member on every node without a commit.
+	MaxSignalBody = 1024
 
 	// DefaultLimit and MaxLimit bound a history request.
 	DefaultLimit = 50
@@ -84,6 +90,7 @@ const (
 	fieldToken
 	fieldEpoch
 	fieldPresence
+	fieldEcho
 	// DecodeServer only.
 	fieldFrom
 	fieldCode
@@ -126,6 +133,8 @@ func keyField(raw []byte, esc bool) field {
 		return fieldEpoch
 	case "presence":
 		return fieldPresence
+	case "echo":
+		return fieldEcho
 	case "from":
 		return fieldFrom
 	case "code":
@@ -168,6 +177,8 @@ func opOf(raw []byte, esc bool) Op {
 		return OpAuth
 	case "presence":
 		return OpPresence
+	case "signal":
+		return OpSignal
 	}
 	return OpInvalid
 }
@@ -200,7 +211,7 @@ func Decode(payload []byte, cmd *Command) error {
 	if !ok {
 		return ErrMalformed
 	}
-	var op, room, id, body, since, before, limit, token, epoch, pres presence
+	var op, room, id, body, since, before, limit, token, epoch, pres, echo presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -323,6 +334,18 @@ func Decode(payload []byte, cmd *Command) error {
 			default:
 				pres, cmd.Presence = invalid, false
 			}
+		case fieldEcho:
+			if i, ok = skipValue(b, i, 1); !ok {
+				return ErrMalformed
+			}
+			switch string(b[vs:i]) {
+			case "true":
+				echo, cmd.NoEcho = valid, false
+			case "false":
+				echo, cmd.NoEcho = valid, true
+			default:
+				echo, cmd.NoEcho = invalid, false
+			}
 		case fieldBody:
 			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
@@ -383,6 +406,8 @@ func Decode(payload []byte, cmd *Command) error {
 		return ErrBadEpoch
 	case pres == invalid:
 		return ErrBadPresence
+	case echo == invalid:
+		return ErrBadEcho
 	}
 	switch cmd.Op {
 	case OpJoin, OpLeave, OpPresence:
@@ -395,6 +420,15 @@ func Decode(payload []byte, cmd *Command) error {
 		}
 		if limit == valid && limitVal == 0 {
 			return ErrBadLimit
+		}
+	case OpSignal:
+		switch {
+		case room == absent:
+			return ErrMissingRoom
+		case body == absent:
+			return ErrMissingBody
+		case len(cmd.Body) > MaxSignalBody:
+			return ErrSignalSize
 		}
 	case OpAuth:
 		if token == absent {
@@ -418,12 +452,13 @@ func Decode(payload []byte, cmd *Command) error {
 func (cmd *Command) reset() {
 	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch = OpInvalid, nil, nil, nil, nil, nil
 	cmd.Since, cmd.Before, cmd.Limit = 0, 0, 0
-	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence = false, false, false, false, false
+	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence, cmd.NoEcho = false, false, false, false, false, false
 }
 
-// Ref is what an `err` frame echoes for cmd: its id, else its room.
+// Ref is what an `err` frame echoes for cmd: its id, else its room (a
+// signal's is always its room: it has no id).
 func Ref(cmd *Command) []byte {
-	if len(cmd.ID) > 0 {
+	if len(cmd.ID) > 0 && cmd.Op != OpSignal {
 		return cmd.ID
 	}
 	return cmd.Room

@@ -12,6 +12,7 @@ const (
 	OpPing
 	OpAuth     // token refresh
 	OpPresence // who is in a room
+	OpSignal   // an ephemeral frame to the room's other members (typing)
 )
 
 // Command is one decoded client frame. Its byte slices alias the decoded
@@ -38,6 +39,9 @@ type Command struct {
 	// Presence (join): the join also subscribes to the room's
 	// presence_diff frames.
 	Presence bool
+	// NoEcho (join, "echo":false): the connection is not sent the msg
+	// frames of its own publishes in the room.
+	NoEcho bool
 
 	// Scratch for a room or id that arrived with JSON escapes: Room and ID
 	// then point here instead of into the payload, so Decode stays

@@ -1,0 +1,125 @@
+package loop
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/pubsub/redistest"
+)
+
+// joinAll joins every client to room and waits for each joined.
+func joinAll(room string, cs ...*client) {
+	for _, c := range cs {
+		c.send(`{"op":"join","room":"` + room + `"}`)
+		c.expect(map[string]any{"op": "joined", "room": room})
+	}
+}
+
+// A signal reaches the room's other connections, the sender's user's other
+// tabs included, but not the sending connection; it is not stored: the next
+// message is seq 1, and history holds only that.
+func TestSignalReachesOthersNotStored(t *testing.T) {
+	n := startNode(t, nil)
+	a1, a2, bob := n.dial(t, "alice"), n.dial(t, "alice"), n.dial(t, "bob")
+	joinAll("r", a1, a2, bob)
+	a1.send(`{"op":"signal","room":"r","body":{"typing":true}}`)
+	want := `{"op":"signal","room":"r","from":"alice","body":{"typing":true}}`
+	for _, c := range []*client{bob, a2} {
+		if got := string(c.recvRaw()); got != want {
+			t.Fatalf("signal frame %s, want %s", got, want)
+		}
+	}
+	// The sender's next frame is the answer to its ping: it got no signal.
+	a1.send(`{"op":"ping"}`)
+	a1.expect(map[string]any{"op": "pong"})
+
+	bob.send(`{"op":"pub","room":"r","id":"m1","body":1}`)
+	for _, c := range []*client{a1, a2} {
+		c.expect(map[string]any{"op": "msg", "seq": 1})
+	}
+	a1.send(`{"op":"history","room":"r"}`)
+	h := a1.expect(map[string]any{"op": "history"})
+	if msgs, _ := h["messages"].([]any); len(msgs) != 1 {
+		t.Fatalf("history holds %d messages, want the one msg: %v", len(msgs), h)
+	}
+	if got := n.fan.Stats.SignalsSent.Load(); got != 2 {
+		t.Fatalf("signals sent %d, want 2", got)
+	}
+}
+
+// Bad signals are answered with an err whose ref is the room, and cost
+// nobody else anything.
+func TestSignalBadInput(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.SignalRate, c.SignalBurst = 1, 2 })
+	a, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	joinAll("r", a, bob)
+	a.send(`{"op":"signal","room":"r","body":"` + strings.Repeat("x", 1023) + `"}`)
+	a.expect(map[string]any{"op": "err", "code": "too_large", "ref": "r"})
+	a.send(`{"op":"signal","room":"r"}`)
+	a.expect(map[string]any{"op": "err", "code": "bad_request", "ref": "r"})
+	a.send(`{"op":"signal","body":1}`)
+	a.expect(map[string]any{"op": "err", "code": "bad_request"})
+	a.send(`{"op":"signal","room":"r","id":"x","body":"` + strings.Repeat("x", 2000) + `"}`)
+	a.expect(map[string]any{"op": "err", "code": "too_large", "ref": "r"})
+	for i := 0; i < 2; i++ { // the burst
+		a.send(fmt.Sprintf(`{"op":"signal","room":"r","body":%d}`, i))
+		bob.expect(map[string]any{"op": "signal", "body": i, "from": "alice"})
+	}
+	a.send(`{"op":"signal","room":"r","body":3}`)
+	got := a.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": "r"})
+	if num(got["retry_after"]) < 1 {
+		t.Fatalf("rate_limited without retry_after: %v", got)
+	}
+	if n.fan.Stats.SignalsLimited.Load() != 1 {
+		t.Fatalf("signals limited %d, want 1", n.fan.Stats.SignalsLimited.Load())
+	}
+	// Bob is unaffected: his publish goes through.
+	bob.send(`{"op":"pub","room":"r","id":"k","body":1}`)
+	for f := bob.recv(); f["op"] != "ack"; f = bob.recv() {
+	}
+}
+
+// An SSE listener gets a signal as "event: signal" without moving its
+// position (no id line).
+func TestSignalSSE(t *testing.T) {
+	n := startNode(t, nil)
+	s := n.sse(t, "user=bob&app=test&room=r")
+	s.expect("joined")
+	id := s.lastID
+	a := n.dial(t, "alice")
+	joinAll("r", a)
+	a.send(`{"op":"signal","room":"r","body":"hi"}`)
+	ev := s.expect("signal")
+	if ev.data != `{"op":"signal","room":"r","from":"alice","body":"hi"}` || s.lastID != id {
+		t.Fatalf("signal event %+v, id %q (was %q)", ev, s.lastID, id)
+	}
+}
+
+// Two nodes over Redis: a signal reaches members on both, the sender's
+// other tab on its own node included, the sender not.
+func TestSignalTwoNodesRedis(t *testing.T) {
+	redistest.Require(t)
+	url := pgtest.NewDB(t)
+	prefix := redistest.Prefix(t)
+	pgA, pgB := openPG(t, url), openPG(t, url)
+	t.Cleanup(pgA.Close)
+	t.Cleanup(pgB.Close)
+	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	a1, a2, bobB, aliceB := a.dial(t, "alice"), a.dial(t, "alice"), b.dial(t, "bob"), b.dial(t, "alice")
+	joinAll("r", a1, a2, bobB, aliceB)
+	a1.send(`{"op":"signal","room":"r","body":{"typing":true}}`)
+	want := `{"op":"signal","room":"r","from":"alice","body":{"typing":true}}`
+	for _, c := range []*client{a2, bobB, aliceB} {
+		if got := string(c.recvRaw()); got != want {
+			t.Fatalf("signal frame %s, want %s", got, want)
+		}
+	}
+	a1.send(`{"op":"ping"}`)
+	a1.expect(map[string]any{"op": "pong"})
+	// Nothing reached the store: the first message is seq 1 on both.
+	bobB.send(`{"op":"pub","room":"r","id":"m1","body":1}`)
+	a1.expect(map[string]any{"op": "msg", "seq": 1})
+}
