@@ -211,6 +211,9 @@ func (t *Table) Leave(m *Member, key []byte) {
 	if r == nil {
 		return
 	}
+	if m.own != nil {
+		m.own.forget(r.key)
+	}
 	if m.findJoin(r) != nil {
 		r.removeJoiner(m)
 		m.dropJoin(r)

@@ -71,3 +71,40 @@ func TestSignalDeliveryAllocationFree(t *testing.T) {
 		t.Fatalf("signal delivery allocates %.1f per round", n)
 	}
 }
+
+// A member with echo off skips its own publishes, by id before its ack and
+// by seq after, and gets everyone else's; the fan-out stays allocation-free.
+func TestEchoOffSkipsOwn(t *testing.T) {
+	tb := newTable(1<<30, 1<<30)
+	r := tb.add([]byte("app/r"))
+	me, other := member(&testOwner{}), member(&testOwner{})
+	tb.join(r, me)
+	tb.join(r, other)
+	me.SetEcho("app/r", false)
+	me.Published("app/r", []byte("k1"))
+	me.Published("app/r", []byte("k2"))
+	me.Acked("app/r", []byte("k2"), 2)
+	frame := func(seq uint64, id, from string) []byte {
+		return proto.AppendMsgFrame(nil, "r", seq, []byte(id), from, 1, []byte(`1`))
+	}
+	tb.fan(r, 1, frame(1, "k1", "u"), nil) // before its ack: by id
+	tb.fan(r, 2, frame(2, "k2", "u"), nil) // after: by seq
+	tb.fan(r, 3, frame(3, "k1", "v"), nil) // another user's k1
+	if me.Out.PendingBytes() != len(frame(3, "k1", "v")) || len(me.own.pubs) != 0 {
+		t.Fatalf("own member: %d pending, %d remembered", me.Out.PendingBytes(), len(me.own.pubs))
+	}
+	if len(other.Out.Pending()) != 3 {
+		t.Fatalf("other member got %d", len(other.Out.Pending()))
+	}
+	f := frame(4, "k9", "v")
+	round := func() {
+		me.Published("app/r", []byte("k"))
+		tb.fan(r, 4, f, nil)
+		me.Acked("app/r", []byte("k"), 0)
+		tb.flushAll()
+	}
+	round()
+	if n := leastAllocs(100, round); n != 0 {
+		t.Fatalf("echo-off fan-out allocates %.1f per round", n)
+	}
+}

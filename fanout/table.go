@@ -33,6 +33,7 @@ type Member struct {
 	reads *readQueue // its store reads; nil until it makes one
 	sse   *sseMember // nil for a WebSocket member
 	sig   uint64     // its signals' sender tag (signal.go); 0 until it sends one
+	own   *ownPubs   // its echo-off rooms and publishes in them (echo.go); nil: none
 }
 
 type slot struct {
@@ -212,6 +213,9 @@ func (t *Table) fan(r *Room, seq uint64, frame, event []byte) {
 		evLen = len(event) - sseIDLen(r, seq)
 	}
 	for _, m := range r.members {
+		if m.own != nil && m.own.skip(r, seq, frame, m.Out.Owner.User()) {
+			continue
+		}
 		if m.sse == nil {
 			t.q.Enqueue(m.Out, frame)
 			continue

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
@@ -122,4 +123,65 @@ func TestSignalTwoNodesRedis(t *testing.T) {
 	// Nothing reached the store: the first message is seq 1 on both.
 	bobB.send(`{"op":"pub","room":"r","id":"m1","body":1}`)
 	a1.expect(map[string]any{"op": "msg", "seq": 1})
+}
+
+// Echo off: the publisher's connection gets acks with the seq but not its
+// own msg frames in that room; its other tab and other users get them, and
+// it still gets the others' messages, whichever comes first of a msg and
+// its ack.
+func TestEchoOff(t *testing.T) {
+	n := startNode(t, nil)
+	a1, a2, bob := n.dial(t, "alice"), n.dial(t, "alice"), n.dial(t, "bob")
+	a1.send(`{"op":"join","room":"r","echo":false}`)
+	a1.expect(map[string]any{"op": "joined", "room": "r"})
+	joinAll("r", a2, bob)
+	for i := 1; i <= 20; i++ {
+		a1.send(fmt.Sprintf(`{"op":"pub","room":"r","id":"m%d","body":%d}`, i, i))
+	}
+	for i := 1; i <= 20; i++ {
+		a1.expect(map[string]any{"op": "ack", "id": fmt.Sprintf("m%d", i), "seq": i})
+	}
+	bob.send(`{"op":"pub","room":"r","id":"m1","body":0}`) // same id, another user
+	a1.expect(map[string]any{"op": "msg", "seq": 21, "from": "bob"})
+	for _, c := range []*client{a2, bob} {
+		c.expectSeqs("r", 1, 20)
+	}
+	// A repeated publish is acked with the first seq and delivers nothing;
+	// the next message still reaches a1 only if it is not its own.
+	a1.send(`{"op":"pub","room":"r","id":"m3","body":3}`)
+	a1.expect(map[string]any{"op": "ack", "id": "m3", "seq": 3})
+	a1.send(`{"op":"pub","room":"r","id":"x","body":0}`)
+	a1.expect(map[string]any{"op": "ack", "id": "x", "seq": 22})
+	bob.send(`{"op":"pub","room":"r","id":"y","body":0}`)
+	a1.expect(map[string]any{"op": "msg", "seq": 23, "from": "bob"})
+	// Joined again with echo, it gets its own messages again.
+	a1.send(`{"op":"leave","room":"r"}`)
+	a1.expect(map[string]any{"op": "left"})
+	a1.send(`{"op":"join","room":"r"}`)
+	a1.expect(map[string]any{"op": "joined"})
+	a1.send(`{"op":"pub","room":"r","id":"z","body":0}`)
+	if f := a1.recv(); f["op"] == "ack" {
+		a1.expect(map[string]any{"op": "msg", "seq": 24})
+	} else if f["op"] != "msg" || num(f["seq"]) != 24 {
+		t.Fatalf("want own msg back, got %v", f)
+	}
+}
+
+// Echo off across nodes: with Redis the ack usually comes before the msg.
+func TestEchoOffRedis(t *testing.T) {
+	redistest.Require(t)
+	prefix := redistest.Prefix(t)
+	mem := persist.NewMemory(1000)
+	a := startNodeWith(t, testConfig(), mem, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	a1, bob := a.dial(t, "alice"), a.dial(t, "bob")
+	a1.send(`{"op":"join","room":"r","echo":false}`)
+	a1.expect(map[string]any{"op": "joined", "room": "r"})
+	joinAll("r", bob)
+	for i := 1; i <= 10; i++ {
+		a1.send(fmt.Sprintf(`{"op":"pub","room":"r","id":"m%d","body":%d}`, i, i))
+		a1.expect(map[string]any{"op": "ack", "seq": i})
+	}
+	bob.expectSeqs("r", 1, 10)
+	bob.send(`{"op":"pub","room":"r","id":"b","body":0}`)
+	a1.expect(map[string]any{"op": "msg", "seq": 11, "from": "bob"})
 }

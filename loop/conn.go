@@ -678,6 +678,9 @@ func (c *conn) join(cmd *proto.Command) {
 	}
 	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), rs); err {
 	case nil:
+		if cmd.NoEcho || c.m.EchoOff() {
+			c.m.SetEcho(l.intern(l.roomKey(c, cmd.Room)), !cmd.NoEcho)
+		}
 	case fanout.ErrJoined:
 		c.sendErr(cmd.Room, proto.CodeBadRequest, err.Error())
 	case fanout.ErrPresenceLimit:
@@ -757,6 +760,7 @@ func (c *conn) publish(req *fanout.PubRequest) {
 	l := c.l
 	ps := l.stamp(c, req)
 	req.Origin = ps
+	c.m.Published(req.Key, req.ID)
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.fan.Publish(req); err != nil {
 		l.unstamp(ps, false)
@@ -777,6 +781,7 @@ func (l *loopState) ack(ps *pubStamp) {
 	room := roomName(req.Key)
 	a := l.arena
 	if err != nil {
+		c.m.Acked(req.Key, req.ID, 0)
 		code, msg := proto.CodeOverloaded, "not stored: retry with the same id"
 		switch {
 		case errors.Is(err, proto.ErrRoomLimit):
@@ -787,6 +792,7 @@ func (l *loopState) ack(ps *pubStamp) {
 		c.sendErr(req.ID, code, msg)
 		return
 	}
+	c.m.Acked(req.Key, req.ID, seq)
 	l.srv.Stats.Acks.Add(1)
 	l.srv.Stats.AckLatency.Observe(waited.Seconds())
 	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, seq)))

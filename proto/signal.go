@@ -37,3 +37,53 @@ func AppendSignalFrame[R text](dst []byte, room R, from string, body []byte) []b
 	dst = append(dst, '}')
 	return endText(dst, start, n)
 }
+
+// MsgOrigin reads the id and from of a msg object this package encoded
+// ({"op":"msg","room":"R","seq":N,"id":"K","from":"U",...}), unescaped
+// into buf when they hold escapes (buf must hold both: 4*MaxID + 4*MaxUser
+// bytes always do); ok is false for anything else. A member that asked
+// not to get its own publishes (echo off) tells them by these.
+func MsgOrigin(payload, buf []byte) (id, from []byte, ok bool) {
+	const pre = `{"op":"msg","room":"`
+	if !hasPrefix(payload, pre) {
+		return nil, nil, false
+	}
+	i := len(pre)
+	e, _, ok := scanString(payload, i)
+	if !ok || !hasPrefix(payload[e:], `","seq":`) {
+		return nil, nil, false
+	}
+	i = e + len(`","seq":`)
+	for i < len(payload) && '0' <= payload[i] && payload[i] <= '9' {
+		i++
+	}
+	if !hasPrefix(payload[i:], `,"id":"`) {
+		return nil, nil, false
+	}
+	if id, i, buf, ok = stringAt(payload, i+len(`,"id":"`), buf); !ok || !hasPrefix(payload[i:], `,"from":"`) {
+		return nil, nil, false
+	}
+	from, _, _, ok = stringAt(payload, i+len(`,"from":"`), buf)
+	return id, from, ok
+}
+
+// stringAt reads the JSON string whose content starts at b[i], unescaped
+// into buf when needed; next is past its closing quote, rest what is left
+// of buf.
+func stringAt(b []byte, i int, buf []byte) (s []byte, next int, rest []byte, ok bool) {
+	e, esc, ok := scanString(b, i)
+	if !ok {
+		return nil, 0, buf, false
+	}
+	s = b[i:e]
+	if esc {
+		n, ok := unescape(buf, s)
+		if !ok {
+			return nil, 0, buf, false
+		}
+		s, buf = buf[:n:n], buf[n:]
+	}
+	return s, e + 1, buf, true
+}
+
+func hasPrefix(b []byte, p string) bool { return len(b) >= len(p) && string(b[:len(p)]) == p }

@@ -67,3 +67,21 @@ func TestSignalFrame(t *testing.T) {
 		t.Fatalf("AppendSignalFrame allocates %v times with room", a)
 	}
 }
+
+func TestMsgOrigin(t *testing.T) {
+	var buf [4*MaxID + 4*MaxUser]byte
+	f := AppendMsgFrame(nil, "r", 12, []byte("k\"é\n"), `al"ice`, 5, []byte(`1`))
+	p, _ := ServerFramePayload(f)
+	id, from, ok := MsgOrigin(p, buf[:])
+	if !ok || string(id) != "k\"é\n" || string(from) != `al"ice` {
+		t.Fatalf("%q %q %v", id, from, ok)
+	}
+	for _, bad := range []string{`{"op":"signal"}`, `{"op":"msg","room":"r","seq":1}`, `{"op":"msg","room":"r","seq":1,"id":"k"`} {
+		if _, _, ok := MsgOrigin([]byte(bad), buf[:]); ok {
+			t.Fatalf("%s: ok", bad)
+		}
+	}
+	if a := testing.AllocsPerRun(100, func() { _, _, _ = MsgOrigin(p, buf[:]) }); a != 0 {
+		t.Fatalf("MsgOrigin allocates %v", a)
+	}
+}
