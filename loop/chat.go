@@ -16,14 +16,42 @@ const (
 	DefaultSignalBurst = 20
 )
 
+// mayRead says why c may not join, read the history of or ask the
+// presence of room, or "" when it may. An inbox ("@user") is its user's
+// alone, whatever the token's rooms.
+func (c *conn) mayRead(room []byte) string {
+	if proto.IsInbox(room) {
+		if !proto.InboxOf(room, c.user) {
+			return "an inbox is joined by its own user only"
+		}
+		return ""
+	}
+	if !c.rooms.allows(room) {
+		return "token does not allow this room"
+	}
+	return ""
+}
+
+// mayWrite says why c may not publish or signal to room, or "": inboxes
+// are written by the Server API only.
+func (c *conn) mayWrite(room []byte) string {
+	if proto.IsInbox(room) {
+		return "an inbox is written by the Server API only"
+	}
+	if !c.rooms.allows(room) {
+		return "token does not allow this room"
+	}
+	return ""
+}
+
 // signal hands a client's signal to fanout: the room's publish permission,
 // the connection's signal rate, then one frame for every other member of
 // the room on every node. Loop only; allocation-free (the frame is carved
 // from the loop's arena).
 func (c *conn) signal(cmd *proto.Command) {
 	l := c.l
-	if !c.rooms.allows(cmd.Room) {
-		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
+	if msg := c.mayWrite(cmd.Room); msg != "" {
+		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
 		return
 	}
 	if wait := c.takeSignal(); wait > 0 {

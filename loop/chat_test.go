@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
@@ -184,4 +185,45 @@ func TestEchoOffRedis(t *testing.T) {
 	bob.expectSeqs("r", 1, 10)
 	bob.send(`{"op":"pub","room":"r","id":"b","body":0}`)
 	a1.expect(map[string]any{"op": "msg", "seq": 11, "from": "bob"})
+}
+
+// An inbox is joined by its own user only, whatever the token's rooms,
+// and written by no client.
+func TestInboxRules(t *testing.T) {
+	n := startNode(t, nil)
+	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	alice.send(`{"op":"join","room":"@alice"}`)
+	alice.expect(map[string]any{"op": "joined", "room": "@alice", "seq": 0})
+	bob.send(`{"op":"join","room":"@alice"}`)
+	bob.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "@alice"})
+	bob.send(`{"op":"history","room":"@alice"}`)
+	bob.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "@alice"})
+	for _, c := range []*client{alice, bob} {
+		c.send(`{"op":"pub","room":"@alice","id":"k","body":1}`)
+		c.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "k"})
+		c.send(`{"op":"signal","room":"@alice","body":1}`)
+		c.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "@alice"})
+	}
+	alice.send(`{"op":"join","room":"@"}`)
+	alice.expect(map[string]any{"op": "err", "code": "bad_request"})
+	s := n.sse(t, "user=bob&app=test&room=%40alice")
+	if s.status != 403 {
+		t.Fatalf("SSE of another's inbox: %d", s.status)
+	}
+}
+
+// In token mode too, the token's rooms do not matter for the own inbox.
+func TestInboxWithTokenRooms(t *testing.T) {
+	n := startNode(t, func(c *Config) {
+		c.Insecure = false
+		c.Apps = map[string][]byte{"test": []byte("0123456789abcdef0123456789abcdef")}
+	})
+	tok := SignToken([]byte("0123456789abcdef0123456789abcdef"), "test", "alice", time.Now().Add(time.Hour), []string{"lobby"})
+	alice := n.dialQuery(t, "token="+tok)
+	alice.send(`{"op":"join","room":"@alice"}`)
+	alice.expect(map[string]any{"op": "joined", "room": "@alice"})
+	alice.send(`{"op":"join","room":"@bob"}`)
+	alice.expect(map[string]any{"op": "err", "code": "forbidden"})
+	alice.send(`{"op":"join","room":"other"}`)
+	alice.expect(map[string]any{"op": "err", "code": "forbidden"})
 }

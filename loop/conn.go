@@ -661,8 +661,8 @@ var _ fanout.Owner = (*conn)(nil)
 
 func (c *conn) join(cmd *proto.Command) {
 	l := c.l
-	if !c.rooms.allows(cmd.Room) {
-		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
+	if msg := c.mayRead(cmd.Room); msg != "" {
+		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
 		return
 	}
 	if !c.admitJoin() {
@@ -695,8 +695,8 @@ func (c *conn) join(cmd *proto.Command) {
 // in turn with the connection's history requests.
 func (c *conn) presence(cmd *proto.Command) {
 	l := c.l
-	if !c.rooms.allows(cmd.Room) {
-		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
+	if msg := c.mayRead(cmd.Room); msg != "" {
+		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
 		return
 	}
 	if err := l.table.Presence(&c.m, l.intern(l.roomKey(c, cmd.Room))); err != nil {
@@ -713,8 +713,8 @@ func (c *conn) leave(cmd *proto.Command) {
 
 func (c *conn) pub(cmd *proto.Command) {
 	l := c.l
-	if !c.rooms.allows(cmd.Room) {
-		c.sendErr(cmd.ID, proto.CodeForbidden, "token does not allow this room")
+	if msg := c.mayWrite(cmd.Room); msg != "" {
+		c.sendErr(cmd.ID, proto.CodeForbidden, msg)
 		return
 	}
 	if l.draining {
@@ -800,8 +800,8 @@ func (l *loopState) ack(ps *pubStamp) {
 
 func (c *conn) history(cmd *proto.Command) {
 	l := c.l
-	if !c.rooms.allows(cmd.Room) {
-		c.sendErr(cmd.Room, proto.CodeForbidden, "token does not allow this room")
+	if msg := c.mayRead(cmd.Room); msg != "" {
+		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
 		return
 	}
 	key := l.intern(l.roomKey(c, cmd.Room))

@@ -73,7 +73,7 @@ func (c *conn) openSSE(req *proto.Request) {
 		return
 	}
 	for _, r := range rooms {
-		if !c.rooms.allows(l.sseBuf[r.start:r.end]) {
+		if c.mayRead(l.sseBuf[r.start:r.end]) != "" {
 			c.refuseSSE(errSSEForbidden)
 			return
 		}

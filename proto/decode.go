@@ -63,8 +63,12 @@ var roomChar = func() (t [256]bool) {
 	return t
 }()
 
-// ValidRoom reports whether room matches [A-Za-z0-9_.:-]{1,128}.
+// ValidRoom reports whether room matches [A-Za-z0-9_.:-]{1,128}, or is
+// an inbox: "@" and such a name (IsInbox).
 func ValidRoom(room []byte) bool {
+	if len(room) > 1 && room[0] == '@' {
+		room = room[1:]
+	}
 	if len(room) == 0 || len(room) > maxRoom {
 		return false
 	}

@@ -87,3 +87,13 @@ func stringAt(b []byte, i int, buf []byte) (s []byte, next int, rest []byte, ok 
 }
 
 func hasPrefix(b []byte, p string) bool { return len(b) >= len(p) && string(b[:len(p)]) == p }
+
+// IsInbox reports whether room names a user's inbox: "@" and the user's
+// id (the @ is reserved to inboxes). Only that user's connections may
+// join it, and only the Server API writes to it.
+func IsInbox[R text](room R) bool { return len(room) > 1 && room[0] == '@' }
+
+// InboxOf reports whether room is user's own inbox.
+func InboxOf[R text](room R, user string) bool {
+	return IsInbox(room) && string(room[1:]) == user
+}

@@ -46,8 +46,8 @@ type Command struct {
 	// Scratch for a room or id that arrived with JSON escapes: Room and ID
 	// then point here instead of into the payload, so Decode stays
 	// allocation-free. A copied Command still points into the original.
-	roomBuf  [maxRoom]byte
-	idBuf    [maxID * 4]byte // 64 characters of up to 4 bytes
+	roomBuf  [maxRoom + 1]byte // an inbox's @ and a room name
+	idBuf    [maxID * 4]byte   // 64 characters of up to 4 bytes
 	epochBuf [MaxEpoch]byte
 }
 

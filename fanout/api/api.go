@@ -145,6 +145,7 @@ func New(cfg Config, p Parts) *Server {
 	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}/messages", s.history)
 	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}", s.room)
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/disconnect", s.disconnect)
+	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/messages", s.publish) // into the user's inbox, "@user"
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
 	})
@@ -273,6 +274,13 @@ func secretMatches(a *proto.App, secret []byte, now time.Time) bool {
 }
 
 func (s *Server) roomOf(w http.ResponseWriter, r *http.Request, route int) (string, bool) {
+	if user := r.PathValue("user"); user != "" {
+		if room := "@" + user; proto.ValidRoom([]byte(room)) {
+			return room, true
+		}
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user for an inbox: want [A-Za-z0-9_.:-]{1,128}")
+		return "", false
+	}
 	room := r.PathValue("room")
 	if !proto.ValidRoom([]byte(room)) {
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid room name: want [A-Za-z0-9_.:-]{1,128}")
