@@ -95,6 +95,13 @@ type Stats struct {
 	SignalsSent    atomic.Uint64
 	SignalsSkipped atomic.Uint64
 	SignalsLimited atomic.Uint64
+	// Read positions: written to the store, coalesced into a later write
+	// of the same user and room, publishes whose position move was
+	// dropped (the queue full), and failed writes (retried).
+	ReadMarksWritten   atomic.Uint64
+	ReadMarksCoalesced atomic.Uint64
+	ReadMarksDropped   atomic.Uint64
+	ReadSaveErrors     atomic.Uint64
 
 	PublishLatency Observer
 	BrokerLatency  Observer
@@ -124,6 +131,8 @@ const (
 	evReset                           // the broker may have lost messages
 	evPresence                        // key, frame: a presence_diff for the room's presence subscribers
 	evSignal                          // key, seq (the sender's tag), frame, sse: a signal of a room (signal.go)
+	evReadDone                        // member, key, seq, err: the answer to a read mark (readpos.go)
+	evUserFrame                       // key ("app/user"), seq (the marker's tag), frame: for a user's connections
 )
 
 // Event is work for a loop's Table, made by fanout on another goroutine
@@ -169,6 +178,10 @@ func (t *Table) Run(ev *Event) {
 		if r := t.rooms[ev.key]; r != nil {
 			t.signal(r, ev.seq, ev.frame, ev.sse)
 		}
+	case evReadDone:
+		t.readDone(ev)
+	case evUserFrame:
+		t.userFrame(ev.key, ev.seq, ev.frame)
 	case evPresence:
 		if r := t.rooms[ev.key]; r != nil {
 			for _, m := range r.watchers {
@@ -205,6 +218,7 @@ type Node struct {
 
 	reads     chan readJob
 	signals   chan signalJob
+	pos       *positions
 	sigNode   uint64        // this node's part of its members' signal tags
 	sigSerial atomic.Uint32 // the members' part
 	replays   *ReplayShare
@@ -246,6 +260,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		done:    make(chan struct{}),
 	}
 	n.replays.reads, n.replays.served = &n.Stats.ReplayReads, &n.Stats.Replays
+	n.pos = newPositions(n, p.Store)
 	n.Stats.PublishLatency = orNone(p.PublishLatency)
 	n.Stats.BrokerLatency = orNone(p.BrokerLatency)
 	n.Stats.DeliveryLag = orNone(p.DeliveryLag)
@@ -299,6 +314,13 @@ func New(cfg Config, p Parts) (*Node, error) {
 	go n.rebroadcaster()
 	n.wg.Add(1)
 	go n.signaller()
+	n.bus.Subscribe(proto.ReadKey, func(err error) {
+		if err != nil {
+			n.log.Warn("cannot subscribe to read positions yet; retrying", "err", err)
+		}
+	})
+	n.wg.Add(1)
+	go n.pos.run()
 	return n, nil
 }
 
@@ -343,6 +365,7 @@ func (n *Node) committed(batch []*PubRequest) {
 		n.Stats.PublishLatency.Observe((now - req.Entered).Seconds())
 		if req.Err == nil && !req.Duplicate {
 			sc.pubs = append(sc.pubs, pubsub.Publication{Key: req.Key, Seq: req.Seq, Frame: req.Frame})
+			n.ownPublish(req.Key, req.From, req.Seq)
 		}
 	}
 	if k := len(sc.pubs); k > 0 {
@@ -402,6 +425,9 @@ func (n *Node) OnMessage(key string, seq uint64, frame []byte) {
 		return
 	case proto.PresenceKey:
 		n.pres.received(frame)
+		return
+	case proto.ReadKey:
+		n.receivedRead(frame)
 		return
 	}
 	n.hub.OnMessage(key, seq, frame)

@@ -227,6 +227,9 @@ func (t *Table) Leave(m *Member, key []byte) {
 // Close forgets m everywhere: rooms, joins on the way, pending output.
 // The loop calls it when the connection is gone (its Out closed). Loop only.
 func (t *Table) Close(m *Member) {
+	if m.chat != nil && m.chat.userKey != "" {
+		t.removeUser(m)
+	}
 	t.node.Stats.Joined.Add(-int64(m.Rooms()))
 	if m.reads != nil {
 		m.reads.gone.Store(true)

@@ -38,6 +38,9 @@ type signalJob struct {
 	frame []byte
 }
 
+// signalNodeMask keeps the node's part of a tag (with signalBit).
+const signalNodeMask = signalBit | 0x7fffffff<<32
+
 // signalNode is the node's random part of its members' signal tags.
 func signalNode() uint64 { return uint64(rand.Uint32()>>1) << 32 }
 
@@ -54,16 +57,33 @@ func (t *Table) Signal(m *Member, key string, room []byte, from string, body []b
 	if n == nil {
 		return
 	}
-	if m.sig == 0 {
-		m.sig = signalBit | n.sigNode | uint64(n.sigSerial.Add(1))
-	}
+	tag := n.tagOf(m)
 	a := t.arena
 	frame := a.Keep(proto.AppendSignalFrame(a.Space(proto.SignalFrameLen(room, from, body)), room, from, body))
 	select {
-	case n.signals <- signalJob{key: key, tag: m.sig, frame: frame}:
+	case n.signals <- signalJob{key: key, tag: tag, frame: frame}:
 	default:
 		n.Stats.SignalsSkipped.Add(1)
 	}
+}
+
+// tagOf is m's sender tag, made at its first use. Loop only.
+func (n *Node) tagOf(m *Member) uint64 {
+	if m.chat == nil {
+		m.chat = &memberChat{}
+	}
+	if m.chat.sig == 0 {
+		m.chat.sig = signalBit | n.sigNode | uint64(n.sigSerial.Add(1))
+	}
+	return m.chat.sig
+}
+
+// Chat is m's chat state, made on first use. Loop only.
+func (m *Member) Chat() *memberChat {
+	if m.chat == nil {
+		m.chat = &memberChat{}
+	}
+	return m.chat
 }
 
 // signaller hands queued signals to the broker, in batches of what has
@@ -105,7 +125,7 @@ func (t *Table) signal(r *Room, tag uint64, frame, event []byte) {
 	var sent, skipped uint64
 	half := t.q.Limit() / 2
 	for _, m := range r.members {
-		if m.sig == tag {
+		if m.chat != nil && m.chat.sig == tag {
 			continue
 		}
 		o := m.Out

@@ -16,10 +16,10 @@ func TestSignalSkipsSenderAndBusyMembers(t *testing.T) {
 	for _, m := range []*Member{sender, other, busy} {
 		tb.join(r, m)
 	}
-	sender.sig = signalBit | 7
+	sender.Chat().sig = signalBit | 7
 	busy.Out.SetBacklog(501) // over half of 1000
 	frame := proto.AppendSignalFrame(nil, "r", "alice", []byte(`{"typing":true}`))
-	tb.signal(r, sender.sig, frame, nil)
+	tb.signal(r, sender.chat.sig, frame, nil)
 	if sender.Out.PendingBytes() != 0 {
 		t.Fatal("the sender got its own signal")
 	}
@@ -32,7 +32,7 @@ func TestSignalSkipsSenderAndBusyMembers(t *testing.T) {
 	// Up to half the limit, signals are taken; past it they are skipped,
 	// and the member never turns slow.
 	for i := 0; i < 100; i++ {
-		tb.signal(r, sender.sig, frame, nil)
+		tb.signal(r, sender.chat.sig, frame, nil)
 	}
 	if other.Out.Slow() || tb.q.HasSlow() || other.Out.PendingBytes() > 500+len(frame) {
 		t.Fatalf("signals made a member slow or passed half its limit: pending %d", other.Out.PendingBytes())
@@ -58,11 +58,11 @@ func TestSignalDeliveryAllocationFree(t *testing.T) {
 	for _, m := range ms {
 		tb.join(r, m)
 	}
-	ms[0].sig = signalBit | 1
+	ms[0].Chat().sig = signalBit | 1
 	frame := proto.AppendSignalFrame(nil, "room", "alice", []byte(`{"typing":true}`))
 	round := func() {
 		for i := 0; i < 5; i++ {
-			tb.signal(r, ms[0].sig, frame, nil)
+			tb.signal(r, ms[0].chat.sig, frame, nil)
 		}
 		tb.flushAll()
 	}

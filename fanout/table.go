@@ -32,8 +32,19 @@ type Member struct {
 	joins []*joinState
 	reads *readQueue // its store reads; nil until it makes one
 	sse   *sseMember // nil for a WebSocket member
-	sig   uint64     // its signals' sender tag (signal.go); 0 until it sends one
 	own   *ownPubs   // its echo-off rooms and publishes in them (echo.go); nil: none
+	chat  *memberChat // its user and signal state (AddUser); nil until then
+}
+
+// memberChat is what a WebSocket member holds for chat state, apart so
+// that the connection's own state stays small.
+type memberChat struct {
+	// userKey is "app/user": its user's read positions reach it.
+	userKey string
+	sig     uint64 // its sender tag for signals and read marks (signal.go)
+	// SignalTAT is the connection's signal bucket (its theoretical
+	// arrival time), the loop's to spend.
+	SignalTAT int64
 }
 
 type slot struct {
@@ -86,6 +97,8 @@ type Table struct {
 	tailPaced []*Room
 
 	paced []*Member // members whose next store read waits for their output to leave (pump)
+
+	users map[string][]*Member // "app/user" -> its members on this loop (AddUser)
 }
 
 // newTable returns an empty table. limit is the outbound limit per member

@@ -62,8 +62,22 @@ func (c *conn) signal(cmd *proto.Command) {
 	l.table.Signal(&c.m, l.intern(l.roomKey(c, cmd.Room)), cmd.Room, c.user, cmd.Body)
 }
 
-// takeSignal spends one signal of the connection's bucket (GCRA: sigTAT is
-// the theoretical arrival time, ns since monoEpoch) and returns how long
+// markRead moves the user's read position in the room (answered by fanout
+// once the positions goroutine has it). Loop only.
+func (c *conn) markRead(cmd *proto.Command) {
+	l := c.l
+	if msg := c.mayRead(cmd.Room); msg != "" {
+		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
+		return
+	}
+	if !l.table.MarkRead(&c.m, l.intern(l.roomKey(c, cmd.Room)), c.user, cmd.Seq) {
+		l.srv.Stats.Overloaded.Add(1)
+		c.sendErr(cmd.Room, proto.CodeOverloaded, "read positions are behind: retry")
+	}
+}
+
+// takeSignal spends one signal of the connection's bucket (GCRA over the
+// member's SignalTAT, ns since monoEpoch) and returns how long
 // to wait when it is empty, else 0. Loop only: the bucket is the
 // connection's, so it needs no atomics.
 func (c *conn) takeSignal() int64 {
@@ -74,11 +88,12 @@ func (c *conn) takeSignal() int64 {
 	interval := int64(float64(time.Second) / cfg.SignalRate)
 	tolerance := interval * int64(max(cfg.SignalBurst-1, 0))
 	now := int64(time.Since(monoEpoch))
-	t := max(c.sigTAT, now)
+	ch := c.m.Chat()
+	t := max(ch.SignalTAT, now)
 	if wait := t - now - tolerance; wait > 0 {
 		return wait
 	}
-	c.sigTAT = t + interval
+	ch.SignalTAT = t + interval
 	return 0
 }
 

@@ -1,6 +1,7 @@
 package loop
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -226,4 +227,80 @@ func TestInboxWithTokenRooms(t *testing.T) {
 	alice.expect(map[string]any{"op": "err", "code": "forbidden"})
 	alice.send(`{"op":"join","room":"other"}`)
 	alice.expect(map[string]any{"op": "err", "code": "forbidden"})
+}
+
+// skipTo reads frames until one with op, and returns it.
+func (c *client) skipTo(op string) map[string]any {
+	c.t.Helper()
+	for {
+		if f := c.recv(); f["op"] == op {
+			return f
+		}
+	}
+}
+
+// Read positions: monotonic, checked against the room's newest seq,
+// answered to every connection of the user, moved by the user's own pub.
+func TestReadPositions(t *testing.T) {
+	n := startNode(t, nil)
+	a1, a2, bob := n.dial(t, "alice"), n.dial(t, "alice"), n.dial(t, "bob")
+	publish(t, bob, "r", "m", 3)
+	a1.send(`{"op":"read","room":"r","seq":2}`)
+	a1.expect(map[string]any{"op": "read", "room": "r", "seq": 2})
+	a2.expect(map[string]any{"op": "read", "room": "r", "seq": 2}) // the other tab
+	a1.send(`{"op":"read","room":"r","seq":1}`)
+	a1.expect(map[string]any{"op": "read", "room": "r", "seq": 2}) // never back
+	a1.send(`{"op":"read","room":"r","seq":4}`)
+	a1.expect(map[string]any{"op": "err", "code": "bad_request", "ref": "r"})
+	a1.send(`{"op":"read","room":"r","seq":1.5}`)
+	a1.expect(map[string]any{"op": "err", "code": "bad_request", "ref": "r"})
+	a1.send(`{"op":"read","room":"r","seq":"3"}`)
+	a1.expect(map[string]any{"op": "err", "code": "bad_request", "ref": "r"})
+	a1.send(`{"op":"read","room":"r"}`)
+	a1.expect(map[string]any{"op": "err", "code": "bad_request", "ref": "r"})
+	a1.send(`{"op":"read","room":"@bob","seq":0}`)
+	a1.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "@bob"})
+	// Bob's own publishes moved his position.
+	bob.send(`{"op":"read","room":"r","seq":0}`)
+	bob.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	// So do alice's.
+	a1.send(`{"op":"pub","room":"r","id":"own","body":1}`)
+	a1.expect(map[string]any{"op": "ack", "seq": 4})
+	a1.send(`{"op":"read","room":"r","seq":0}`)
+	a1.expect(map[string]any{"op": "read", "room": "r", "seq": 4})
+}
+
+// Two nodes on PostgreSQL and Redis: a read reaches the user's tab on the
+// other node, and the position survives the nodes (a node started later
+// reads it from the database).
+func TestReadPositionsTwoNodesPostgres(t *testing.T) {
+	redistest.Require(t)
+	url := pgtest.NewDB(t)
+	prefix := redistest.Prefix(t)
+	pgA, pgB := openPG(t, url), openPG(t, url)
+	t.Cleanup(pgA.Close)
+	t.Cleanup(pgB.Close)
+	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	bob := a.dial(t, "bob")
+	publish(t, bob, "r", "m", 5)
+	aliceA, aliceB := a.dial(t, "alice"), b.dial(t, "alice")
+	aliceA.send(`{"op":"read","room":"r","seq":3}`)
+	aliceA.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	aliceB.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	aliceB.send(`{"op":"read","room":"r","seq":2}`)
+	aliceB.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	checkFor(t, 5*time.Second, func() bool { return a.fan.Stats.ReadMarksWritten.Load() >= 1 })
+
+	pgC := openPG(t, url)
+	t.Cleanup(pgC.Close)
+	c := startNodeWith(t, testConfig(), pgC, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	aliceC := c.dial(t, "alice")
+	aliceC.send(`{"op":"read","room":"r","seq":0}`)
+	aliceC.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	// Bob's own publishes were written too.
+	checkFor(t, 5*time.Second, func() bool {
+		p, err := pgC.ReadPosition(context.Background(), "test/r", "bob")
+		return err == nil && p == 5
+	})
 }

@@ -41,7 +41,6 @@ type conn struct {
 	rooms    *roomClaims // the token's rooms and expiry; nil: no token (insecure), every room
 	frag     *[]byte     // a fragmented message being assembled, nil otherwise (rare: a pointer keeps conn small)
 	opened   int64       // Unix ms
-	sigTAT   int64       // its signal bucket (chat.go)
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
 	skip     int32       // closing: payload bytes of the client's current frame still to discard; -1: discard all
@@ -366,6 +365,7 @@ func (c *conn) upgrade() bool {
 		return false
 	}
 	c.au = au
+	l.table.AddUser(&c.m, c.app.id, c.user)
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		// When each client came (and from where) is what a reconnect storm
 		// is read from; off by default, so the arguments are built only
@@ -572,6 +572,8 @@ func (c *conn) message(p []byte) {
 		c.presence(cmd)
 	case proto.OpSignal:
 		c.signal(cmd)
+	case proto.OpRead:
+		c.markRead(cmd)
 	}
 }
 

@@ -54,6 +54,8 @@ type Memory struct {
 	maxAppRooms  int
 	roomsRefused atomic.Uint64
 
+	reads memReads // users' read positions (reads.go)
+
 	appsMu sync.Mutex // apps, and every app's lru list
 	apps   map[string]*memApp
 

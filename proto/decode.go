@@ -33,6 +33,8 @@ var (
 	ErrMissingTok  = &Error{CodeBadRequest, "missing token"}
 	ErrBadPresence = &Error{CodeBadRequest, "presence must be true or false"}
 	ErrBadEcho     = &Error{CodeBadRequest, "echo must be true or false"}
+	ErrBadSeq      = &Error{CodeBadRequest, "seq must be a non-negative integer"}
+	ErrMissingSeq  = &Error{CodeBadRequest, "missing seq"}
 	ErrSignalSize  = &Error{CodeTooLarge, "signal body larger than 1024 bytes"}
 )
 
@@ -183,6 +185,8 @@ func opOf(raw []byte, esc bool) Op {
 		return OpPresence
 	case "signal":
 		return OpSignal
+	case "read":
+		return OpRead
 	}
 	return OpInvalid
 }
@@ -215,7 +219,7 @@ func Decode(payload []byte, cmd *Command) error {
 	if !ok {
 		return ErrMalformed
 	}
-	var op, room, id, body, since, before, limit, token, epoch, pres, echo presence
+	var op, room, id, body, since, before, limit, token, epoch, pres, echo, seq presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -277,7 +281,7 @@ func Decode(payload []byte, cmd *Command) error {
 					id, cmd.ID = valid, raw
 				}
 			}
-		case fieldSince, fieldBefore, fieldLimit:
+		case fieldSince, fieldBefore, fieldLimit, fieldSeq:
 			var v uint64
 			ok := false
 			if c := b[i]; c == '-' || '0' <= c && c <= '9' {
@@ -299,6 +303,8 @@ func Decode(payload []byte, cmd *Command) error {
 				since, cmd.Since = p, v
 			case fieldBefore:
 				before, cmd.Before = p, v
+			case fieldSeq:
+				seq, cmd.Seq = p, v
 			default:
 				limit, limitVal = p, v
 			}
@@ -412,6 +418,8 @@ func Decode(payload []byte, cmd *Command) error {
 		return ErrBadPresence
 	case echo == invalid:
 		return ErrBadEcho
+	case seq == invalid:
+		return ErrBadSeq
 	}
 	switch cmd.Op {
 	case OpJoin, OpLeave, OpPresence:
@@ -424,6 +432,13 @@ func Decode(payload []byte, cmd *Command) error {
 		}
 		if limit == valid && limitVal == 0 {
 			return ErrBadLimit
+		}
+	case OpRead:
+		switch {
+		case room == absent:
+			return ErrMissingRoom
+		case seq == absent:
+			return ErrMissingSeq
 		}
 	case OpSignal:
 		switch {
@@ -455,7 +470,7 @@ func Decode(payload []byte, cmd *Command) error {
 // those too would cost a 192-byte memclr per frame for bytes nobody reads.
 func (cmd *Command) reset() {
 	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch = OpInvalid, nil, nil, nil, nil, nil
-	cmd.Since, cmd.Before, cmd.Limit = 0, 0, 0
+	cmd.Since, cmd.Before, cmd.Limit, cmd.Seq = 0, 0, 0, 0
 	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence, cmd.NoEcho = false, false, false, false, false, false
 }
 

@@ -1,5 +1,7 @@
 package proto
 
+import "strconv"
+
 // A signal (typing, a cursor) is carried like a msg frame but never
 // stored: no seq, no id, no ts. Its frame is encoded once by the sending
 // node and shared by every receiver on every node.
@@ -96,4 +98,45 @@ func IsInbox[R text](room R) bool { return len(room) > 1 && room[0] == '@' }
 // InboxOf reports whether room is user's own inbox.
 func InboxOf[R text](room R, user string) bool {
 	return IsInbox(room) && string(room[1:]) == user
+}
+
+// ReadKey is the broker key every node subscribes to for read positions:
+// a user's `read` answer reaches the user's connections on every node
+// through it. Like ControlKey it has no "/", so no room has it.
+const ReadKey = "roost.read"
+
+const readPrefix = `{"op":"read","room":`
+
+// AppendReadFrame appends {"op":"read","room":..,"seq":..}.
+func AppendReadFrame[R text](dst []byte, room R, seq uint64) []byte {
+	n := len(readPrefix) + quotedLen(room) + len(`,"seq":`) + uintLen(seq) + 1
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = append(dst, readPrefix...)
+	dst = appendQuoted(dst, room)
+	dst = append(dst, `,"seq":`...)
+	dst = strconv.AppendUint(dst, seq, 10)
+	dst = append(dst, '}')
+	return endText(dst, start, n)
+}
+
+// ReadFrameOf reads the room and seq of a read object AppendReadFrame
+// encoded; ok is false for anything else.
+func ReadFrameOf(payload []byte) (room string, seq uint64, ok bool) {
+	if !hasPrefix(payload, readPrefix+`"`) {
+		return "", 0, false
+	}
+	i := len(readPrefix) + 1
+	e, esc, ok := scanString(payload, i)
+	if !ok || esc || !hasPrefix(payload[e:], `","seq":`) {
+		return "", 0, false
+	}
+	room = string(payload[i:e])
+	d := payload[e+len(`","seq":`):]
+	n := 0
+	for n < len(d) && n < 20 && '0' <= d[n] && d[n] <= '9' {
+		seq = seq*10 + uint64(d[n]-'0')
+		n++
+	}
+	return room, seq, n > 0
 }

@@ -13,6 +13,7 @@ const (
 	OpAuth     // token refresh
 	OpPresence // who is in a room
 	OpSignal   // an ephemeral frame to the room's other members (typing)
+	OpRead     // move the user's read position in a room
 )
 
 // Command is one decoded client frame. Its byte slices alias the decoded
@@ -26,6 +27,7 @@ type Command struct {
 	// Token is "token" (auth): a JWT, which never needs JSON escapes.
 	Token []byte
 
+	Seq       uint64 // "seq" (read)
 	Since     uint64 // "since" (join), valid if HasSince
 	Before    uint64 // "before" (history), valid if HasBefore
 	Limit     int    // "limit" (history), valid if HasLimit

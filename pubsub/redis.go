@@ -694,9 +694,9 @@ func (r *Redis) apply(batch []op) {
 	}
 	clear(r.readies)
 	// The gauges count rooms: the node-wide control and presence
-	// subscriptions are not rooms.
+	// subscriptions (and read positions') are not rooms.
 	sub, pend := len(r.activeOn), len(r.unsynced)
-	for _, k := range [...]string{proto.ControlKey, proto.PresenceKey} {
+	for _, k := range [...]string{proto.ControlKey, proto.PresenceKey, proto.ReadKey} {
 		if _, ok := r.activeOn[k]; ok {
 			sub--
 		}

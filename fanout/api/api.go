@@ -74,12 +74,13 @@ const (
 	RouteHistory
 	RouteRoom
 	RouteDisconnect
+	RouteChat  // a user's read positions and unread counts
 	RouteOther // no such route
 	numRoutes
 )
 
 // RouteNames label the routes in metrics.
-var RouteNames = [numRoutes]string{"publish", "history", "room", "disconnect", "other"}
+var RouteNames = [numRoutes]string{"publish", "history", "room", "disconnect", "chat", "other"}
 
 // Answer codes counted per route: 0 is a 2xx answer, the others are the
 // error codes (proto.Code values).
@@ -146,6 +147,7 @@ func New(cfg Config, p Parts) *Server {
 	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}", s.room)
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/disconnect", s.disconnect)
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/messages", s.publish) // into the user's inbox, "@user"
+	mux.HandleFunc("PUT /v1/apps/{app}/users/{user}/read", s.markRead)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
 	})

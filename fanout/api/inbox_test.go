@@ -31,3 +31,30 @@ func TestInboxPublish(t *testing.T) {
 		t.Fatalf("a user that cannot name an inbox: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// PUT .../read sets a read position as the read op does.
+func TestReadAPI(t *testing.T) {
+	s, _ := newTestAPI(t)
+	for i := 0; i < 3; i++ {
+		if rec := publish(s, `{"id":"k`+string(rune('0'+i))+`","from":"bot","body":1}`); rec.Code != 200 {
+			t.Fatal(rec.Body)
+		}
+	}
+	for _, c := range []struct {
+		body string
+		code int
+		want string
+	}{
+		{`{"room":"r","seq":2}`, 200, `{"room":"r","seq":2}`},
+		{`{"room":"r","seq":1}`, 200, `{"room":"r","seq":2}`},
+		{`{"room":"r","seq":4}`, 400, ""},
+		{`{"room":"r","seq":1.5}`, 400, ""},
+		{`{"room":"r"}`, 400, ""},
+		{`{"room":"r r","seq":1}`, 400, ""},
+	} {
+		rec := call(s, http.MethodPut, "/v1/apps/chat/users/alice/read", c.body)
+		if rec.Code != c.code || c.want != "" && strings.TrimSpace(rec.Body.String()) != c.want {
+			t.Errorf("%s: %d %s", c.body, rec.Code, rec.Body)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/proto"
+)
+
+// readRequest is PUT .../users/{user}/read: the read op's fields.
+type readRequest struct {
+	Room *string          `json:"room"`
+	Seq  *json.RawMessage `json:"seq"`
+}
+
+// markRead sets a user's read position as the read op does, answered with
+// the resulting position.
+func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
+	const route = RouteChat
+	t, ok := s.admit(w, r, route)
+	if !ok {
+		return
+	}
+	user := r.PathValue("user")
+	if !proto.ValidUser([]byte(user)) {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user id: 1 to 128 characters without control characters")
+		return
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
+	if err != nil {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "cannot read the request body (at most 4 KiB)")
+		return
+	}
+	var req readRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body is not a JSON object of room and seq: "+err.Error())
+		return
+	}
+	if req.Room == nil || !proto.ValidRoom([]byte(*req.Room)) {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "room must match [A-Za-z0-9_.:-]{1,128}, or be an inbox")
+		return
+	}
+	var seq uint64
+	if req.Seq == nil {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "missing seq")
+		return
+	}
+	if seq, err = strconv.ParseUint(string(*req.Seq), 10, 64); err != nil {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "seq must be a non-negative integer")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	pos, err := s.fan.MarkRead(ctx, proto.RoomKey(t.app.ID, *req.Room), user, seq)
+	switch {
+	case errors.Is(err, fanout.ErrReadBeyond):
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, err.Error())
+		return
+	case err != nil:
+		s.storeFail(w, route, err)
+		return
+	}
+	b := append([]byte(`{"room":`), quote(*req.Room)...)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, pos, 10)
+	s.ok(w, route, append(b, '}'))
+}
