@@ -30,9 +30,9 @@ type Member struct {
 	Out   *outq.Out[Owner]
 	slots []slot
 	joins []*joinState
-	reads *readQueue // its store reads; nil until it makes one
-	sse   *sseMember // nil for a WebSocket member
-	own   *ownPubs   // its echo-off rooms and publishes in them (echo.go); nil: none
+	reads *readQueue  // its store reads; nil until it makes one
+	sse   *sseMember  // nil for a WebSocket member
+	own   *ownPubs    // its echo-off rooms and publishes in them (echo.go); nil: none
 	chat  *memberChat // its user and signal state (AddUser); nil until then
 }
 
