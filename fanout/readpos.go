@@ -36,14 +36,16 @@ type posJob struct {
 	key   string
 	user  string
 	seq   uint64
-	m     *Member // the client that marked (nil: the API)
+	rooms []string // unread: the rooms asked (key is the app's "app/")
+	m     *Member  // the client that asked (nil: the API)
 	loop  int
 	reply chan posReply // the API's answer
 }
 
 type posReply struct {
-	seq uint64
-	err error
+	seq    uint64
+	unread []byte // an unread answer's rooms object
+	err    error
 }
 
 // positions is the node's read positions, owned by its goroutine.
@@ -142,6 +144,10 @@ func (p *positions) do(j posJob) {
 		}
 		return
 	}
+	if j.rooms != nil {
+		p.unread(j)
+		return
+	}
 	if j.own {
 		p.newest[j.key] = max(p.newest[j.key], j.seq)
 		p.move(k, j.seq)
@@ -151,7 +157,7 @@ func (p *positions) do(j posJob) {
 	defer cancel()
 	seq, err := p.mark(ctx, k, j.seq)
 	if j.reply != nil {
-		j.reply <- posReply{seq, err}
+		j.reply <- posReply{seq: seq, err: err}
 		return
 	}
 	if m := j.m; m != nil {
@@ -160,6 +166,86 @@ func (p *positions) do(j posJob) {
 	if err == nil {
 		p.broadcast(j.key, j.user, seq, j.m)
 	}
+}
+
+// Unread asks the unread counts of user in rooms of app for the client m
+// on this loop (answered with an unread frame). Loop only; false when the
+// queue is full.
+func (t *Table) Unread(m *Member, app, user string, rooms []string) bool {
+	n := t.node
+	if n == nil {
+		return false
+	}
+	select {
+	case n.pos.jobs <- posJob{key: app, user: user, rooms: rooms, m: m, loop: t.idx}:
+		return true
+	default:
+		return false
+	}
+}
+
+// Unread is the Server API's unread counts: the rooms object of the
+// unread answer.
+func (n *Node) Unread(ctx context.Context, app, user string, rooms []string) ([]byte, error) {
+	reply := make(chan posReply, 1)
+	select {
+	case n.pos.jobs <- posJob{key: app, user: user, rooms: rooms, reply: reply}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case r := <-reply:
+		return r.unread, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// unread counts, per room, the messages after the user's position: every
+// message is countable so far (there are no edits, deletes or reactions),
+// so a message's ordinal among the countable ones is its seq and the count
+// is the newest seq less the position, read with the room's seq and never
+// by scanning messages.
+func (p *positions) unread(j posJob) {
+	n := len(j.rooms)
+	keys := make([]string, n)
+	for i, r := range j.rooms {
+		keys[i] = proto.RoomKey(j.key, r)
+	}
+	vals := make([]uint64, 3*n)
+	last, read, count := vals[:n], vals[n:2*n], vals[2*n:]
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var err error
+	if p.reads != nil {
+		err = p.reads.Unread(ctx, keys, j.user, last, read)
+	} else {
+		for i, k := range keys {
+			if last[i], err = p.n.store.LastSeq(ctx, k); err != nil {
+				break
+			}
+		}
+	}
+	var obj []byte
+	if err == nil {
+		for i, k := range keys {
+			pk := posKey{k, j.user}
+			read[i] = max(read[i], p.pos[pk], p.floor[pk])
+			last[i] = max(last[i], p.newest[k])
+			read[i] = min(read[i], last[i])
+			count[i] = last[i] - read[i]
+		}
+		obj = proto.AppendUnreadObject(nil, j.rooms, read, last, count)
+	}
+	if j.reply != nil {
+		j.reply <- posReply{unread: obj, err: err}
+		return
+	}
+	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
+	if err == nil {
+		ev.frame = proto.AppendUnreadFrame(nil, j.rooms, read, last, count)
+	}
+	p.n.tables[j.loop].Load().loop.Post(ev)
 }
 
 // mark applies one mark: checked against the room's newest seq, then the
@@ -340,6 +426,14 @@ func (t *Table) userFrame(userKey string, tag uint64, frame []byte) {
 func (t *Table) readDone(ev *Event) {
 	m := ev.member
 	if m.Out.Closed() {
+		return
+	}
+	if ev.frame != nil {
+		t.enqueue(m, ev.frame)
+		return
+	}
+	if ev.err != nil && !strings.Contains(ev.key, "/") { // an unread request: key is the app
+		t.sendErr(m, nil, proto.CodeOverloaded, "cannot read unread counts now: retry")
 		return
 	}
 	room := roomName(ev.key)

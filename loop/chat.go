@@ -76,6 +76,28 @@ func (c *conn) markRead(cmd *proto.Command) {
 	}
 }
 
+// unread asks the user's unread counts in the rooms named (answered by
+// fanout). Every room must be one the connection may read.
+func (c *conn) unread(cmd *proto.Command) {
+	l := c.l
+	rooms := make([]string, 0, 8)
+	var refused []byte
+	proto.RoomList(cmd.Rooms, func(r []byte) {
+		if refused == nil && c.mayRead(r) != "" {
+			refused = append([]byte(nil), r...)
+		}
+		rooms = append(rooms, string(r))
+	})
+	if refused != nil {
+		c.sendErr(refused, proto.CodeForbidden, c.mayRead(refused))
+		return
+	}
+	if !l.table.Unread(&c.m, c.app.id, c.user, rooms) {
+		l.srv.Stats.Overloaded.Add(1)
+		c.sendErr(nil, proto.CodeOverloaded, "read positions are behind: retry")
+	}
+}
+
 // takeSignal spends one signal of the connection's bucket (GCRA over the
 // member's SignalTAT, ns since monoEpoch) and returns how long
 // to wait when it is empty, else 0. Loop only: the bucket is the

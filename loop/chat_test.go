@@ -3,6 +3,7 @@ package loop
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -303,4 +304,86 @@ func TestReadPositionsTwoNodesPostgres(t *testing.T) {
 		p, err := pgC.ReadPosition(context.Background(), "test/r", "bob")
 		return err == nil && p == 5
 	})
+}
+
+// Unread counts follow publishes and reads, against a model.
+func TestUnreadCounts(t *testing.T) {
+	n := startNode(t, nil)
+	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	publish(t, bob, "a", "m", 5)
+	publish(t, bob, "b", "m", 2)
+	alice.send(`{"op":"read","room":"a","seq":3}`)
+	alice.expect(map[string]any{"op": "read", "seq": 3})
+	alice.send(`{"op":"unread","rooms":["a","b","c"]}`)
+	if got := string(alice.recvRaw()); got != `{"op":"unread","rooms":{"a":{"read":3,"seq":5,"count":2},"b":{"read":0,"seq":2,"count":2},"c":{"read":0,"seq":0,"count":0}}}` {
+		t.Fatal(got)
+	}
+	alice.send(`{"op":"pub","room":"b","id":"x","body":1}`) // her own: read up to it
+	alice.expect(map[string]any{"op": "ack", "seq": 3})
+	alice.send(`{"op":"unread","rooms":["b"]}`)
+	if got := string(alice.recvRaw()); got != `{"op":"unread","rooms":{"b":{"read":3,"seq":3,"count":0}}}` {
+		t.Fatal(got)
+	}
+	many := `"r"` + strings.Repeat(`,"r"`, 100)
+	alice.send(`{"op":"unread","rooms":[` + many + `]}`)
+	alice.expect(map[string]any{"op": "err", "code": "bad_request"})
+	alice.send(`{"op":"unread","rooms":["a","@bob"]}`)
+	alice.expect(map[string]any{"op": "err", "code": "forbidden", "ref": "@bob"})
+}
+
+// Unread counts on PostgreSQL match a model after random publishes and
+// reads by several users, across two nodes.
+func TestUnreadModelPostgres(t *testing.T) {
+	redistest.Require(t)
+	url := pgtest.NewDB(t)
+	prefix := redistest.Prefix(t)
+	pgA, pgB := openPG(t, url), openPG(t, url)
+	t.Cleanup(pgA.Close)
+	t.Cleanup(pgB.Close)
+	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	rng := rand.New(rand.NewPCG(26, 1))
+	users := []string{"u0", "u1", "u2"}
+	rooms := []string{"r0", "r1", "r2", "r3"}
+	conns := map[string]*client{}
+	for i, u := range users {
+		nd := a
+		if i%2 == 1 {
+			nd = b
+		}
+		conns[u] = nd.dial(t, u)
+	}
+	last := map[string]uint64{}
+	read := map[string]uint64{} // user/room
+	for step := 0; step < 120; step++ {
+		u, r := users[rng.IntN(len(users))], rooms[rng.IntN(len(rooms))]
+		c := conns[u]
+		if rng.IntN(3) > 0 {
+			c.send(fmt.Sprintf(`{"op":"pub","room":"%s","id":"s%d","body":%d}`, r, step, step))
+			f := c.skipTo("ack")
+			last[r] = num(f["seq"])
+			read[u+"/"+r] = last[r]
+			continue
+		}
+		seq := uint64(rng.IntN(int(last[r]) + 1))
+		c.send(fmt.Sprintf(`{"op":"read","room":"%s","seq":%d}`, r, seq))
+		f := c.skipTo("read")
+		read[u+"/"+r] = max(read[u+"/"+r], seq)
+		if num(f["seq"]) != read[u+"/"+r] {
+			t.Fatalf("step %d: read %s %s answered %v, model %d", step, u, r, f["seq"], read[u+"/"+r])
+		}
+	}
+	for _, u := range users {
+		c := conns[u]
+		c.send(`{"op":"unread","rooms":["r0","r1","r2","r3"]}`)
+		f := c.skipTo("unread")
+		got, _ := f["rooms"].(map[string]any)
+		for _, r := range rooms {
+			e, _ := got[r].(map[string]any)
+			want := last[r] - read[u+"/"+r]
+			if num(e["count"]) != want || num(e["seq"]) != last[r] || num(e["read"]) != read[u+"/"+r] {
+				t.Fatalf("%s in %s: %v, model read %d seq %d count %d", u, r, e, read[u+"/"+r], last[r], want)
+			}
+		}
+	}
 }

@@ -574,6 +574,8 @@ func (c *conn) message(p []byte) {
 		c.signal(cmd)
 	case proto.OpRead:
 		c.markRead(cmd)
+	case proto.OpUnread:
+		c.unread(cmd)
 	}
 }
 

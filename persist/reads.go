@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/roost-chat/roost/proto"
 )
 
 // ReadMark is a user's read position in a room: the newest seq read.
@@ -25,6 +27,9 @@ type Reads interface {
 	// of work. A mark of a room that holds no message is dropped: no seq
 	// of it can have been read.
 	SaveReads(ctx context.Context, marks []ReadMark) error
+	// Unread fills last[i] and read[i] with the newest seq of the room
+	// keys[i] (all of one app) and user's position there, in one read.
+	Unread(ctx context.Context, keys []string, user string, last, read []uint64) error
 }
 
 // memReads is the memory store's read positions: room key -> user -> seq.
@@ -57,6 +62,56 @@ func (m *Memory) SaveReads(_ context.Context, marks []ReadMark) error {
 			m.reads.pos[r.Key] = users
 		}
 		users[r.User] = max(users[r.User], r.Seq)
+	}
+	return nil
+}
+
+// Unread implements Reads.
+func (m *Memory) Unread(ctx context.Context, keys []string, user string, last, read []uint64) error {
+	for i, k := range keys {
+		l, err := m.LastSeq(ctx, k)
+		if err != nil {
+			return err
+		}
+		last[i] = l
+	}
+	m.reads.mu.Lock()
+	defer m.reads.mu.Unlock()
+	for i, k := range keys {
+		read[i] = m.reads.pos[k][user]
+	}
+	return nil
+}
+
+// Unread implements Reads: one query for every room.
+func (p *Postgres) Unread(ctx context.Context, keys []string, user string, last, read []uint64) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	app, _ := proto.SplitKey(keys[0])
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		_, names[i] = proto.SplitKey(k)
+		last[i], read[i] = 0, 0
+	}
+	rows, err := p.pool.Query(ctx, `
+SELECT k.i, r.last_seq, coalesce(rp.seq, 0)
+FROM unnest($2::text[]) WITH ORDINALITY AS k (name, i)
+JOIN rooms r ON r.app = $1 AND r.name = k.name
+LEFT JOIN read_positions rp ON rp.room_id = r.id AND rp.user_id = $3`, app, names, user)
+	if err != nil {
+		return p.wrap("read unread counts", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i, l, r int64
+		if err := rows.Scan(&i, &l, &r); err != nil {
+			return p.wrap("read unread counts", err)
+		}
+		last[i-1], read[i-1] = uint64(l), uint64(r)
+	}
+	if err := rows.Err(); err != nil {
+		return p.wrap("read unread counts", err)
 	}
 	return nil
 }

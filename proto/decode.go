@@ -97,6 +97,7 @@ const (
 	fieldEpoch
 	fieldPresence
 	fieldEcho
+	fieldRooms
 	// DecodeServer only.
 	fieldFrom
 	fieldCode
@@ -141,6 +142,8 @@ func keyField(raw []byte, esc bool) field {
 		return fieldPresence
 	case "echo":
 		return fieldEcho
+	case "rooms":
+		return fieldRooms
 	case "from":
 		return fieldFrom
 	case "code":
@@ -187,6 +190,8 @@ func opOf(raw []byte, esc bool) Op {
 		return OpSignal
 	case "read":
 		return OpRead
+	case "unread":
+		return OpUnread
 	}
 	return OpInvalid
 }
@@ -219,7 +224,7 @@ func Decode(payload []byte, cmd *Command) error {
 	if !ok {
 		return ErrMalformed
 	}
-	var op, room, id, body, since, before, limit, token, epoch, pres, echo, seq presence
+	var op, room, id, body, since, before, limit, token, epoch, pres, echo, seq, rooms presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -361,6 +366,11 @@ func Decode(payload []byte, cmd *Command) error {
 				return ErrMalformed
 			}
 			body, cmd.Body = valid, b[vs:i]
+		case fieldRooms:
+			if i, ok = skipValue(b, i, 1); !ok {
+				return ErrMalformed
+			}
+			rooms, cmd.Rooms = valid, b[vs:i]
 		case fieldToken:
 			token, cmd.Token = invalid, nil
 			if b[i] != '"' {
@@ -433,6 +443,10 @@ func Decode(payload []byte, cmd *Command) error {
 		if limit == valid && limitVal == 0 {
 			return ErrBadLimit
 		}
+	case OpUnread:
+		if rooms == absent || !walkRooms(cmd.Rooms, cmd.listBuf[:], nil) {
+			return ErrBadRooms
+		}
 	case OpRead:
 		switch {
 		case room == absent:
@@ -469,7 +483,7 @@ func Decode(payload []byte, cmd *Command) error {
 // reset clears the decoded fields but not the scratch arrays: clearing
 // those too would cost a 192-byte memclr per frame for bytes nobody reads.
 func (cmd *Command) reset() {
-	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch = OpInvalid, nil, nil, nil, nil, nil
+	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch, cmd.Rooms = OpInvalid, nil, nil, nil, nil, nil, nil
 	cmd.Since, cmd.Before, cmd.Limit, cmd.Seq = 0, 0, 0, 0
 	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence, cmd.NoEcho = false, false, false, false, false, false
 }

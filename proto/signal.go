@@ -140,3 +140,98 @@ func ReadFrameOf(payload []byte) (room string, seq uint64, ok bool) {
 	}
 	return room, seq, n > 0
 }
+
+// MaxUnreadRooms bounds the rooms of one unread request.
+const MaxUnreadRooms = 100
+
+// ErrBadRooms refuses an unread request's rooms.
+var ErrBadRooms = &Error{CodeBadRequest, "rooms must be an array of 1 to 100 room names"}
+
+// RoomList walks a JSON array of room names (an unread request's rooms,
+// validated by Decode): fn gets each name, unescaped into a scratch buffer
+// when it held escapes (valid during the call only). It reports false
+// when raw is not an array of at most MaxUnreadRooms valid names (at
+// least one).
+func RoomList(raw []byte, fn func(room []byte)) bool {
+	var buf [maxRoom + 1]byte
+	return walkRooms(raw, buf[:], fn)
+}
+
+// walkRooms is RoomList with the caller's scratch buffer (Decode passes
+// its Command's, so that validating allocates nothing).
+func walkRooms(raw, buf []byte, fn func(room []byte)) bool {
+	i := skipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return false
+	}
+	i = skipWS(raw, i+1)
+	n := 0
+	if i < len(raw) && raw[i] == ']' {
+		return false
+	}
+	for {
+		if i >= len(raw) || raw[i] != '"' {
+			return false
+		}
+		e, esc, ok := scanString(raw, i+1)
+		if !ok {
+			return false
+		}
+		room := raw[i+1 : e]
+		if esc {
+			k, ok := unescape(buf, room)
+			if !ok {
+				return false
+			}
+			room = buf[:k]
+		}
+		if !ValidRoom(room) {
+			return false
+		}
+		if n++; n > MaxUnreadRooms {
+			return false
+		}
+		if fn != nil {
+			fn(room)
+		}
+		i = skipWS(raw, e+1)
+		if i < len(raw) && raw[i] == ',' {
+			i = skipWS(raw, i+1)
+			continue
+		}
+		return i < len(raw) && raw[i] == ']' && skipWS(raw, i+1) == len(raw)
+	}
+}
+
+// AppendUnreadObject appends the rooms object of an unread answer,
+// {"a":{"read":55,"seq":58,"count":3},...}: for each room its user's read
+// position, its newest seq and the messages after the position.
+func AppendUnreadObject(dst []byte, rooms []string, read, last, count []uint64) []byte {
+	dst = append(dst, '{')
+	for i, r := range rooms {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendQuoted(dst, r)
+		dst = append(dst, `:{"read":`...)
+		dst = strconv.AppendUint(dst, read[i], 10)
+		dst = append(dst, `,"seq":`...)
+		dst = strconv.AppendUint(dst, last[i], 10)
+		dst = append(dst, `,"count":`...)
+		dst = strconv.AppendUint(dst, count[i], 10)
+		dst = append(dst, '}')
+	}
+	return append(dst, '}')
+}
+
+// AppendUnreadFrame appends {"op":"unread","rooms":{...}} (AppendUnreadObject).
+func AppendUnreadFrame(dst []byte, rooms []string, read, last, count []uint64) []byte {
+	obj := AppendUnreadObject(nil, rooms, read, last, count)
+	n := len(`{"op":"unread","rooms":}`) + len(obj)
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = append(dst, `{"op":"unread","rooms":`...)
+	dst = append(dst, obj...)
+	dst = append(dst, '}')
+	return endText(dst, start, n)
+}

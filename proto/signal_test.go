@@ -85,3 +85,26 @@ func TestMsgOrigin(t *testing.T) {
 		t.Fatalf("MsgOrigin allocates %v", a)
 	}
 }
+
+func TestDecodeUnread(t *testing.T) {
+	var cmd Command
+	if err := Decode([]byte(`{"op":"unread","rooms":["a", "b\u0063" ,"@alice"]}`), &cmd); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	RoomList(cmd.Rooms, func(r []byte) { got = append(got, string(r)) })
+	if strings.Join(got, ",") != "a,bc,@alice" {
+		t.Fatal(got)
+	}
+	many := `["r"` + strings.Repeat(`,"r"`, 100) + `]`
+	for _, in := range []string{`{"op":"unread"}`, `{"op":"unread","rooms":[]}`, `{"op":"unread","rooms":"a"}`,
+		`{"op":"unread","rooms":["a",1]}`, `{"op":"unread","rooms":["a b"]}`, `{"op":"unread","rooms":` + many + `}`} {
+		if err := Decode([]byte(in), &cmd); err != ErrBadRooms {
+			t.Errorf("Decode(%.50s) = %v", in, err)
+		}
+	}
+	in := []byte(`{"op":"unread","rooms":["a","b"]}`)
+	if a := testing.AllocsPerRun(100, func() { _ = Decode(in, &cmd) }); a != 0 {
+		t.Fatalf("allocates %v", a)
+	}
+}

@@ -14,6 +14,7 @@ const (
 	OpPresence // who is in a room
 	OpSignal   // an ephemeral frame to the room's other members (typing)
 	OpRead     // move the user's read position in a room
+	OpUnread   // the user's unread counts in some rooms
 )
 
 // Command is one decoded client frame. Its byte slices alias the decoded
@@ -27,7 +28,10 @@ type Command struct {
 	// Token is "token" (auth): a JWT, which never needs JSON escapes.
 	Token []byte
 
-	Seq       uint64 // "seq" (read)
+	Seq uint64 // "seq" (read)
+	// Rooms (unread) is the raw JSON array of room names, validated:
+	// walk it with RoomList.
+	Rooms     []byte
 	Since     uint64 // "since" (join), valid if HasSince
 	Before    uint64 // "before" (history), valid if HasBefore
 	Limit     int    // "limit" (history), valid if HasLimit
@@ -51,6 +55,7 @@ type Command struct {
 	roomBuf  [maxRoom + 1]byte // an inbox's @ and a room name
 	idBuf    [maxID * 4]byte   // 64 characters of up to 4 bytes
 	epochBuf [MaxEpoch]byte
+	listBuf  [maxRoom + 1]byte // a name of Rooms, checked
 }
 
 // MaxEpoch bounds a room epoch's length in bytes (an epoch names the

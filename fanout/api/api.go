@@ -148,6 +148,7 @@ func New(cfg Config, p Parts) *Server {
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/disconnect", s.disconnect)
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/messages", s.publish) // into the user's inbox, "@user"
 	mux.HandleFunc("PUT /v1/apps/{app}/users/{user}/read", s.markRead)
+	mux.HandleFunc("GET /v1/apps/{app}/users/{user}/unread", s.unread)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
 	})

@@ -71,3 +71,37 @@ func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
 	b = strconv.AppendUint(b, pos, 10)
 	s.ok(w, route, append(b, '}'))
 }
+
+// unread answers a user's unread counts in the rooms named by the room
+// parameters, as the unread op's rooms object.
+func (s *Server) unread(w http.ResponseWriter, r *http.Request) {
+	const route = RouteChat
+	t, ok := s.admit(w, r, route)
+	if !ok {
+		return
+	}
+	user := r.PathValue("user")
+	if !proto.ValidUser([]byte(user)) {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user id: 1 to 128 characters without control characters")
+		return
+	}
+	rooms := r.URL.Query()["room"]
+	if len(rooms) == 0 || len(rooms) > proto.MaxUnreadRooms {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "name 1 to 100 rooms with room=")
+		return
+	}
+	for _, room := range rooms {
+		if !proto.ValidRoom([]byte(room)) {
+			s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid room name: "+strconv.Quote(room))
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	obj, err := s.fan.Unread(ctx, t.app.ID, user, rooms)
+	if err != nil {
+		s.storeFail(w, route, err)
+		return
+	}
+	s.ok(w, route, obj)
+}

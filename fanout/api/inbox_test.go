@@ -58,3 +58,25 @@ func TestReadAPI(t *testing.T) {
 		}
 	}
 }
+
+func TestUnreadAPI(t *testing.T) {
+	s, _ := newTestAPI(t)
+	for i := 0; i < 3; i++ {
+		if rec := publish(s, `{"id":"k`+string(rune('0'+i))+`","from":"bot","body":1}`); rec.Code != 200 {
+			t.Fatal(rec.Body)
+		}
+	}
+	if rec := call(s, http.MethodPut, "/v1/apps/chat/users/alice/read", `{"room":"r","seq":1}`); rec.Code != 200 {
+		t.Fatal(rec.Body)
+	}
+	rec := call(s, http.MethodGet, "/v1/apps/chat/users/alice/unread?room=r&room=z", "")
+	if rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != `{"r":{"read":1,"seq":3,"count":2},"z":{"read":0,"seq":0,"count":0}}` {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if rec := call(s, http.MethodGet, "/v1/apps/chat/users/alice/unread", ""); rec.Code != 400 {
+		t.Fatalf("no rooms: %d", rec.Code)
+	}
+	if rec := call(s, http.MethodGet, "/v1/apps/chat/users/alice/unread?room="+strings.Repeat("x", 129), ""); rec.Code != 400 {
+		t.Fatalf("bad room: %d", rec.Code)
+	}
+}
