@@ -133,6 +133,7 @@ const (
 	evSignal                          // key, seq (the sender's tag), frame, sse: a signal of a room (signal.go)
 	evReadDone                        // member, key, seq, err: the answer to a read mark (readpos.go)
 	evUserFrame                       // key ("app/user"), seq (the marker's tag), frame: for a user's connections
+	evReceipts                        // key, frame: a receipts frame for the room's receipts subscribers
 )
 
 // Event is work for a loop's Table, made by fanout on another goroutine
@@ -182,6 +183,10 @@ func (t *Table) Run(ev *Event) {
 		t.readDone(ev)
 	case evUserFrame:
 		t.userFrame(ev.key, ev.seq, ev.frame)
+	case evReceipts:
+		for _, m := range t.receipts[ev.key] {
+			t.enqueue(m, ev.frame)
+		}
 	case evPresence:
 		if r := t.rooms[ev.key]; r != nil {
 			for _, m := range r.watchers {

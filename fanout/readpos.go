@@ -32,7 +32,8 @@ type posKey struct{ key, user string }
 
 type posJob struct {
 	own   bool // a publish of the user (no answer, no check)
-	seen  bool // another node's answer: a floor for this node's view
+	seen     bool // another node's answer: a floor for this node's view
+	receipts bool // a receipts query
 	key   string
 	user  string
 	seq   uint64
@@ -57,12 +58,13 @@ type positions struct {
 	floor  map[posKey]uint64 // positions other nodes announced, not yet known here
 	dirty  map[posKey]uint64 // moved since the last write
 	newest map[string]uint64 // rooms' newest seqs seen
+	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
 	buf    []persist.ReadMark
 }
 
 func newPositions(n *Node, st persist.Store) *positions {
 	p := &positions{n: n, jobs: make(chan posJob, posQueue), pos: map[posKey]uint64{},
-		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, floor: map[posKey]uint64{}}
+		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, floor: map[posKey]uint64{}, moved: map[string]map[string]uint64{}}
 	p.reads, _ = st.(persist.Reads)
 	return p
 }
@@ -124,15 +126,21 @@ func (p *positions) run() {
 			p.do(j)
 		case <-tick.C:
 			p.flush()
+			p.receiptsFlush()
 		}
 	}
 }
 
 func (p *positions) do(j posJob) {
 	k := posKey{j.key, j.user}
+	if j.receipts {
+		p.receipts(j)
+		return
+	}
 	if j.seen {
 		// Another node wrote it (coalesced, maybe not yet): this node's
 		// answers must not go below it meanwhile.
+		p.movedTo(j.key, j.user, j.seq)
 		p.newest[j.key] = max(p.newest[j.key], j.seq)
 		if cur, ok := p.pos[k]; ok {
 			p.pos[k] = max(cur, j.seq)
@@ -155,6 +163,7 @@ func (p *positions) do(j posJob) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	before := p.pos[k]
 	seq, err := p.mark(ctx, k, j.seq)
 	if j.reply != nil {
 		j.reply <- posReply{seq: seq, err: err}
@@ -163,7 +172,9 @@ func (p *positions) do(j posJob) {
 	if m := j.m; m != nil {
 		p.n.tables[j.loop].Load().loop.Post(Event{kind: evReadDone, member: m, key: j.key, seq: seq, err: err})
 	}
-	if err == nil {
+	if err == nil && seq > before {
+		// Moved (as far as this node knew): the user's other connections
+		// hear of it; an unmoved position is news to none of them.
 		p.broadcast(j.key, j.user, seq, j.m)
 	}
 }
@@ -273,6 +284,7 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 	}
 	if seq > cur {
 		p.move(k, seq)
+		p.movedTo(k.key, k.user, seq)
 		return seq, nil
 	}
 	return cur, nil

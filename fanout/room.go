@@ -214,6 +214,9 @@ func (t *Table) Leave(m *Member, key []byte) {
 	if m.own != nil {
 		m.own.forget(r.key)
 	}
+	if m.chat != nil && len(m.chat.receipts) > 0 {
+		t.SetReceipts(m, r.key, false)
+	}
 	if m.findJoin(r) != nil {
 		r.removeJoiner(m)
 		m.dropJoin(r)
@@ -230,6 +233,7 @@ func (t *Table) Close(m *Member) {
 	if m.chat != nil && m.chat.userKey != "" {
 		t.removeUser(m)
 	}
+	t.dropReceipts(m)
 	t.node.Stats.Joined.Add(-int64(m.Rooms()))
 	if m.reads != nil {
 		m.reads.gone.Store(true)

@@ -45,6 +45,7 @@ type memberChat struct {
 	// SignalTAT is the connection's signal bucket (its theoretical
 	// arrival time), the loop's to spend.
 	SignalTAT int64
+	receipts  []string // keys of the rooms it gets receipts of
 }
 
 type slot struct {
@@ -98,7 +99,8 @@ type Table struct {
 
 	paced []*Member // members whose next store read waits for their output to leave (pump)
 
-	users map[string][]*Member // "app/user" -> its members on this loop (AddUser)
+	users    map[string][]*Member // "app/user" -> its members on this loop (AddUser)
+	receipts map[string][]*Member // room key -> its receipts subscribers on this loop
 }
 
 // newTable returns an empty table. limit is the outbound limit per member

@@ -98,6 +98,20 @@ func (c *conn) unread(cmd *proto.Command) {
 	}
 }
 
+// receipts asks every user's read position in the room (answered by
+// fanout).
+func (c *conn) receipts(cmd *proto.Command) {
+	l := c.l
+	if msg := c.mayRead(cmd.Room); msg != "" {
+		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
+		return
+	}
+	if !l.table.Receipts(&c.m, l.intern(l.roomKey(c, cmd.Room))) {
+		l.srv.Stats.Overloaded.Add(1)
+		c.sendErr(cmd.Room, proto.CodeOverloaded, "read positions are behind: retry")
+	}
+}
+
 // takeSignal spends one signal of the connection's bucket (GCRA over the
 // member's SignalTAT, ns since monoEpoch) and returns how long
 // to wait when it is empty, else 0. Loop only: the bucket is the

@@ -387,3 +387,63 @@ func TestUnreadModelPostgres(t *testing.T) {
 		}
 	}
 }
+
+// Receipts: a join with receipts gets the moved positions, at most once a
+// second per room; the receipts query lists every position, newest first.
+func TestReceipts(t *testing.T) {
+	n := startNode(t, nil)
+	alice, bob, carol := n.dial(t, "alice"), n.dial(t, "bob"), n.dial(t, "carol")
+	alice.send(`{"op":"join","room":"r","receipts":true}`)
+	alice.expect(map[string]any{"op": "joined"})
+	publish(t, carol, "r", "m", 3)
+	alice.expectSeqs("r", 1, 3)
+	bob.send(`{"op":"read","room":"r","seq":2}`)
+	bob.expect(map[string]any{"op": "read", "seq": 2})
+	carol.send(`{"op":"read","room":"r","seq":3}`)
+	carol.expect(map[string]any{"op": "read", "seq": 3}) // her own publishes had moved it: no news
+	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"bob":2}}` {
+		t.Fatal(got)
+	}
+	alice.send(`{"op":"receipts","room":"r"}`)
+	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"carol":3,"bob":2}}` {
+		t.Fatal(got)
+	}
+	bob.send(`{"op":"receipts","room":"@alice"}`)
+	bob.expect(map[string]any{"op": "err", "code": "forbidden"})
+	alice.send(`{"op":"join","room":"x","receipts":1}`)
+	alice.expect(map[string]any{"op": "err", "code": "bad_request"})
+}
+
+// Receipts across nodes (PostgreSQL, Redis): a read on one node reaches
+// the receipts subscriber on the other.
+func TestReceiptsTwoNodesPostgres(t *testing.T) {
+	redistest.Require(t)
+	url := pgtest.NewDB(t)
+	prefix := redistest.Prefix(t)
+	pgA, pgB := openPG(t, url), openPG(t, url)
+	t.Cleanup(pgA.Close)
+	t.Cleanup(pgB.Close)
+	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	alice, bob := a.dial(t, "alice"), b.dial(t, "bob")
+	alice.send(`{"op":"join","room":"r","receipts":true}`)
+	alice.expect(map[string]any{"op": "joined"})
+	publish(t, bob, "r", "m", 2)
+	alice.expectSeqs("r", 1, 2)
+	bob.send(`{"op":"read","room":"r","seq":1}`)
+	bob.expect(map[string]any{"op": "read", "seq": 2}) // his own publishes moved it
+	alice.send(`{"op":"read","room":"r","seq":2}`)
+	alice.expect(map[string]any{"op": "read", "seq": 2})
+	carol := b.dial(t, "carol")
+	carol.send(`{"op":"read","room":"r","seq":2}`)
+	carol.expect(map[string]any{"op": "read", "seq": 2})
+	// alice's own mark is news too; carol's came from the other node.
+	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"carol":2}}` {
+		t.Fatal(got)
+	}
+	checkFor(t, 5*time.Second, func() bool { return b.fan.Stats.ReadMarksWritten.Load() >= 2 })
+	alice.send(`{"op":"receipts","room":"r"}`)
+	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"bob":2,"carol":2}}` {
+		t.Fatal(got)
+	}
+}

@@ -576,6 +576,8 @@ func (c *conn) message(p []byte) {
 		c.markRead(cmd)
 	case proto.OpUnread:
 		c.unread(cmd)
+	case proto.OpReceipts:
+		c.receipts(cmd)
 	}
 }
 
@@ -684,6 +686,9 @@ func (c *conn) join(cmd *proto.Command) {
 	case nil:
 		if cmd.NoEcho || c.m.EchoOff() {
 			c.m.SetEcho(l.intern(l.roomKey(c, cmd.Room)), !cmd.NoEcho)
+		}
+		if cmd.Receipts {
+			l.table.SetReceipts(&c.m, l.intern(l.roomKey(c, cmd.Room)), true)
 		}
 	case fanout.ErrJoined:
 		c.sendErr(cmd.Room, proto.CodeBadRequest, err.Error())

@@ -1,7 +1,10 @@
 package persist
 
 import (
+	"cmp"
 	"context"
+	"slices"
+	"strings"
 	"errors"
 	"sync"
 
@@ -30,6 +33,9 @@ type Reads interface {
 	// Unread fills last[i] and read[i] with the newest seq of the room
 	// keys[i] (all of one app) and user's position there, in one read.
 	Unread(ctx context.Context, keys []string, user string, last, read []uint64) error
+	// ReadPositions lists every user's position in the room key, newest
+	// first, at most limit of them.
+	ReadPositions(ctx context.Context, key string, limit int) ([]proto.Receipt, error)
 }
 
 // memReads is the memory store's read positions: room key -> user -> seq.
@@ -64,6 +70,50 @@ func (m *Memory) SaveReads(_ context.Context, marks []ReadMark) error {
 		users[r.User] = max(users[r.User], r.Seq)
 	}
 	return nil
+}
+
+// ReadPositions implements Reads.
+func (m *Memory) ReadPositions(_ context.Context, key string, limit int) ([]proto.Receipt, error) {
+	m.reads.mu.Lock()
+	out := make([]proto.Receipt, 0, len(m.reads.pos[key]))
+	for u, s := range m.reads.pos[key] {
+		out = append(out, proto.Receipt{User: u, Seq: s})
+	}
+	m.reads.mu.Unlock()
+	slices.SortFunc(out, func(a, b proto.Receipt) int {
+		if c := cmp.Compare(b.Seq, a.Seq); c != 0 {
+			return c
+		}
+		return strings.Compare(a.User, b.User)
+	})
+	return out[:min(len(out), limit)], nil
+}
+
+// ReadPositions implements Reads.
+func (p *Postgres) ReadPositions(ctx context.Context, key string, limit int) ([]proto.Receipt, error) {
+	id, ok, err := p.roomID(ctx, key)
+	if err != nil || !ok {
+		return nil, err
+	}
+	rows, err := p.pool.Query(ctx, `SELECT user_id, seq FROM read_positions WHERE room_id = $1 ORDER BY seq DESC, user_id COLLATE "C" LIMIT $2`, id, limit)
+	if err != nil {
+		return nil, p.wrap("list read positions", err)
+	}
+	defer rows.Close()
+	var out []proto.Receipt
+	for rows.Next() {
+		var r proto.Receipt
+		var seq int64
+		if err := rows.Scan(&r.User, &seq); err != nil {
+			return nil, p.wrap("list read positions", err)
+		}
+		r.Seq = uint64(seq)
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, p.wrap("list read positions", err)
+	}
+	return out, nil
 }
 
 // Unread implements Reads.

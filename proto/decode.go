@@ -33,6 +33,7 @@ var (
 	ErrMissingTok  = &Error{CodeBadRequest, "missing token"}
 	ErrBadPresence = &Error{CodeBadRequest, "presence must be true or false"}
 	ErrBadEcho     = &Error{CodeBadRequest, "echo must be true or false"}
+	ErrBadReceipts = &Error{CodeBadRequest, "receipts must be true or false"}
 	ErrBadSeq      = &Error{CodeBadRequest, "seq must be a non-negative integer"}
 	ErrMissingSeq  = &Error{CodeBadRequest, "missing seq"}
 	ErrSignalSize  = &Error{CodeTooLarge, "signal body larger than 1024 bytes"}
@@ -98,6 +99,7 @@ const (
 	fieldPresence
 	fieldEcho
 	fieldRooms
+	fieldReceipts
 	// DecodeServer only.
 	fieldFrom
 	fieldCode
@@ -144,6 +146,8 @@ func keyField(raw []byte, esc bool) field {
 		return fieldEcho
 	case "rooms":
 		return fieldRooms
+	case "receipts":
+		return fieldReceipts
 	case "from":
 		return fieldFrom
 	case "code":
@@ -192,6 +196,8 @@ func opOf(raw []byte, esc bool) Op {
 		return OpRead
 	case "unread":
 		return OpUnread
+	case "receipts":
+		return OpReceipts
 	}
 	return OpInvalid
 }
@@ -224,7 +230,7 @@ func Decode(payload []byte, cmd *Command) error {
 	if !ok {
 		return ErrMalformed
 	}
-	var op, room, id, body, since, before, limit, token, epoch, pres, echo, seq, rooms presence
+	var op, room, id, body, since, before, limit, token, epoch, pres, echo, seq, rooms, rcpt presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -349,6 +355,18 @@ func Decode(payload []byte, cmd *Command) error {
 			default:
 				pres, cmd.Presence = invalid, false
 			}
+		case fieldReceipts:
+			if i, ok = skipValue(b, i, 1); !ok {
+				return ErrMalformed
+			}
+			switch string(b[vs:i]) {
+			case "true":
+				rcpt, cmd.Receipts = valid, true
+			case "false":
+				rcpt, cmd.Receipts = valid, false
+			default:
+				rcpt, cmd.Receipts = invalid, false
+			}
 		case fieldEcho:
 			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
@@ -428,11 +446,13 @@ func Decode(payload []byte, cmd *Command) error {
 		return ErrBadPresence
 	case echo == invalid:
 		return ErrBadEcho
+	case rcpt == invalid:
+		return ErrBadReceipts
 	case seq == invalid:
 		return ErrBadSeq
 	}
 	switch cmd.Op {
-	case OpJoin, OpLeave, OpPresence:
+	case OpJoin, OpLeave, OpPresence, OpReceipts:
 		if room == absent {
 			return ErrMissingRoom
 		}
@@ -485,7 +505,7 @@ func Decode(payload []byte, cmd *Command) error {
 func (cmd *Command) reset() {
 	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch, cmd.Rooms = OpInvalid, nil, nil, nil, nil, nil, nil
 	cmd.Since, cmd.Before, cmd.Limit, cmd.Seq = 0, 0, 0, 0
-	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence, cmd.NoEcho = false, false, false, false, false, false
+	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence, cmd.NoEcho, cmd.Receipts = false, false, false, false, false, false, false
 }
 
 // Ref is what an `err` frame echoes for cmd: its id, else its room (a

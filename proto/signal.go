@@ -235,3 +235,43 @@ func AppendUnreadFrame(dst []byte, rooms []string, read, last, count []uint64) [
 	dst = append(dst, '}')
 	return endText(dst, start, n)
 }
+
+// Receipt is one user's read position in a receipts frame.
+type Receipt struct {
+	User string
+	Seq  uint64
+}
+
+// AppendReceiptsFrame appends {"op":"receipts","room":..,"read":{"bob":58,...}},
+// with "more":true when more is set, the users in the order given.
+func AppendReceiptsFrame(dst []byte, room string, read []Receipt, more bool) []byte {
+	n := len(`{"op":"receipts","room":,"read":{}}`) + quotedLen(room)
+	for i, r := range read {
+		if i > 0 {
+			n++
+		}
+		n += quotedLen(r.User) + 1 + uintLen(r.Seq)
+	}
+	if more {
+		n += len(`,"more":true`)
+	}
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = append(dst, `{"op":"receipts","room":`...)
+	dst = appendQuoted(dst, room)
+	dst = append(dst, `,"read":{`...)
+	for i, r := range read {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendQuoted(dst, r.User)
+		dst = append(dst, ':')
+		dst = strconv.AppendUint(dst, r.Seq, 10)
+	}
+	dst = append(dst, '}')
+	if more {
+		dst = append(dst, `,"more":true`...)
+	}
+	dst = append(dst, '}')
+	return endText(dst, start, n)
+}

@@ -15,6 +15,7 @@ const (
 	OpSignal   // an ephemeral frame to the room's other members (typing)
 	OpRead     // move the user's read position in a room
 	OpUnread   // the user's unread counts in some rooms
+	OpReceipts // every user's read position in a room
 )
 
 // Command is one decoded client frame. Its byte slices alias the decoded
@@ -48,6 +49,9 @@ type Command struct {
 	// NoEcho (join, "echo":false): the connection is not sent the msg
 	// frames of its own publishes in the room.
 	NoEcho bool
+	// Receipts (join): the join also subscribes to the room's receipts
+	// frames.
+	Receipts bool
 
 	// Scratch for a room or id that arrived with JSON escapes: Room and ID
 	// then point here instead of into the payload, so Decode stays

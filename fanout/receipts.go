@@ -1,0 +1,161 @@
+package fanout
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// Receipts: members that joined a room with "receipts":true get, at most
+// once a second per room, the users whose read position there moved. The
+// positions goroutine gathers the moves it makes and those other nodes
+// announce (the broker's read frames), and once a second hands each room's
+// frame to the loops holding the room. A position moved by the user's own
+// publish is no news to the room (its msg says as much) and is left out.
+
+// MaxReceipts bounds a receipts query's answer.
+const MaxReceipts = 1000
+
+// receiptsFlush builds and sends the frames of the rooms whose positions
+// moved since the last call. Positions goroutine.
+func (p *positions) receiptsFlush() {
+	for key, users := range p.moved {
+		delete(p.moved, key)
+		_, room := proto.SplitKey(key)
+		marks := make([]proto.Receipt, 0, len(users))
+		for u, seq := range users {
+			marks = append(marks, proto.Receipt{User: u, Seq: seq})
+		}
+		frame := proto.AppendReceiptsFrame(nil, room, sortMarks(marks), false)
+		p.n.hub.each(key, func(loop int) {
+			p.n.tables[loop].Load().loop.Post(Event{kind: evReceipts, key: key, frame: frame})
+		})
+	}
+}
+
+// sortMarks orders marks newest first (then by user, so answers are
+// stable).
+func sortMarks(marks []proto.Receipt) []proto.Receipt {
+	slices.SortFunc(marks, func(a, b proto.Receipt) int {
+		switch {
+		case a.Seq != b.Seq:
+			if a.Seq > b.Seq {
+				return -1
+			}
+			return 1
+		case a.User < b.User:
+			return -1
+		case a.User > b.User:
+			return 1
+		}
+		return 0
+	})
+	return marks
+}
+
+// movedTo records that user's position in key moved to seq, for the
+// room's next receipts frame.
+func (p *positions) movedTo(key, user string, seq uint64) {
+	users := p.moved[key]
+	if users == nil {
+		users = map[string]uint64{}
+		p.moved[key] = users
+	}
+	users[user] = max(users[user], seq)
+}
+
+// receipts answers a receipts query: every user's position in the room,
+// newest first, at most MaxReceipts. The store's, with this node's moves
+// not written yet.
+func (p *positions) receipts(j posJob) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var marks []proto.Receipt
+	var err error
+	if p.reads != nil {
+		marks, err = p.reads.ReadPositions(ctx, j.key, MaxReceipts+1)
+	}
+	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
+	if err == nil {
+		for k, seq := range p.dirty {
+			if k.key != j.key {
+				continue
+			}
+			i := slices.IndexFunc(marks, func(m proto.Receipt) bool { return m.User == k.user })
+			if i < 0 {
+				marks = append(marks, proto.Receipt{User: k.user, Seq: seq})
+			} else {
+				marks[i].Seq = max(marks[i].Seq, seq)
+			}
+		}
+		marks = sortMarks(marks)
+		more := len(marks) > MaxReceipts
+		if more {
+			marks = marks[:MaxReceipts]
+		}
+		_, room := proto.SplitKey(j.key)
+		ev.frame = proto.AppendReceiptsFrame(nil, room, marks, more)
+	}
+	p.n.tables[j.loop].Load().loop.Post(ev)
+}
+
+// Receipts asks every user's position in the room key for the client m
+// (answered with a receipts frame). Loop only; false when the queue is
+// full.
+func (t *Table) Receipts(m *Member, key string) bool {
+	n := t.node
+	if n == nil {
+		return false
+	}
+	select {
+	case n.pos.jobs <- posJob{receipts: true, key: key, m: m, loop: t.idx}:
+		return true
+	default:
+		return false
+	}
+}
+
+// SetReceipts makes m a receipts subscriber of the room key (a join with
+// "receipts":true), or ends that. Loop only.
+func (t *Table) SetReceipts(m *Member, key string, on bool) {
+	c := m.Chat()
+	i := slices.Index(c.receipts, key)
+	switch {
+	case on && i < 0:
+		c.receipts = append(c.receipts, key)
+		if t.receipts == nil {
+			t.receipts = map[string][]*Member{}
+		}
+		t.receipts[key] = append(t.receipts[key], m)
+	case !on && i >= 0:
+		c.receipts = slices.Delete(c.receipts, i, i+1)
+		t.unsubscribeReceipts(m, key)
+	}
+}
+
+func (t *Table) unsubscribeReceipts(m *Member, key string) {
+	ms := t.receipts[key]
+	if i := slices.Index(ms, m); i >= 0 {
+		ms[i] = ms[len(ms)-1]
+		ms[len(ms)-1] = nil
+		ms = ms[:len(ms)-1]
+	}
+	if len(ms) == 0 {
+		delete(t.receipts, key)
+	} else {
+		t.receipts[key] = ms
+	}
+}
+
+// dropReceipts ends every receipts subscription of m (its close).
+func (t *Table) dropReceipts(m *Member) {
+	if m.chat == nil {
+		return
+	}
+	for _, k := range m.chat.receipts {
+		t.unsubscribeReceipts(m, k)
+	}
+	m.chat.receipts = nil
+}
