@@ -31,16 +31,16 @@ const (
 type posKey struct{ key, user string }
 
 type posJob struct {
-	own   bool // a publish of the user (no answer, no check)
+	own      bool // a publish of the user (no answer, no check)
 	seen     bool // another node's answer: a floor for this node's view
 	receipts bool // a receipts query
-	key   string
-	user  string
-	seq   uint64
-	rooms []string // unread: the rooms asked (key is the app's "app/")
-	m     *Member  // the client that asked (nil: the API)
-	loop  int
-	reply chan posReply // the API's answer
+	key      string
+	user     string
+	seq      uint64
+	rooms    []string // unread: the rooms asked (key is the app's "app/")
+	m        *Member  // the client that asked (nil: the API)
+	loop     int
+	reply    chan posReply // the API's answer
 }
 
 type posReply struct {
@@ -54,10 +54,10 @@ type positions struct {
 	n      *Node
 	reads  persist.Reads // nil: the store keeps none, so the node keeps them in memory
 	jobs   chan posJob
-	pos    map[posKey]uint64 // known positions (a cache over reads)
-	floor  map[posKey]uint64 // positions other nodes announced, not yet known here
-	dirty  map[posKey]uint64 // moved since the last write
-	newest map[string]uint64 // rooms' newest seqs seen
+	pos    map[posKey]uint64            // known positions (a cache over reads)
+	floor  map[posKey]uint64            // positions other nodes announced, not yet known here
+	dirty  map[posKey]uint64            // moved since the last write
+	newest map[string]uint64            // rooms' newest seqs seen
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
 	buf    []persist.ReadMark
 }

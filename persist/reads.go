@@ -3,9 +3,9 @@ package persist
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"strings"
-	"errors"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
