@@ -37,7 +37,7 @@ type posJob struct {
 	key      string
 	user     string
 	seq      uint64
-	rooms    []string // unread: the rooms asked (key is the app's "app/")
+	rooms    []string // unread: the rooms asked (key is then the app)
 	m        *Member  // the client that asked (nil: the API)
 	loop     int
 	reply    chan posReply // the API's answer

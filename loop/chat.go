@@ -77,7 +77,8 @@ func (c *conn) markRead(cmd *proto.Command) {
 }
 
 // unread asks the user's unread counts in the rooms named (answered by
-// fanout). Every room must be one the connection may read.
+// fanout). Every room must be one the connection may read. Its errors'
+// ref is "": it names no one room.
 func (c *conn) unread(cmd *proto.Command) {
 	l := c.l
 	rooms := make([]string, 0, 8)
@@ -89,7 +90,8 @@ func (c *conn) unread(cmd *proto.Command) {
 		rooms = append(rooms, string(r))
 	})
 	if refused != nil {
-		c.sendErr(refused, proto.CodeForbidden, c.mayRead(refused))
+		// ref "" as for any unread answer: the request names no one room.
+		c.sendErr(nil, proto.CodeForbidden, c.mayRead(refused)+": "+string(refused))
 		return
 	}
 	if !l.table.Unread(&c.m, c.app.id, c.user, rooms) {
