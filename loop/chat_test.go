@@ -104,14 +104,7 @@ func TestSignalSSE(t *testing.T) {
 // Two nodes over Redis: a signal reaches members on both, the sender's
 // other tab on its own node included, the sender not.
 func TestSignalTwoNodesRedis(t *testing.T) {
-	redistest.Require(t)
-	url := pgtest.NewDB(t)
-	prefix := redistest.Prefix(t)
-	pgA, pgB := openPG(t, url), openPG(t, url)
-	t.Cleanup(pgA.Close)
-	t.Cleanup(pgB.Close)
-	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
-	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	a, b, _, _ := pgRedisNodes(t)
 	a1, a2, bobB, aliceB := a.dial(t, "alice"), a.dial(t, "alice"), b.dial(t, "bob"), b.dial(t, "alice")
 	joinAll("r", a1, a2, bobB, aliceB)
 	a1.send(`{"op":"signal","room":"r","body":{"typing":true}}`)
@@ -275,14 +268,7 @@ func TestReadPositions(t *testing.T) {
 // other node, and the position survives the nodes (a node started later
 // reads it from the database).
 func TestReadPositionsTwoNodesPostgres(t *testing.T) {
-	redistest.Require(t)
-	url := pgtest.NewDB(t)
-	prefix := redistest.Prefix(t)
-	pgA, pgB := openPG(t, url), openPG(t, url)
-	t.Cleanup(pgA.Close)
-	t.Cleanup(pgB.Close)
-	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
-	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	a, b, url, prefix := pgRedisNodes(t)
 	bob := a.dial(t, "bob")
 	publish(t, bob, "r", "m", 5)
 	aliceA, aliceB := a.dial(t, "alice"), b.dial(t, "alice")
@@ -334,14 +320,7 @@ func TestUnreadCounts(t *testing.T) {
 // Unread counts on PostgreSQL match a model after random publishes and
 // reads by several users, across two nodes.
 func TestUnreadModelPostgres(t *testing.T) {
-	redistest.Require(t)
-	url := pgtest.NewDB(t)
-	prefix := redistest.Prefix(t)
-	pgA, pgB := openPG(t, url), openPG(t, url)
-	t.Cleanup(pgA.Close)
-	t.Cleanup(pgB.Close)
-	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
-	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	a, b, _, _ := pgRedisNodes(t)
 	rng := rand.New(rand.NewPCG(26, 1))
 	users := []string{"u0", "u1", "u2"}
 	rooms := []string{"r0", "r1", "r2", "r3"}
@@ -417,14 +396,7 @@ func TestReceipts(t *testing.T) {
 // Receipts across nodes (PostgreSQL, Redis): a read on one node reaches
 // the receipts subscriber on the other.
 func TestReceiptsTwoNodesPostgres(t *testing.T) {
-	redistest.Require(t)
-	url := pgtest.NewDB(t)
-	prefix := redistest.Prefix(t)
-	pgA, pgB := openPG(t, url), openPG(t, url)
-	t.Cleanup(pgA.Close)
-	t.Cleanup(pgB.Close)
-	a := startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
-	b := startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	a, b, _, _ := pgRedisNodes(t)
 	alice, bob := a.dial(t, "alice"), b.dial(t, "bob")
 	alice.send(`{"op":"join","room":"r","receipts":true}`)
 	alice.expect(map[string]any{"op": "joined"})
@@ -446,4 +418,19 @@ func TestReceiptsTwoNodesPostgres(t *testing.T) {
 	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"bob":2,"carol":2}}` {
 		t.Fatal(got)
 	}
+}
+
+// pgRedisNodes starts two nodes on one PostgreSQL database and one Redis
+// prefix, which it returns for more nodes.
+func pgRedisNodes(t *testing.T) (a, b *node, url, prefix string) {
+	t.Helper()
+	redistest.Require(t)
+	url = pgtest.NewDB(t)
+	prefix = redistest.Prefix(t)
+	pgA, pgB := openPG(t, url), openPG(t, url)
+	t.Cleanup(pgA.Close)
+	t.Cleanup(pgB.Close)
+	a = startNodeWith(t, testConfig(), pgA, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	b = startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	return a, b, url, prefix
 }

@@ -528,15 +528,24 @@ func (s *Server) room(w http.ResponseWriter, r *http.Request) {
 	s.ok(w, route, out)
 }
 
-func (s *Server) disconnect(w http.ResponseWriter, r *http.Request) {
-	const route = RouteDisconnect
+// userOf admits a request on a user's route and reads its user.
+func (s *Server) userOf(w http.ResponseWriter, r *http.Request, route int) (*tenant, string, bool) {
 	t, ok := s.admit(w, r, route)
 	if !ok {
-		return
+		return nil, "", false
 	}
 	user := r.PathValue("user")
 	if !proto.ValidUser([]byte(user)) {
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user id: 1 to 128 characters without control characters")
+		return nil, "", false
+	}
+	return t, user, true
+}
+
+func (s *Server) disconnect(w http.ResponseWriter, r *http.Request) {
+	const route = RouteDisconnect
+	t, user, ok := s.userOf(w, r, route)
+	if !ok {
 		return
 	}
 	n := s.disc(t.app.ID, user, disconnectWait)

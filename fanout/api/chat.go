@@ -23,13 +23,8 @@ type readRequest struct {
 // the resulting position.
 func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
 	const route = RouteChat
-	t, ok := s.admit(w, r, route)
+	t, user, ok := s.userOf(w, r, route)
 	if !ok {
-		return
-	}
-	user := r.PathValue("user")
-	if !proto.ValidUser([]byte(user)) {
-		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user id: 1 to 128 characters without control characters")
 		return
 	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
@@ -76,13 +71,8 @@ func (s *Server) markRead(w http.ResponseWriter, r *http.Request) {
 // parameters, as the unread op's rooms object.
 func (s *Server) unread(w http.ResponseWriter, r *http.Request) {
 	const route = RouteChat
-	t, ok := s.admit(w, r, route)
+	t, user, ok := s.userOf(w, r, route)
 	if !ok {
-		return
-	}
-	user := r.PathValue("user")
-	if !proto.ValidUser([]byte(user)) {
-		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user id: 1 to 128 characters without control characters")
 		return
 	}
 	rooms := r.URL.Query()["room"]
