@@ -313,6 +313,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_read_marks_coalesced_total", fs.ReadMarksCoalesced.Load())
 	c("roost_read_marks_dropped_total", fs.ReadMarksDropped.Load())
 	c("roost_read_save_errors_total", fs.ReadSaveErrors.Load())
+	c("roost_read_requests_limited_total", fs.ReadsLimited.Load())
 	c("roost_gap_closes_total", fs.GapCloses.Load())
 	c("roost_broker_errors_total", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())

@@ -146,7 +146,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.Float64Var(&c.node.Limits.PubRate, "pub-rate", d.Limits.PubRate, "default publishes per second of one user (0: no limit; insecure mode: no limit unless set)")
 	fs.Int64Var(&c.node.Limits.PubBurst, "pub-burst", d.Limits.PubBurst, "default publishes one user may send at once above --pub-rate")
 	fs.Float64Var(&c.node.Limits.AppPubRate, "app-pub-rate", d.Limits.AppPubRate, "default publishes per second of one app on this node (0: no limit; insecure mode: no limit unless set)")
-	fs.Float64Var(&c.node.SignalRate, "signal-rate", d.SignalRate, "signals (typing, cursors) per second of one connection; past it err rate_limited (0: no limit)")
+	fs.Float64Var(&c.node.SignalRate, "signal-rate", d.SignalRate, "signals (typing, cursors) per second of one connection, and read/unread/receipts requests in a bucket of their own; past it err rate_limited (0: no limit)")
 	fs.IntVar(&c.node.SignalBurst, "signal-burst", d.SignalBurst, "signals one connection may send at once above --signal-rate")
 	fs.Int64Var(&c.node.Limits.MaxPresence, "max-presence", d.Limits.MaxPresence, "default presence subscribers (joins with \"presence\":true) of one room of an app on this node; past it such a join gets err forbidden (0: no limit)")
 	fs.DurationVar(&c.presenceGrace, "presence-grace", fanout.DefaultPresenceGrace, "a user leaves a room's presence only after this long with no connection in it, so a page reload does not flap")

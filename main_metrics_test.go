@@ -107,6 +107,7 @@ var exposedMetrics = []string{
 	"roost_read_marks_coalesced_total",
 	"roost_read_marks_dropped_total",
 	"roost_read_save_errors_total",
+	"roost_read_requests_limited_total",
 	"roost_presence_wakes_total",
 	"roost_sse_connections_open",
 	"roost_sse_max_age_ends_total",

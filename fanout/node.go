@@ -102,6 +102,7 @@ type Stats struct {
 	ReadMarksCoalesced atomic.Uint64
 	ReadMarksDropped   atomic.Uint64
 	ReadSaveErrors     atomic.Uint64
+	ReadsLimited       atomic.Uint64 // read, unread and receipts requests refused for the connection's rate
 
 	PublishLatency Observer
 	BrokerLatency  Observer

@@ -45,7 +45,10 @@ type memberChat struct {
 	// SignalTAT is the connection's signal bucket (its theoretical
 	// arrival time), the loop's to spend.
 	SignalTAT int64
-	receipts  []string // keys of the rooms it gets receipts of
+	// ReadTAT is its bucket for read, unread and receipts requests, which
+	// share one queue per node: one client's flood must not fill it.
+	ReadTAT  int64
+	receipts []string // keys of the rooms it gets receipts of
 }
 
 type slot struct {

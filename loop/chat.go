@@ -54,7 +54,7 @@ func (c *conn) signal(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
 		return
 	}
-	if wait := c.takeSignal(); wait > 0 {
+	if wait := c.take(&c.m.Chat().SignalTAT); wait > 0 {
 		l.srv.fan.Stats.SignalsLimited.Add(1)
 		c.sendRateLimited(cmd.Room, "signal rate of this connection exceeded: retry after retry_after ms", wait)
 		return
@@ -68,6 +68,9 @@ func (c *conn) markRead(cmd *proto.Command) {
 	l := c.l
 	if msg := c.mayRead(cmd.Room); msg != "" {
 		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
+		return
+	}
+	if !c.admitRead(cmd.Room) {
 		return
 	}
 	if !l.table.MarkRead(&c.m, l.intern(l.roomKey(c, cmd.Room)), c.user, cmd.Seq) {
@@ -94,6 +97,9 @@ func (c *conn) unread(cmd *proto.Command) {
 		c.sendErr(nil, proto.CodeForbidden, c.mayRead(refused)+": "+string(refused))
 		return
 	}
+	if !c.admitRead(nil) {
+		return
+	}
 	if !l.table.Unread(&c.m, c.app.id, c.user, rooms) {
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(nil, proto.CodeOverloaded, "read positions are behind: retry")
@@ -108,17 +114,32 @@ func (c *conn) receipts(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
 		return
 	}
+	if !c.admitRead(cmd.Room) {
+		return
+	}
 	if !l.table.Receipts(&c.m, l.intern(l.roomKey(c, cmd.Room))) {
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(cmd.Room, proto.CodeOverloaded, "read positions are behind: retry")
 	}
 }
 
-// takeSignal spends one signal of the connection's bucket (GCRA over the
-// member's SignalTAT, ns since monoEpoch) and returns how long
-// to wait when it is empty, else 0. Loop only: the bucket is the
-// connection's, so it needs no atomics.
-func (c *conn) takeSignal() int64 {
+// admitRead applies the connection's rate to read, unread and receipts
+// requests (the signal rate, in a bucket of their own), answering the
+// refusal itself.
+func (c *conn) admitRead(ref []byte) bool {
+	if wait := c.take(&c.m.Chat().ReadTAT); wait > 0 {
+		c.l.srv.fan.Stats.ReadsLimited.Add(1)
+		c.sendRateLimited(ref, "read request rate of this connection exceeded: retry after retry_after ms", wait)
+		return false
+	}
+	return true
+}
+
+// take spends one request of a connection's bucket at the signal rate
+// (GCRA over tat, the theoretical arrival time in ns since monoEpoch) and
+// returns how long to wait when it is empty, else 0. Loop only: the bucket
+// is the connection's, so it needs no atomics.
+func (c *conn) take(tat *int64) int64 {
 	cfg := &c.l.srv.cfg
 	if cfg.SignalRate <= 0 {
 		return 0
@@ -126,12 +147,11 @@ func (c *conn) takeSignal() int64 {
 	interval := int64(float64(time.Second) / cfg.SignalRate)
 	tolerance := interval * int64(max(cfg.SignalBurst-1, 0))
 	now := int64(time.Since(monoEpoch))
-	ch := c.m.Chat()
-	t := max(ch.SignalTAT, now)
+	t := max(*tat, now)
 	if wait := t - now - tolerance; wait > 0 {
 		return wait
 	}
-	ch.SignalTAT = t + interval
+	*tat = t + interval
 	return 0
 }
 

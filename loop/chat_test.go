@@ -434,3 +434,21 @@ func pgRedisNodes(t *testing.T) (a, b *node, url, prefix string) {
 	b = startNodeWith(t, testConfig(), pgB, testLogger(), redisBroker(t, redistest.Addr, prefix))
 	return a, b, url, prefix
 }
+
+// Read requests have a rate of their own: a flood is refused, the others'
+// requests go on.
+func TestReadRequestRate(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.SignalRate, c.SignalBurst = 1, 3 })
+	a, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	for i := 0; i < 3; i++ {
+		a.send(`{"op":"read","room":"r","seq":0}`)
+		a.expect(map[string]any{"op": "read", "seq": 0})
+	}
+	a.send(`{"op":"unread","rooms":["r"]}`)
+	a.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": ""})
+	a.send(`{"op":"signal","room":"r","body":1}`) // signals have their own bucket
+	a.send(`{"op":"ping"}`)
+	a.expect(map[string]any{"op": "pong"})
+	bob.send(`{"op":"read","room":"r","seq":0}`)
+	bob.expect(map[string]any{"op": "read", "seq": 0})
+}
