@@ -15,20 +15,22 @@ import (
 // the test until it is given its place; never (below) bounds what may be
 // listed.
 var layers = map[string][]string{
-	".":                {"*"}, // main wires everything
-	"loop":             {"fanout", "fanout/proxy", "proto"},
-	"fanout/api":       {"fanout", "persist", "proto"},
-	"fanout/webhook":   {"persist", "proto"},
-	"fanout/proxy":     {"proto"},
-	"fanout":           {"persist", "pubsub", "proto"},
-	"persist":          {"proto"},
-	"persist/pgtest":   {},
-	"pubsub":           {"proto"},
-	"pubsub/redistest": {},
-	"proto":            {},
-	"proto/prototest":  {},
-	"tuning":           {},
-	"bench":            {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
+	".":                   {"*"}, // main wires everything
+	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "loop/internal/uring", "proto"},
+	"loop/internal/uring": {},
+	"fanout/api":          {"fanout", "persist", "proto"},
+	"fanout/webhook":      {"persist", "proto"},
+	"fanout/proxy":        {"proto"},
+	"fanout/outq":         {},
+	"fanout":              {"fanout/outq", "persist", "pubsub", "proto"},
+	"persist":             {"proto"},
+	"persist/pgtest":      {},
+	"pubsub":              {"proto"},
+	"pubsub/redistest":    {},
+	"proto":               {},
+	"proto/prototest":     {},
+	"tuning":              {},
+	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
 }
 
 // never are the edges the design rules out whatever layers says: the wire

@@ -15,8 +15,9 @@
 // which loops hold the room (sharded by room hash, a read lock of one
 // shard per message) and keeps the node's broker subscriptions in step.
 //
-// Each event loop owns one Table: its rooms, their members, the joins on
-// their way, and the pending output of its connections. The Table keeps
+// Each event loop owns one Table: its rooms, their members and the joins on
+// their way. The pending output of its connections is the loop's outbound
+// queue (package outq), which the Table fills and the loop drains. The Table keeps
 // each room's order (duplicates dropped, messages ahead of a gap held, the
 // gap read from the store after GapWindow, the tail read after a broker
 // reset) and does a join's catch-up. It is touched only by its loop's

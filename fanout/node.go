@@ -161,7 +161,7 @@ func (t *Table) Run(ev *Event) {
 	case evPresence:
 		if r := t.rooms[ev.key]; r != nil {
 			for _, m := range r.watchers {
-				t.Enqueue(m, ev.frame)
+				t.enqueue(m, ev.frame)
 			}
 		}
 	}

@@ -94,7 +94,7 @@ func testNode(t *testing.T, store persist.Store) (*Node, *Table, *testLoop) {
 // seqs lists the seq of every msg frame queued for m, in order.
 func seqs(m *Member) []int {
 	var out []int
-	for _, f := range m.Pending() {
+	for _, f := range m.Out.Pending() {
 		i := bytes.Index(f, []byte(`"op":"msg"`))
 		j := bytes.Index(f, []byte(`"seq":`))
 		if i < 0 || j < 0 {
@@ -127,7 +127,7 @@ func sameInts(a, b []int) bool {
 func TestPublishWalk(t *testing.T) {
 	n, tb, l := testNode(t, persist.NewMemory(100))
 	key := proto.RoomKey("app", "r")
-	m := &Member{Owner: &testOwner{}}
+	m := member(&testOwner{})
 	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestGapHeldThenReadFromStore(t *testing.T) {
 	st := persist.NewMemory(100)
 	n, tb, l := testNode(t, st)
 	key := proto.RoomKey("app", "g")
-	m := &Member{Owner: &testOwner{}}
+	m := member(&testOwner{})
 	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestGapTheStoreCannotFill(t *testing.T) {
 	n, tb, l := testNode(t, persist.NewMemory(100))
 	key := proto.RoomKey("app", "h")
 	o := &testOwner{}
-	m := &Member{Owner: o}
+	m := member(o)
 	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 		}
 		_ = syscall.SetsockoptInt(fds[0], syscall.SOL_SOCKET, syscall.SO_SNDBUF, 1<<20)
 		c := &conn{gc: &sockConn{fd: fds[0]}, l: l, state: stateOpen}
-		c.m.Owner = c
+		c.linkOut()
 		if err := l.table.Join(&c.m, []byte(rig.key), fanout.Resume{}); err != nil {
 			tb.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 	l.flush()
 	l.flushT.stop()
 	l.ticking = false
-	l.table.NewPeriod() // as the quiet tick behind those writes would
+	l.q.NewPeriod() // as the quiet tick behind those writes would
 	st := &s.Stats
 	st.Writes.Store(0)
 	st.FramesOut.Store(0)

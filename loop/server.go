@@ -7,7 +7,15 @@
 // connection. Work produced elsewhere (deliveries from the broker, acks from
 // the publish pool, store reads) reaches a loop through that loop's inbox:
 // one queue, one wake-up per batch. Outbound frames are queued per
-// connection and written once per flush tick: many frames, one writev.
+// connection in the loop's outbound queue (fanout/outq, which fanout fills)
+// and written once per flush tick: many frames, one writev.
+//
+// By file: loop.go the loop's state and its task switch; inbox.go the
+// inbox; tick.go when the flush runs; flush.go the flush and its passes;
+// write.go the socket writes (loop/internal/uring batches them); park.go
+// connections waiting for their transport, and closing handshakes;
+// sweep.go idle pings and timeouts (idle_linux.go: their pongs on the
+// ring); conn.go a connection's frames and commands.
 package loop
 
 import (
@@ -36,6 +44,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -220,6 +229,11 @@ type Stats struct {
 	// which shows whether a loop's tick is halved at a given load.
 	ShortTicks atomic.Uint64
 	Pings      atomic.Uint64 // server pings sent (idle connections)
+	// PongsHeld: idle connections whose pong was left in the socket for
+	// the next sweep (idle_linux.go); PongsTaken: pongs that sweep took.
+	PongsHeld  atomic.Uint64
+	PongsTaken atomic.Uint64
+	Ring       uring.Stats // the loops' io_uring batches
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.

@@ -41,9 +41,12 @@ type PGConfig struct {
 	// Logger gets the store's rare events (ambiguous commits, retention
 	// failures); default slog.Default().
 	Logger *slog.Logger
-
-	coldBackends bool // tests: leave out warmBackendHeap, to compare
 }
+
+// backendSetup runs on each new connection of the pool (pgxpool's
+// AfterConnect). A variable so that a test can leave it out, to compare a
+// cold backend with a warmed one.
+var backendSetup = warmBackendHeap
 
 // Postgres is the durable store on PostgreSQL (schema in migrations/). Room
 // ids are cached in memory after first use, so a publish costs no lookup.
@@ -120,9 +123,7 @@ func OpenPostgres(ctx context.Context, url string, cfg PGConfig) (*Postgres, err
 	// time linear in the room's size for every later batch (measured: 13
 	// µs of PostgreSQL CPU per publish at 25k rows, 125 µs at 200k).
 	pc.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
-	if !cfg.coldBackends {
-		pc.AfterConnect = warmBackendHeap
-	}
+	pc.AfterConnect = backendSetup
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("cannot create PostgreSQL pool: %w", err)
