@@ -489,9 +489,9 @@ func TestDurableStartsWhenSet(t *testing.T) {
 	}
 }
 
-// TestDurableMemoryBound: past MaxQueue events held in memory, the rest
+// TestDurableMemoryBound: past Window bytes held in memory, the rest
 // stays in the store only and is read back: a receiver down while 2,000
-// events are committed costs at most MaxQueue events of memory, and they
+// events are committed costs at most Window bytes of memory, and they
 // all arrive when it is back.
 func TestDurableMemoryBound(t *testing.T) {
 	p, _ := pgStore(t)
@@ -499,7 +499,7 @@ func TestDurableMemoryBound(t *testing.T) {
 	rc.fail = 1 << 30
 	url := serve(t, rc)
 	cfg := durableCfg(p, "node-a")
-	cfg.MaxQueue = 100
+	cfg.Window = 100 * (eventOverhead + 100) // ~100 events of this test held
 	d := New(cfg)
 	defer d.Close()
 	d.SetApps([]proto.App{registered(t, p, app(url, "current-secret-0123456789"))})
