@@ -17,8 +17,9 @@ var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
 	"loop":             {"fanout", "fanout/proxy", "proto"},
 	"fanout/api":       {"fanout", "persist", "proto"},
-	"fanout/webhook":   {"persist", "proto"},
-	"fanout/proxy":     {"proto"},
+	"fanout/webhook":   {"persist", "proto", "hooknet"},
+	"fanout/proxy":     {"proto", "hooknet"},
+	"hooknet":          {"proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
 	"persist":          {"proto"},
 	"persist/pgtest":   {},
