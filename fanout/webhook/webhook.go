@@ -143,6 +143,7 @@ type target struct {
 	// held (past Window or MaxBytes): the delivery goroutine reads them
 	// from the store.
 	spill map[string]uint64
+	arena []byte // the chunk frames are copied into while the app is behind (own)
 	wake  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -364,6 +365,11 @@ func (d *Dispatcher) push(t *target, ev event) {
 		d.wake(t)
 		return
 	}
+	if t.bytes >= ownAbove && len(ev.frame) <= ownMax {
+		ev.frame = t.own(ev.frame)
+	} else if t.bytes < ownAbove/2 {
+		t.arena = nil // caught up: its chunk goes with the last frame in it
+	}
 	t.queue = append(t.queue, ev)
 	t.bytes += sz
 	t.mu.Unlock()
@@ -372,6 +378,27 @@ func (d *Dispatcher) push(t *target, ev event) {
 		d.shed()
 	}
 	d.wake(t)
+}
+
+// A small frame shares the commit's arena chunk with other apps' frames,
+// and holding it holds the whole chunk: once an app is behind (it holds
+// ownAbove bytes), its new frames up to ownMax are copied into chunks of
+// its own, so that what it holds is what is counted (a chunk of waste at
+// most). An app keeping up holds little and copies nothing.
+const (
+	ownAbove = 256 << 10
+	ownMax   = 16 << 10
+	ownChunk = 64 << 10
+)
+
+// own copies frame into t's own chunk (t.mu held).
+func (t *target) own(frame []byte) []byte {
+	if cap(t.arena)-len(t.arena) < len(frame) {
+		t.arena = make([]byte, 0, ownChunk)
+	}
+	start := len(t.arena)
+	t.arena = append(t.arena, frame...)
+	return t.arena[start:len(t.arena):len(t.arena)]
 }
 
 func (d *Dispatcher) wake(t *target) {
