@@ -531,8 +531,8 @@ func validate(c *config) []error {
 	} else {
 		c.memStoreMaxN = int64(v)
 	}
-	c.webhookBacklogN = c.memStoreMaxN / 4
-	if c.webhookBacklogN < 1<<20 {
+	c.webhookBacklogN = max(c.memStoreMaxN/4, 1<<20)
+	if c.memStoreMaxN == 0 {
 		c.webhookBacklogN = 128 << 20
 	}
 	if c.webhookBacklog != "" {
