@@ -61,8 +61,8 @@ func TestShedsLargestAppOldestFirst(t *testing.T) {
 	body := []byte(fmt.Sprintf(`"%01000d"`, 0))
 	feed := func(app string, n int) {
 		for i := 1; i <= n; i++ {
-			req := &proto.PubRequest{Key: proto.RoomKey(app, "r"), From: "bot", ID: []byte(fmt.Sprint("m-", i)), Body: body}
-			d.Committed([]*proto.PubRequest{req}, []proto.PubResult{{Seq: uint64(i), TS: time.Now().UnixMilli()}})
+			ts := time.Now().UnixMilli()
+			d.Committed(proto.RoomKey(app, "r"), uint64(i), ts, proto.AppendMsgFrame(nil, "r", uint64(i), []byte(fmt.Sprint("m-", i)), "bot", ts, body))
 		}
 	}
 	feed("small", 20)
