@@ -26,6 +26,7 @@ import (
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/api"
 	"github.com/roost-chat/roost/fanout/webhook"
+	"github.com/roost-chat/roost/hooknet"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -226,7 +227,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
 	// Webhooks take each committed batch before its acks; with no app
 	// having one, that costs one atomic load per batch.
-	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe}
+	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe, MaxBytes: c.webhookBacklogN}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
 		// The lease owner names this process (two nodes may share a
@@ -236,6 +237,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		_, _ = crand.Read(rnd[:])
 		hcfg.Store, hcfg.Owner, hcfg.Lease = pg, c.node.NodeID+"/"+hex.EncodeToString(rnd[:]), c.webhookLease
 	}
+	hooknet.Default.SetLog(log)
 	hooks := webhook.New(hcfg)
 	defer hooks.Close() // after the explicit Close below: a no-op
 	parts.OnCommitted = hooks.Committed
@@ -343,6 +345,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
+		defer hooknet.Default.Own("admin", ln.Addr())() // hooks may not call it
 		ln = newLimitListener(ln, adminMaxConns)
 		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}
 		adm.board = newStatusBoard(adm, log)
@@ -361,6 +364,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
+		defer hooknet.Default.Own("server API", ln.Addr())()
 		apiHTTP = newAPIServer(apiSrv.Handler(), log)
 		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
 		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
@@ -371,6 +375,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		closeFan()
 		closeStore()
 		return fatal(err)
+	}
+	if a, err := net.ResolveTCPAddr("tcp", srv.Addr()); err == nil {
+		defer hooknet.Default.Own("client", a)()
 	}
 	ready.Store(true)
 	mode := "token"

@@ -350,10 +350,11 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_webhook_delivered_total", ws.Delivered.Load())
 		c("roost_webhook_posts_total", ws.Posts.Load())
 		c("roost_webhook_failures_total", ws.Failures.Load())
-		c("roost_webhook_dropped_total", ws.Dropped.Load())
+		writeDropped(m, a.hooks)
 		c("roost_webhook_dead_total", ws.Dead.Load())
 		c("roost_webhook_read_total", ws.Read.Load())
 		g("roost_webhook_owed", ws.Owed.Load())
+		g("roost_webhook_held_bytes", ws.Held.Load())
 	}
 
 	if sn.Loops > 0 {

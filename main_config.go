@@ -58,6 +58,8 @@ type config struct {
 	pgMaxConns      int
 	stmtTimeout     time.Duration
 	webhookLease    time.Duration
+	webhookBacklog  string
+	webhookBacklogN int64 // webhookBacklog parsed, or its default
 	workers         int
 	batchMax        int
 	batchWindow     time.Duration
@@ -162,6 +164,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.IntVar(&c.pgMaxConns, "pg-max-conns", 0, "PostgreSQL connections (default: 4 × publish workers + 4)")
 	fs.DurationVar(&c.stmtTimeout, "statement-timeout", 5*time.Second, "PostgreSQL statement timeout")
 	fs.DurationVar(&c.webhookLease, "webhook-lease", 30*time.Second, "with PostgreSQL, how long a node's claim on a room's webhook delivery lasts unless renewed: another node takes a crashed node's rooms after this")
+	fs.StringVar(&c.webhookBacklog, "webhook-backlog", "", "bytes of owed webhook events held in memory, all apps (default: a quarter of --memory-store-max, 128MiB without one): without a database, past it the app holding the most loses its oldest owed events (roost_webhook_dropped_total); with PostgreSQL, the rest is read back from the store")
 	fs.IntVar(&c.workers, "publish-workers", 1, "publish goroutines, each committing a shard of rooms with one commit in flight (raise it only when one PostgreSQL backend is the limit)")
 	fs.IntVar(&c.batchMax, "batch-max", 256, "publishes per group commit")
 	fs.DurationVar(&c.batchWindow, "batch-window", 10*time.Millisecond, "the longest a PostgreSQL group commit smaller than 48 publishes may wait for more, from its first publish: all of it where the window brings 48 at the rate its worker sees, else the share it brings (1,500/s: 15 of 48, ~2.5ms), none where no publish is due (0: no wait; the memory store never waits)")
@@ -528,6 +531,17 @@ func validate(c *config) []error {
 	} else {
 		c.memStoreMaxN = int64(v)
 	}
+	c.webhookBacklogN = max(c.memStoreMaxN/4, 1<<20)
+	if c.memStoreMaxN == 0 {
+		c.webhookBacklogN = 128 << 20
+	}
+	if c.webhookBacklog != "" {
+		if v, err := tuning.ParseSize(c.webhookBacklog); err != nil || v < 1<<20 {
+			bad("invalid --webhook-backlog %q: want a size of at least 1MiB, such as 64MiB", c.webhookBacklog)
+		} else {
+			c.webhookBacklogN = int64(v)
+		}
+	}
 	if c.presenceGrace <= 0 {
 		bad("invalid --presence-grace %s: want a positive duration such as 5s", c.presenceGrace)
 	}
@@ -816,6 +830,7 @@ func bindValues(c *config, into map[string]string) {
 		"pg-max-conns":        pgMaxConnsText(c),
 		"statement-timeout":   d(c.stmtTimeout),
 		"webhook-lease":       d(c.webhookLease),
+		"webhook-backlog":     c.webhookBacklog,
 		"publish-workers":     strconv.Itoa(c.workers),
 		"batch-max":           strconv.Itoa(c.batchMax),
 		"batch-window":        d(c.batchWindow),
