@@ -197,6 +197,20 @@ func mergeLocal(count int, users, local []string) (int, []string) {
 	return count, users
 }
 
+// forgetAnswers drops the kept answers of the rooms changes touched: one
+// read before them would miss a join that is no longer the node's to add
+// (answer). The presence goroutine.
+func (pr *presence) forgetAnswers(changes []pubsub.PresenceChange) {
+	pr.amu.Lock()
+	defer pr.amu.Unlock()
+	if len(pr.answers) == 0 {
+		return
+	}
+	for i := range changes {
+		delete(pr.answers, changes[i].Key)
+	}
+}
+
 // dropAnswers forgets answers no longer fresh and returns when the next
 // one will be stale (0: none left). The presence goroutine.
 func (pr *presence) dropAnswers(now int64) (next int64) {
@@ -502,6 +516,7 @@ func (pr *presence) apply(now int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	diffs, err := pr.p.Apply(ctx, changes)
 	cancel()
+	pr.forgetAnswers(changes)
 	pr.n.Stats.PresenceChanges.Add(uint64(len(pr.changes)))
 	if errors.Is(err, pubsub.ErrPresenceLost) {
 		pr.n.log.Warn("presence lease had ended (this node was silent past it): applying this node's presence again")
