@@ -8,7 +8,7 @@ import (
 
 // TestShedNewest: the k newest admitted connections of the app, over every
 // loop, are closed with 1008 "connection limit" and stop counting at once;
-// the older ones and other apps' stay.
+// the older ones and other apps' stay. SSE streams count and end alike.
 func TestShedNewest(t *testing.T) {
 	n := startNode(t, func(c *Config) { c.Loops = 2 })
 	other := n.dialQuery(t, "user=x&app=other")
@@ -48,6 +48,17 @@ func TestShedNewest(t *testing.T) {
 	}
 	if got := n.srv.ShedNewest("test", 0, time.Second) + n.srv.ShedNewest("nope", 3, time.Second); got != 0 {
 		t.Fatalf("closed %d for nothing", got)
+	}
+	// An SSE stream counts like a socket: the newest now, it ends.
+	time.Sleep(3 * time.Millisecond)
+	st := n.sse(t, "room=r&user=s&app=test")
+	st.expect("joined")
+	if got := n.srv.ShedNewest("test", 1, time.Second); got != 1 {
+		t.Fatalf("ShedNewest(1) closed %d", got)
+	}
+	st.expectEnd()
+	if c := appConns("test"); c != 4 {
+		t.Fatalf("the app counts %d connections after its stream ended, want 4", c)
 	}
 	if got := n.srv.ShedNewest("test", 10, time.Second); got != 4 {
 		t.Fatalf("ShedNewest(10) of 4 closed %d", got)
