@@ -108,13 +108,13 @@ func formatConnCount(n ConnCount) string {
 }
 
 func parseConnCount(v string) (ConnCount, bool) {
-	conns, shed, _ := strings.Cut(v, "/")
+	conns, shed, withShed := strings.Cut(v, "/")
 	var n ConnCount
 	var err error
 	if n.Conns, err = strconv.ParseInt(conns, 10, 64); err != nil {
 		return n, false
 	}
-	if shed != "" {
+	if withShed {
 		if n.Shed, err = strconv.ParseInt(shed, 10, 64); err != nil {
 			return n, false
 		}
