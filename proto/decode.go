@@ -197,7 +197,11 @@ const (
 // deeper than MaxDepth is ErrTooDeep (an *Error: the connection stays).
 func Decode(payload []byte, cmd *Command) error {
 	err := decode(payload, cmd)
-	if i := skipWS(payload, 0); err == ErrMalformed && i < len(payload) && payload[i] == '{' && tooDeep(payload, i, 0) {
+	if err != ErrMalformed {
+		return err
+	}
+	// Slow path, the frame refused anyway: was it the depth?
+	if i := skipWS(payload, 0); i < len(payload) && payload[i] == '{' && tooDeep(payload, i, 0) {
 		return ErrTooDeep
 	}
 	return err
