@@ -521,13 +521,6 @@ func registryName(c *config) string {
 	return "postgresql"
 }
 
-// shareConnsEvery is how often nodes share their connection counts through
-// Redis: the app connection limit holds across the cluster within what the
-// other nodes admit in one period (docs/operations.md).
-const shareConnsEvery = 500 * time.Millisecond
-
-// shareConns keeps every app's count of connections on the other nodes
-// current, for the cluster-wide --app-max-conns.
 // registryRetention is the apps' own retention (keep_age, keep_count) by
 // app, for those that have one.
 func registryRetention(apps []proto.App) map[string]persist.Retention {
@@ -538,43 +531,6 @@ func registryRetention(apps []proto.App) map[string]persist.Retention {
 		}
 	}
 	return out
-}
-
-func shareConns(ctx context.Context, r *pubsub.Redis, srv *loop.Server, log *slog.Logger) {
-	t := time.NewTicker(shareConnsEvery)
-	defer t.Stop()
-	var failing bool
-	// The counts are keyed by process, not by node id: two nodes given the
-	// same --node-id (or both on port 0 in tests) must not overwrite each
-	// other's count. A restarted node's old entry expires with its TTL.
-	var rnd [6]byte
-	_, _ = crand.Read(rnd[:])
-	instance := srv.NodeID() + "/" + hex.EncodeToString(rnd[:])
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		mine := map[string]int64{}
-		srv.AppConns(func(app string, n int64) {
-			if n > 0 {
-				mine[app] = n
-			}
-		})
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		others, err := r.ShareConns(cctx, instance, mine, 6*shareConnsEvery)
-		cancel()
-		if err != nil {
-			if !failing && ctx.Err() == nil {
-				log.Warn("cannot share connection counts through Redis; app connection limits use the last counts shared meanwhile", "err", err)
-			}
-			failing = true
-			continue
-		}
-		failing = false
-		srv.AppConns(func(app string, _ int64) { srv.SetRemoteConns(app, others[app]) })
-	}
 }
 
 func migrate(args []string, stderr io.Writer) int {

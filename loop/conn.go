@@ -146,8 +146,10 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	}
 	if c.m.SSE() {
 		s.Stats.SSEConns.Add(-1)
-		c.app.release(c.user, c.au)
-		c.au = nil
+		if c.au != nil { // nil: released when closed over the app's limit (ShedNewest)
+			c.app.release(c.user, c.au)
+			c.au = nil
+		}
 	} else if c.state == stateUpgrading || c.app == nil {
 		// Never upgraded: refused, timed out, or a plain HTTP request.
 		s.Stats.Upgrading.Add(-1)

@@ -29,6 +29,7 @@ const (
 	tLinger                         // the linger timer: close handshakes out of time
 	tProxy                          // px: a proxy hook answered (proxy.go)
 	tPass                           // a pass's next slice may follow (passSlept)
+	tShed                           // shed: a pass of Server.ShedNewest (applimit.go)
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -41,6 +42,7 @@ type task struct {
 	app   string      // tCloseApp, tDisconnect
 	disc  *disconnect // rare: allocated per call
 	px    *proxyWait  // tProxy
+	shed  *shedRound  // tShed
 }
 
 // connOut is a connection's outbound queue and outQueue the loop's: what
@@ -274,6 +276,8 @@ func (l *loopState) run(t *task) {
 		l.proxied(t.px)
 	case tPass:
 		l.passFresh = false // the loop has polled its input since the slice: the drain's kick writes the next
+	case tShed:
+		l.shed(t.shed)
 	}
 }
 
