@@ -15,7 +15,7 @@ import (
 // the test until it is given its place.
 var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
-	"loop":             {"fanout", "fanout/proxy", "proto"},
+	"loop":             {"fanout", "fanout/proxy", "proto", "realip"},
 	"fanout/api":       {"fanout", "persist", "proto"},
 	"fanout/webhook":   {"persist", "proto"},
 	"fanout/proxy":     {"proto"},
@@ -27,6 +27,7 @@ var layers = map[string][]string{
 	"proto":            {},
 	"proto/prototest":  {},
 	"tuning":           {},
+	"realip":           {},
 	"bench":            {"proto"},
 }
 
