@@ -358,7 +358,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
-		apiHTTP = newAPIServer(apiSrv.Handler(), log)
+		apiHTTP = newAPIServer(c.node.TrustedProxies.Handler(apiSrv.Handler()), log)
 		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
 		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}

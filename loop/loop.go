@@ -169,6 +169,7 @@ type loopState struct {
 	ringTried bool
 	idle      idleState // the sweep's pings and held pongs on the ring (ring_idle_linux.go)
 	interns   map[string]string
+	peers     map[*conn]netip.AddrPort // client addresses a proxy named (realaddr.go); not in conn, which stays small
 	draining  bool
 	stamps    []*pubStamp // free list of publish stamps (server.go)
 	// pubQueues are the connections with publishes waiting for their

@@ -37,6 +37,7 @@ import (
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/realip"
 )
 
 // Config is the node's settings as main fills them from flags. It embeds
@@ -90,6 +91,12 @@ type Config struct {
 	// MaxConnsPerIP caps the connections of one source address (0: no
 	// cap), so that one host cannot take the whole budget.
 	MaxConnsPerIP int
+	// ProxyProtocol: every connection starts with a PROXY protocol
+	// header (v1 or v2) naming the client; one that does not is closed.
+	ProxyProtocol bool
+	// TrustedProxies are the peers whose X-Forwarded-For and X-Real-IP
+	// are believed on the upgrade request (empty: nobody's).
+	TrustedProxies realip.Trusted
 	// ReusePort lets several processes share the listen port
 	// (SO_REUSEPORT across processes). Off, a port already in use fails
 	// Start with "address already in use".
@@ -153,6 +160,10 @@ type Server struct {
 	nodeHeader []byte
 	// script and demo are the files of Config.ClientScript and DemoPage.
 	script, demo *staticFile
+	// realLater: a proxy may speak for clients (ProxyProtocol or
+	// TrustedProxies), so a connection's address is settled at its
+	// request head, not at accept (realaddr.go).
+	realLater bool
 
 	addr    string // resolved listen address
 	eng     gnet.Engine
@@ -220,6 +231,10 @@ type Stats struct {
 	// which shows whether a loop's tick is halved at a given load.
 	ShortTicks atomic.Uint64
 	Pings      atomic.Uint64 // server pings sent (idle connections)
+
+	// RefusedProxyHeader: connections closed because --proxy-protocol is
+	// set and they did not start with a valid PROXY header.
+	RefusedProxyHeader atomic.Uint64
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.
@@ -340,6 +355,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		gnetErrs: new(errLines),
 	}
 	s.perIP.n = make(map[netip.Addr]int32)
+	s.realLater = cfg.ProxyProtocol || cfg.TrustedProxies.Any()
 	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Latency: orNone(h.ProxyLatency), Log: log})
 	s.Stats.WriteFrames = orNone(h.WriteFrames)
 	s.Stats.AckLatency = orNone(h.AckLatency)
