@@ -373,3 +373,148 @@ func throughProxy(t *testing.T, n *roostNode, p *frontProxy, f tlsFiles, withPor
 		return nil
 	})
 }
+
+// pathRSS is the resident set of the processes, summed.
+func pathRSS(tb testing.TB, pids ...int) float64 {
+	var sum int64
+	for _, pid := range pids {
+		sum += rssBytes(tb, pid)
+	}
+	return float64(sum)
+}
+
+// BenchmarkProxyPathMemory measures the memory one idle connection costs
+// the whole path, proxy plus node: ROOST_PATH_CONNS (default 5000) clients,
+// each joined to a room of its own and then silent, straight to the node
+// (ws://) and through each documented proxy configuration (wss://, https
+// for none: SSE streams cost the proxies what a WebSocket does). It
+// reports the growth of the node's and the proxy's RSS over the idle
+// baseline, per connection. Kernel socket memory is not in RSS. Run once:
+//
+//	go test -run '^$' -bench BenchmarkProxyPathMemory -benchtime 1x .
+func BenchmarkProxyPathMemory(b *testing.B) {
+	conns := 5000
+	if v := os.Getenv("ROOST_PATH_CONNS"); v != "" {
+		if _, err := fmt.Sscan(v, &conns); err != nil || conns < 1 || conns > 8000 {
+			b.Fatalf("ROOST_PATH_CONNS=%q: want 1..8000 (each holds descriptors under the 20000 cap)", v)
+		}
+	}
+	paths := []struct {
+		name  string
+		flags []string
+		start func(t testing.TB, node string, f tlsFiles, dir string) *frontProxy
+	}{
+		{"direct", nil, nil},
+		{"haproxy", []string{"--proxy-protocol"}, startHAProxy},
+		{"nginx-stream", []string{"--proxy-protocol"}, func(t testing.TB, node string, f tlsFiles, dir string) *frontProxy {
+			return startNginx(t, "nginx-stream", node, f, dir)
+		}},
+		{"nginx-http", []string{"--trusted-proxies", "127.0.0.1/32"}, func(t testing.TB, node string, f tlsFiles, dir string) *frontProxy {
+			return startNginx(t, "nginx-http", node, f, dir)
+		}},
+	}
+	for _, path := range paths {
+		b.Run(path.name, func(b *testing.B) {
+			dir := b.TempDir()
+			f := selfSigned(b, dir)
+			n := plainBenchNode(b, path.flags...)
+			url := "ws://" + n.addr
+			opt := prototest.Options{Buffer: 4, ReadTimeout: 10 * time.Minute}
+			var p *frontProxy
+			if path.start != nil {
+				p = path.start(b, n.addr, f, dir)
+				url = "wss://" + p.addr
+				opt.TLSConfig = &tls.Config{RootCAs: f.pool, ServerName: "127.0.0.1"}
+			}
+			proxyRSS := func() float64 {
+				if p == nil {
+					return 0
+				}
+				return pathRSS(b, p.pids()...)
+			}
+			// A few connections first: what every proxy and node allocates
+			// on its first connection (TLS contexts, buffers, pools) is not
+			// a per-connection cost.
+			warm := dialMany(b, url, opt, 0, 20)
+			time.Sleep(time.Second)
+			node0, proxy0 := pathRSS(b, n.cmd.Process.Pid), proxyRSS()
+			clients := dialMany(b, url, opt, 20, conns)
+			time.Sleep(2 * time.Second) // let the last joins and the proxies' buffers settle
+			node1, proxy1 := pathRSS(b, n.cmd.Process.Pid), proxyRSS()
+			nodePer, proxyPer := (node1-node0)/float64(conns), (proxy1-proxy0)/float64(conns)
+			b.ReportMetric(nodePer, "node-B/conn")
+			b.ReportMetric(proxyPer, "proxy-B/conn")
+			b.ReportMetric(nodePer+proxyPer, "path-B/conn")
+			b.Logf("%s: %d idle joined connections: node RSS %.1f -> %.1f MiB, proxy RSS %.1f -> %.1f MiB",
+				path.name, conns, node0/(1<<20), node1/(1<<20), proxy0/(1<<20), proxy1/(1<<20))
+			for _, c := range append(warm, clients...) {
+				c.Close()
+			}
+		})
+	}
+}
+
+// plainBenchNode is plainNode for a benchmark: the memory store, one
+// loop, nothing logged per connection.
+func plainBenchNode(b *testing.B, extra ...string) *roostNode {
+	bin := roostBinary(b)
+	n := &roostNode{
+		name:   "node",
+		addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(b, false)),
+		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(b, false)),
+		logf:   filepath.Join(b.TempDir(), "node.log"),
+		exited: make(chan struct{}),
+	}
+	args := append([]string{"serve", "--insecure", "--listen", n.addr, "--admin", n.admin, "--api", "off", "--loops", "1", "--drain", "200ms"}, extra...)
+	lf, err := os.Create(n.logf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = nodeEnv()
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	n.cmd = cmd
+	go func() { _ = cmd.Wait(); lf.Close(); close(n.exited) }()
+	b.Cleanup(n.stop)
+	if err := n.waitReady(15 * time.Second); err != nil {
+		b.Fatalf("node not ready: %v\n%s", err, n.logTail(40))
+	}
+	return n
+}
+
+// dialMany opens clients from..to-1 on url, 32 at a time, each joined to
+// its own room, from 127.0.0.2.
+func dialMany(b *testing.B, url string, opt prototest.Options, from, to int) []*prototest.Client {
+	b.Helper()
+	opt.NetDial = fromClientAddr
+	out := make([]*prototest.Client, to-from)
+	errs := make(chan error, to-from)
+	sem := make(chan struct{}, 32)
+	for i := from; i < to; i++ {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, err := prototest.Dial(ctx, fmt.Sprintf("%s/ws?user=u%d&app=%s", url, i, testApp), opt)
+			if err == nil {
+				err = c.Send(fmt.Sprintf(`{"op":"join","room":"r%d"}`, i))
+			}
+			if err == nil {
+				_, _, err = c.Expect("joined", 30*time.Second)
+			}
+			out[i-from] = c
+			errs <- err
+		}()
+	}
+	for range to - from {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	return out
+}
