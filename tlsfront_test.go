@@ -34,23 +34,18 @@ import (
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
-// needProgram finds a program of a Debian package: missing, the test
-// skips, or fails under CI=true (where .ci/run installs it).
-func needProgram(t testing.TB, name, pkg string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		for _, dir := range []string{"/usr/sbin", "/sbin"} {
-			if _, err2 := os.Stat(filepath.Join(dir, name)); err2 == nil {
-				return filepath.Join(dir, name)
-			}
-		}
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s not found (apt-get install %s)", name, pkg)
-		}
-		t.Skipf("%s not found (apt-get install %s)", name, pkg)
+// sbinTool finds a daemon of a Debian package, which lives in /usr/sbin
+// (not on every user's PATH); needTool skips or, under CI=true, fails.
+func sbinTool(t testing.TB, name, pkg string) string {
+	if p := "/usr/sbin/" + name; fileExists(p) {
+		return p
 	}
-	return p
+	return needTool(t, name, "apt-get install -y "+pkg)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // tlsFiles is a self-signed certificate for 127.0.0.1 in the forms the
@@ -196,7 +191,7 @@ func (p *frontProxy) waitListening(t testing.TB) {
 
 // startHAProxy runs the documented HAProxy configuration in front of node.
 func startHAProxy(t testing.TB, node string, f tlsFiles, dir string) *frontProxy {
-	bin := needProgram(t, "haproxy", "haproxy")
+	bin := sbinTool(t, "haproxy", "haproxy")
 	addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	cfg := replaceAll(t, docConfig(t, "haproxy"),
 		"maxconn 50000", "maxconn 9000", // two descriptors a connection, under this machine's 20000
@@ -217,7 +212,7 @@ func startHAProxy(t testing.TB, node string, f tlsFiles, dir string) *frontProxy
 // or nginx-http) in front of node, under a main configuration of the
 // test's own (its files in dir, in the foreground).
 func startNginx(t testing.TB, lang, node string, f tlsFiles, dir string) *frontProxy {
-	bin := needProgram(t, "nginx", "nginx")
+	bin := sbinTool(t, "nginx", "nginx")
 	addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	cfg := replaceAll(t, docConfig(t, lang),
 		"listen 443 ssl;", "listen "+addr+" ssl;",
@@ -228,11 +223,8 @@ func startNginx(t testing.TB, lang, node string, f tlsFiles, dir string) *frontP
 		"events { worker_connections 16000; }\n"
 	if lang == "nginx-stream" {
 		const mod = "/usr/lib/nginx/modules/ngx_stream_module.so"
-		if _, err := os.Stat(mod); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s not found (apt-get install libnginx-mod-stream)", mod)
-			}
-			t.Skipf("%s not found (apt-get install libnginx-mod-stream)", mod)
+		if !fileExists(mod) {
+			needTool(t, mod, "apt-get install -y libnginx-mod-stream")
 		}
 		main = "load_module " + mod + ";\n" + main
 	} else {
@@ -417,7 +409,7 @@ func BenchmarkProxyPathMemory(b *testing.B) {
 		b.Run(path.name, func(b *testing.B) {
 			dir := b.TempDir()
 			f := selfSigned(b, dir)
-			n := plainBenchNode(b, path.flags...)
+			n := plainNode(b, 0, false, path.flags...)
 			url := "ws://" + n.addr
 			opt := prototest.Options{Buffer: 4, ReadTimeout: 10 * time.Minute}
 			var p *frontProxy
@@ -452,38 +444,6 @@ func BenchmarkProxyPathMemory(b *testing.B) {
 			}
 		})
 	}
-}
-
-// plainBenchNode is plainNode for a benchmark: the memory store, one
-// loop, nothing logged per connection.
-func plainBenchNode(b *testing.B, extra ...string) *roostNode {
-	bin := roostBinary(b)
-	n := &roostNode{
-		name:   "node",
-		addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(b, false)),
-		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(b, false)),
-		logf:   filepath.Join(b.TempDir(), "node.log"),
-		exited: make(chan struct{}),
-	}
-	args := append([]string{"serve", "--insecure", "--listen", n.addr, "--admin", n.admin, "--api", "off", "--loops", "1", "--drain", "200ms"}, extra...)
-	lf, err := os.Create(n.logf)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = nodeEnv()
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	n.cmd = cmd
-	go func() { _ = cmd.Wait(); lf.Close(); close(n.exited) }()
-	b.Cleanup(n.stop)
-	if err := n.waitReady(15 * time.Second); err != nil {
-		b.Fatalf("node not ready: %v\n%s", err, n.logTail(40))
-	}
-	return n
 }
 
 // dialMany opens clients from..to-1 on url, 32 at a time, each joined to

@@ -3,15 +3,10 @@ package loop
 import (
 	"bytes"
 	"encoding/binary"
-	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
-
-	"github.com/roost-chat/roost/fanout"
-	"github.com/roost-chat/roost/persist"
 )
 
 // addrConn is a memConn with a socket peer address.
@@ -21,24 +16,6 @@ type addrConn struct {
 }
 
 func (c *addrConn) RemoteAddr() net.Addr { return c.ra }
-
-func realNode(t *testing.T, set func(*Config)) (*Server, *memLoop) {
-	t.Helper()
-	cfg := Defaults()
-	cfg.Insecure = true
-	set(&cfg)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fan, err := fanout.New(cfg.Config, fanout.Parts{Store: persist.NewMemory(10), Log: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = fan.Close() })
-	s, err := New(cfg, fan, log, Histograms{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, &memLoop{}
-}
 
 // dial opens a connection from peer and sends in, step bytes per read.
 func dial(s *Server, el *memLoop, peer string, in string, step int) *addrConn {
@@ -67,11 +44,11 @@ func upgraded(gc *addrConn) bool {
 }
 
 func TestProxyProtocolNamesTheClient(t *testing.T) {
-	s, el := realNode(t, func(c *Config) { c.ProxyProtocol = true; c.MaxConnsPerIP = 1 })
+	s, el := memNode(t, func(c *Config) { c.ProxyProtocol = true; c.MaxConnsPerIP = 1 })
 	v1 := "PROXY TCP4 203.0.113.7 10.0.0.1 52114 8080\r\n"
 	v2h := string(v2Header([4]byte{198, 51, 100, 9}, 40000))
 	for _, step := range []int{1, 5, 1000} {
-		s, el := realNode(t, func(c *Config) { c.ProxyProtocol = true })
+		s, el := memNode(t, func(c *Config) { c.ProxyProtocol = true })
 		gc := dial(s, el, "127.0.0.1:9000", v1+fuzzUpgrade, step)
 		if !upgraded(gc) || clientOf(gc) != "203.0.113.7:52114" {
 			t.Fatalf("v1 in %d-byte reads: upgraded %v, client %q, out %q", step, upgraded(gc), clientOf(gc), gc.out)
@@ -104,7 +81,7 @@ func TestProxyProtocolNamesTheClient(t *testing.T) {
 }
 
 func TestProxyProtocolRefusesWithoutHeader(t *testing.T) {
-	s, el := realNode(t, func(c *Config) { c.ProxyProtocol = true })
+	s, el := memNode(t, func(c *Config) { c.ProxyProtocol = true })
 	for i, in := range []string{
 		fuzzUpgrade, // straight to the node, past the proxy
 		"PROXY TCP4 203.0.113.7 10.0.0.1 52114\r\n" + fuzzUpgrade,
@@ -128,7 +105,7 @@ func TestProxyProtocolRefusesWithoutHeader(t *testing.T) {
 }
 
 func TestTrustedProxiesXFF(t *testing.T) {
-	s, el := realNode(t, func(c *Config) {
+	s, el := memNode(t, func(c *Config) {
 		if err := c.TrustedProxies.Set("10.0.0.0/8"); err != nil {
 			t.Fatal(err)
 		}
@@ -153,7 +130,7 @@ func TestTrustedProxiesXFF(t *testing.T) {
 
 // Without the flags nothing changes: no peer map, the socket's peer.
 func TestRealAddrOffCostsNothing(t *testing.T) {
-	s, el := realNode(t, func(c *Config) {})
+	s, el := memNode(t, func(c *Config) {})
 	gc := dial(s, el, "10.0.0.5:9000", strings.Replace(fuzzUpgrade, "Host: x\r\n", "Host: x\r\nX-Forwarded-For: 1.2.3.4\r\n", 1), 1000)
 	if !upgraded(gc) || clientOf(gc) != "10.0.0.5:9000" || s.loops[0].Load().peers != nil || s.realLater {
 		t.Fatalf("upgraded %v client %q", upgraded(gc), clientOf(gc))
@@ -176,7 +153,7 @@ func v2Header(src [4]byte, port uint16) []byte {
 // flag does (once the loop's peer map has its size).
 func TestProxyHeaderAddsNoAllocation(t *testing.T) {
 	cycle := func(proxyProtocol bool) float64 {
-		s, el := realNode(t, func(c *Config) { c.ProxyProtocol = proxyProtocol })
+		s, el := memNode(t, func(c *Config) { c.ProxyProtocol = proxyProtocol })
 		in := fuzzUpgrade
 		if proxyProtocol {
 			in = string(v2Header([4]byte{198, 51, 100, 9}, 40000)) + in
