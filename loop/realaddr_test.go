@@ -1,12 +1,20 @@
 package loop
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/roost-chat/roost/proto"
 )
 
 // addrConn is a memConn with a socket peer address.
@@ -177,5 +185,57 @@ func TestProxyHeaderAddsNoAllocation(t *testing.T) {
 	t.Logf("allocs per connection: %v without, %v with --proxy-protocol", without, with)
 	if with > without {
 		t.Fatalf("open+upgrade+close allocates %v with --proxy-protocol, %v without", with, without)
+	}
+}
+
+// The proxy hooks' client field is the client a proxy names, on a real
+// socket: the PROXY header (written by the dialer before the upgrade) and
+// a trusted peer's X-Forwarded-For.
+func TestProxyHooksSeeTheClient(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		dialer ws.Dialer
+		want   string
+	}{
+		{"proxy protocol", func(c *Config) { c.ProxyProtocol = true }, ws.Dialer{
+			NetDial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err == nil {
+					_, err = conn.Write([]byte("PROXY TCP4 203.0.113.7 10.0.0.1 52114 8080\r\n"))
+				}
+				return conn, err
+			}}, "203.0.113.7:52114"},
+		{"x-forwarded-for", func(c *Config) { _ = c.TrustedProxies.Set("127.0.0.0/8") }, ws.Dialer{
+			Header: ws.HandshakeHeaderHTTP(http.Header{"X-Forwarded-For": {"198.51.100.1, 203.0.113.8"}})}, "203.0.113.8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t, allow)
+			n := secureNode(t, tc.mutate, proxied("a", proto.Proxy{Connect: b.srv.URL + "/connect", Publish: b.srv.URL + "/publish"}))
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			conn, br, _, err := tc.dialer.Dial(ctx, "ws://"+n.addr+"/ws?token="+tok(secretA, "a", "alice", time.Now().Add(time.Hour)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if br == nil {
+				br = bufio.NewReader(conn)
+			}
+			c := &client{t: t, conn: conn, rd: br}
+			t.Cleanup(func() { conn.Close() })
+			c.send(`{"op":"pub","room":"r","id":"p1","body":1}`)
+			if m := c.expectAnswer("p1"); m["op"] != "ack" {
+				t.Fatalf("publish: %v", m)
+			}
+			calls := b.calls()
+			if len(calls) != 2 {
+				t.Fatalf("backend saw %v", calls)
+			}
+			for _, call := range calls {
+				if call["client"] != tc.want {
+					t.Errorf("%s call: client %v, want %s", call["type"], call["client"], tc.want)
+				}
+			}
+		})
 	}
 }
