@@ -220,7 +220,7 @@ type Stats struct {
 	InboxOverflow atomic.Uint64
 	UpgradeErrors atomic.Uint64
 	RefusedBudget atomic.Uint64 // connections closed at accept: MaxConns reached
-	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
+	RefusedPerIP  atomic.Uint64 // connections closed at accept (behind a proxy naming the client: at its request head): MaxConnsPerIP reached
 	InFlight      atomic.Int64  // publishes submitted and not yet answered
 	Disconnected  atomic.Uint64 // connections closed by Disconnect (the server API's disconnect, from any node)
 	// Ticks and Sweeps count the loops' timer wake-ups (flush ticks, idle
