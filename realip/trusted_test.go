@@ -123,3 +123,30 @@ func TestHandler(t *testing.T) {
 		t.Fatal("nil handler")
 	}
 }
+
+// FuzzFromHead: any request head from a trusted peer gives the peer or an
+// address a forwarding header names (unmapped, without a zone), never a
+// panic; from an untrusted peer, always the peer.
+func FuzzFromHead(f *testing.F) {
+	for _, tc := range headCases {
+		f.Add("GET / HTTP/1.1\r\n" + strings.Join(tc.headers, "\r\n") + "\r\n\r\n")
+	}
+	tr := &Trusted{}
+	if err := tr.Set("10.0.0.0/8"); err != nil {
+		f.Fatal(err)
+	}
+	peer := netip.MustParseAddrPort(proxyPeer)
+	stranger := netip.MustParseAddrPort(strangerP)
+	f.Fuzz(func(t *testing.T, head string) {
+		if got := tr.FromHead(stranger, []byte(head)); got != stranger {
+			t.Fatalf("untrusted peer became %v", got)
+		}
+		got := tr.FromHead(peer, []byte(head))
+		if !got.IsValid() || got.Addr().Zone() != "" || got.Addr().Is4In6() {
+			t.Fatalf("client %v from %q", got, head)
+		}
+		if got != peer && !strings.Contains(strings.ToLower(head), "x-forwarded-for") && !strings.Contains(strings.ToLower(head), "x-real-ip") {
+			t.Fatalf("client %v without a forwarding header in %q", got, head)
+		}
+	})
+}
