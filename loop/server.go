@@ -15,7 +15,8 @@
 // write.go the socket writes (loop/internal/uring batches them); park.go
 // connections waiting for their transport, and closing handshakes;
 // sweep.go idle pings and timeouts (idle_linux.go: their pongs on the
-// ring); conn.go a connection's frames and commands.
+// ring); conn.go a connection's frames and commands; realaddr.go the
+// client's address behind a proxy (PROXY header, X-Forwarded-For).
 package loop
 
 import (
