@@ -16,7 +16,7 @@ import (
 // listed.
 var layers = map[string][]string{
 	".":                   {"*"}, // main wires everything
-	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "loop/internal/uring", "proto"},
+	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "loop/internal/uring", "proto", "realip"},
 	"loop/internal/uring": {},
 	"fanout/api":          {"fanout", "persist", "proto"},
 	"fanout/webhook":      {"hooknet", "persist", "proto"},
@@ -31,6 +31,7 @@ var layers = map[string][]string{
 	"proto":               {},
 	"proto/prototest":     {},
 	"tuning":              {},
+	"realip":              {},
 	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
 }
 

@@ -365,7 +365,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
 		defer hooknet.Default.Own("server API", ln.Addr())()
-		apiHTTP = newAPIServer(apiSrv.Handler(), log)
+		apiHTTP = newAPIServer(c.node.TrustedProxies.Handler(apiSrv.Handler()), log)
 		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
 		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}

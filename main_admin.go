@@ -226,6 +226,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	m.family("roost_connections_refused_total", "counter")
 	m.line(`roost_connections_refused_total{reason="budget"}`, float64(st.RefusedBudget.Load()))
 	m.line(`roost_connections_refused_total{reason="per_ip"}`, float64(st.RefusedPerIP.Load()))
+	m.line(`roost_connections_refused_total{reason="proxy_header"}`, float64(st.RefusedProxyHeader.Load()))
 	g("roost_connection_budget", int64(a.srv.MaxConns()))
 	g("roost_room_memberships", fs.Joined.Load())
 	g("roost_rooms", sn.Rooms)

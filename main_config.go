@@ -121,7 +121,9 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.UpgradeTimeout, "upgrade-timeout", d.UpgradeTimeout, "time allowed for the HTTP upgrade")
 	fs.IntVar(&c.node.MaxRooms, "max-rooms", d.MaxRooms, "rooms one connection may join")
 	fs.IntVar(&c.node.MaxConns, "max-conns", 0, "client connections held at once, upgraded or not; past it a connection is closed at accept (default: the open-file limit minus a reserve for the store, broker, admin listener and files)")
-	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; leave 0 behind a proxy or load balancer)")
+	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; behind a proxy or load balancer leave 0 unless --proxy-protocol or --trusted-proxies names the client)")
+	fs.BoolVar(&c.node.ProxyProtocol, "proxy-protocol", false, "every client connection starts with a PROXY protocol header (v1 or v2: HAProxy send-proxy-v2, nginx proxy_protocol, AWS NLB) naming the client; one that does not is closed (set only when every connection comes through such a proxy)")
+	fs.Var(&c.node.TrustedProxies, "trusted-proxies", "`CIDRS` (comma-separated, e.g. 10.0.0.0/8,192.0.2.7) of proxies whose X-Forwarded-For and X-Real-IP name the client, on the client listener's upgrade requests and the server API (default: nobody's)")
 	fs.BoolVar(&c.node.ReusePort, "reuse-port", false, "share the client port with other processes (SO_REUSEPORT); without it a port in use fails the start with \"address already in use\"")
 	fs.BoolVar(&c.node.IOURing, "io-uring", d.IOURing, "write the one-frame output of a flush in batches through io_uring (Linux 5.12+; where the kernel refuses it, one send(2) per frame as with false)")
 	fs.IntVar(&c.node.Readers, "readers", d.Readers, "goroutines doing store reads (join catch-up, history, gap repair)")
@@ -789,6 +791,8 @@ func bindValues(c *config, into map[string]string) {
 		"max-conns":           strconv.Itoa(n.MaxConns),
 		"max-conns-per-ip":    strconv.Itoa(n.MaxConnsPerIP),
 		"reuse-port":          strconv.FormatBool(n.ReusePort),
+		"proxy-protocol":      strconv.FormatBool(n.ProxyProtocol),
+		"trusted-proxies":     n.TrustedProxies.String(),
 		"io-uring":            strconv.FormatBool(n.IOURing),
 		"readers":             strconv.Itoa(n.Readers),
 		"gap-window":          d(n.GapWindow),

@@ -176,6 +176,7 @@ type loopState struct {
 	ringConns [uring.Batch]*conn
 	idle      idleState // the sweep's pings and held pongs on the ring (idle_linux.go)
 	interns   map[string]string
+	peers     map[*conn]netip.AddrPort // client addresses a proxy named (realaddr.go); not in conn, which stays small
 	draining  bool
 	stamps    []*pubStamp // free list of publish stamps (server.go)
 	// pubQueues are the connections with publishes waiting for their
