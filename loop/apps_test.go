@@ -35,10 +35,19 @@ func secureNode(t *testing.T, mutate func(*Config), apps ...proto.App) *node {
 const secretA, secretB = "secret-of-app-a-0123456789", "secret-of-app-b-0123456789"
 
 func tok(secret, app, sub string, exp time.Time, rooms ...string) string {
-	return SignToken([]byte(secret), app, sub, exp, rooms)
+	return signToken([]byte(secret), app, sub, exp, rooms)
 }
 
-// rawToken signs any claims with any method (the cases SignToken cannot make).
+// signToken makes an HS256 token as the tests' signer.
+func signToken(secret []byte, appID, sub string, exp time.Time, rooms []string) string {
+	tok, err := proto.SignToken(secret, appID, sub, exp, rooms)
+	if err != nil {
+		panic("BUG: cannot sign a token: " + err.Error())
+	}
+	return tok
+}
+
+// rawToken signs any claims with any method (the cases signToken cannot make).
 func rawToken(t *testing.T, m jwt.SigningMethod, key any, claims jwt.MapClaims) string {
 	t.Helper()
 	s, err := jwt.NewWithClaims(m, claims).SignedString(key)

@@ -2,8 +2,14 @@ package loop
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,6 +32,9 @@ type Limits struct {
 	AppPubRate   float64 // publishes per second of one app on this node; its burst is one second's worth
 	MaxMsg       int64   // bytes of one pub body (too_large above)
 	MaxPresence  int64   // presence subscribers of one room of an app, per node (0: no limit)
+	// MaxTokenTTL refuses tokens whose exp lies further ahead (0: no
+	// bound): a leaked token is good for at most this long.
+	MaxTokenTTL time.Duration
 }
 
 // DefaultLimits are limits no ordinary chat client reaches, and that every
@@ -40,6 +49,7 @@ func DefaultLimits() Limits {
 		AppPubRate:   50_000,
 		MaxMsg:       64 << 10,
 		MaxPresence:  10_000,
+		MaxTokenTTL:  proto.DefaultMaxTokenTTL,
 	}
 }
 
@@ -107,6 +117,13 @@ type appConfig struct {
 	appInterval, appTolerance   int64
 	// The app's proxy hooks; nil: not asked (proxy.go).
 	connectProxy, publishProxy *proxy.Target
+
+	maxTokenTTL time.Duration // 0: no bound
+	// keys: the app verifies its tokens with a public key (idkeys.go);
+	// nil: with its secrets.
+	keys               *idKeys
+	issuer, audience   string // "" : not checked
+	userClaim          string // "": sub
 }
 
 func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
@@ -131,6 +148,16 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 		maxMsg:       i64(o.MaxMsg, lim.MaxMsg),
 		maxRooms:     appMaxRooms(o.MaxRooms, maxRooms),
 		maxPresence:  int(i64(o.MaxPresence, lim.MaxPresence)),
+		maxTokenTTL:  lim.MaxTokenTTL,
+	}
+	if o.MaxTokenTTL != nil {
+		c.maxTokenTTL = time.Duration(*o.MaxTokenTTL)
+	}
+	if id := a.Identity; id != nil {
+		c.issuer, c.audience, c.userClaim = id.Issuer, id.Audience, id.UserClaim
+		if c.userClaim == "sub" {
+			c.userClaim = ""
+		}
 	}
 	for _, s := range a.Secrets(time.Now()) {
 		if s != "" {
@@ -211,6 +238,7 @@ type apps struct {
 	lim         Limits
 	maxRooms    int
 	static      map[string][]byte // --app-secret
+	jwks        *jwksSources
 
 	mu       sync.RWMutex
 	byID     map[string]*app
@@ -218,9 +246,14 @@ type apps struct {
 	pruned   atomic.Int64 // Unix ms of the last pruneUsers
 }
 
-func newApps(cfg *Config) *apps {
+func newApps(cfg *Config, log *slog.Logger) *apps {
+	every := cfg.JWKSRefresh
+	if every <= 0 {
+		every = DefaultJWKSRefresh
+	}
 	a := &apps{insecure: cfg.Insecure, maxFirstUse: cfg.InsecureMaxApps, lim: cfg.Limits, maxRooms: cfg.MaxRooms,
-		static: cfg.Apps, byID: make(map[string]*app)}
+		static: cfg.Apps, byID: make(map[string]*app),
+		jwks: &jwksSources{every: every, log: log, byURL: map[string]*jwksSource{}}}
 	a.set(nil)
 	return a
 }
@@ -258,18 +291,22 @@ func (a *apps) firstUseApp(id []byte) (*app, *proto.HTTPError) {
 
 // set installs a new registry (registered apps; --app-secret entries fill
 // in ids the registry does not hold). It returns the apps that became
-// disabled or unknown, whose live connections must be closed.
-func (a *apps) set(reg []proto.App) []*app {
+// disabled or unknown, whose live connections must be closed, and those
+// whose secrets changed, whose connections' tokens must be looked at again.
+func (a *apps) set(reg []proto.App) (gone, rekeyed []*app) {
 	merged := make(map[string]*appConfig, len(reg)+len(a.static))
 	for id, sec := range a.static {
 		merged[id] = resolve(a.lim, a.maxRooms, &proto.App{ID: id, Secret: string(sec)})
 	}
+	used := map[string]*jwksSource{}
 	for i := range reg {
-		merged[reg[i].ID] = resolve(a.lim, a.maxRooms, &reg[i])
+		c := resolve(a.lim, a.maxRooms, &reg[i])
+		c.keys = a.jwks.keysFor(reg[i].Identity, used)
+		merged[reg[i].ID] = c
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var gone []*app
+	defer a.jwks.keep(used)
 	for id, cfg := range merged {
 		p := a.byID[id]
 		if p == nil {
@@ -277,8 +314,11 @@ func (a *apps) set(reg []proto.App) []*app {
 			a.byID[id] = p
 		}
 		old := p.cfg.Swap(cfg)
-		if cfg.disabled && (old == nil || !old.disabled) {
+		switch {
+		case cfg.disabled && (old == nil || !old.disabled):
 			gone = append(gone, p)
+		case old != nil && !sameSecrets(old, cfg):
+			rekeyed = append(rekeyed, p)
 		}
 	}
 	for id, p := range a.byID {
@@ -297,7 +337,20 @@ func (a *apps) set(reg []proto.App) []*app {
 		}
 		gone = append(gone, p)
 	}
-	return gone
+	return gone, rekeyed
+}
+
+// sameSecrets: the tokens a and b accept by secret, and until when.
+func sameSecrets(a, b *appConfig) bool {
+	if len(a.secrets) != len(b.secrets) || !a.prevUntil.Equal(b.prevUntil) {
+		return false
+	}
+	for i := range a.secrets {
+		if !bytes.Equal(a.secrets[i], b.secrets[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // admit counts a new connection of user against the app's limits; it
@@ -387,7 +440,32 @@ func (a *apps) pruneUsers() {
 type roomClaims struct {
 	patterns []string
 	all      bool  // no rooms claim: every room of the app
-	expMS    int64 // Unix ms at which the token stops being accepted (exp + leeway)
+	expMS    int64 // Unix ms at which the connection is closed: the token's end, or its secret's retirement
+	tokExpMS int64 // Unix ms at which the token stops being accepted (exp + leeway)
+	// signer is the secret that signed the token (nil: a public key did):
+	// when a rotation retires it, the connection ends unless refreshed.
+	signer []byte
+}
+
+// retireSpread spreads the closes of a retired secret's connections, so
+// that their reconnects do not all arrive in one tick.
+const retireSpread = 3 * time.Second
+
+// retire sets when the connection ends given the app's secrets now:
+// at its token's end while its secret is current; at the previous
+// secret's expiry (plus a spread) while it is the previous one; within
+// the spread once the secret is gone. Upgrade, refresh and rekey only.
+func (rc *roomClaims) retire(cfg *appConfig, nowMS int64) {
+	rc.expMS = rc.tokExpMS
+	if rc.signer == nil || len(cfg.secrets) > 0 && bytes.Equal(rc.signer, cfg.secrets[0]) {
+		return
+	}
+	at := nowMS
+	if len(cfg.secrets) > 1 && bytes.Equal(rc.signer, cfg.secrets[1]) {
+		at = max(at, cfg.prevUntil.UnixMilli())
+	}
+	at += rand.Int64N(retireSpread.Milliseconds())
+	rc.expMS = min(rc.expMS, at)
 }
 
 // allows: nil claims (no token) allow every room of the app.
@@ -408,27 +486,32 @@ func (rc *roomClaims) allows(room []byte) bool {
 }
 
 var (
-	errNoToken    = &proto.HTTPError{Status: 401, Reason: "missing token: connect with /ws?token=JWT or Authorization: Bearer JWT"}
-	errBadToken   = &proto.HTTPError{Status: 401, Reason: "malformed token"}
-	errBadSig     = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's secret"}
-	errExpired    = &proto.HTTPError{Status: 401, Reason: "token expired"}
-	errNotYet     = &proto.HTTPError{Status: 401, Reason: "token not valid yet (nbf is in the future)"}
-	errIssued     = &proto.HTTPError{Status: 401, Reason: "token issued in the future (iat): check the signer's clock"}
-	errUnknown    = &proto.HTTPError{Status: 401, Reason: "unknown app"}
-	errClaims     = &proto.HTTPError{Status: 401, Reason: "token lacks app, sub or exp"}
-	errBadClaims  = &proto.HTTPError{Status: 401, Reason: "token app must match [A-Za-z0-9_.-]{1,64}"}
-	errAlg        = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256"}
-	errDisabled   = &proto.HTTPError{Status: 403, Reason: "app disabled"}
-	errNoUser     = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME: 1 to 128 characters of UTF-8, no control characters"}
-	errBadSub     = &proto.HTTPError{Status: 401, Reason: "token sub must be 1 to 128 characters of UTF-8, no control characters"}
-	errBadAppID   = &proto.HTTPError{Status: 400, Reason: "app must match [A-Za-z0-9_.-]{1,64}"}
-	errTwoTokens  = &proto.HTTPError{Status: 400, Reason: "give the token once: ?token= or Authorization: Bearer, not both"}
-	errBadBearer  = &proto.HTTPError{Status: 401, Reason: "Authorization header must be Bearer JWT"}
-	errKeyUnknown = errors.New("unknown app")
-	errKeyClaims  = errors.New("claims")
-	errKeySub     = errors.New("sub")
-	errKeyMissing = errors.New("missing claims")
+	errNoToken     = &proto.HTTPError{Status: 401, Reason: "missing token: connect with /ws?token=JWT or Authorization: Bearer JWT"}
+	errBadToken    = &proto.HTTPError{Status: 401, Reason: "malformed token"}
+	errBadSig      = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's secret"}
+	errBadKeySig   = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's public key"}
+	errExpired     = &proto.HTTPError{Status: 401, Reason: "token expired"}
+	errNotYet      = &proto.HTTPError{Status: 401, Reason: "token not valid yet (nbf is in the future)"}
+	errIssued      = &proto.HTTPError{Status: 401, Reason: "token issued in the future (iat): check the signer's clock"}
+	errUnknown     = &proto.HTTPError{Status: 401, Reason: "unknown app"}
+	errClaims      = &proto.HTTPError{Status: 401, Reason: "token lacks app, sub or exp (a provider's token names its app with app= in the URL)"}
+	errBadClaims   = &proto.HTTPError{Status: 401, Reason: "token app must match [A-Za-z0-9_.-]{1,64}"}
+	errAppMismatch = &proto.HTTPError{Status: 401, Reason: "token app claim and app= in the URL differ"}
+	errAlg         = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256 (" + providerAlgs + " for an app with a public key)"}
+	errAlgSecret   = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256: the app verifies tokens with its secret"}
+	errAlgKey      = &proto.HTTPError{Status: 401, Reason: "token algorithm must be " + providerAlgs + ": the app verifies tokens with a public key, never HS256"}
+	errDisabled    = &proto.HTTPError{Status: 403, Reason: "app disabled"}
+	errNoUser      = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME: 1 to 128 characters of UTF-8, no control characters"}
+	errBadSub      = &proto.HTTPError{Status: 401, Reason: "token sub must be 1 to 128 characters of UTF-8, no control characters"}
+	errBadAppID    = &proto.HTTPError{Status: 400, Reason: "app must match [A-Za-z0-9_.-]{1,64}"}
+	errTwoTokens   = &proto.HTTPError{Status: 400, Reason: "give the token once: ?token= or Authorization: Bearer, not both"}
+	errBadBearer   = &proto.HTTPError{Status: 401, Reason: "Authorization header must be Bearer JWT"}
 )
+
+// keyError carries a refusal out of the key function.
+type keyError struct{ he *proto.HTTPError }
+
+func (e keyError) Error() string { return e.he.Reason }
 
 // identify sets the connection's app and user from the request: a JWT
 // (?token= or Authorization: Bearer), or ?user=&app= in insecure mode.
@@ -448,7 +531,12 @@ func (c *conn) identify(req *proto.Request) *proto.HTTPError {
 		tok, hasTok = bytes.TrimSpace(rest), true
 	}
 	if hasTok {
-		v, he := s.verify(tok)
+		// A provider's token names no app: app= in the URL does.
+		appID, _ := proto.QueryValue(req.Query, "app", buf[:0])
+		if len(appID) > 0 && !proto.ValidAppID(appID) {
+			return errBadAppID
+		}
+		v, he := s.verify(tok, string(appID), true)
 		if he != nil {
 			return he
 		}
@@ -486,32 +574,55 @@ type verified struct {
 	rooms *roomClaims
 }
 
-// verify checks a token: HS256 only, signed with a current secret of the
-// app it names, app and sub well formed, exp required and in the future
-// (fractions allowed), nbf and iat honoured when present, all within the
-// node's leeway. Upgrade and refresh only: it allocates.
-func (s *Server) verify(tok []byte) (verified, *proto.HTTPError) {
+// verify checks a token for the app it names: its app claim, or appID when
+// the token has none (a provider's token). With agree, a token's claim
+// that differs from appID is refused (app= in the URL); without, the claim
+// wins (a refresh: the caller compares). HS256 signed with a current secret
+// of the app, or for an app with a public key RS256, ES256 or EdDSA as
+// the key's type says; the user well formed (sub, or the app's user
+// claim); exp required, in the future (fractions allowed) and within the
+// app's max token TTL; nbf and iat honoured when present, all within the
+// node's leeway; iss and aud as the app expects when it says. Upgrade and
+// refresh only: it allocates.
+func (s *Server) verify(tok []byte, appID string, agree bool) (verified, *proto.HTTPError) {
 	var cl proto.TokenClaims
 	var found *app
+	var cfg *appConfig
 	t, err := s.jwt.ParseWithClaims(string(tok), &cl, func(t *jwt.Token) (any, error) {
-		if cl.App == "" || cl.Subject == "" {
-			return nil, errKeyMissing
+		id := cl.App
+		switch {
+		case id == "":
+			id = appID
+		case agree && appID != "" && id != appID:
+			return nil, keyError{errAppMismatch}
 		}
-		if !proto.ValidAppID([]byte(cl.App)) {
-			return nil, errKeyClaims
+		if id == "" {
+			return nil, keyError{errClaims}
 		}
-		if !proto.ValidUser([]byte(cl.Subject)) {
-			return nil, errKeySub
+		if !proto.ValidAppID([]byte(id)) {
+			return nil, keyError{errBadClaims}
 		}
-		a := s.apps.lookup([]byte(cl.App))
-		var cfg *appConfig
+		a := s.apps.lookup([]byte(id))
 		if a != nil {
 			cfg = a.cfg.Load()
 		}
-		if cfg == nil || len(cfg.secrets) == 0 {
-			return nil, errKeyUnknown
+		if cfg == nil || len(cfg.secrets) == 0 && cfg.keys == nil {
+			return nil, keyError{errUnknown}
 		}
 		found = a
+		if cfg.keys != nil {
+			k, he := cfg.keys.key(t)
+			if he != nil {
+				return nil, keyError{he}
+			}
+			return k, nil
+		}
+		if t.Method.Alg() != "HS256" {
+			return nil, keyError{errAlgSecret}
+		}
+		if cl.App == "" {
+			return nil, keyError{errClaims} // a secret's tokens name their app
+		}
 		if len(cfg.secrets) == 1 || time.Now().After(cfg.prevUntil) {
 			return cfg.secrets[0], nil
 		}
@@ -521,42 +632,109 @@ func (s *Server) verify(tok []byte) (verified, *proto.HTTPError) {
 		}
 		return keys, nil
 	})
+	var he *proto.HTTPError
+	var sub string
 	if err != nil {
-		he := tokenError(t, err)
+		he = tokenError(t, err, cfg)
+	} else {
+		sub, he = s.checkClaims(t, &cl, cfg)
+	}
+	if he != nil {
 		if found != nil && he != errUnknown {
 			found.refused[RefusedAuth].Add(1)
 		}
 		return verified{}, he
-	}
-	cfg := found.cfg.Load()
-	if cfg == nil {
-		return verified{}, errUnknown
 	}
 	if cfg.disabled {
 		found.refused[RefusedDisabled].Add(1)
 		return verified{}, errDisabled
 	}
 	exp := cl.ExpiresAt.Time
-	return verified{app: found, sub: cl.Subject, exp: float64(exp.UnixNano()) / 1e9,
-		rooms: &roomClaims{patterns: cl.Rooms, all: cl.Rooms == nil, expMS: exp.Add(s.cfg.Leeway).UnixMilli()}}, nil
+	rc := &roomClaims{patterns: cl.Rooms, all: cl.Rooms == nil, tokExpMS: exp.Add(s.cfg.Leeway).UnixMilli()}
+	if cfg.keys == nil {
+		rc.signer = cfg.secrets[0]
+		if len(cfg.secrets) > 1 && !signedWith(t, cfg.secrets[0]) {
+			rc.signer = cfg.secrets[1]
+		}
+	}
+	rc.retire(cfg, time.Now().UnixMilli())
+	return verified{app: found, sub: sub, exp: float64(exp.UnixNano()) / 1e9, rooms: rc}, nil
+}
+
+// signedWith reports whether secret signed t (a rotation's tokens: which
+// of the two secrets ends them).
+func signedWith(t *jwt.Token, secret []byte) bool {
+	i := strings.LastIndexByte(t.Raw, '.')
+	return i > 0 && jwt.SigningMethodHS256.Verify(t.Raw[:i], t.Signature, secret) == nil
+}
+
+// checkClaims checks what a verified token says beyond its signature and
+// times, and returns its user.
+func (s *Server) checkClaims(t *jwt.Token, cl *proto.TokenClaims, cfg *appConfig) (string, *proto.HTTPError) {
+	if cfg.maxTokenTTL > 0 {
+		if ahead := time.Until(cl.ExpiresAt.Time); ahead > cfg.maxTokenTTL+s.cfg.Leeway {
+			return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token exp is %s ahead: the app's max token ttl is %s (--max-token-ttl)",
+				ahead.Round(time.Second), cfg.maxTokenTTL)}
+		}
+	}
+	if cfg.issuer != "" && cl.Issuer != cfg.issuer {
+		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token iss %q is not the app's issuer %q", trim(cl.Issuer, 128), cfg.issuer)}
+	}
+	if cfg.audience != "" && !slices.Contains(cl.Audience, cfg.audience) {
+		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token aud does not hold the app's audience %q", cfg.audience)}
+	}
+	sub := cl.Subject
+	if cfg.userClaim != "" {
+		sub = userClaim(t.Raw, cfg.userClaim)
+		if !proto.ValidUser([]byte(sub)) {
+			return "", &proto.HTTPError{Status: 401, Reason: "token claim " + cfg.userClaim + " (the app's user claim) must be a string of 1 to 128 characters of UTF-8, no control characters"}
+		}
+		return sub, nil
+	}
+	if sub == "" {
+		return "", errClaims
+	}
+	if !proto.ValidUser([]byte(sub)) {
+		return "", errBadSub
+	}
+	return sub, nil
+}
+
+// userClaim reads a string claim of a verified token's payload ("" when
+// absent or not a string).
+func userClaim(raw, name string) string {
+	parts := strings.Split(raw, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return ""
+	}
+	var m map[string]any
+	if json.Unmarshal(b, &m) != nil {
+		return ""
+	}
+	v, _ := m[name].(string)
+	return v
 }
 
 // tokenError names what is wrong with a token, most specific first.
-func tokenError(t *jwt.Token, err error) *proto.HTTPError {
+func tokenError(t *jwt.Token, err error, cfg *appConfig) *proto.HTTPError {
+	var ke keyError
 	switch {
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return errBadToken
-	case t != nil && t.Header["alg"] != "HS256":
+	case errors.As(err, &ke):
+		return ke.he
+	case t != nil && !validAlg(t.Header["alg"]):
 		return errAlg
-	case errors.Is(err, errKeyMissing), errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
 		return errClaims
-	case errors.Is(err, errKeyClaims):
-		return errBadClaims
-	case errors.Is(err, errKeySub):
-		return errBadSub
-	case errors.Is(err, errKeyUnknown):
-		return errUnknown
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		if cfg != nil && cfg.keys != nil {
+			return errBadKeySig
+		}
 		return errBadSig
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return errExpired
@@ -568,10 +746,20 @@ func tokenError(t *jwt.Token, err error) *proto.HTTPError {
 	return errBadToken
 }
 
-// newTokenParser accepts HS256 only: an HS512 or `none` token is refused
-// before its signature is looked at.
+// tokenAlgs are the algorithms any app accepts; which one an app takes is
+// bound in verify's key function (HS256 for a secret, the key's own for a
+// public key).
+var tokenAlgs = []string{"HS256", "RS256", "ES256", "EdDSA"}
+
+func validAlg(alg any) bool {
+	s, _ := alg.(string)
+	return slices.Contains(tokenAlgs, s)
+}
+
+// newTokenParser: an HS512 or `none` token is refused before its
+// signature is looked at.
 func newTokenParser(leeway time.Duration) *jwt.Parser {
-	return jwt.NewParser(jwt.WithValidMethods([]string{"HS256"}), jwt.WithLeeway(leeway),
+	return jwt.NewParser(jwt.WithValidMethods(tokenAlgs), jwt.WithLeeway(leeway),
 		jwt.WithExpirationRequired(), jwt.WithIssuedAt())
 }
 
@@ -585,7 +773,7 @@ func (c *conn) refresh(tok []byte) {
 		c.sendErr(nil, proto.CodeBadRequest, "auth needs a token")
 		return
 	}
-	v, he := s.verify(tok)
+	v, he := s.verify(tok, c.app.id, false)
 	var why string
 	switch {
 	case he != nil:
@@ -594,7 +782,7 @@ func (c *conn) refresh(tok []byte) {
 		why = "token is for another app"
 	case v.sub != c.user:
 		why = "token is for another user"
-	case c.rooms != nil && v.rooms.expMS <= c.rooms.expMS:
+	case c.rooms != nil && v.rooms.tokExpMS <= c.rooms.tokExpMS:
 		why = "token must expire later than the current one"
 	}
 	if why != "" {
@@ -612,13 +800,19 @@ func (c *conn) refresh(tok []byte) {
 
 // SetApps installs the registry's apps (any goroutine): new connections see
 // the change at once; the live connections of apps now disabled, or gone
-// from the registry, are closed with 1008.
+// from the registry, are closed with 1008; those of apps whose secrets
+// changed have their tokens looked at again (rekeyApp).
 func (s *Server) SetApps(reg []proto.App) {
-	gone := s.apps.set(reg)
+	gone, rekeyed := s.apps.set(reg)
+	n := int(s.nloops.Load())
 	for _, p := range gone {
-		n := int(s.nloops.Load())
 		for i := 0; i < n; i++ {
 			s.loops[i].Load().push(task{kind: tCloseApp, app: p.id})
+		}
+	}
+	for _, p := range rekeyed {
+		for i := 0; i < n; i++ {
+			s.loops[i].Load().push(task{kind: tRekeyApp, app: p.id})
 		}
 	}
 }
@@ -632,6 +826,26 @@ func (l *loopState) closeApp(id string) {
 		}
 		c.app.refused[RefusedDisabled].Add(1)
 		c.closeWith(proto.ClosePolicy, []byte("app disabled"))
+	}
+}
+
+// rekeyApp sets again when each connection of an app whose secrets
+// changed ends: a connection whose token a rotation's previous secret
+// signed ends when that secret expires, unless it refreshed with a current
+// one (op auth); the sweep closes it 1008 "token expired". Loop only.
+func (l *loopState) rekeyApp(id string) {
+	now := l.now()
+	for i := 0; i < len(l.conns); i++ {
+		c := l.conns[i]
+		if c.closed || c.state != stateOpen || c.app == nil || c.app.id != id || c.rooms == nil {
+			continue
+		}
+		cfg := c.app.cfg.Load()
+		if cfg == nil {
+			continue // gone: closeApp is on its way
+		}
+		c.rooms.retire(cfg, now)
+		l.due[c.pos] = c.dueAt()
 	}
 }
 
@@ -732,14 +946,4 @@ func (c *conn) sendRateLimited(ref []byte, msg string, waitNS int64) {
 // retryAfterMS rounds a wait up to whole milliseconds (at least 1).
 func retryAfterMS(ns int64) int64 {
 	return max(1, (ns+int64(time.Millisecond)-1)/int64(time.Millisecond))
-}
-
-// SignToken makes an HS256 token (tests and tools); it panics on a signing
-// error, which HS256 with a non-empty secret cannot produce.
-func SignToken(secret []byte, appID, sub string, exp time.Time, rooms []string) string {
-	tok, err := proto.SignToken(secret, appID, sub, exp, rooms)
-	if err != nil {
-		panic("BUG: cannot sign a token: " + err.Error())
-	}
-	return tok
 }

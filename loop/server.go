@@ -79,6 +79,10 @@ type Config struct {
 	Limits Limits
 	// Leeway is the clock skew allowed on a token's exp, nbf and iat.
 	Leeway time.Duration
+	// JWKSRefresh is how often an app's JWKS is fetched again (0:
+	// DefaultJWKSRefresh); a token with a kid the set lacks asks for one
+	// fetch sooner.
+	JWKSRefresh time.Duration
 	// InsecureMaxApps caps the apps made on first use in insecure mode
 	// (each is a metric series and a map entry); 0: no cap.
 	InsecureMaxApps int
@@ -331,7 +335,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		cfg:     cfg,
 		log:     log,
 		fan:     fan,
-		apps:    newApps(&cfg),
+		apps:    newApps(&cfg, log),
 		jwt:     newTokenParser(cfg.Leeway),
 		booted:  make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -848,6 +852,7 @@ func (s *Server) Stop(ctx context.Context) error {
 			s.loops[i].Load().stopTimers()
 		}
 		s.proxy.Close()
+		s.apps.jwks.stop()
 		s.wg.Wait()
 	})
 	return err
