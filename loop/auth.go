@@ -121,9 +121,9 @@ type appConfig struct {
 	maxTokenTTL time.Duration // 0: no bound
 	// keys: the app verifies its tokens with a public key (idkeys.go);
 	// nil: with its secrets.
-	keys               *idKeys
-	issuer, audience   string // "" : not checked
-	userClaim          string // "": sub
+	keys             *idKeys
+	issuer, audience string // "" : not checked
+	userClaim        string // "": sub
 }
 
 func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
