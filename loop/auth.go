@@ -448,24 +448,29 @@ type roomClaims struct {
 }
 
 // retireSpread spreads the closes of a retired secret's connections, so
-// that their reconnects do not all arrive in one tick.
-const retireSpread = 3 * time.Second
+// that their reconnects do not all arrive in one sweep. With the sweep's
+// second, a connection ends at most 3 s after its secret expired.
+const retireSpread = 2 * time.Second
 
 // retire sets when the connection ends given the app's secrets now:
 // at its token's end while its secret is current; at the previous
 // secret's expiry (plus a spread) while it is the previous one; within
-// the spread once the secret is gone. Upgrade, refresh and rekey only.
+// the spread once the secret is gone, or at the end already set for it
+// (a registry re-read past the expiry does not put it off). Upgrade,
+// refresh and rekey only.
 func (rc *roomClaims) retire(cfg *appConfig, nowMS int64) {
-	rc.expMS = rc.tokExpMS
 	if rc.signer == nil || len(cfg.secrets) > 0 && bytes.Equal(rc.signer, cfg.secrets[0]) {
+		rc.expMS = rc.tokExpMS
 		return
 	}
-	at := nowMS
+	jitter := rand.Int64N(retireSpread.Milliseconds())
 	if len(cfg.secrets) > 1 && bytes.Equal(rc.signer, cfg.secrets[1]) {
-		at = max(at, cfg.prevUntil.UnixMilli())
+		rc.expMS = min(rc.tokExpMS, max(nowMS, cfg.prevUntil.UnixMilli())+jitter)
+		return
 	}
-	at += rand.Int64N(retireSpread.Milliseconds())
-	rc.expMS = min(rc.expMS, at)
+	if rc.expMS == 0 || rc.expMS >= rc.tokExpMS || rc.expMS > nowMS+retireSpread.Milliseconds() {
+		rc.expMS = min(rc.tokExpMS, nowMS+jitter)
+	}
 }
 
 // allows: nil claims (no token) allow every room of the app.

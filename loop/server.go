@@ -367,6 +367,12 @@ func (c *Config) Validate() []error {
 	} else if ip := net.ParseIP(host); c.Insecure && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		bad("invalid --listen %q with --insecure: insecure mode listens on loopback only (use 127.0.0.1:PORT or drop --insecure)", c.Listen)
 	}
+	if c.Limits.MaxTokenTTL < 0 {
+		bad("invalid --max-token-ttl %s: want 0 (no bound) or more", c.Limits.MaxTokenTTL)
+	}
+	if c.JWKSRefresh < 0 || c.JWKSRefresh > 0 && c.JWKSRefresh < time.Second {
+		bad("invalid --jwks-refresh %s: want at least 1s", c.JWKSRefresh)
+	}
 	if c.Leeway < 0 || c.Leeway > time.Hour {
 		bad("invalid --token-leeway %s: want 0 to 1h", c.Leeway)
 	}
