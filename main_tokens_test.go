@@ -65,12 +65,12 @@ func TestRetiredSecretEndsConnections(t *testing.T) {
 	old := func(u string) string { return tokenFor(t, created.Secret, "rot", u, time.Hour) }
 	var olds []*opsClient
 	for i := range 8 {
-		c := dial("token="+old(fmt.Sprintf("u%d", i)))
+		c := dial("token=" + old(fmt.Sprintf("u%d", i)))
 		c.send(`{"op":"ping"}`)
 		c.expect("pong")
 		olds = append(olds, c)
 	}
-	kept := dial("token="+old("kept"))
+	kept := dial("token=" + old("kept"))
 	kept.send(`{"op":"ping"}`)
 	kept.expect("pong")
 	sse, err := http.Get("http://" + n.addr + "/sse?room=r&token=" + old("sse"))
