@@ -28,7 +28,7 @@ const appUsage = `Usage: roost app COMMAND [ID] [flags]
   enable ID                     accept them again
   set ID [limits]               change limits and retention:
         --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
-        --max-msg BYTES --max-rooms N --keep-age D --keep-count N
+        --max-msg BYTES --max-rooms N --max-presence N --keep-age D --keep-count N
         --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s --webhook-max-age 24h
         --connect-proxy URL|none --publish-proxy URL|none --proxy-timeout 1s --proxy-fail open|closed --proxy-inflight N|default
         --max-token-ttl D --jwks-url URL|none --public-key FILE|none --issuer ISS|none --audience AUD|none --user-claim NAME|default
