@@ -15,8 +15,9 @@ import (
 // the test until it is given its place.
 var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
-	"loop":             {"fanout", "fanout/proxy", "proto"},
-	"fanout/api":       {"fanout", "persist", "proto"},
+	"loop":             {"fanout", "fanout/proxy", "fanout/tenancy", "proto"},
+	"fanout/api":       {"fanout", "fanout/tenancy", "persist", "proto"},
+	"fanout/tenancy":   {"proto"},
 	"fanout/webhook":   {"persist", "proto"},
 	"fanout/proxy":     {"proto"},
 	"fanout":           {"persist", "pubsub", "proto"},

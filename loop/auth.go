@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -19,39 +18,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/proto"
 )
-
-// Limits are the node-wide defaults of the per-app limits; an app's entry
-// in the registry overrides any of them. 0 turns a limit off.
-type Limits struct {
-	MaxConns     int64   // connections of one app on the whole cluster
-	MaxUserConns int64   // connections of one user of an app on this node
-	PubRate      float64 // publishes per second of one user (on this node)
-	PubBurst     int64   // publishes one user may send at once
-	AppPubRate   float64 // publishes per second of one app on this node; its burst is one second's worth
-	MaxMsg       int64   // bytes of one pub body (too_large above)
-	MaxPresence  int64   // presence subscribers of one room of an app, per node (0: no limit)
-	// MaxTokenTTL refuses tokens whose exp lies further ahead (0: no
-	// bound): a leaked token is good for at most this long.
-	MaxTokenTTL time.Duration
-}
-
-// DefaultLimits are limits no ordinary chat client reaches, and that every
-// load test of docs/benchmarks.md stays under (in insecure mode the
-// publish rates are off unless set: main clears them).
-func DefaultLimits() Limits {
-	return Limits{
-		MaxConns:     1_000_000,
-		MaxUserConns: 100,
-		PubRate:      200,
-		PubBurst:     400,
-		AppPubRate:   50_000,
-		MaxMsg:       64 << 10,
-		MaxPresence:  10_000,
-		MaxTokenTTL:  proto.DefaultMaxTokenTTL,
-	}
-}
 
 // Refusal reasons counted per app (AppStats).
 const (
@@ -78,9 +47,9 @@ type app struct {
 	id  string
 	cfg atomic.Pointer[appConfig] // nil: not registered (unknown to token checks)
 
-	conns  atomic.Int64 // open WebSocket connections of this node (admitted)
-	remote atomic.Int64 // the app's connections on the other nodes (shared through Redis)
-	pubTAT atomic.Int64 // the app's publish bucket: theoretical arrival time, ns since monoEpoch
+	conns  atomic.Int64   // open WebSocket connections of this node (admitted)
+	remote atomic.Int64   // the app's connections on the other nodes (shared through Redis)
+	pub    tenancy.Bucket // the app's publishes on this node
 
 	mu    sync.Mutex
 	users map[string]*appUser // users with a connection on this node, or a spent bucket
@@ -97,73 +66,23 @@ type app struct {
 type appUser struct {
 	conns int64
 	spent bool // in app.spent
-	tat   atomic.Int64
+	pub   tenancy.Bucket
 }
 
-// appConfig is an app's registry entry, resolved against the node's
-// defaults. Immutable once stored.
+// appConfig is an app's view (tenancy.View, the same the server API reads)
+// with what only the client edges use. Immutable once stored.
 type appConfig struct {
-	secrets   [][]byte // current first; empty for a first-use app
-	prevUntil time.Time
-	disabled  bool
-
-	maxConns, maxUserConns int64
-	maxMsg                 int64
-	maxRooms               int
-	maxPresence            int
-	// GCRA buckets: one publish per interval ns, tolerance ns of credit
-	// ((burst-1) intervals). interval 0: unlimited.
-	userInterval, userTolerance int64
-	appInterval, appTolerance   int64
+	*tenancy.View
+	maxRooms int
 	// The app's proxy hooks; nil: not asked (proxy.go).
 	connectProxy, publishProxy *proxy.Target
-
-	maxTokenTTL time.Duration // 0: no bound
 	// keys: the app verifies its tokens with a public key (idkeys.go);
 	// nil: with its secrets.
-	keys             *idKeys
-	issuer, audience string // "" : not checked
-	userClaim        string // "": sub
+	keys *idKeys
 }
 
-func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
-	o := &a.Limits
-	i64 := func(p *int64, def int64) int64 {
-		if p != nil {
-			return *p
-		}
-		return def
-	}
-	f64 := func(p *float64, def float64) float64 {
-		if p != nil {
-			return *p
-		}
-		return def
-	}
-	c := &appConfig{
-		disabled:     a.Disabled,
-		prevUntil:    a.PreviousUntil,
-		maxConns:     i64(o.MaxConns, lim.MaxConns),
-		maxUserConns: i64(o.MaxUserConns, lim.MaxUserConns),
-		maxMsg:       i64(o.MaxMsg, lim.MaxMsg),
-		maxRooms:     appMaxRooms(o.MaxRooms, maxRooms),
-		maxPresence:  int(i64(o.MaxPresence, lim.MaxPresence)),
-		maxTokenTTL:  lim.MaxTokenTTL,
-	}
-	if o.MaxTokenTTL != nil {
-		c.maxTokenTTL = time.Duration(*o.MaxTokenTTL)
-	}
-	if id := a.Identity; id != nil {
-		c.issuer, c.audience, c.userClaim = id.Issuer, id.Audience, id.UserClaim
-		if c.userClaim == "sub" {
-			c.userClaim = ""
-		}
-	}
-	for _, s := range a.Secrets(time.Now()) {
-		if s != "" {
-			c.secrets = append(c.secrets, []byte(s))
-		}
-	}
+func resolve(lim tenancy.Limits, maxRooms int, a *proto.App) *appConfig {
+	c := &appConfig{View: tenancy.Resolve(lim, a), maxRooms: appMaxRooms(a.Limits.MaxRooms, maxRooms)}
 	if p := a.Proxy; p != nil {
 		// The secrets as stored, not as valid now: the pool drops the
 		// previous one at PreviousUntil itself, with no registry change.
@@ -183,9 +102,6 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 			c.publishProxy = &pt
 		}
 	}
-	c.userInterval, c.userTolerance = bucket(f64(o.PubRate, lim.PubRate), i64(o.PubBurst, lim.PubBurst))
-	ar := f64(o.AppPubRate, lim.AppPubRate)
-	c.appInterval, c.appTolerance = bucket(ar, int64(math.Ceil(ar)))
 	return c
 }
 
@@ -200,34 +116,6 @@ func appMaxRooms(override *int64, node int) int {
 	return int(*override)
 }
 
-// bucket turns a rate and burst into GCRA terms.
-func bucket(rate float64, burst int64) (interval, tolerance int64) {
-	if !(rate > 0) {
-		return 0, 0
-	}
-	interval = max(1, int64(float64(time.Second)/rate))
-	return interval, (max(burst, 1) - 1) * interval
-}
-
-// take spends one publish from a GCRA bucket at now (ns since monoEpoch):
-// 0 if allowed, else the ns to wait. Lock-free and allocation-free; a
-// bucket is shared by the loops (an app's, a user's connections).
-func take(tat *atomic.Int64, now, interval, tolerance int64) int64 {
-	if interval == 0 {
-		return 0
-	}
-	for {
-		old := tat.Load()
-		t := max(old, now)
-		if wait := t - now - tolerance; wait > 0 {
-			return wait
-		}
-		if tat.CompareAndSwap(old, t+interval) {
-			return 0
-		}
-	}
-}
-
 // apps is the node's app registry: the configured and registered apps,
 // and in insecure mode the apps made on first use, at most maxFirstUse of
 // them so that a client cannot grow the map or the metric series without
@@ -235,7 +123,7 @@ func take(tat *atomic.Int64, now, interval, tolerance int64) int64 {
 type apps struct {
 	insecure    bool
 	maxFirstUse int
-	lim         Limits
+	lim         tenancy.Limits
 	maxRooms    int
 	static      map[string][]byte // --app-secret
 	jwks        *jwksSources
@@ -315,7 +203,7 @@ func (a *apps) set(reg []proto.App) (gone, rekeyed []*app) {
 		}
 		old := p.cfg.Swap(cfg)
 		switch {
-		case cfg.disabled && (old == nil || !old.disabled):
+		case cfg.Disabled && (old == nil || !old.Disabled):
 			gone = append(gone, p)
 		case old != nil && !sameSecrets(old, cfg):
 			rekeyed = append(rekeyed, p)
@@ -326,7 +214,7 @@ func (a *apps) set(reg []proto.App) (gone, rekeyed []*app) {
 			continue
 		}
 		old := p.cfg.Load()
-		if old == nil || len(old.secrets) == 0 {
+		if old == nil || len(old.Secrets) == 0 {
 			continue // made on first use (insecure): not the registry's
 		}
 		// Removed from the registry: unknown from now on.
@@ -342,11 +230,11 @@ func (a *apps) set(reg []proto.App) (gone, rekeyed []*app) {
 
 // sameSecrets: the tokens a and b accept by secret, and until when.
 func sameSecrets(a, b *appConfig) bool {
-	if len(a.secrets) != len(b.secrets) || !a.prevUntil.Equal(b.prevUntil) {
+	if len(a.Secrets) != len(b.Secrets) || !a.PrevUntil.Equal(b.PrevUntil) {
 		return false
 	}
-	for i := range a.secrets {
-		if !bytes.Equal(a.secrets[i], b.secrets[i]) {
+	for i := range a.Secrets {
+		if !bytes.Equal(a.Secrets[i], b.Secrets[i]) {
 			return false
 		}
 	}
@@ -358,7 +246,7 @@ func sameSecrets(a, b *appConfig) bool {
 // counted and must be released by release.
 func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 	n := p.conns.Add(1)
-	if cfg.maxConns > 0 && n+p.remote.Load() > cfg.maxConns {
+	if cfg.MaxConns > 0 && n+p.remote.Load() > cfg.MaxConns {
 		p.conns.Add(-1)
 		p.refused[RefusedConnLimit].Add(1)
 		return nil, "connection limit"
@@ -369,7 +257,7 @@ func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 		u = &appUser{}
 		p.users[user] = u
 	}
-	if cfg.maxUserConns > 0 && u.conns >= cfg.maxUserConns {
+	if cfg.MaxUserConns > 0 && u.conns >= cfg.MaxUserConns {
 		p.mu.Unlock()
 		p.conns.Add(-1)
 		p.refused[RefusedUserConnLimit].Add(1)
@@ -386,7 +274,7 @@ func (p *app) release(user string, u *appUser) {
 	p.mu.Lock()
 	u.conns--
 	if u.conns == 0 {
-		if u.tat.Load() <= int64(time.Since(monoEpoch)) {
+		if u.pub.Full(tenancy.Now()) {
 			// Its bucket is full again: nothing to remember.
 			delete(p.users, user)
 		} else if !u.spent {
@@ -410,7 +298,7 @@ func (a *apps) maybePrune(now int64) {
 
 // pruneUsers drops users without connections whose buckets have refilled.
 func (a *apps) pruneUsers() {
-	now := int64(time.Since(monoEpoch))
+	now := tenancy.Now()
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	for _, p := range a.byID {
@@ -422,7 +310,7 @@ func (a *apps) pruneUsers() {
 			case u == nil:
 			case u.conns > 0:
 				u.spent = false // back: its next release looks again
-			case u.tat.Load() <= now:
+			case u.pub.Full(now):
 				delete(p.users, id)
 			default:
 				keep = append(keep, id)
@@ -459,13 +347,13 @@ const retireSpread = 2 * time.Second
 // (a registry re-read past the expiry does not put it off). Upgrade,
 // refresh and rekey only.
 func (rc *roomClaims) retire(cfg *appConfig, nowMS int64) {
-	if rc.signer == nil || len(cfg.secrets) > 0 && bytes.Equal(rc.signer, cfg.secrets[0]) {
+	if rc.signer == nil || len(cfg.Secrets) > 0 && bytes.Equal(rc.signer, cfg.Secrets[0]) {
 		rc.expMS = rc.tokExpMS
 		return
 	}
 	jitter := rand.Int64N(retireSpread.Milliseconds())
-	if len(cfg.secrets) > 1 && bytes.Equal(rc.signer, cfg.secrets[1]) {
-		rc.expMS = min(rc.tokExpMS, max(nowMS, cfg.prevUntil.UnixMilli())+jitter)
+	if len(cfg.Secrets) > 1 && bytes.Equal(rc.signer, cfg.Secrets[1]) {
+		rc.expMS = min(rc.tokExpMS, max(nowMS, cfg.PrevUntil.UnixMilli())+jitter)
 		return
 	}
 	if rc.expMS == 0 || rc.expMS >= rc.tokExpMS || rc.expMS > nowMS+retireSpread.Milliseconds() {
@@ -611,7 +499,7 @@ func (s *Server) verify(tok []byte, appID string, agree bool) (verified, *proto.
 		if a != nil {
 			cfg = a.cfg.Load()
 		}
-		if cfg == nil || len(cfg.secrets) == 0 && cfg.keys == nil {
+		if cfg == nil || len(cfg.Secrets) == 0 && cfg.keys == nil {
 			return nil, keyError{errUnknown}
 		}
 		found = a
@@ -628,11 +516,11 @@ func (s *Server) verify(tok []byte, appID string, agree bool) (verified, *proto.
 		if cl.App == "" {
 			return nil, keyError{errClaims} // a secret's tokens name their app
 		}
-		if len(cfg.secrets) == 1 || time.Now().After(cfg.prevUntil) {
-			return cfg.secrets[0], nil
+		if len(cfg.Secrets) == 1 || time.Now().After(cfg.PrevUntil) {
+			return cfg.Secrets[0], nil
 		}
-		keys := jwt.VerificationKeySet{Keys: make([]jwt.VerificationKey, len(cfg.secrets))}
-		for i, k := range cfg.secrets {
+		keys := jwt.VerificationKeySet{Keys: make([]jwt.VerificationKey, len(cfg.Secrets))}
+		for i, k := range cfg.Secrets {
 			keys.Keys[i] = k
 		}
 		return keys, nil
@@ -650,16 +538,16 @@ func (s *Server) verify(tok []byte, appID string, agree bool) (verified, *proto.
 		}
 		return verified{}, he
 	}
-	if cfg.disabled {
+	if cfg.Disabled {
 		found.refused[RefusedDisabled].Add(1)
 		return verified{}, errDisabled
 	}
 	exp := cl.ExpiresAt.Time
 	rc := &roomClaims{patterns: cl.Rooms, all: cl.Rooms == nil, tokExpMS: exp.Add(s.cfg.Leeway).UnixMilli()}
 	if cfg.keys == nil {
-		rc.signer = cfg.secrets[0]
-		if len(cfg.secrets) > 1 && !signedWith(t, cfg.secrets[0]) {
-			rc.signer = cfg.secrets[1]
+		rc.signer = cfg.Secrets[0]
+		if len(cfg.Secrets) > 1 && !signedWith(t, cfg.Secrets[0]) {
+			rc.signer = cfg.Secrets[1]
 		}
 	}
 	rc.retire(cfg, time.Now().UnixMilli())
@@ -676,23 +564,23 @@ func signedWith(t *jwt.Token, secret []byte) bool {
 // checkClaims checks what a verified token says beyond its signature and
 // times, and returns its user.
 func (s *Server) checkClaims(t *jwt.Token, cl *proto.TokenClaims, cfg *appConfig) (string, *proto.HTTPError) {
-	if cfg.maxTokenTTL > 0 {
-		if ahead := time.Until(cl.ExpiresAt.Time); ahead > cfg.maxTokenTTL+s.cfg.Leeway {
+	if cfg.MaxTokenTTL > 0 {
+		if ahead := time.Until(cl.ExpiresAt.Time); ahead > cfg.MaxTokenTTL+s.cfg.Leeway {
 			return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token exp is %s ahead: the app's max token ttl is %s (--max-token-ttl)",
-				ahead.Round(time.Second), cfg.maxTokenTTL)}
+				ahead.Round(time.Second), cfg.MaxTokenTTL)}
 		}
 	}
-	if cfg.issuer != "" && cl.Issuer != cfg.issuer {
-		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token iss %q is not the app's issuer %q", trim(cl.Issuer, 128), cfg.issuer)}
+	if cfg.Issuer != "" && cl.Issuer != cfg.Issuer {
+		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token iss %q is not the app's issuer %q", trim(cl.Issuer, 128), cfg.Issuer)}
 	}
-	if cfg.audience != "" && !slices.Contains(cl.Audience, cfg.audience) {
-		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token aud does not hold the app's audience %q", cfg.audience)}
+	if cfg.Audience != "" && !slices.Contains(cl.Audience, cfg.Audience) {
+		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token aud does not hold the app's audience %q", cfg.Audience)}
 	}
 	sub := cl.Subject
-	if cfg.userClaim != "" {
-		sub = userClaim(t.Raw, cfg.userClaim)
+	if cfg.UserClaim != "" {
+		sub = userClaim(t.Raw, cfg.UserClaim)
 		if !proto.ValidUser([]byte(sub)) {
-			return "", &proto.HTTPError{Status: 401, Reason: "token claim " + cfg.userClaim + " (the app's user claim) must be a string of 1 to 128 characters of UTF-8, no control characters"}
+			return "", &proto.HTTPError{Status: 401, Reason: "token claim " + cfg.UserClaim + " (the app's user claim) must be a string of 1 to 128 characters of UTF-8, no control characters"}
 		}
 		return sub, nil
 	}
@@ -917,24 +805,24 @@ func (c *conn) admitPub(cmd *proto.Command) bool {
 	if cfg == nil {
 		return true // the app left the registry: its close is on its way
 	}
-	if cfg.maxMsg > 0 && int64(len(cmd.Body)) > cfg.maxMsg {
+	if cfg.MaxMsg > 0 && int64(len(cmd.Body)) > cfg.MaxMsg {
 		c.app.refused[RefusedTooLarge].Add(1)
 		c.l.refusedFlood = true
 		c.sendErr(cmd.ID, proto.CodeTooLarge, "message body larger than the app's max-msg")
 		return false
 	}
-	if cfg.userInterval == 0 && cfg.appInterval == 0 {
+	if cfg.UserRate.Unlimited() && cfg.AppRate.Unlimited() {
 		return true
 	}
-	now := int64(time.Since(monoEpoch))
+	now := tenancy.Now()
 	if c.au != nil {
-		if wait := take(&c.au.tat, now, cfg.userInterval, cfg.userTolerance); wait > 0 {
+		if wait := c.au.pub.Take(now, cfg.UserRate); wait > 0 {
 			c.app.refused[RefusedUserRate].Add(1)
 			c.sendRateLimited(cmd.ID, "publish rate of this user exceeded: retry after retry_after ms", wait)
 			return false
 		}
 	}
-	if wait := take(&c.app.pubTAT, now, cfg.appInterval, cfg.appTolerance); wait > 0 {
+	if wait := c.app.pub.Take(now, cfg.AppRate); wait > 0 {
 		c.app.refused[RefusedAppRate].Add(1)
 		c.sendRateLimited(cmd.ID, "publish rate of this app exceeded: retry after retry_after ms", wait)
 		return false
@@ -945,10 +833,5 @@ func (c *conn) admitPub(cmd *proto.Command) bool {
 func (c *conn) sendRateLimited(ref []byte, msg string, waitNS int64) {
 	c.l.refusedFlood = true
 	a := c.l.arena
-	c.send(a.Keep(proto.AppendRateLimitedFrame(a.Space(96+6*len(ref)+len(msg)), ref, msg, retryAfterMS(waitNS))))
-}
-
-// retryAfterMS rounds a wait up to whole milliseconds (at least 1).
-func retryAfterMS(ns int64) int64 {
-	return max(1, (ns+int64(time.Millisecond)-1)/int64(time.Millisecond))
+	c.send(a.Keep(proto.AppendRateLimitedFrame(a.Space(96+6*len(ref)+len(msg)), ref, msg, tenancy.RetryAfterMS(waitNS))))
 }

@@ -36,6 +36,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -76,7 +77,7 @@ type Config struct {
 	// Limits are the defaults of every app's limits (the registry
 	// overrides them per app). MaxRooms is the ceiling of rooms per
 	// connection: an app's max_rooms can lower it, not raise it.
-	Limits Limits
+	Limits tenancy.Limits
 	// Leeway is the clock skew allowed on a token's exp, nbf and iat.
 	Leeway time.Duration
 	// JWKSRefresh is how often an app's JWKS is fetched again (0:
@@ -135,7 +136,7 @@ func Defaults() Config {
 		InboxLimit:      65536,
 		ProxyInFlight:   proxy.DefaultInFlight,
 		ProxyQueue:      proxy.DefaultQueue,
-		Limits:          DefaultLimits(),
+		Limits:          tenancy.DefaultLimits(),
 		Leeway:          5 * time.Second,
 		InsecureMaxApps: 100,
 	}
