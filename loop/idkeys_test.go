@@ -67,8 +67,11 @@ func (k idpKey) jwk(noAlg bool) map[string]any {
 	case *rsa.PublicKey:
 		j["kty"], j["n"], j["e"] = "RSA", b64(p.N.Bytes()), b64(big.NewInt(int64(p.E)).Bytes())
 	case *ecdsa.PublicKey:
-		pad := func(b []byte) []byte { return append(make([]byte, 32-len(b)), b...) }
-		j["kty"], j["crv"], j["x"], j["y"] = "EC", "P-256", b64(pad(p.X.Bytes())), b64(pad(p.Y.Bytes()))
+		pt, err := p.Bytes() // 0x04 || X || Y, 32 bytes each
+		if err != nil {
+			panic(err)
+		}
+		j["kty"], j["crv"], j["x"], j["y"] = "EC", "P-256", b64(pt[1:33]), b64(pt[33:])
 	case ed25519.PublicKey:
 		j["kty"], j["crv"], j["x"] = "OKP", "Ed25519", b64(p)
 	}
