@@ -95,6 +95,7 @@ type jwksSource struct {
 	client jwkset.Storage // the same storage behind an unknown-kid refresh
 	asking atomic.Bool
 	log    *slog.Logger
+	warned atomic.Int64 // Unix s of the last failed fetch logged
 }
 
 var jwksHTTP = &http.Client{Timeout: 10 * time.Second}
@@ -108,8 +109,11 @@ func newJWKSSource(url string, every time.Duration, log *slog.Logger) *jwksSourc
 			Client: jwksHTTP, Ctx: ctx, HTTPTimeout: 10 * time.Second,
 			NoErrorReturnFirstHTTPReq: true, RefreshInterval: every,
 			RefreshErrorHandler: func(_ context.Context, err error) {
-				if ctx.Err() == nil {
-					log.Warn("cannot fetch a JWKS: tokens with keys it lacks are refused", "url", url, "err", err)
+				// Once a minute at most: an outage is one line, not one
+				// per refresh.
+				now, last := time.Now().Unix(), src.warned.Load()
+				if ctx.Err() == nil && now-last >= 60 && src.warned.CompareAndSwap(last, now) {
+					log.Warn("cannot fetch a JWKS: its last keys stay in force, tokens with keys it lacks are refused", "url", url, "err", err)
 				}
 			},
 		})
