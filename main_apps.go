@@ -717,6 +717,9 @@ func tokenMain(args []string, stdout, stderr io.Writer) int {
 	if sec == "" {
 		sec = os.Getenv("ROOST_SECRET")
 	}
+	// The bound nodes hold tokens to: the node default unless the
+	// registry says the app's own.
+	maxTTL, from := proto.DefaultMaxTokenTTL, "the nodes' default --max-token-ttl"
 	if sec == "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -734,6 +737,9 @@ func tokenMain(args []string, stdout, stderr io.Writer) int {
 		for i := range apps {
 			if apps[i].ID == *appID {
 				sec = apps[i].Secret
+				if t := apps[i].Limits.MaxTokenTTL; t != nil {
+					maxTTL, from = time.Duration(*t), "the app's --max-token-ttl"
+				}
 				if apps[i].Disabled {
 					// The token is still made (for a test, or ready for
 					// enable); a script that hands it out should know.
@@ -745,6 +751,10 @@ func tokenMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "roost token: app %s is not in the registry\n", *appID)
 			return 1
 		}
+	}
+	if maxTTL > 0 && *ttl > maxTTL {
+		// Still made (a node may run with another bound), but said.
+		fmt.Fprintf(stderr, "roost token: warning: --ttl %s is beyond %s (%s): nodes refuse such a token with 401\n", *ttl, from, maxTTL)
 	}
 	tok, err := proto.SignToken([]byte(sec), *appID, *user, time.Now().Add(*ttl), roomList)
 	if err != nil {

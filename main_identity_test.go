@@ -69,6 +69,15 @@ func TestAppSetIdentity(t *testing.T) {
 		}
 	}
 
+	// roost token says when its token would be refused for its lifetime.
+	mustRoost(t, with("app", "set", "idp", "--max-token-ttl", "2h")...)
+	if code, out, errs := roost(t, with("token", "--app", "idp", "--user", "u", "--ttl", "3h")...); code != 0 || out == "" || !strings.Contains(errs, "beyond the app's --max-token-ttl (2h0m0s)") {
+		t.Errorf("token beyond the app's max ttl: exit %d, stderr %q", code, errs)
+	}
+	if _, _, errs := roost(t, with("token", "--app", "idp", "--user", "u", "--ttl", "1h")...); strings.Contains(errs, "warning") {
+		t.Errorf("token within the max ttl warned: %q", errs)
+	}
+
 	// -h: every flag of set, in the flag list and in the usage's summary.
 	_, _, help := roost(t, "app", "set", "-h")
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
