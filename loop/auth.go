@@ -516,11 +516,12 @@ func (s *Server) verify(tok []byte, appID string, agree bool) (verified, *proto.
 		if cl.App == "" {
 			return nil, keyError{errClaims} // a secret's tokens name their app
 		}
-		if len(cfg.Secrets) == 1 || time.Now().After(cfg.PrevUntil) {
-			return cfg.Secrets[0], nil
+		valid := cfg.ValidSecrets(time.Now())
+		if len(valid) == 1 {
+			return valid[0], nil
 		}
-		keys := jwt.VerificationKeySet{Keys: make([]jwt.VerificationKey, len(cfg.Secrets))}
-		for i, k := range cfg.Secrets {
+		keys := jwt.VerificationKeySet{Keys: make([]jwt.VerificationKey, len(valid))}
+		for i, k := range valid {
 			keys.Keys[i] = k
 		}
 		return keys, nil
