@@ -16,9 +16,10 @@ import (
 // listed.
 var layers = map[string][]string{
 	".":                   {"*"}, // main wires everything
-	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "loop/internal/uring", "proto", "realip"},
+	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "fanout/tenancy", "loop/internal/uring", "proto", "realip"},
 	"loop/internal/uring": {},
-	"fanout/api":          {"fanout", "persist", "proto"},
+	"fanout/api":          {"fanout", "fanout/tenancy", "persist", "proto"},
+	"fanout/tenancy":      {"proto"},
 	"fanout/webhook":      {"hooknet", "persist", "proto"},
 	"fanout/proxy":        {"hooknet", "proto"},
 	"hooknet":             {"proto"},

@@ -144,6 +144,8 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.StringVar(&c.appSecretFile, "app-secret-file", "", "read app secrets from `FILE`: APP=SECRET lines, # comments")
 	fs.StringVar(&c.appsFile, "apps", "", "the app registry in a JSON `FILE` (roost app create --apps FILE); re-read on SIGHUP and when it changes. Without it, a node with --database-url keeps the registry in PostgreSQL")
 	fs.DurationVar(&c.node.Leeway, "token-leeway", d.Leeway, "clock skew allowed on a token's exp, nbf and iat")
+	fs.DurationVar(&c.node.Limits.MaxTokenTTL, "max-token-ttl", d.Limits.MaxTokenTTL, "default bound on how far ahead a token's exp may lie; tokens beyond it get 401 (per app: roost app set --max-token-ttl; 0: no bound)")
+	fs.DurationVar(&c.node.JWKSRefresh, "jwks-refresh", loop.DefaultJWKSRefresh, "how often the JWKS of an app with --jwks-url is fetched again (a token naming a kid the set lacks asks for one fetch sooner)")
 	fs.IntVar(&c.node.InsecureMaxApps, "insecure-max-apps", d.InsecureMaxApps, "insecure mode: apps made on first use at most (each is a metric series); then refused (0: no cap)")
 	fs.Int64Var(&c.node.Limits.MaxConns, "app-max-conns", d.Limits.MaxConns, "default connections of one app on the whole cluster (shared through Redis when configured; 0: no limit)")
 	fs.Int64Var(&c.node.Limits.MaxUserConns, "user-max-conns", d.Limits.MaxUserConns, "default connections of one user of an app on this node (0: no limit)")
@@ -812,6 +814,8 @@ func bindValues(c *config, into map[string]string) {
 		"app-secret-file":     c.appSecretFile,
 		"apps":                c.appsFile,
 		"token-leeway":        d(n.Leeway),
+		"max-token-ttl":       d(n.Limits.MaxTokenTTL),
+		"jwks-refresh":        d(n.JWKSRefresh),
 		"insecure-max-apps":   strconv.Itoa(n.InsecureMaxApps),
 		"app-max-conns":       strconv.FormatInt(n.Limits.MaxConns, 10),
 		"user-max-conns":      strconv.FormatInt(n.Limits.MaxUserConns, 10),

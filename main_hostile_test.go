@@ -23,15 +23,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 func pgtestDB(t *testing.T) string { return pgtest.NewDB(t) }
 
 func signToken(secret, app, sub string) string {
-	return loop.SignToken([]byte(secret), app, sub, time.Now().Add(time.Hour), nil)
+	tok, err := proto.SignToken([]byte(secret), app, sub, time.Now().Add(time.Hour), nil)
+	if err != nil {
+		panic("BUG: cannot sign a token: " + err.Error())
+	}
+	return tok
 }
 
 // plainNode starts `roost serve` on the memory store and the in-process

@@ -28,7 +28,7 @@ func (s *Server) AppMaxConns(app string) int64 {
 		return 0
 	}
 	if cfg := p.cfg.Load(); cfg != nil {
-		return cfg.maxConns
+		return cfg.MaxConns
 	}
 	return 0
 }

@@ -354,7 +354,7 @@ func (c *conn) upgrade() bool {
 	case cfg == nil: // left the registry since the token was checked
 		c.refuse(errUnknown)
 		return false
-	case cfg.disabled:
+	case cfg.Disabled:
 		c.app.refused[RefusedDisabled].Add(1)
 		c.refuse(errDisabled)
 		return false
@@ -685,7 +685,7 @@ func (c *conn) join(cmd *proto.Command) {
 	if cmd.Presence {
 		rs.MaxPresence = int(l.srv.cfg.Limits.MaxPresence)
 		if cfg := c.app.cfg.Load(); cfg != nil {
-			rs.MaxPresence = cfg.maxPresence
+			rs.MaxPresence = cfg.MaxPresence
 		}
 	}
 	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), rs); err {

@@ -30,6 +30,7 @@ const (
 	tProxy                          // px: a proxy hook answered (proxy.go)
 	tPass                           // a pass's next slice may follow (passSlept)
 	tShed                           // shed: a pass of Server.ShedNewest (applimit.go)
+	tRekeyApp                       // app: this app's secrets changed: when its connections end (auth.go)
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -267,6 +268,8 @@ func (l *loopState) run(t *task) {
 		t.drain.done()
 	case tCloseApp:
 		l.closeApp(t.app)
+	case tRekeyApp:
+		l.rekeyApp(t.app)
 	case tDisconnect:
 		l.disconnect(t.app, t.disc)
 	case tLinger:

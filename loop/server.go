@@ -45,6 +45,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/realip"
@@ -87,9 +88,13 @@ type Config struct {
 	// Limits are the defaults of every app's limits (the registry
 	// overrides them per app). MaxRooms is the ceiling of rooms per
 	// connection: an app's max_rooms can lower it, not raise it.
-	Limits Limits
+	Limits tenancy.Limits
 	// Leeway is the clock skew allowed on a token's exp, nbf and iat.
 	Leeway time.Duration
+	// JWKSRefresh is how often an app's JWKS is fetched again (0:
+	// DefaultJWKSRefresh); a token with a kid the set lacks asks for one
+	// fetch sooner.
+	JWKSRefresh time.Duration
 	// InsecureMaxApps caps the apps made on first use in insecure mode
 	// (each is a metric series and a map entry); 0: no cap.
 	InsecureMaxApps int
@@ -148,7 +153,7 @@ func Defaults() Config {
 		InboxLimit:      65536,
 		ProxyInFlight:   proxy.DefaultInFlight,
 		ProxyQueue:      proxy.DefaultQueue,
-		Limits:          DefaultLimits(),
+		Limits:          tenancy.DefaultLimits(),
 		Leeway:          5 * time.Second,
 		InsecureMaxApps: 100,
 	}
@@ -361,7 +366,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		cfg:     cfg,
 		log:     log,
 		fan:     fan,
-		apps:    newApps(&cfg),
+		apps:    newApps(&cfg, log),
 		jwt:     newTokenParser(cfg.Leeway),
 		booted:  make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -393,6 +398,12 @@ func (c *Config) Validate() []error {
 		bad("invalid --listen %q: want host:port", c.Listen)
 	} else if ip := net.ParseIP(host); c.Insecure && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		bad("invalid --listen %q with --insecure: insecure mode listens on loopback only (use 127.0.0.1:PORT or drop --insecure)", c.Listen)
+	}
+	if c.Limits.MaxTokenTTL < 0 {
+		bad("invalid --max-token-ttl %s: want 0 (no bound) or more", c.Limits.MaxTokenTTL)
+	}
+	if c.JWKSRefresh < 0 || c.JWKSRefresh > 0 && c.JWKSRefresh < time.Second {
+		bad("invalid --jwks-refresh %s: want at least 1s", c.JWKSRefresh)
 	}
 	if c.Leeway < 0 || c.Leeway > time.Hour {
 		bad("invalid --token-leeway %s: want 0 to 1h", c.Leeway)
@@ -879,6 +890,7 @@ func (s *Server) Stop(ctx context.Context) error {
 			s.loops[i].Load().stopTimers()
 		}
 		s.proxy.Close()
+		s.apps.jwks.stop()
 		s.wg.Wait()
 	})
 	return err

@@ -56,7 +56,7 @@ func (c *conn) openSSE(req *proto.Request) {
 	case cfg == nil:
 		c.refuseSSE(errUnknown)
 		return
-	case cfg.disabled:
+	case cfg.Disabled:
 		c.app.refused[RefusedDisabled].Add(1)
 		c.refuseSSE(errDisabled)
 		return

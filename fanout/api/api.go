@@ -7,7 +7,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"io"
@@ -20,9 +19,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/time/rate"
-
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
@@ -112,6 +110,8 @@ type Server struct {
 	log   *slog.Logger
 	pubLa fanout.Observer
 
+	rate tenancy.Rate // of each app's requests, all routes together
+
 	mu   sync.RWMutex
 	apps map[string]*tenant
 
@@ -119,11 +119,11 @@ type Server struct {
 	Stats Stats
 }
 
-// tenant is one app as the API knows it.
+// tenant is one app as the API knows it: the view the client edges read
+// too, and its request bucket.
 type tenant struct {
-	app    proto.App
-	maxMsg int64
-	lim    *rate.Limiter // nil: no rate limit
+	app *tenancy.View
+	req *tenancy.Bucket // kept across registry changes
 }
 
 type noObserver struct{}
@@ -132,7 +132,8 @@ func (noObserver) Observe(float64) {}
 
 // New builds the API. SetApps gives it the registry.
 func New(cfg Config, p Parts) *Server {
-	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{}}
+	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{},
+		rate: tenancy.NewRate(cfg.Rate, int64(max(1, cfg.Burst)))}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -162,14 +163,9 @@ func (s *Server) SetApps(reg []proto.App) {
 	defer s.mu.Unlock()
 	next := make(map[string]*tenant, len(reg)+len(s.cfg.Static))
 	add := func(a proto.App) {
-		t := &tenant{app: a, maxMsg: s.cfg.MaxMsg}
-		if a.Limits.MaxMsg != nil {
-			t.maxMsg = *a.Limits.MaxMsg
-		}
+		t := &tenant{app: tenancy.Resolve(tenancy.Limits{MaxMsg: s.cfg.MaxMsg}, &a), req: new(tenancy.Bucket)}
 		if old := s.apps[a.ID]; old != nil {
-			t.lim = old.lim
-		} else if s.cfg.Rate > 0 {
-			t.lim = rate.NewLimiter(rate.Limit(s.cfg.Rate), max(1, s.cfg.Burst))
+			t.req = old.req
 		}
 		next[a.ID] = t
 	}
@@ -238,7 +234,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tena
 	s.mu.RUnlock()
 	// One answer for an unknown app and a wrong secret: a caller without
 	// a secret learns nothing about which apps exist.
-	if t == nil || !secretMatches(&t.app, []byte(secret), time.Now()) {
+	if t == nil || !t.app.SecretMatches([]byte(secret), time.Now()) {
 		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
 		return nil, false
 	}
@@ -246,30 +242,11 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tena
 		s.fail(w, route, http.StatusForbidden, proto.CodeForbidden, "app disabled")
 		return nil, false
 	}
-	if t.lim != nil {
-		now := time.Now()
-		res := t.lim.ReserveN(now, 1)
-		if d := res.DelayFrom(now); !res.OK() || d > 0 {
-			res.CancelAt(now)
-			ms := max(1, d.Milliseconds())
-			s.failRetry(w, route, http.StatusTooManyRequests, proto.CodeRateLimited, "request rate of this app exceeded (--api-rate): retry after retry_after ms", ms)
-			return nil, false
-		}
+	if wait := t.req.Take(tenancy.Now(), s.rate); wait > 0 {
+		s.failRetry(w, route, http.StatusTooManyRequests, proto.CodeRateLimited, "request rate of this app exceeded (--api-rate): retry after retry_after ms", tenancy.RetryAfterMS(wait))
+		return nil, false
 	}
 	return t, true
-}
-
-// secretMatches compares secret with every current secret of a in
-// constant time (the current one, and the previous one during a rotation),
-// without stopping at the first match.
-func secretMatches(a *proto.App, secret []byte, now time.Time) bool {
-	ok := 0
-	for _, s := range a.Secrets(now) {
-		if s != "" {
-			ok |= subtle.ConstantTimeCompare([]byte(s), secret)
-		}
-	}
-	return ok == 1
 }
 
 func (s *Server) roomOf(w http.ResponseWriter, r *http.Request, route int) (string, bool) {
@@ -321,8 +298,8 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	limit := int64(maxRequest)
-	if t.maxMsg > 0 {
-		limit = t.maxMsg + envelope
+	if t.app.MaxMsg > 0 {
+		limit = t.app.MaxMsg + envelope
 	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
@@ -361,7 +338,7 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	case len(req.Body) == 0:
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "missing body")
 		return
-	case t.maxMsg > 0 && int64(len(req.Body)) > t.maxMsg:
+	case t.app.MaxMsg > 0 && int64(len(req.Body)) > t.app.MaxMsg:
 		s.fail(w, route, http.StatusRequestEntityTooLarge, proto.CodeTooLarge, "message body larger than the app's max-msg")
 		return
 	}
