@@ -16,7 +16,7 @@ import (
 var layers = map[string][]string{
 	".":                {"*"}, // main wires everything
 	"loop":             {"fanout", "fanout/proxy", "proto"},
-	"fanout/api":       {"fanout", "persist", "proto"},
+	"fanout/api":       {"fanout", "httpedge", "persist", "proto"},
 	"fanout/webhook":   {"persist", "proto"},
 	"fanout/proxy":     {"proto"},
 	"fanout":           {"persist", "pubsub", "proto"},
@@ -27,6 +27,7 @@ var layers = map[string][]string{
 	"proto":            {},
 	"proto/prototest":  {},
 	"tuning":           {},
+	"httpedge":         {},
 	"bench":            {"proto"},
 }
 

@@ -282,7 +282,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	loops.Store(srv)
 	var apiSrv *api.Server
 	if c.api != "off" && c.api != "" {
-		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps},
+		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
+			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight}},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
 	}
 	// A registry in PostgreSQL keeps the apps' retention in the columns the
@@ -343,8 +344,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
-		ln = newLimitListener(ln, adminMaxConns)
-		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv, ln = newAdminServer(ln, &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks, token: c.adminToken}, log)
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}
@@ -358,8 +358,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
-		apiHTTP = newAPIServer(apiSrv.Handler(), log)
-		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
+		apiHTTP, ln = newAPIServer(apiSrv, ln, log)
+		go func() { _ = apiHTTP.Serve(ln) }()
 		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
@@ -475,19 +475,12 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	return 0
 }
 
-// newAPIServer serves the server API: timeouts that a stuck or slow
-// backend cannot hold a connection past, and a bound on request heads
-// (bodies are bounded per request by the app's max-msg).
-func newAPIServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
+// newAPIServer serves the server API on ln: timeouts sized for backends,
+// a bound on request heads (bodies are bounded per request by the app's
+// max-msg), and connections held only by apps that gave a valid secret,
+// each within its budget (fanout/api/edge.go).
+func newAPIServer(s *api.Server, ln net.Listener, log *slog.Logger) (*http.Server, net.Listener) {
+	return s.NewHTTPServer(ln, slog.NewLogLogger(log.Handler(), slog.LevelDebug))
 }
 
 // onControl acts on a control message from the broker: a disconnect

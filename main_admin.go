@@ -38,6 +38,7 @@ type admin struct {
 	ready *atomic.Bool
 	api   *api.Server // nil: --api off
 	hooks *webhook.Dispatcher
+	token string // --admin-token: "" leaves the listener open
 }
 
 // Bucket bounds of the node's histograms.
@@ -142,7 +143,7 @@ func redactedCmdline(w http.ResponseWriter, r *http.Request) {
 }
 
 // secretFlags carry secrets in their values.
-var secretFlags = map[string]bool{"app-secret": true, "secret": true}
+var secretFlags = map[string]bool{"app-secret": true, "secret": true, "admin-token": true}
 
 // redactArgs masks --app-secret and --secret values (in both the "--flag
 // value" and "--flag=value" forms) and the passwords of URLs.
