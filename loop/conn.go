@@ -49,6 +49,7 @@ type conn struct {
 	closed   bool
 	awaiting bool // the app's connect proxy has not answered yet: input stays unread (proxy.go)
 	proxyOK  bool // an SSE request the connect proxy allowed: read again, it is not asked twice
+	head     bool // a HEAD request: its answer is GET's without the body
 }
 
 // OnOpen registers a new connection with its loop, or closes it at once
@@ -299,7 +300,12 @@ func (c *conn) upgrade() bool {
 	if n == 0 {
 		return false // wait for the rest of the head
 	}
+	c.head = req.Head
 	if string(req.Path) == "/sse" {
+		if req.Head {
+			c.headSSE(&req)
+			return false
+		}
 		c.openSSE(&req)
 		return false
 	}
@@ -374,6 +380,9 @@ func (c *conn) refuse(he *proto.HTTPError) {
 	c.l.srv.Stats.UpgradeErrors.Add(1)
 	out := proto.AppendHTTPError(c.l.scratch[:0], he)
 	c.l.scratch = out[:0]
+	if c.head {
+		out = out[:len(out)-len(he.Reason)-1] // GET's head, without the reason after it
+	}
 	_, _ = c.gc.Write(out)
 	c.state = stateClosing
 	_ = c.gc.Close()
