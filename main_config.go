@@ -143,7 +143,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.Float64Var(&c.apiRate, "api-rate", 1000, "server API requests per second of one app on this node, all routes together (429 rate_limited above; 0: no limit)")
 	fs.IntVar(&c.apiBurst, "api-burst", 2000, "server API requests one app may make at once above --api-rate")
 	fs.IntVar(&c.apiMaxConns, "api-max-conns", api.DefaultMaxConns, "server API connections all apps together hold on this node (a connection is an app's from its first request with a valid secret); past it 503 overloaded. As many again may wait for their first answer")
-	fs.IntVar(&c.apiAppMaxConns, "api-app-max-conns", api.DefaultAppMaxConns, "server API connections one app holds on this node, at most half of --api-max-conns; past it 429 rate_limited and the connection is closed. Also the connections one address may have waiting for their first answer")
+	fs.IntVar(&c.apiAppMaxConns, "api-app-max-conns", api.DefaultAppMaxConns, "server API connections one app holds on this node, at most half of --api-max-conns; past it 429 rate_limited and the connection is closed")
 	fs.IntVar(&c.apiAppInFlight, "api-app-inflight", api.DefaultAppInFlight, "server API requests of one app answered at once on this node; past it 429 rate_limited")
 	fs.StringVar(&c.adminToken, "admin-token", "", "Bearer `TOKEN` the admin listener asks for on /metrics and /debug/pprof/ (/healthz and /readyz stay open); give it in ROOST_ADMIN_TOKEN, not on the command line")
 	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`; give it in ROOST_APP_SECRET or --app-secret-file, never on the command line (ps shows it)")

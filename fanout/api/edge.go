@@ -19,13 +19,12 @@ import (
 type Edge struct {
 	// MaxConns is the connections of all apps held at once on this node
 	// (a connection is an app's from its first request with a valid
-	// secret). As many again may wait for their first answer; past that
-	// the oldest of those that have sent nothing yet gives way.
+	// secret). As many again may wait for their first answer, half of them
+	// from one client address; past that the oldest of those that have
+	// sent nothing yet gives way (of that address first).
 	MaxConns int
-	// AppMaxConns is the connections one app may hold on this node, and
-	// the connections one client address may have waiting for their first
-	// answer. At most half of MaxConns, so that one app never holds the
-	// node's all.
+	// AppMaxConns is the connections one app may hold on this node. At
+	// most half of MaxConns, so that one app never holds the node's all.
 	AppMaxConns int
 	// AppInFlight is the requests of one app being answered at once on
 	// this node.
@@ -124,7 +123,7 @@ var busyAnswer = func() []byte {
 // NewHTTPServer wraps ln with the API's connection budget and returns the
 // http.Server to serve it with: server.Serve(listener).
 func (s *Server) NewHTTPServer(ln net.Listener, errLog *log.Logger) (*http.Server, net.Listener) {
-	el := httpedge.New(ln, httpedge.Config{Max: s.edge.cfg.MaxConns, PerAddr: s.edge.cfg.AppMaxConns, Busy: busyAnswer})
+	el := httpedge.New(ln, httpedge.Config{Max: s.edge.cfg.MaxConns, PerAddr: s.edge.cfg.MaxConns / 2, Busy: busyAnswer})
 	s.edge.mu.Lock()
 	s.edge.ln = el
 	s.edge.mu.Unlock()
