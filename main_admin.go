@@ -325,6 +325,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_api_published_total", as.Published.Load())
 		c("roost_api_publish_duplicates_total", as.Duplicates.Load())
 		c("roost_api_disconnected_total", as.Disconnected.Load())
+		writeAPIEdgeMetrics(m, a.api)
 	}
 
 	m.family("roost_proxy_calls_total", "counter")

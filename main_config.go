@@ -470,7 +470,7 @@ func validate(c *config) []error {
 	if c.apiMaxConns < 2 {
 		bad("invalid --api-max-conns %d: want at least 2", c.apiMaxConns)
 	}
-	if c.apiAppMaxConns < 1 || c.apiAppMaxConns > c.apiMaxConns/2 {
+	if c.apiAppMaxConns < 1 || c.apiMaxConns >= 2 && c.apiAppMaxConns > c.apiMaxConns/2 {
 		bad("invalid --api-app-max-conns %d: want 1 to half of --api-max-conns (%d), so that one app cannot hold them all", c.apiAppMaxConns, c.apiMaxConns/2)
 	}
 	if c.apiAppInFlight < 1 {

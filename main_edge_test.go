@@ -195,7 +195,7 @@ func TestAPIIdleUnauthenticatedDoNotStarve(t *testing.T) {
 // backend is answered at once. Before, one app's pool past 128 held the
 // shared cap and every other app waited.
 func TestAPIAppBudgetDoesNotStarveOthers(t *testing.T) {
-	_, base := edgeNode(t)
+	n, base := edgeNode(t)
 	const conns = oldAPICap + 12
 	greedy := clientFrom("127.0.0.30", conns)
 	var wg sync.WaitGroup
@@ -242,6 +242,13 @@ func TestAPIAppBudgetDoesNotStarveOthers(t *testing.T) {
 		t.Errorf("the greedy app past its budget: %d refused 429 (want some, each with Retry-After and the connection closed; missing: %v)", limited.Load(), retryMissing.Load())
 	}
 	// Its kept connections hold its budget, no more.
+	m := n.metrics(t)
+	if held := m[`roost_api_app_connections{app="`+greedyApp+`"}`]; held < 1 || held > edgeBudget {
+		t.Errorf("the greedy app holds %v connections, want 1 to its budget %d", held, edgeBudget)
+	}
+	if m[`roost_api_refused_total{reason="app_conns"}`] != float64(limited.Load()) {
+		t.Errorf("roost_api_refused_total{reason=\"app_conns\"} = %v, want the %d refusals seen", m[`roost_api_refused_total{reason="app_conns"}`], limited.Load())
+	}
 	greedy.CloseIdleConnections()
 }
 

@@ -5,7 +5,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,6 +155,25 @@ func (s *Server) ListenerStats() *httpedge.Stats {
 		return nil
 	}
 	return &s.edge.ln.Stats
+}
+
+// AppBudgets calls f with each app's connections held and requests in
+// flight on this node (apps that never held one are not listed).
+func (s *Server) AppBudgets(f func(app string, conns, inflight int64)) {
+	s.edge.mu.Lock()
+	type row struct {
+		app string
+		b   *budget
+	}
+	rows := make([]row, 0, len(s.edge.budgets))
+	for app, b := range s.edge.budgets {
+		rows = append(rows, row{app, b})
+	}
+	s.edge.mu.Unlock()
+	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.app, b.app) })
+	for _, r := range rows {
+		f(r.app, r.b.conns.Load(), r.b.inflight.Load())
+	}
 }
 
 // serveHTTP routes a request, then gives back the in-flight slot it took.
