@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -179,4 +180,30 @@ func TestRelease(t *testing.T) {
 	if c.Release(nil) {
 		t.Fatal("Release of a closed connection reported true")
 	}
+}
+
+// A connection Hold picks never reaches the server: it waits HoldFor,
+// counted and idle, then gets Held; one pushed out meanwhile is closed.
+func TestHold(t *testing.T) {
+	held := "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+	var l *Listener
+	l, addr := serve(t, Config{Max: 10, PerAddr: 1, HoldFor: 200 * time.Millisecond, Held: []byte(held),
+		Hold: func(a netip.Addr) bool { return a == netip.MustParseAddr("127.0.0.5") }}, nil)
+	t0 := time.Now()
+	c := dial(t, "127.0.0.5", addr)
+	if got := get(c, "/"); got != "HTTP/1.1 429 Too Many Requests" || time.Since(t0) < 200*time.Millisecond {
+		t.Fatalf("held connection: %q after %s, want the Held answer after HoldFor", got, time.Since(t0))
+	}
+	if got := get(dial(t, "127.0.0.6", addr), "/"); got != "HTTP/1.1 200 OK" {
+		t.Fatalf("another address: %q", got)
+	}
+	waitFor(t, "the held one gone", func() bool { return l.Stats.Counted.Load() == 1 }) // 127.0.0.6's, idle
+	first := dial(t, "127.0.0.5", addr)
+	waitFor(t, "held", func() bool { return l.Stats.Held.Load() == 2 })
+	dial(t, "127.0.0.5", addr) // past PerAddr: the held one gives way
+	_ = first.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := first.Read(make([]byte, 1)); n != 0 || err == nil || isTimeout(err) {
+		t.Fatalf("held connection pushed out: read %d %v, want closed", n, err)
+	}
+	waitFor(t, "evicted", func() bool { return l.Stats.Evicted.Load() == 1 })
 }

@@ -5,6 +5,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,10 +123,26 @@ var busyAnswer = func() []byte {
 		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }()
 
+// heldAnswer is what a connection of an address past its rate gets.
+var heldAnswer = func() []byte {
+	body := `{"error":{"code":"rate_limited","message":"too many requests without a valid secret from this address: retry after retry_after ms with a current secret of the app","retry_after":1000}}` + "\n"
+	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
+
 // NewHTTPServer wraps ln with the API's connection budget and returns the
 // http.Server to serve it with: server.Serve(listener).
 func (s *Server) NewHTTPServer(ln net.Listener, errLog *log.Logger) (*http.Server, net.Listener) {
-	el := httpedge.New(ln, httpedge.Config{Max: s.edge.cfg.MaxConns, PerAddr: s.edge.cfg.MaxConns / 2, Busy: busyAnswer})
+	el := httpedge.New(ln, httpedge.Config{
+		Max: s.edge.cfg.MaxConns, PerAddr: s.edge.cfg.MaxConns / 2, Busy: busyAnswer,
+		// An address past its rate of requests without a valid secret
+		// waits a second for each new connection's 429: the answer it
+		// would get at once costs the node a request's work, and a flood
+		// that waits for its answers is slowed to its concurrency a second.
+		Hold:    func(a netip.Addr) bool { return s.edge.addrs.limited(a, time.Now()) },
+		HoldFor: time.Second,
+		Held:    heldAnswer,
+	})
 	s.edge.mu.Lock()
 	s.edge.ln = el
 	s.edge.mu.Unlock()
