@@ -302,10 +302,6 @@ func (c *conn) upgrade() bool {
 	}
 	c.head = req.Head
 	if string(req.Path) == "/sse" {
-		if req.Head {
-			c.headSSE(&req)
-			return false
-		}
 		c.openSSE(&req)
 		return false
 	}
