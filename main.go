@@ -344,7 +344,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
-		adminSrv, ln = newAdminServer(ln, &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks, token: c.adminToken}, log)
+		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks, token: c.adminToken}
+		adm.board = newStatusBoard(adm, log)
+		go adm.board.run(regCtx)
+		adminSrv, ln = newAdminServer(ln, adm, log)
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}
