@@ -320,8 +320,9 @@ func TestAdminIdleConnectionsDoNotBlockProbes(t *testing.T) {
 	}
 }
 
-// --admin-token (here from ROOST_ADMIN_TOKEN) is asked for on /metrics and
-// pprof; /healthz and /readyz stay open for load balancers.
+// --admin-token (here from ROOST_ADMIN_TOKEN) is asked for on /metrics,
+// pprof and the admin page's data; /healthz and /readyz stay open for load
+// balancers, and the page itself for browsers.
 func TestAdminToken(t *testing.T) {
 	const token = "admin-token-0123456789"
 	node := &roostNode{
@@ -361,6 +362,9 @@ func TestAdminToken(t *testing.T) {
 		{"/debug/pprof/", "", 401},
 		{"/debug/pprof/cmdline", "", 401},
 		{"/debug/pprof/", "Bearer " + token, 200},
+		{"/admin/status", "", 401},
+		{"/admin/status", "Bearer " + token, 200},
+		{"/", "", 200}, // the admin page holds no data; its polls carry the token
 		{"/healthz", "", 200},
 		{"/readyz", "", 200},
 	} {
