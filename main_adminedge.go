@@ -105,9 +105,7 @@ func writeAPIEdgeMetrics(m *expo, s *api.Server) {
 	es := &s.EdgeStats
 	m.gauge("roost_api_connections_held", es.Bound.Load())
 	limited := es.AddrLimited.Load() // first: the other counts it after
-	var held uint64                  // answered 429 by the listener, before any request was read
 	if ls := s.ListenerStats(); ls != nil {
-		held = ls.Held.Load()
 		m.gauge("roost_api_connections_waiting", ls.Counted.Load())
 		m.counter("roost_api_connections_evicted_total", ls.Evicted.Load())
 		m.counter("roost_api_connections_busy_total", ls.Refused.Load())
@@ -118,7 +116,7 @@ func writeAPIEdgeMetrics(m *expo, s *api.Server) {
 		n      uint64
 	}{
 		{"no_valid_secret", es.Unauthenticated.Load() - limited},
-		{"address_rate", limited + held},
+		{"address_rate", limited},
 		{"app_conns", es.AppConnsFull.Load()},
 		{"node_conns", es.NodeConnsFull.Load()},
 		{"app_inflight", es.AppInFlightFull.Load()},

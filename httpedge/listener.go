@@ -40,16 +40,6 @@ type Config struct {
 	// because every counted connection is running a handler (nil: closed
 	// without a word).
 	Busy []byte
-	// Hold, when set, is asked about each new connection's address: true
-	// keeps the connection from the server for HoldFor, counted and idle
-	// (a newer one may push it out), then writes Held to it and closes it.
-	// A client past its welcome then costs the node an accept, a timer and
-	// a write per connection, not a request's parsing and answer, and a
-	// client that waits for its answers is slowed to its concurrency per
-	// HoldFor.
-	Hold    func(netip.Addr) bool
-	HoldFor time.Duration
-	Held    []byte
 }
 
 // Stats are a listener's counters.
@@ -57,7 +47,6 @@ type Stats struct {
 	Accepted atomic.Uint64 // connections taken from the kernel
 	Evicted  atomic.Uint64 // idle connections closed to make room for a new one
 	Refused  atomic.Uint64 // new connections turned away: every counted one was busy
-	Held     atomic.Uint64 // new connections held and answered Held (Config.Hold)
 	Counted  atomic.Int64  // connections in the pool now
 }
 
@@ -96,7 +85,6 @@ type Conn struct {
 	// Guarded by l.mu.
 	counted bool
 	idle    bool
-	held    bool // kept from the server (Config.Hold): nobody else closes it
 	ap      *addrPool
 	all     link // in l.idle
 	own     link // in the address's idle ring
@@ -171,15 +159,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 		victim, ok := l.admit(c)
 		if victim != nil {
 			l.Stats.Evicted.Add(1)
-			if victim.held {
-				_ = victim.Close()
-			} else {
-				_ = victim.Conn.Close() // its goroutine's read fails; its Close then finds it uncounted
-			}
-		}
-		if ok && l.cfg.Hold != nil && l.cfg.Hold(c.Addr) {
-			l.hold(c)
-			continue
+			_ = victim.Conn.Close() // its goroutine's read fails; its Close then finds it uncounted
 		}
 		if ok {
 			return c, nil
@@ -230,31 +210,6 @@ func (l *Listener) admit(c *Conn) (victim *Conn, ok bool) {
 	ap.idle.push(c)
 	l.Stats.Counted.Store(int64(l.n))
 	return victim, true
-}
-
-// hold keeps c from the server for HoldFor, then answers it Held.
-func (l *Listener) hold(c *Conn) {
-	l.mu.Lock()
-	c.held = true
-	l.mu.Unlock()
-	l.Stats.Held.Add(1)
-	time.AfterFunc(l.cfg.HoldFor, func() {
-		l.mu.Lock()
-		closed := c.closed
-		l.mu.Unlock()
-		if closed {
-			return // pushed out meanwhile
-		}
-		// Read what the request sent (it came long ago, or it will not
-		// matter), so that the close is a FIN after the answer rather than
-		// a reset that discards it. A deadline already past would not read.
-		_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
-		var buf [4096]byte
-		_, _ = c.Read(buf[:])
-		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.Write(l.cfg.Held)
-		_ = c.Close()
-	})
 }
 
 // turning bounds the goroutines answering connections turned away.
@@ -335,6 +290,14 @@ func (l *Listener) setIdle(c *Conn, idle bool) {
 		l.idle.remove(c)
 		ap.idle.remove(c)
 	}
+}
+
+// Wait marks c, whose handler runs, as idle (true: a newer connection
+// may push it out, which closes it) or running again (false). A handler
+// that makes its client wait for an answer calls it around the wait, so
+// that waiting costs no place a newcomer needs.
+func (c *Conn) Wait(waiting bool) {
+	c.l.setIdle(c, waiting)
 }
 
 // Release takes c out of its listener's pool (it is no longer counted nor

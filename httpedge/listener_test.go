@@ -2,10 +2,10 @@ package httpedge
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -182,28 +182,46 @@ func TestRelease(t *testing.T) {
 	}
 }
 
-// A connection Hold picks never reaches the server: it waits HoldFor,
-// counted and idle, then gets Held; one pushed out meanwhile is closed.
-func TestHold(t *testing.T) {
-	held := "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-	var l *Listener
-	l, addr := serve(t, Config{Max: 10, PerAddr: 1, HoldFor: 200 * time.Millisecond, Held: []byte(held),
-		Hold: func(a netip.Addr) bool { return a == netip.MustParseAddr("127.0.0.5") }}, nil)
-	t0 := time.Now()
-	c := dial(t, "127.0.0.5", addr)
-	if got := get(c, "/"); got != "HTTP/1.1 429 Too Many Requests" || time.Since(t0) < 200*time.Millisecond {
-		t.Fatalf("held connection: %q after %s, want the Held answer after HoldFor", got, time.Since(t0))
+// A handler that makes its client wait marks its connection waiting: a
+// newcomer pushes it out (its context ends) instead of being turned away.
+func TestWaitingGivesWay(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := get(dial(t, "127.0.0.6", addr), "/"); got != "HTTP/1.1 200 OK" {
-		t.Fatalf("another address: %q", got)
+	l := New(inner, Config{Max: 1})
+	waiting, ended := make(chan struct{}), make(chan struct{})
+	type key struct{}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/wait" {
+				c := r.Context().Value(key{}).(*Conn)
+				c.Wait(true)
+				close(waiting)
+				select {
+				case <-r.Context().Done():
+					close(ended)
+				case <-time.After(5 * time.Second):
+				}
+				return
+			}
+			_, _ = io.WriteString(w, "ok")
+		}),
+		ConnState:   l.ConnState,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, key{}, c) },
 	}
-	waitFor(t, "the held one gone", func() bool { return l.Stats.Counted.Load() == 1 }) // 127.0.0.6's, idle
-	first := dial(t, "127.0.0.5", addr)
-	waitFor(t, "held", func() bool { return l.Stats.Held.Load() == 2 })
-	dial(t, "127.0.0.5", addr) // past PerAddr: the held one gives way
-	_ = first.SetReadDeadline(time.Now().Add(time.Second))
-	if n, err := first.Read(make([]byte, 1)); n != 0 || err == nil || isTimeout(err) {
-		t.Fatalf("held connection pushed out: read %d %v, want closed", n, err)
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+	addr := inner.Addr().String()
+	w := dial(t, "", addr)
+	_, _ = io.WriteString(w, "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-waiting
+	if got := get(dial(t, "", addr), "/"); got != "HTTP/1.1 200 OK" {
+		t.Fatalf("newcomer: %q, want 200", got)
 	}
-	waitFor(t, "evicted", func() bool { return l.Stats.Evicted.Load() == 1 })
+	select {
+	case <-ended:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the waiting handler's context did not end when it was pushed out")
+	}
 }

@@ -87,16 +87,6 @@ func (al *addrLimiter) allow(addr netip.Addr, now time.Time) (ok bool, retry tim
 	return true, 0
 }
 
-// limited reports whether addr has no request left now: its next request
-// without a valid secret would be refused.
-func (al *addrLimiter) limited(addr netip.Addr, now time.Time) bool {
-	key := addrKey(addr)
-	al.mu.Lock()
-	defer al.mu.Unlock()
-	lim := al.m[key]
-	return lim != nil && lim.TokensAt(now) < 1
-}
-
 // sweepLocked forgets the addresses whose bucket is full again: they are
 // as if never seen.
 func (al *addrLimiter) sweepLocked(now time.Time) {

@@ -5,7 +5,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -123,26 +122,10 @@ var busyAnswer = func() []byte {
 		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }()
 
-// heldAnswer is what a connection of an address past its rate gets.
-var heldAnswer = func() []byte {
-	body := `{"error":{"code":"rate_limited","message":"too many requests without a valid secret from this address: retry after retry_after ms with a current secret of the app","retry_after":1000}}` + "\n"
-	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
-		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-}()
-
 // NewHTTPServer wraps ln with the API's connection budget and returns the
 // http.Server to serve it with: server.Serve(listener).
 func (s *Server) NewHTTPServer(ln net.Listener, errLog *log.Logger) (*http.Server, net.Listener) {
-	el := httpedge.New(ln, httpedge.Config{
-		Max: s.edge.cfg.MaxConns, PerAddr: s.edge.cfg.MaxConns / 2, Busy: busyAnswer,
-		// An address past its rate of requests without a valid secret
-		// waits a second for each new connection's 429: the answer it
-		// would get at once costs the node a request's work, and a flood
-		// that waits for its answers is slowed to its concurrency a second.
-		Hold:    func(a netip.Addr) bool { return s.edge.addrs.limited(a, time.Now()) },
-		HoldFor: time.Second,
-		Held:    heldAnswer,
-	})
+	el := httpedge.New(ln, httpedge.Config{Max: s.edge.cfg.MaxConns, PerAddr: s.edge.cfg.MaxConns / 2, Busy: busyAnswer})
 	s.edge.mu.Lock()
 	s.edge.ln = el
 	s.edge.mu.Unlock()
@@ -202,18 +185,40 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// limitedWait is how long a request without a valid secret from an
+// address past its rate waits for its 429. Answered at once, a flood that
+// waits for its answers (most do) would cost the node a request's work
+// per answer as fast as it can read them; waiting, it is slowed to its
+// concurrency a second, and each waiting connection may be pushed out by
+// a newcomer meanwhile, so the wait holds no place a backend needs.
+const limitedWait = time.Second
+
 // refuseUnauthenticated answers a request without a valid secret and
 // closes its connection: it holds nothing past its answer. Past the
-// address's rate the answer is 429 instead of the refusal given.
+// address's rate the answer is 429 instead of the refusal given, after
+// limitedWait.
 func (s *Server) refuseUnauthenticated(w http.ResponseWriter, r *http.Request, route, status int, code proto.Code, msg string) {
 	s.EdgeStats.Unauthenticated.Add(1)
 	w.Header().Set("Connection", "close")
 	addr := remoteAddr(r.RemoteAddr)
-	if ci, _ := r.Context().Value(connKey{}).(*connInfo); ci != nil && ci.c != nil {
+	ci, _ := r.Context().Value(connKey{}).(*connInfo)
+	if ci != nil && ci.c != nil {
 		addr = ci.c.Addr
 	}
 	if ok, retry := s.edge.addrs.allow(addr, time.Now()); !ok {
 		s.EdgeStats.AddrLimited.Add(1)
+		if ci != nil && ci.c != nil {
+			ci.c.Wait(true)
+			t := time.NewTimer(limitedWait)
+			select {
+			case <-t.C:
+			case <-r.Context().Done(): // pushed out, or the client left
+				t.Stop()
+				return
+			}
+			ci.c.Wait(false)
+			retry = max(retry-limitedWait, time.Second)
+		}
 		s.failRetry(w, route, http.StatusTooManyRequests, proto.CodeRateLimited,
 			"too many requests without a valid secret from this address: retry after retry_after ms with a current secret of the app", retry.Milliseconds())
 		return
