@@ -86,8 +86,9 @@ type Conn struct {
 	counted bool
 	idle    bool
 	ap      *addrPool
-	all     link // in l.idle
-	own     link // in the address's idle ring
+	pushed  chan struct{} // closed when a newcomer pushes c out
+	all     link          // in l.idle
+	own     link          // in the address's idle ring
 	onClose func()
 	closed  bool
 }
@@ -155,7 +156,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		l.Stats.Accepted.Add(1)
-		c := &Conn{Conn: nc, l: l, Addr: addrOf(nc)}
+		c := &Conn{Conn: nc, l: l, Addr: addrOf(nc), pushed: make(chan struct{})}
 		victim, ok := l.admit(c)
 		if victim != nil {
 			l.Stats.Evicted.Add(1)
@@ -201,6 +202,7 @@ func (l *Listener) admit(c *Conn) (victim *Conn, ok bool) {
 	}
 	if victim != nil {
 		l.uncountLocked(victim)
+		close(victim.pushed)
 		l.byAddr[c.Addr] = ap // the victim may have been the address's last
 	}
 	c.counted, c.idle, c.ap = true, true, ap
@@ -291,6 +293,12 @@ func (l *Listener) setIdle(c *Conn, idle bool) {
 		ap.idle.remove(c)
 	}
 }
+
+// PushedOut is closed when a newcomer pushes c out of the pool (c is then
+// closed): a handler waiting after Wait(true) stops at it. The request's
+// context ends too, but only once net/http reads the connection again,
+// which it does not while a request body is unread.
+func (c *Conn) PushedOut() <-chan struct{} { return c.pushed }
 
 // Wait marks c, whose handler runs, as idle (true: a newer connection
 // may push it out, which closes it) or running again (false). A handler

@@ -212,7 +212,10 @@ func (s *Server) refuseUnauthenticated(w http.ResponseWriter, r *http.Request, r
 			t := time.NewTimer(limitedWait)
 			select {
 			case <-t.C:
-			case <-r.Context().Done(): // pushed out, or the client left
+			case <-ci.c.PushedOut():
+				t.Stop()
+				return
+			case <-r.Context().Done(): // the client left
 				t.Stop()
 				return
 			}
