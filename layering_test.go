@@ -18,7 +18,7 @@ var layers = map[string][]string{
 	".":                   {"*"}, // main wires everything
 	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "fanout/tenancy", "loop/internal/uring", "proto", "realip"},
 	"loop/internal/uring": {},
-	"fanout/api":          {"fanout", "fanout/tenancy", "persist", "proto"},
+	"fanout/api":          {"fanout", "fanout/tenancy", "httpedge", "persist", "proto"},
 	"fanout/tenancy":      {"proto"},
 	"fanout/webhook":      {"hooknet", "persist", "proto"},
 	"fanout/proxy":        {"hooknet", "proto"},
@@ -33,6 +33,7 @@ var layers = map[string][]string{
 	"proto/prototest":     {},
 	"tuning":              {},
 	"realip":              {},
+	"httpedge":            {},
 	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
 }
 

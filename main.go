@@ -284,7 +284,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	loops.Store(srv)
 	var apiSrv *api.Server
 	if c.api != "off" && c.api != "" {
-		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps},
+		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
+			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight}},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
 	}
 	// A registry in PostgreSQL keeps the apps' retention in the columns the
@@ -346,11 +347,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
 		defer hooknet.Default.Own("admin", ln.Addr())() // hooks may not call it
-		ln = newLimitListener(ln, adminMaxConns)
-		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}
+		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks, token: c.adminToken}
 		adm.board = newStatusBoard(adm, log)
 		go adm.board.run(regCtx)
-		adminSrv = &http.Server{Handler: adminMux(adm), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv, ln = newAdminServer(ln, adm, log)
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}
@@ -365,8 +365,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
 		defer hooknet.Default.Own("server API", ln.Addr())()
-		apiHTTP = newAPIServer(c.node.TrustedProxies.Handler(apiSrv.Handler()), log)
-		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
+		apiHTTP, ln = newAPIServer(apiSrv, ln, log)
+		// Behind a trusted proxy the caller is the client it names.
+		apiHTTP.Handler = c.node.TrustedProxies.Handler(apiHTTP.Handler)
+		go func() { _ = apiHTTP.Serve(ln) }()
 		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
@@ -485,19 +487,12 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	return 0
 }
 
-// newAPIServer serves the server API: timeouts that a stuck or slow
-// backend cannot hold a connection past, and a bound on request heads
-// (bodies are bounded per request by the app's max-msg).
-func newAPIServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
+// newAPIServer serves the server API on ln: timeouts sized for backends,
+// a bound on request heads (bodies are bounded per request by the app's
+// max-msg), and connections held only by apps that gave a valid secret,
+// each within its budget (fanout/api/edge.go).
+func newAPIServer(s *api.Server, ln net.Listener, log *slog.Logger) (*http.Server, net.Listener) {
+	return s.NewHTTPServer(ln, slog.NewLogLogger(log.Handler(), slog.LevelDebug))
 }
 
 // onControl acts on a control message from the broker: a disconnect

@@ -38,6 +38,7 @@ type admin struct {
 	ready *atomic.Bool
 	api   *api.Server // nil: --api off
 	hooks *webhook.Dispatcher
+	token string       // --admin-token: "" leaves the listener open
 	board *statusBoard // the admin page's samples
 }
 
@@ -147,7 +148,7 @@ func redactedCmdline(w http.ResponseWriter, r *http.Request) {
 }
 
 // secretFlags carry secrets in their values.
-var secretFlags = map[string]bool{"app-secret": true, "secret": true}
+var secretFlags = map[string]bool{"app-secret": true, "secret": true, "admin-token": true}
 
 // redactArgs masks --app-secret and --secret values (in both the "--flag
 // value" and "--flag=value" forms) and the passwords of URLs.
@@ -335,6 +336,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_api_published_total", as.Published.Load())
 		c("roost_api_publish_duplicates_total", as.Duplicates.Load())
 		c("roost_api_disconnected_total", as.Disconnected.Load())
+		writeAPIEdgeMetrics(m, a.api)
 	}
 
 	m.family("roost_proxy_calls_total", "counter")

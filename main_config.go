@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/api"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -74,6 +75,11 @@ type config struct {
 
 	configFile  string
 	printConfig bool
+
+	// The server API listener's budget (fanout/api.Edge), and the admin
+	// listener's Bearer token.
+	apiMaxConns, apiAppMaxConns, apiAppInFlight int
+	adminToken                                  string
 
 	// environ lists the environment for the misspelling check (os.Environ
 	// in serve; nil skips the check).
@@ -140,6 +146,10 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.StringVar(&c.api, "api", "127.0.0.1:8090", "server API listener `host:port` (HTTP JSON for apps' backends: publish, history, rooms, disconnect); \"off\" disables")
 	fs.Float64Var(&c.apiRate, "api-rate", 1000, "server API requests per second of one app on this node, all routes together (429 rate_limited above; 0: no limit)")
 	fs.IntVar(&c.apiBurst, "api-burst", 2000, "server API requests one app may make at once above --api-rate")
+	fs.IntVar(&c.apiMaxConns, "api-max-conns", api.DefaultMaxConns, "server API connections all apps together hold on this node (a connection is an app's from its first request with a valid secret); past it 503 overloaded. As many again may wait for their first answer")
+	fs.IntVar(&c.apiAppMaxConns, "api-app-max-conns", api.DefaultAppMaxConns, "server API connections one app holds on this node, at most half of --api-max-conns; past it 429 rate_limited and the connection is closed")
+	fs.IntVar(&c.apiAppInFlight, "api-app-inflight", api.DefaultAppInFlight, "server API requests of one app answered at once on this node; past it 429 rate_limited")
+	fs.StringVar(&c.adminToken, "admin-token", "", "Bearer `TOKEN` the admin listener asks for on /metrics and /debug/pprof/ (/healthz and /readyz stay open); give it in ROOST_ADMIN_TOKEN, not on the command line")
 	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`; give it in ROOST_APP_SECRET or --app-secret-file, never on the command line (ps shows it)")
 	fs.StringVar(&c.appSecretFile, "app-secret-file", "", "read app secrets from `FILE`: APP=SECRET lines, # comments")
 	fs.StringVar(&c.appsFile, "apps", "", "the app registry in a JSON `FILE` (roost app create --apps FILE); re-read on SIGHUP and when it changes. Without it, a node with --database-url keeps the registry in PostgreSQL")
@@ -464,6 +474,15 @@ func validate(c *config) []error {
 	if c.apiBurst < 1 {
 		bad("invalid --api-burst %d: want at least 1", c.apiBurst)
 	}
+	if c.apiMaxConns < 2 {
+		bad("invalid --api-max-conns %d: want at least 2", c.apiMaxConns)
+	}
+	if c.apiAppMaxConns < 1 || c.apiMaxConns >= 2 && c.apiAppMaxConns > c.apiMaxConns/2 {
+		bad("invalid --api-app-max-conns %d: want 1 to half of --api-max-conns (%d), so that one app cannot hold them all", c.apiAppMaxConns, c.apiMaxConns/2)
+	}
+	if c.apiAppInFlight < 1 {
+		bad("invalid --api-app-inflight %d: want at least 1", c.apiAppInFlight)
+	}
 	if n.NodeID == "" {
 		n.NodeID = defaultNodeID(n.Listen)
 	}
@@ -714,6 +733,10 @@ func printConfig(w io.Writer, c *config) error {
 		switch f.Name {
 		case "app-secret":
 			v = maskAppSecrets(v)
+		case "admin-token":
+			if v != "" {
+				v = "*****"
+			}
 		case "database-url", "redis-url":
 			v = maskURLs(v)
 		}
@@ -810,6 +833,10 @@ func bindValues(c *config, into map[string]string) {
 		"api":                 c.api,
 		"api-rate":            strconv.FormatFloat(c.apiRate, 'g', -1, 64),
 		"api-burst":           strconv.Itoa(c.apiBurst),
+		"api-max-conns":       strconv.Itoa(c.apiMaxConns),
+		"api-app-max-conns":   strconv.Itoa(c.apiAppMaxConns),
+		"api-app-inflight":    strconv.Itoa(c.apiAppInFlight),
+		"admin-token":         c.adminToken,
 		"app-secret":          c.appSecrets,
 		"app-secret-file":     c.appSecretFile,
 		"apps":                c.appsFile,

@@ -52,6 +52,7 @@ type conn struct {
 	proxyOK  bool // an SSE request the connect proxy allowed: read again, it is not asked twice
 	ppRead   bool // --proxy-protocol: the PROXY header has been read (realaddr.go)
 	realSet  bool // the client's address is settled and counted (realaddr.go)
+	head     bool // a HEAD request: its answer is GET's without the body
 }
 
 // linkOut makes c the owner of its outbound queue and hands the queue to
@@ -322,6 +323,7 @@ func (c *conn) upgrade() bool {
 	if !c.realSet && s.realLater && !c.settleReal(buf[:n]) {
 		return false
 	}
+	c.head = req.Head
 	if string(req.Path) == "/sse" {
 		c.openSSE(&req)
 		return false
@@ -397,6 +399,9 @@ func (c *conn) refuse(he *proto.HTTPError) {
 	c.l.srv.Stats.UpgradeErrors.Add(1)
 	out := proto.AppendHTTPError(c.l.scratch[:0], he)
 	c.l.scratch = out[:0]
+	if c.head {
+		out = out[:len(out)-len(he.Reason)-1] // GET's head, without the reason after it
+	}
 	_, _ = c.gc.Write(out)
 	c.state = stateClosing
 	_ = c.gc.Close()

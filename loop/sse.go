@@ -43,7 +43,7 @@ type sseRoom struct {
 
 // openSSE answers GET /sse: it checks identity, rooms, position and
 // limits (an HTTP status with the reason when one fails), then opens the
-// stream and joins the rooms.
+// stream and joins the rooms. HEAD /sse stops before the limits (headSSE).
 func (c *conn) openSSE(req *proto.Request) {
 	l := c.l
 	s := l.srv
@@ -100,6 +100,10 @@ func (c *conn) openSSE(req *proto.Request) {
 	})
 	if err != nil {
 		c.refuseSSE(proto.ErrBadPosition)
+		return
+	}
+	if req.Head {
+		c.headSSE()
 		return
 	}
 	au, limited := c.app.admit(cfg, c.user)

@@ -37,6 +37,8 @@ type Config struct {
 	MaxMsg int64
 	// Static are the apps of --app-secret: id -> secret.
 	Static map[string][]byte
+	// Edge budgets the listener (edge.go); zero fields take the defaults.
+	Edge Edge
 }
 
 // envelope is what a publish request may hold beyond its body: the id,
@@ -115,8 +117,10 @@ type Server struct {
 	mu   sync.RWMutex
 	apps map[string]*tenant
 
-	mux   *http.ServeMux
-	Stats Stats
+	mux       *http.ServeMux
+	edge      edge
+	Stats     Stats
+	EdgeStats EdgeStats
 }
 
 // tenant is one app as the API knows it: the view the client edges read
@@ -140,6 +144,7 @@ func New(cfg Config, p Parts) *Server {
 	if s.pubLa == nil {
 		s.pubLa = noObserver{}
 	}
+	s.edge.init(cfg.Edge)
 	s.SetApps(nil)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/apps/{app}/rooms/{room}/messages", s.publish)
@@ -147,14 +152,14 @@ func New(cfg Config, p Parts) *Server {
 	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}", s.room)
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/disconnect", s.disconnect)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
+		s.refuseUnauthenticated(w, r, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
 	})
 	s.mux = mux
 	return s
 }
 
 // Handler is the API's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
 // SetApps installs the registry's apps (any goroutine), beside the static
 // ones. An app keeps its rate bucket across changes.
@@ -215,18 +220,19 @@ func (s *Server) ok(w http.ResponseWriter, route int, body []byte) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
-// admit checks the app in the path, the request's secret and the app's
-// rate; it answers the refusal itself.
+// admit checks the app in the path, the request's secret, the app's rate
+// and its budget on the listener (edge.go); it answers the refusal itself.
+// A request without a valid secret holds nothing past its answer.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tenant, bool) {
 	id := r.PathValue("app")
 	if !proto.ValidAppID([]byte(id)) {
-		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid app id: want [A-Za-z0-9_.-]{1,64}")
+		s.refuseUnauthenticated(w, r, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid app id: want [A-Za-z0-9_.-]{1,64}")
 		return nil, false
 	}
 	auth := r.Header.Get("Authorization")
 	scheme, secret, found := strings.Cut(auth, " ")
 	if !found || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
+		s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
 		return nil, false
 	}
 	s.mu.RLock()
@@ -235,15 +241,19 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tena
 	// One answer for an unknown app and a wrong secret: a caller without
 	// a secret learns nothing about which apps exist.
 	if t == nil || !t.app.SecretMatches([]byte(secret), time.Now()) {
-		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
+		s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
 		return nil, false
 	}
 	if t.app.Disabled {
+		w.Header().Set("Connection", "close")
 		s.fail(w, route, http.StatusForbidden, proto.CodeForbidden, "app disabled")
 		return nil, false
 	}
 	if wait := t.req.Take(tenancy.Now(), s.rate); wait > 0 {
 		s.failRetry(w, route, http.StatusTooManyRequests, proto.CodeRateLimited, "request rate of this app exceeded (--api-rate): retry after retry_after ms", tenancy.RetryAfterMS(wait))
+		return nil, false
+	}
+	if !s.hold(w, r, route, t.app.ID) {
 		return nil, false
 	}
 	return t, true
