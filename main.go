@@ -57,8 +57,6 @@ Secrets belong in the environment or a file (ROOST_APP_SECRET,
 --app-secret-file, --apps FILE, the database), never on the command line.
 `
 
-var version = "dev"
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -71,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, usage)
 			return 0
 		case "-version", "--version", "-V", "version":
-			fmt.Fprintln(stdout, "roost", version, runtime.Version())
+			fmt.Fprintln(stdout, binaryVersion)
 			return 0
 		}
 		if !strings.HasPrefix(args[0], "-") {
