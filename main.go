@@ -158,9 +158,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	t0 = time.Now()
 	if c.databaseURL != "" {
 		if c.migrate {
-			if err := persist.Migrate(ctx, c.databaseURL); err != nil {
+			rep, err := persist.MigrateReport(ctx, c.databaseURL)
+			if err != nil {
 				return fatal(err)
 			}
+			log.Info("schema migrated", "from", rep.From, "to", rep.To, "applied", rep.Applied)
 		}
 		maxConns := pgMaxConns(&c)
 		var err error
@@ -291,7 +293,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if c.appsFile == "" {
 		fileRetention = nil
 	}
+	regLog := newRegistryLog(log)
 	setApps := func(apps []proto.App) {
+		regLog.applied(apps)
 		srv.SetApps(apps)
 		hooks.SetApps(apps)
 		if apiSrv != nil {
@@ -585,10 +589,11 @@ func migrate(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "roost migrate: no database: give --database-url or DATABASE_URL")
 		return 2
 	}
-	if err := persist.Migrate(context.Background(), *url); err != nil {
+	rep, err := persist.MigrateReport(context.Background(), *url)
+	if err != nil {
 		fmt.Fprintln(stderr, "roost migrate:", err)
 		return 1
 	}
-	fmt.Fprintln(stderr, "roost migrate: schema is current")
+	printMigration(stderr, rep)
 	return 0
 }
