@@ -282,7 +282,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	loops.Store(srv)
 	var apiSrv *api.Server
 	if c.api != "off" && c.api != "" {
-		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps},
+		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
+			Dev: c.node.Insecure && loopbackAddr(c.api), DevMaxApps: c.node.InsecureMaxApps},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
 	}
 	// A registry in PostgreSQL keeps the apps' retention in the columns the
@@ -352,6 +353,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 
 	var apiHTTP *http.Server
+	var apiAddr string
 	if apiSrv != nil {
 		t0 = time.Now()
 		ln, err := net.Listen("tcp", c.api)
@@ -362,7 +364,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		}
 		apiHTTP = newAPIServer(apiSrv.Handler(), log)
 		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
-		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
+		apiAddr = ln.Addr().String()
+		log.Info("server API listening", "addr", apiAddr, "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
 	t0 = time.Now()
@@ -380,6 +383,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Warn("no apps configured: development mode on loopback (clients name themselves with ?user=&app=, no token); give --apps FILE, --database-url or --app-secret to require tokens")
 	}
 	log.Info("roost serving", "node", c.node.NodeID, "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
+	if c.node.Insecure {
+		devBanner(stderr, log, c.logFormat == "json", srv.Addr(), apiAddr, apiSrv != nil && loopbackAddr(c.api))
+	}
 
 	if stop == nil {
 		sig := make(chan os.Signal, 1)
