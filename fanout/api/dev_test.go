@@ -42,7 +42,7 @@ func TestDevModeWithoutSecret(t *testing.T) {
 		{"demo", "127.0.0.1:40000", "", 200, `"seq":1`},
 		{"demo", "[::1]:40000", "", 200, `"seq":1`}, // the same id: the first publish's answer
 		{"demo", "192.0.2.7:40000", "", 401, "loopback only"},
-		{"chat", "127.0.0.1:40000", "", 200, `"seq":1`},                 // a configured app, without its secret, from loopback
+		{"chat", "127.0.0.1:40000", "", 200, `"seq":1`},                  // a configured app, without its secret, from loopback
 		{"chat", "127.0.0.1:40000", "Bearer wrong", 401, "wrong secret"}, // a secret sent is checked
 		{"chat", "127.0.0.1:40000", "Bearer " + testSecret, 200, `"seq":1`},
 		{"second", "127.0.0.1:40000", "", 200, `"seq":1`},
