@@ -46,6 +46,7 @@ Usage:
                             print a client token (secret from --secret-file, ROOST_SECRET or the registry)
   roost bench SCENARIO ...  the load generator (roost bench alone lists scenarios)
   roost tune [flags]        check kernel and cgroup settings; --emit sysctl|systemd
+  roost health [--ready]    ask a node's admin listener /healthz (or /readyz); exit 0 when it answers 200
   roost version             also --version
   roost -h                  this text; roost serve -h lists every flag of the node
 
@@ -91,6 +92,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return tokenMain(args, stdout, stderr)
 	case "webhook":
 		return webhookMain(args, stdout, stderr)
+	case "health":
+		return healthMain(args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "roost: unknown command %q\n\n%s", cmd, usage)
 	return 2

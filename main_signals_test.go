@@ -121,3 +121,17 @@ func TestAppHelpNamesEverySetFlag(t *testing.T) {
 		t.Errorf("roost app -h omits --max-presence:\n%s", help)
 	}
 }
+
+// roost health (a container's HEALTHCHECK) answers 0 for a live node, 1
+// for none.
+func TestHealthCommand(t *testing.T) {
+	_, admin := inProcessNode(t)
+	for _, args := range [][]string{{"health", "--admin", admin}, {"health", "--ready", "--admin", admin}} {
+		if code, out, errs := roost(t, args...); code != 0 || !strings.Contains(out, "ok") && !strings.Contains(out, "ready") {
+			t.Errorf("roost %v: exit %d %q %s", args, code, out, errs)
+		}
+	}
+	if code, _, errs := roost(t, "health", "--admin", freeLoopback(t), "--timeout", "1s"); code != 1 || !strings.Contains(errs, "roost health:") {
+		t.Errorf("roost health with no node: exit %d %s", code, errs)
+	}
+}

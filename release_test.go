@@ -7,10 +7,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/proto"
 )
 
 // .ci/release.sh builds static linux/amd64 and linux/arm64 binaries with
@@ -97,5 +100,99 @@ func TestReleaseBinaries(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("arm64 /healthz: %s", resp.Status)
+	}
+
+	t.Run("container", func(t *testing.T) { containerImage(t, out) })
+}
+
+// containerImage builds the Dockerfile's prebuilt stage (the runtime image
+// around the release binary: no Go image to pull) with Debian's podman,
+// runs it, and asks it for its health and a chat. Podman here runs with
+// runc and cgroupfs, and limits no higher than the sandbox's own: crun
+// refuses a host with cgroup v1 and v2 both mounted, and raising
+// RLIMIT_NPROC is not permitted (docs/operations.md, Packages).
+func containerImage(t *testing.T, dist string) {
+	podman, err := exec.LookPath("podman")
+	if err == nil {
+		_, err = exec.LookPath("runc")
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("podman and runc are missing (apt-get install podman runc; .ci/run does)")
+		}
+		t.Skip("no podman or runc")
+	}
+	ctxDir := t.TempDir()
+	for _, f := range []string{"Dockerfile", ".dockerignore"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ctxDir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(ctxDir, "dist"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(dist, "roost-linux-amd64"), filepath.Join(ctxDir, "dist", "roost-linux-amd64")); err != nil {
+		t.Fatal(err)
+	}
+	name := "roost-test-" + strings.ToLower(strconv.FormatInt(time.Now().UnixNano(), 36))
+	image := "localhost/" + name
+	pm := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		b, err := exec.CommandContext(ctx, podman, append([]string{"--runtime", "runc", "--cgroup-manager", "cgroupfs"}, args...)...).CombinedOutput()
+		return string(b), err
+	}
+	if out, err := pm("build", "--format", "docker", "--target", "prebuilt", "-t", image, ctxDir); err != nil {
+		t.Fatalf("podman build: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = pm("rmi", "-f", image) })
+	port := freeLoopback(t)
+	const secret = "container-test-secret-0123456789ab"
+	if out, err := pm("run", "-d", "--name", name, "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
+		"-e", "ROOST_APP_SECRET=chat="+secret, "-p", port+":8080", image); err != nil {
+		t.Fatalf("podman run: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := pm("stop", "-t", "15", name); err != nil {
+			t.Errorf("podman stop: %v\n%s", err, out)
+		}
+		if logs, _ := pm("logs", name); !strings.Contains(logs, `"msg":"stopped"`) {
+			t.Errorf("the container did not drain and stop:\n%s", logs)
+		}
+		_, _ = pm("rm", "-f", name)
+	})
+	var health string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := pm("healthcheck", "run", name)
+		if err == nil {
+			break
+		}
+		health = out
+		if time.Now().After(deadline) {
+			logs, _ := pm("logs", name)
+			t.Fatalf("the container's HEALTHCHECK (roost health) never passed: %s\n%s", health, logs)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if user, _ := pm("inspect", "--format", "{{.Config.User}}", name); strings.TrimSpace(user) != "65532:65532" {
+		t.Errorf("the container runs as %q, want 65532:65532 (not root)", user)
+	}
+	tok, err := proto.SignToken([]byte(secret), "chat", "alice", time.Now().Add(time.Hour), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialOps(t, port, "token="+tok)
+	defer c.Close()
+	c.send(`{"op":"join","room":"lobby"}`)
+	c.expect("joined")
+	c.send(`{"op":"pub","room":"lobby","id":"box-1","body":"hello from a container"}`)
+	c.expect("msg")
+	if ack := c.expect("ack"); ack.json["id"] != "box-1" {
+		t.Fatalf("ack %v", ack.json)
 	}
 }
