@@ -37,14 +37,7 @@ func TestHealthzCountsLoops(t *testing.T) {
 func TestRegistryChangesLogged(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "apps.json")
 	mustRoost(t, "app", "create", "chat", "--apps", f)
-	logs := &syncBuffer{}
-	sig := make(chan os.Signal, 1)
-	done := make(chan int, 1)
-	go func() {
-		done <- serve([]string{"--apps", f, "--listen", "127.0.0.1:0", "--admin", "off", "--api", "off", "--log-format", "json"}, io.Discard, logs, sig)
-	}()
-	t.Cleanup(func() { sig <- syscall.SIGTERM; <-done })
-	waitLog(t, logs, "roost serving")
+	logs := serveAppsFile(t, f)
 
 	const hook = "https://hooks.example.com/roost?token=hush"
 	steps := []struct {
@@ -134,4 +127,19 @@ func TestHealthCommand(t *testing.T) {
 	if code, _, errs := roost(t, "health", "--admin", freeLoopback(t), "--timeout", "1s"); code != 1 || !strings.Contains(errs, "roost health:") {
 		t.Errorf("roost health with no node: exit %d %s", code, errs)
 	}
+}
+
+// serveAppsFile runs a node on the registry file f until the test ends and
+// returns its (JSON) log once it serves.
+func serveAppsFile(t *testing.T, f string) *syncBuffer {
+	t.Helper()
+	logs := &syncBuffer{}
+	sig := make(chan os.Signal, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- serve([]string{"--apps", f, "--listen", "127.0.0.1:0", "--admin", "off", "--api", "off", "--log-format", "json"}, io.Discard, logs, sig)
+	}()
+	t.Cleanup(func() { sig <- syscall.SIGTERM; <-done })
+	waitLog(t, logs, "roost serving")
+	return logs
 }

@@ -5,25 +5,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/roost-chat/roost/fanout"
-	"github.com/roost-chat/roost/persist"
 )
 
 // In development mode a request without a secret from loopback names its
 // app (made on first use, capped); one from elsewhere, or one with a wrong
 // secret, is refused as in token mode.
 func TestDevModeWithoutSecret(t *testing.T) {
-	store := persist.NewMemory(1000)
-	fan, err := fanout.New(fanout.Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 256, Readers: 2, GapWindow: 250 * time.Millisecond},
-		fanout.Parts{Store: store, Pool: persist.PoolConfig{Window: -1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fan.Close(); store.Close() })
-	s := New(Config{MaxMsg: 256, Dev: true, DevMaxApps: 2, Static: map[string][]byte{"chat": []byte(testSecret)}},
-		Parts{Fan: fan, Store: store, Disconnect: func(string, string, time.Duration) int { return 0 }})
+	s, _ := newTestAPIWith(t, Config{MaxMsg: 256, Dev: true, DevMaxApps: 2, Static: map[string][]byte{"chat": []byte(testSecret)}})
 	do := func(app, remote, auth string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodPost, "/v1/apps/"+app+"/rooms/lobby/messages", strings.NewReader(`{"id":"k-1","from":"bot","body":"hi"}`))
 		req.RemoteAddr = remote
