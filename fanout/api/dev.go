@@ -11,14 +11,15 @@ import (
 // on loopback) lets a request without an Authorization header name its
 // app, as a development client names itself with ?app=: `curl -d ...
 // http://127.0.0.1:8090/v1/apps/demo/rooms/lobby/messages` works as the
-// README prints it. A request that sends a secret is checked as always.
-// Only loopback peers are admitted so: a proxy or a port forward that
-// reaches the listener from elsewhere still needs a secret.
+// README prints it. An app that is configured (registry, --app-secret)
+// has a secret, and needs it as in token mode; a request that sends a
+// secret is checked as always. Only loopback peers are admitted so: a
+// proxy or a port forward that reaches the listener from elsewhere still
+// needs a secret.
 
 // devTenant returns the tenant a secret-less request in development mode
-// acts as: the app's own when it has one (registry or --app-secret), else
-// one made on first use with the node's defaults, at most DevMaxApps. It
-// answers the refusal itself.
+// acts as: an app made on first use with the node's defaults, at most
+// DevMaxApps. It answers the refusal itself.
 func (s *Server) devTenant(w http.ResponseWriter, r *http.Request, id string, route int) (*tenant, bool) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
@@ -26,11 +27,12 @@ func (s *Server) devTenant(w http.ResponseWriter, r *http.Request, id string, ro
 		return nil, false
 	}
 	s.mu.RLock()
-	t := s.apps[id]
-	if t == nil {
-		t = s.dev[id]
-	}
+	t, configured := s.dev[id], s.apps[id] != nil
 	s.mu.RUnlock()
+	if configured {
+		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
+		return nil, false
+	}
 	if t != nil {
 		return t, true
 	}

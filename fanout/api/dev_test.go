@@ -8,8 +8,8 @@ import (
 )
 
 // In development mode a request without a secret from loopback names its
-// app (made on first use, capped); one from elsewhere, or one with a wrong
-// secret, is refused as in token mode.
+// app (made on first use, capped); one from elsewhere, one for a
+// configured app, or one with a wrong secret, is refused as in token mode.
 func TestDevModeWithoutSecret(t *testing.T) {
 	s, _ := newTestAPIWith(t, Config{MaxMsg: 256, Dev: true, DevMaxApps: 2, Static: map[string][]byte{"chat": []byte(testSecret)}})
 	do := func(app, remote, auth string) *httptest.ResponseRecorder {
@@ -30,7 +30,7 @@ func TestDevModeWithoutSecret(t *testing.T) {
 		{"demo", "127.0.0.1:40000", "", 200, `"seq":1`},
 		{"demo", "[::1]:40000", "", 200, `"seq":1`}, // the same id: the first publish's answer
 		{"demo", "192.0.2.7:40000", "", 401, "loopback only"},
-		{"chat", "127.0.0.1:40000", "", 200, `"seq":1`},                  // a configured app, without its secret, from loopback
+		{"chat", "127.0.0.1:40000", "", 401, "missing secret"},           // a configured app needs its secret
 		{"chat", "127.0.0.1:40000", "Bearer wrong", 401, "wrong secret"}, // a secret sent is checked
 		{"chat", "127.0.0.1:40000", "Bearer " + testSecret, 200, `"seq":1`},
 		{"second", "127.0.0.1:40000", "", 200, `"seq":1`},
