@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -142,4 +145,25 @@ func serveAppsFile(t *testing.T, f string) *syncBuffer {
 	t.Cleanup(func() { sig <- syscall.SIGTERM; <-done })
 	waitLog(t, logs, "roost serving")
 	return logs
+}
+
+// With JSON logs, the development banner is one log record (a plain line
+// would break a JSON reader); its server API call is absent when the API
+// is not on loopback (secret-less calls are refused there).
+func TestDevBannerJSON(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	devBanner(&buf, log, true, "127.0.0.1:8080", "127.0.0.1:8090", true)
+	var rec map[string]string
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatalf("not one JSON record: %v\n%s", err, buf.String())
+	}
+	if rec["demo"] != "http://127.0.0.1:8080/" || !strings.Contains(rec["server_api"], "http://127.0.0.1:8090/v1/apps/demo/rooms/lobby/messages") {
+		t.Fatalf("banner record %v", rec)
+	}
+	buf.Reset()
+	devBanner(&buf, log, false, "127.0.0.1:8080", "10.0.0.1:8090", false)
+	if strings.Contains(buf.String(), "curl") || !strings.Contains(buf.String(), "demo page   http://127.0.0.1:8080/") {
+		t.Fatalf("banner without a loopback API:\n%s", buf.String())
+	}
 }
