@@ -56,7 +56,7 @@ func runNode(t *testing.T, timeout time.Duration, env []string, files ...string)
 }
 
 func TestClientUnit(t *testing.T) {
-	runNode(t, 2*time.Minute, nil, "test/roost.test.mjs")
+	runNode(t, 2*time.Minute, nil, "test/roost.test.mjs", "test/chat.test.mjs")
 }
 
 // TestClientBrowser runs client/test/browser.test.mjs: two pages exchanging
@@ -78,4 +78,22 @@ func TestClientBrowser(t *testing.T) {
 	db := pgtest.NewDB(t)
 	bin := roostBinary(t)
 	runNode(t, 6*time.Minute, []string{"ROOST_BIN=" + bin, "ROOST_DATABASE_URL=" + db, "CHROMIUM=" + chromium}, "test/browser.test.mjs")
+}
+
+// TestClientPacked runs client/test/pack.test.mjs: `npm pack` of client/
+// installed into a fresh project without a registry, imported by name and
+// run on Node against a real node, with the ws package's WebSocket and with
+// undici's (Node 22's own).
+func TestClientPacked(t *testing.T) {
+	needTool(t, "npm", "apt-get install -y npm")
+	for _, dep := range []string{"ws", "undici"} {
+		if _, err := os.Stat(filepath.Join("client", "node_modules", dep, "package.json")); err != nil {
+			msg := dep + " not installed: run `npm ci` in client/"
+			if os.Getenv("CI") == "true" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		}
+	}
+	runNode(t, 3*time.Minute, []string{"ROOST_BIN=" + roostBinary(t)}, "test/pack.test.mjs")
 }

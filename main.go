@@ -350,7 +350,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
 		ln = newLimitListener(ln, adminMaxConns)
-		adminSrv = &http.Server{Handler: adminMux(&admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}), ReadHeaderTimeout: 5 * time.Second}
+		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}
+		adm.board = newStatusBoard(adm, log)
+		go adm.board.run(regCtx)
+		adminSrv = &http.Server{Handler: adminMux(adm), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}

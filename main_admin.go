@@ -38,6 +38,7 @@ type admin struct {
 	ready *atomic.Bool
 	api   *api.Server // nil: --api off
 	hooks *webhook.Dispatcher
+	board *statusBoard // the admin page's samples
 }
 
 // Bucket bounds of the node's histograms.
@@ -125,6 +126,10 @@ func adminMux(a *admin) *http.ServeMux {
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
+	if a.board != nil {
+		mux.HandleFunc("GET /{$}", a.board.servePage)
+		mux.HandleFunc("GET /admin/status", a.board.serveStatus)
+	}
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		_ = writeMetrics(w, a)

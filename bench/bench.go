@@ -51,6 +51,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if args[0] == "presence" {
 		return presenceBench(args[1:], stdout, stderr)
 	}
+	if args[0] == "broker" {
+		return brokerBench(args[1:], stdout, stderr)
+	}
 	worker := false
 	if args[0] == workerArg {
 		worker = true
@@ -211,6 +214,7 @@ func listScenarios(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", s.name, s.summary)
 	}
 	fmt.Fprintln(w, "tools:")
+	fmt.Fprintf(w, "  %-9s %s\n", "broker", "Redis CPU per message per subscribing node, N brokers as N nodes, no node (roost bench broker -h)")
 	fmt.Fprintf(w, "  %-9s %s\n", "presence", "users moving between rooms: node CPU and Redis commands per presence join+leave (roost bench presence -h)")
 	fmt.Fprintf(w, "  %-9s %s\n", "proxy-backend", "an app backend for the proxy hooks: allows every call after --delay (prints its URL; stops after --for)")
 }

@@ -41,6 +41,42 @@ export interface Message<Body = unknown> {
   /** Commit time, Unix milliseconds. */
   ts: number;
   body: Body;
+  /** edit, delete, react or unreact (absent on a plain message). */
+  kind?: "edit" | "delete" | "react" | "unreact";
+  /** The seq of the message an edit, delete or reaction is about. */
+  ref?: number;
+}
+
+/** A message as it stands now: edits, deletes and reactions applied (Room.messages, folded history). */
+export interface MessageView<Body = unknown> {
+  seq: number;
+  id: string;
+  from: string;
+  ts: number;
+  /** The latest body; null once deleted. */
+  body: Body | null;
+  /** Time of the latest edit, Unix milliseconds. */
+  edited?: number;
+  deleted: boolean;
+  /** Reaction → how many users gave it. */
+  reactions: Record<string, number>;
+}
+
+/** A signal from another member: never stored, at most once. */
+export interface Signal<Body = unknown> {
+  room: string;
+  from: string;
+  body: Body;
+}
+
+/** The user's unread count of a room, as the node counts it. */
+export interface UnreadInfo {
+  /** The user's read position. */
+  read: number;
+  /** The room's newest seq. */
+  seq: number;
+  /** Messages after read, edits, deletes and reactions not counted. */
+  count: number;
 }
 
 export interface ResetInfo {
@@ -93,6 +129,20 @@ export interface RoomOptions<Body = unknown> {
   since?: number;
   /** false: ignore (and do not use) a stored position for the first join. */
   resume?: boolean;
+  /** false: this connection does not get the msg frames of its own publishes (their ack carries the seq). */
+  echo?: boolean;
+  /** Signals of the room's other members (typing, cursors). */
+  onSignal?(signal: Signal): void;
+  /** The user's read position moved (another tab or device, or the node's answer). */
+  onRead?(info: { room: string; seq: number }): void;
+  /** Room.unread changed. */
+  onUnread?(info: { room: string; count: number }): void;
+  /** Join with receipts: at most once a second, the read positions that moved. */
+  receipts?: boolean;
+  /** With receipts (implied by giving this): the users whose read position moved. */
+  onReceipts?(info: { room: string; read: Record<string, number> }): void;
+  /** A message of Room.messages changed (an edit, a delete, a reaction). */
+  onChange?(message: MessageView<Body>): void;
 }
 
 export interface Ack {
@@ -120,6 +170,9 @@ export interface NackEvent<Body = unknown> {
 export interface PublishOptions {
   /** The idempotency key (1 to 64 characters); default: unique per client. */
   id?: string;
+  /** An edit, delete or reaction of message ref (Room.edit and the others set these). */
+  kind?: "edit" | "delete" | "react" | "unreact";
+  ref?: number;
 }
 
 export declare class Room<Body = unknown> {
@@ -135,7 +188,28 @@ export declare class Room<Body = unknown> {
    * a reload included) gives that entry's promise, and sends nothing more.
    */
   publish(body: Body, opts?: PublishOptions): Promise<Ack>;
-  history(opts?: { before?: number; limit?: number }): Promise<{ room: string; messages: Message<Body>[]; more?: boolean }>;
+  /** Older messages; with fold: true only messages, each as it stands (they also enter Room.messages). */
+  history(opts?: { before?: number; after?: number; limit?: number; fold?: false }): Promise<{ room: string; messages: Message<Body>[]; more?: boolean }>;
+  history(opts: { before?: number; after?: number; limit?: number; fold: true }): Promise<{ room: string; messages: MessageView<Body>[]; more?: boolean }>;
+  /** Replace message seq's body (the sender's own). */
+  edit(seq: number, body: Body, opts?: PublishOptions): Promise<Ack>;
+  /** Delete message seq (the sender's own). */
+  delete(seq: number, opts?: PublishOptions): Promise<Ack>;
+  /** React to message seq with a string of 1 to 32 bytes; a second same reaction stores nothing. */
+  react(seq: number, reaction: string, opts?: PublishOptions): Promise<Ack>;
+  unreact(seq: number, reaction: string, opts?: PublishOptions): Promise<Ack>;
+  /** The room's messages as they stand, oldest first (at most viewLimit, the newest). */
+  readonly messages: MessageView<Body>[];
+  /** Send a signal to the room's other members; false when not sent (offline, or over the rate). Throws too_large over 1 KiB. */
+  signal(body: unknown): boolean;
+  /** Mark the room read up to seq; coalesced to one mark per readEvery ms. */
+  markRead(seq: number): void;
+  /** The user's read position, as last known. */
+  readonly read: number | undefined;
+  /** Unread messages: the node's count (client.unread) plus those seen since. */
+  readonly unread: number;
+  /** Every user's read position in the room (at most 1000, newest first, then more: true). */
+  receipts(): Promise<{ room: string; read: Record<string, number>; more?: boolean }>;
   /** With presence: true, the users in the room as last known, sorted; undefined without. */
   readonly members: string[] | undefined;
   /** Who is here now, on every node (users: at most 1000, then more: true). */
@@ -199,10 +273,24 @@ export interface RoostOptions {
   refreshMargin?: number;
   sseAfter?: number;
   wsProbeInterval?: number;
-  /** Test hooks: replace the environment's classes, clock and randomness. */
+  /** Signals a room may send per second (default 10, the node's default) and in a burst (20). */
+  signalRate?: number;
+  signalBurst?: number;
+  /** ms between two read marks of a room (default 1000). */
+  readEvery?: number;
+  /** Messages a room's view keeps (default 1000). */
+  viewLimit?: number;
+  /**
+   * The WebSocket class to connect with. Default: the environment's own
+   * (browsers, Node 22+, Deno, Bun). Node 20 has none: pass the `ws`
+   * package's (`import WebSocket from "ws"`).
+   */
   WebSocket?: unknown;
+  /** The EventSource class for the SSE fallback. Default: the environment's own. */
   EventSource?: unknown;
+  /** The fetch function used to ask why a WebSocket did not open. Default: the environment's own. */
   fetch?: unknown;
+  /** Test hooks: replace the clock and the randomness. */
   clock?: { setTimeout(fn: () => void, ms: number): unknown; clearTimeout(id: unknown): void; now(): number };
   random?: () => number;
 }
@@ -220,6 +308,10 @@ export interface RoostEvents {
   ack: AckEvent;
   nack: NackEvent;
   message: Message;
+  signal: Signal;
+  read: { room: string; seq: number };
+  unread: { room: string; count: number };
+  receipts: { room: string; read: Record<string, number> };
 }
 
 export declare class Roost {
@@ -232,6 +324,12 @@ export declare class Roost {
   /** The error that stopped the client, if one did. */
   readonly error: RoostError | null;
   room<Body = unknown>(name: string, opts?: RoomOptions<Body>): Room<Body>;
+  /** This client's user (the user option, or the token's subject). */
+  readonly user: string | undefined;
+  /** The user's inbox, the room "@user": written by the app's backend only. */
+  inbox<Body = unknown>(opts?: RoomOptions<Body>): Room<Body>;
+  /** Unread counts of up to 100 rooms; the rooms open here take them as their count. */
+  unread(rooms: string[]): Promise<Record<string, UnreadInfo>>;
   /** Publish to a room without joining it. */
   publish(room: string, body: unknown, opts?: PublishOptions): Promise<Ack>;
   on<E extends keyof RoostEvents>(event: E, fn: (arg: RoostEvents[E]) => void): () => void;

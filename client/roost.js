@@ -17,7 +17,10 @@ const CLOSE_ABNORMAL = 1006; // no close frame: the browser's view of any failur
 // the outbox and is re-sent under its same id.
 const RETRYABLE = new Set(["overloaded", "rate_limited"]);
 
-const ROOM_RE = /^[A-Za-z0-9_.:-]{1,128}$/;
+const ROOM_RE = /^@?[A-Za-z0-9_.:-]{1,128}$/; // "@user": that user's inbox
+const KINDS = new Set(["edit", "delete", "react", "unreact"]);
+const SIGNAL_MAX = 1024; // bytes of a signal's body, as the node counts them
+const UNREAD_MAX = 100; // rooms in one unread query
 
 /** An error of the node (err frame, close, HTTP refusal) or of the client. */
 export class RoostError extends Error {
@@ -46,6 +49,10 @@ const defaults = {
   transport: "auto", // "auto": WebSocket (and the SSE fallback if allowed); "sse": listen-only, always SSE
   sseAfter: 2, // consecutive WebSocket failures with HTTP reachable before falling back
   wsProbeInterval: 30000, // ms, jittered: how often an SSE client tries WebSocket again
+  signalRate: 10, // signals per second a room may send (the node's default), burst signalBurst
+  signalBurst: 20,
+  readEvery: 1000, // ms: markRead sends at most one read mark per room this often
+  viewLimit: 1000, // messages a room's view keeps (the newest)
 };
 
 /**
@@ -144,7 +151,7 @@ export class Roost {
 
   /** The room named name: joined now and after every reconnect. */
   room(name, opts = {}) {
-    if (!ROOM_RE.test(name)) throw new TypeError(`Roost: room name ${JSON.stringify(name)} must match [A-Za-z0-9_.:-]{1,128}`);
+    if (!ROOM_RE.test(name)) throw new TypeError(`Roost: room name ${JSON.stringify(name)} must match [A-Za-z0-9_.:-]{1,128} (or @user for an inbox)`);
     if (this.rooms.has(name)) throw new Error(`Roost: room ${name} is already open; use client.rooms.get(${JSON.stringify(name)})`);
     if (this._closed) throw new RoostError("closed", "Roost: the client is closed");
     const r = new Room(this, name, opts);
@@ -152,6 +159,43 @@ export class Roost {
     if (this._transport === "websocket") r._sendJoin();
     else if (this._transport === "sse") this._reopenSSE();
     return r;
+  }
+
+  /** This client's user: the user option, or the token's subject. */
+  get user() {
+    if (this.options.user !== undefined) return this.options.user;
+    return this._token ? tokenClaims(this._token).sub : undefined;
+  }
+
+  /**
+   * The user's own inbox, the room "@user": only this user may join it, and
+   * only the app's backend writes to it. opts as for room().
+   */
+  inbox(opts = {}) {
+    const user = this.user;
+    if (user === undefined) throw new RoostError("bad_request", "Roost: the inbox needs the user: give user, or a token first");
+    const name = "@" + user;
+    return this.rooms.get(name) || this.room(name, opts);
+  }
+
+  /**
+   * Unread counts of up to 100 rooms: resolves {room: {read, seq, count}}
+   * (count: messages after the user's read position, edits, deletes and
+   * reactions not counted). The rooms open here take the answer as their
+   * unread count.
+   */
+  async unread(rooms) {
+    if (!Array.isArray(rooms) || rooms.length === 0 || rooms.length > UNREAD_MAX) {
+      throw new RoostError("bad_request", `Roost: unread takes 1 to ${UNREAD_MAX} room names`);
+    }
+    for (const r of rooms) if (!ROOM_RE.test(r)) throw new RoostError("bad_request", `Roost: room name ${JSON.stringify(r)} is not valid`);
+    const answer = await this._request("unread", "", { op: "unread", rooms });
+    const out = answer.rooms || {};
+    for (const [name, u] of Object.entries(out)) {
+      const r = this.rooms.get(name);
+      if (r) r._setUnread(u);
+    }
+    return out;
   }
 
   /** Publish to a room without joining it (a publisher need not be a member). */
@@ -191,7 +235,7 @@ export class Roost {
     }
     if (!this._WebSocket) {
       if (this.options.sse && this._EventSource) this._openSSE();
-      else this._stop(new RoostError("unsupported", "Roost: this environment has no WebSocket (and the SSE fallback is not allowed or not available)"));
+      else this._stop(new RoostError("unsupported", "Roost: this environment has no WebSocket: pass one as the WebSocket option (on Node 20: import WebSocket from \"ws\"; Node 22+, Deno, Bun and browsers have their own), or allow the SSE fallback with sse: true where EventSource exists"));
       return;
     }
     let token;
@@ -286,6 +330,30 @@ export class Roost {
       case "presence":
         this._answer(f.op, f.room, f);
         break;
+      case "unread":
+        this._answer("unread", "", f);
+        break;
+      case "signal": {
+        const r = this.rooms.get(f.room);
+        if (!r || f.from === this.user) break; // the node sends a signal to the sender's other connections too
+        const sig = { room: f.room, from: f.from, body: f.body };
+        if (r._opts.onSignal) safeCall(r._opts.onSignal, sig);
+        this._emit("signal", sig);
+        break;
+      }
+      case "read": {
+        const r = this.rooms.get(f.room);
+        if (r && typeof f.seq === "number") r._onRead(f.seq);
+        break;
+      }
+      case "receipts": {
+        if (this._answer("receipts", f.room, f)) break;
+        const r = this.rooms.get(f.room);
+        const info = { room: f.room, read: f.read || {} };
+        if (r && r._opts.onReceipts) safeCall(r._opts.onReceipts, info);
+        this._emit("receipts", info);
+        break;
+      }
       case "presence_diff": {
         const r = this.rooms.get(f.room);
         if (r && r._opts.presence) r._presenceChange(Array.isArray(f.joined) ? f.joined : [], Array.isArray(f.left) ? f.left : [], false);
@@ -601,10 +669,19 @@ export class Roost {
     if (id.length < 1 || id.length > 64) return Promise.reject(new RoostError("bad_request", "Roost: a publish id is 1 to 64 characters"));
     const same = this._outbox.get(id);
     if (same) return entryPromise(same);
-    if (body === undefined) return Promise.reject(new RoostError("bad_request", "Roost: publish needs a body (any JSON value)"));
+    const kind = opts.kind;
+    if (kind !== undefined && !KINDS.has(kind)) return Promise.reject(new RoostError("bad_request", `Roost: kind ${JSON.stringify(kind)} is not edit, delete, react or unreact`));
+    if (kind !== undefined && !(Number.isInteger(opts.ref) && opts.ref > 0)) return Promise.reject(new RoostError("bad_request", "Roost: an edit, delete or reaction needs ref, the seq of a message"));
+    if (body === undefined && kind !== "delete") return Promise.reject(new RoostError("bad_request", "Roost: publish needs a body (any JSON value)"));
+    if ((kind === "react" || kind === "unreact") && !(typeof body === "string" && utf8Length(body) >= 1 && utf8Length(body) <= 32)) {
+      return Promise.reject(new RoostError("bad_request", "Roost: a reaction is a string of 1 to 32 bytes"));
+    }
     let frame;
     try {
-      frame = JSON.stringify({ op: "pub", room, id, body });
+      const f = { op: "pub", room, id };
+      if (kind !== undefined) Object.assign(f, { kind, ref: opts.ref });
+      if (body !== undefined) f.body = body;
+      frame = JSON.stringify(f);
     } catch (err) {
       return Promise.reject(new RoostError("bad_request", `Roost: the body is not JSON: ${err.message}`));
     }
@@ -787,6 +864,7 @@ export class Roost {
     this._unstoreEntry(e);
     const r = this.rooms.get(e.room);
     if (ack) {
+      if (r) r._onRead(ack.seq); // the node moves the user's read position to its own publish
       if (e.resolve) e.resolve(ack);
       const info = { ...ack, body: e.body, restored: e.restored };
       if (r && r._opts.onAck) safeCall(r._opts.onAck, info);
@@ -868,11 +946,12 @@ export class Roost {
 
   _answer(op, room, f) {
     const i = this._requests.findIndex((q) => q.sent && q.op === op && q.room === room);
-    if (i < 0) return;
+    if (i < 0) return false;
     const [q] = this._requests.splice(i, 1);
     this._clearTimer(q.timer);
     const { op: _op, ...rest } = f;
     q.resolve(rest);
+    return true;
   }
 
   _failRequest(room, err) {
@@ -919,7 +998,7 @@ export class Roost {
       }
     };
     // Each event's data is the WebSocket frame of its name.
-    for (const op of ["joined", "msg", "err"]) {
+    for (const op of ["joined", "msg", "err", "signal"]) {
       es.addEventListener(op, (ev) => {
         const f = data(ev);
         if (this._es === es && f) this._frame({ ...f, op });
@@ -1053,6 +1132,112 @@ class Room {
     this._snapshot = 0; // the presence snapshot being asked for (a counter: only the newest counts)
     this._touched = null; // users named by diffs while a snapshot is on its way
     this._presenceOff = false; // the node refused presence on this connection (its limit)
+    this._read = undefined; // the user's read position, as last known
+    this._unreadBase = null; // {upto, count}: the node's count of unread messages up to seq upto
+    this._unreadSeqs = []; // countable messages of others after max(read, upto), seen live
+    this._markWant = 0; // the highest seq markRead was asked for
+    this._markSent = 0;
+    this._markTimer = null;
+    this._signalTokens = client.options.signalBurst;
+    this._signalAt = client._now();
+    this._view = new Map(); // seq -> message as it stands (edits, deletes, reactions applied)
+  }
+
+  /** The user's read position in the room, as last known (undefined before any). */
+  get read() {
+    return this._read;
+  }
+
+  /**
+   * Unread messages: after the read position, not the user's own, edits,
+   * deletes and reactions not counted. From the node's count (client.unread)
+   * and the messages seen since.
+   */
+  get unread() {
+    return (this._unreadBase ? this._unreadBase.count : 0) + this._unreadSeqs.length;
+  }
+
+  /**
+   * The room's messages as they stand, oldest first: each {seq, id, from,
+   * ts, body, edited?, deleted?, reactions}, edits, deletes and reactions
+   * applied in order as they arrived (at most viewLimit, the newest).
+   */
+  get messages() {
+    return [...this._view.values()].sort((a, b) => a.seq - b.seq);
+  }
+
+  /**
+   * Send a signal (typing, a cursor) to the room's other members: never
+   * stored, at most once. Returns false when it was not sent (no open
+   * connection, or over the room's signal rate here); throws a RoostError
+   * for a body over 1 KiB.
+   */
+  signal(body) {
+    const c = this.client;
+    let text;
+    try {
+      text = JSON.stringify(body);
+    } catch (err) {
+      throw new RoostError("bad_request", `Roost: the signal is not JSON: ${err.message}`);
+    }
+    if (text === undefined) throw new RoostError("bad_request", "Roost: a signal needs a body (any JSON value)");
+    if (utf8Length(text) > SIGNAL_MAX) throw new RoostError("too_large", `Roost: a signal's body is at most ${SIGNAL_MAX} bytes`);
+    const now = c._now();
+    this._signalTokens = Math.min(c.options.signalBurst, this._signalTokens + ((now - this._signalAt) / 1000) * c.options.signalRate);
+    this._signalAt = now;
+    if (this._signalTokens < 1 || c._transport !== "websocket" || !this._joined) return false;
+    if (!c._send({ op: "signal", room: this.name, body })) return false;
+    this._signalTokens--;
+    return true;
+  }
+
+  /**
+   * Mark the room read up to seq (call it with the newest message shown).
+   * Marks are coalesced: at most one is sent per readEvery ms, the highest.
+   */
+  markRead(seq) {
+    if (!Number.isInteger(seq) || seq < 0) throw new RoostError("bad_request", "Roost: markRead takes a message's seq");
+    if (seq <= this._markWant || (this._read !== undefined && seq <= this._read)) return;
+    this._markWant = seq;
+    this._onRead(seq, true);
+    if (!this._markTimer) this._sendMark();
+  }
+
+  _sendMark() {
+    const c = this.client;
+    this._markTimer = null;
+    if (this._markWant <= this._markSent) return;
+    if (c._transport !== "websocket" || !c._send({ op: "read", room: this.name, seq: this._markWant })) {
+      // Sent after the next join (see _onJoined).
+      return;
+    }
+    this._markSent = this._markWant;
+    this._markTimer = c._setTimeout(() => this._sendMark(), c.options.readEvery);
+  }
+
+  /** Every user's read position in the room: resolves {room, read: {user: seq}, more?}. */
+  receipts() {
+    return this.client._request("receipts", this.name, { op: "receipts", room: this.name });
+  }
+
+  /** Replace the body of message seq (the sender's own, or any through the server API). */
+  edit(seq, body, opts) {
+    return this.client._publish(this.name, body, { ...opts, kind: "edit", ref: seq });
+  }
+
+  /** Delete message seq (the sender's own). */
+  delete(seq, opts) {
+    return this.client._publish(this.name, undefined, { ...opts, kind: "delete", ref: seq });
+  }
+
+  /** React to message seq with a string of 1 to 32 bytes, e.g. "👍". */
+  react(seq, reaction, opts) {
+    return this.client._publish(this.name, reaction, { ...opts, kind: "react", ref: seq });
+  }
+
+  /** Take back a reaction. */
+  unreact(seq, reaction, opts) {
+    return this.client._publish(this.name, reaction, { ...opts, kind: "unreact", ref: seq });
   }
 
   /**
@@ -1083,11 +1268,25 @@ class Room {
     return this.client._publish(this.name, body, opts);
   }
 
-  /** Older messages: resolves {room, messages, more}. */
-  history({ before, limit = 50 } = {}) {
+  /**
+   * Older messages: resolves {room, messages, more}. With fold: true, only
+   * messages, each as it stands now (edited, deleted, reactions), which also
+   * enter the room's view.
+   */
+  async history({ before, after, limit = 50, fold = false } = {}) {
     const f = { op: "history", room: this.name, limit };
     if (before !== undefined) f.before = before;
-    return this.client._request("history", this.name, f);
+    if (after !== undefined) f.after = after;
+    if (fold) f.fold = true;
+    const h = await this.client._request("history", this.name, f);
+    if (fold && Array.isArray(h.messages)) {
+      for (const m of h.messages) {
+        if (typeof m.seq !== "number" || this._view.has(m.seq)) continue;
+        this._view.set(m.seq, { seq: m.seq, id: m.id, from: m.from, ts: m.ts, body: m.body, edited: m.edited, deleted: m.deleted === true, reactions: { ...(m.reactions || {}) } });
+      }
+      this._trimView();
+    }
+    return h;
   }
 
   /** Who is here: resolves {room, count, users, more}. */
@@ -1100,6 +1299,8 @@ class Room {
     const c = this.client;
     if (c.rooms.get(this.name) !== this) return;
     c.rooms.delete(this.name);
+    if (this._markTimer) c._clearTimer(this._markTimer);
+    this._markTimer = null;
     if (c._transport === "websocket") c._send({ op: "leave", room: this.name });
     else if (c._transport === "sse" || c._es) c._reopenSSE();
     if (c._storage) {
@@ -1163,6 +1364,8 @@ class Room {
       if (p.epoch !== undefined) f.epoch = p.epoch;
     }
     if (this._presenceOn()) f.presence = true;
+    if (this._opts.echo === false) f.echo = false;
+    if (this._opts.receipts || this._opts.onReceipts) f.receipts = true;
     this._sentSince = p ? p.seq : undefined;
     this._joining = true;
     this.client._send(f);
@@ -1189,6 +1392,7 @@ class Room {
       this._save();
     }
     if (this._opts.onJoined) safeCall(this._opts.onJoined, { room: this.name, seq: f.seq, epoch: f.epoch, recovered: f.recovered });
+    if (this._markWant > this._markSent && !this._markTimer) this._sendMark(); // a mark made while away
     if (this._presenceOn() && this.client._transport === "websocket") this._askPresence();
   }
 
@@ -1299,8 +1503,81 @@ class Room {
     this._last = f.seq;
     this._save();
     const msg = { room: f.room, seq: f.seq, id: f.id, from: f.from, ts: f.ts, body: f.body };
+    if (f.kind !== undefined) Object.assign(msg, { kind: f.kind, ref: f.ref });
+    this._apply(msg);
     if (this._opts.onMessage) safeCall(this._opts.onMessage, msg);
     this.client._emit("message", msg);
+  }
+
+  // _apply folds a message into the view and the unread count, in order.
+  _apply(m) {
+    const kind = m.kind || "msg";
+    if (kind === "msg") {
+      this._view.set(m.seq, { seq: m.seq, id: m.id, from: m.from, ts: m.ts, body: m.body, edited: undefined, deleted: false, reactions: {} });
+      this._trimView();
+      const after = Math.max(this._read === undefined ? 0 : this._read, this._unreadBase ? this._unreadBase.upto : 0);
+      if (m.from !== this.client.user && m.seq > after) {
+        this._unreadSeqs.push(m.seq);
+        this._unreadChanged();
+      }
+      return;
+    }
+    const v = this._view.get(m.ref);
+    if (!v) return; // older than the view
+    if (kind === "edit") Object.assign(v, { body: m.body, edited: m.ts });
+    else if (kind === "delete") Object.assign(v, { body: null, deleted: true });
+    else if (kind === "react") v.reactions[m.body] = (v.reactions[m.body] || 0) + 1;
+    else if (kind === "unreact" && v.reactions[m.body] > 0) {
+      if (--v.reactions[m.body] === 0) delete v.reactions[m.body];
+    }
+    if (this._opts.onChange) safeCall(this._opts.onChange, { ...v, reactions: { ...v.reactions } });
+  }
+
+  _trimView() {
+    const max = this.client.options.viewLimit;
+    if (this._view.size <= max) return;
+    const seqs = [...this._view.keys()].sort((a, b) => a - b);
+    for (const s of seqs.slice(0, seqs.length - max)) this._view.delete(s);
+  }
+
+  // _onRead moves the read position forward (a read answer, a mark of
+  // this client, another tab's mark, an own publish) and the unread count
+  // with it.
+  _onRead(seq, local = false) {
+    if (this._read !== undefined && seq <= this._read) return;
+    this._read = seq;
+    if (this._unreadBase && seq >= this._unreadBase.upto) this._unreadBase = null;
+    else if (this._unreadBase) {
+      // Some of the node's count is still unread, how many is the node's to
+      // say: ask again (after the mark has reached it).
+      const c = this.client;
+      if (!local && c._transport === "websocket") c.unread([this.name]).catch(() => {});
+    }
+    this._unreadSeqs = this._unreadSeqs.filter((s) => s > seq);
+    if (!local) {
+      const info = { room: this.name, seq };
+      if (this._opts.onRead) safeCall(this._opts.onRead, info);
+      this.client._emit("read", info);
+    }
+    this._unreadChanged();
+  }
+
+  _setUnread(u) {
+    if (typeof u.read === "number" && (this._read === undefined || u.read > this._read)) this._read = u.read;
+    if (typeof u.seq === "number" && typeof u.count === "number") {
+      this._unreadBase = { upto: u.seq, count: u.count };
+      this._unreadSeqs = this._unreadSeqs.filter((s) => s > u.seq);
+    }
+    this._unreadChanged();
+  }
+
+  _unreadChanged() {
+    const n = this.unread;
+    if (n === this._unreadShown) return;
+    this._unreadShown = n;
+    const info = { room: this.name, count: n };
+    if (this._opts.onUnread) safeCall(this._opts.onUnread, info);
+    this.client._emit("unread", info);
   }
 }
 

@@ -3,6 +3,7 @@ package fanout
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 // MaxLoops bounds the loops of one node: a room's loops are a 64-bit set.
@@ -64,6 +65,9 @@ type hubRoom struct {
 	active  bool   // subscription confirmed
 	waiting uint64 // loops waiting for the subscription
 	sse     int32  // live SSE members on all loops
+	// msgs counts the messages delivered to the room on this node, for the
+	// admin page's busiest rooms: one atomic add per message, not per frame.
+	msgs atomic.Uint64
 }
 
 // newHub returns a hub for nloops loops.
@@ -176,6 +180,7 @@ func (h *hub) OnMessage(key string, seq uint64, frame []byte) {
 	var sse bool
 	if r != nil {
 		loops, sse = r.loops, r.sse > 0
+		r.msgs.Add(1)
 	}
 	s.mu.RUnlock()
 	var event []byte
@@ -241,5 +246,18 @@ func (h *hub) each(key string, fn func(loop int)) {
 			fn(i)
 		}
 		loops >>= 1
+	}
+}
+
+// activity calls fn with every room's key and its count of messages
+// delivered on this node. It holds one shard's read lock at a time.
+func (h *hub) activity(fn func(key string, msgs uint64)) {
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.RLock()
+		for key, r := range s.rooms {
+			fn(key, r.msgs.Load())
+		}
+		s.mu.RUnlock()
 	}
 }

@@ -408,6 +408,11 @@ func (n *Node) PoolStats() persist.PoolStats { return n.pool.Stats() }
 // Rooms is the number of rooms the node holds.
 func (n *Node) Rooms() int { return n.hub.rooms() }
 
+// RoomActivity calls fn with every room the node holds and the messages
+// delivered to it on this node so far (the admin page's busiest rooms).
+// Any goroutine; fn must not call back into the Node.
+func (n *Node) RoomActivity(fn func(key string, msgs uint64)) { n.hub.activity(fn) }
+
 // ClosePublishes stops taking publishes (Publish answers proto.ErrClosed),
 // commits what is queued and answers every source. Any goroutine.
 func (n *Node) ClosePublishes() { n.pool.Close() }
