@@ -46,6 +46,9 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 // for 8080, 8090 and the admin's 6060, so that the test runs beside other
 // nodes) and /var/lib/roost, which becomes a directory under the test's
 // own temporary one that does not exist yet (as on a fresh machine).
+// "Run, test" is not marked: its `go test` is this run, and its `go run .`
+// is the `./roost` of "A first chat" (the same node, built by go run).
+// `go install ...@latest` needs the module on the network and is not run.
 func TestREADMECommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs nodes")
