@@ -9,10 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // readmeBlock is a fenced sh block of README.md marked for this test:
@@ -201,13 +204,9 @@ func devBannerWorks(t *testing.T, dir string, env []string, log *syncBuffer) {
 	}
 }
 
+// freeLoopback is a loopback address with a port free a moment ago.
 func freeLoopback(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t, false)))
 }
 
 func waitPort(t *testing.T, addr string, log *syncBuffer) {
