@@ -16,8 +16,12 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
+# .git stays out of the build context (.dockerignore): name the build with
+# --build-arg VERSION=v1.2.0 --build-arg REVISION=$(git rev-parse HEAD).
 ARG VERSION=""
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/roost .
+ARG REVISION=""
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
+    -ldflags "-s -w -X main.version=${VERSION} -X main.revision=${REVISION}" -o /out/roost .
 
 # What both runtime images share: no shell, no libc, nothing but roost.
 FROM scratch AS base
