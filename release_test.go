@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // .ci/release.sh builds static linux/amd64 and linux/arm64 binaries with
@@ -194,5 +198,81 @@ func containerImage(t *testing.T, dist string) {
 	c.expect("msg")
 	if ack := c.expect("ack"); ack.json["id"] != "box-1" {
 		t.Fatalf("ack %v", ack.json)
+	}
+
+	t.Run("compose", func(t *testing.T) { composeTopology(t, image, pm) })
+}
+
+// composeTopology runs what compose.yaml runs, with this machine's
+// PostgreSQL and Redis in place of their images (no registry here) and the
+// host's network in place of compose's: the image's migrate, then two
+// nodes on the database and Redis, an app made with the image's roost, and
+// a message from a client of one node to a client of the other.
+func composeTopology(t *testing.T, image string, pm func(...string) (string, error)) {
+	redistest.Require(t)
+	db := pgtest.NewDB(t)
+	// podman run with the host's network and the sandbox's limits; the
+	// image's arguments follow the image.
+	podRun := func(opts []string, args ...string) (string, error) {
+		a := append([]string{"run", "--network", "host", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096", "-e", "ROOST_DATABASE_URL=" + db}, opts...)
+		return pm(append(append(a, image), args...)...)
+	}
+	out, err := podRun([]string{"--rm", "--no-healthcheck"}, "migrate")
+	if err != nil || !strings.Contains(out, "roost migrate: applied 0001_") {
+		t.Fatalf("the migrate step (it lists what it applied): %v\n%s", err, out)
+	}
+	out, err = podRun([]string{"--rm", "--no-healthcheck"}, "app", "create", "chat")
+	var created struct{ Secret string }
+	if i := strings.IndexByte(out, '{'); err != nil || i < 0 || json.NewDecoder(strings.NewReader(out[i:])).Decode(&created) != nil || created.Secret == "" {
+		t.Fatalf("app create: %v %q", err, out)
+	}
+	redisURL := "redis://" + redistest.Addr + "?prefix=" + redistest.Prefix(t)
+	var addrs []string
+	for i := range 2 {
+		name := fmt.Sprintf("%s-node%d", strings.TrimPrefix(image, "localhost/"), i+1)
+		listen, admin := freeLoopback(t), freeLoopback(t)
+		if out, err := podRun([]string{"-d", "--name", name, "-e", "ROOST_REDIS_URL=" + redisURL, "-e", "ROOST_NODE_ID=" + name,
+			"-e", "ROOST_LISTEN=" + listen, "-e", "ROOST_ADMIN=" + admin, "-e", "ROOST_API=off"}); err != nil {
+			t.Fatalf("podman run %s: %v\n%s", name, err, out)
+		}
+		t.Cleanup(func() {
+			_, _ = pm("stop", "-t", "15", name)
+			_, _ = pm("rm", "-f", name)
+		})
+		waitPort(t, listen, &syncBuffer{})
+		addrs = append(addrs, listen)
+	}
+	token := func(user string) string {
+		tok, err := proto.SignToken([]byte(created.Secret), "chat", user, time.Now().Add(time.Hour), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	a := dialOps(t, addrs[0], "token="+token("alice"))
+	defer a.Close()
+	b := dialOps(t, addrs[1], "token="+token("bob"))
+	defer b.Close()
+	a.send(`{"op":"join","room":"lobby"}`)
+	a.expect("joined")
+	b.send(`{"op":"join","room":"lobby"}`)
+	b.expect("joined")
+	b.send(`{"op":"pub","room":"lobby","id":"n2-1","body":"from node2"}`)
+	// The ack and the publisher's own copy (through Redis) come in either
+	// order.
+	seen := map[string]bool{}
+	for len(seen) < 2 {
+		f, err := b.Next(5 * time.Second)
+		if err != nil {
+			t.Fatalf("the publisher on node2: %v (had %v)", err, seen)
+		}
+		for _, op := range []string{"ack", "msg"} {
+			if strings.Contains(string(f.Data), `"op":"`+op+`"`) {
+				seen[op] = true
+			}
+		}
+	}
+	if m := a.expect("msg"); m.json["id"] != "n2-1" || m.json["from"] != "bob" {
+		t.Fatalf("node1's client got %v", m.json)
 	}
 }
