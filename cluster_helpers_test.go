@@ -205,7 +205,7 @@ func launchNode(t testing.TB, e *env, name string, extra []string) (*roostNode, 
 		}
 		cmd.Env = nodeEnv()
 		cmd.Stdout, cmd.Stderr = lf, lf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		cmd.SysProcAttr = childAttr()
 		if err := cmd.Start(); err != nil {
 			lf.Close()
 			return nil, fmt.Errorf("cannot start %s: %w", name, err)

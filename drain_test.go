@@ -39,7 +39,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		"--loops", "2", "--drain", window.String(), "--flush", "1ms", "--log-format", "json")
 	cmd.Env = nodeEnv()
 	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

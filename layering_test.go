@@ -12,22 +12,65 @@ import (
 // layers is which packages of the module each package may import in its
 // production code (tests may import more, to build a node): loop -> fanout
 // -> persist/pubsub -> proto, main wires. A package not listed here fails
-// the test until it is given its place.
+// the test until it is given its place; never (below) bounds what may be
+// listed.
 var layers = map[string][]string{
-	".":                {"*"}, // main wires everything
-	"loop":             {"fanout", "fanout/proxy", "proto"},
-	"fanout/api":       {"fanout", "persist", "proto"},
-	"fanout/webhook":   {"persist", "proto"},
-	"fanout/proxy":     {"proto"},
-	"fanout":           {"persist", "pubsub", "proto"},
-	"persist":          {"proto"},
-	"persist/pgtest":   {},
-	"pubsub":           {"proto"},
-	"pubsub/redistest": {},
-	"proto":            {},
-	"proto/prototest":  {},
-	"tuning":           {},
-	"bench":            {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
+	".":                   {"*"}, // main wires everything
+	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "loop/internal/uring", "proto"},
+	"loop/internal/uring": {},
+	"fanout/api":          {"fanout", "persist", "proto"},
+	"fanout/webhook":      {"persist", "proto"},
+	"fanout/proxy":        {"proto"},
+	"fanout/outq":         {},
+	"fanout":              {"fanout/outq", "persist", "pubsub", "proto"},
+	"persist":             {"proto"},
+	"persist/pgtest":      {},
+	"pubsub":              {"proto"},
+	"pubsub/redistest":    {},
+	"proto":               {},
+	"proto/prototest":     {},
+	"tuning":              {},
+	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
+}
+
+// never are the edges the design rules out whatever layers says: the wire
+// and the shared vocabulary (proto) know no layer above them, and where
+// messages live (persist) and how they travel (pubsub) know nothing of the
+// publish path (fanout) or the sockets (loop). A publish calls down
+// loop -> fanout -> persist/pubsub and comes back only through the
+// interfaces fanout registers (pubsub.Handler, fanout.Loop), never
+// through an import pointing up.
+var never = map[string][]string{
+	"proto":   {"loop", "fanout", "persist", "pubsub"},
+	"persist": {"fanout", "loop", "pubsub"},
+	"pubsub":  {"fanout", "loop", "persist"},
+}
+
+// forbidden reports whether dep is an edge never allows from rel (rel or
+// any package under it).
+func forbidden(rel, dep string) bool {
+	for from, deps := range never {
+		if rel != from && !strings.HasPrefix(rel, from+"/") {
+			continue
+		}
+		for _, d := range deps {
+			if dep == d || strings.HasPrefix(dep, d+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestLayeringNeverAllowsUpward keeps the layers map itself within never.
+func TestLayeringNeverAllowsUpward(t *testing.T) {
+	for rel, allowed := range layers {
+		for _, dep := range allowed {
+			if dep != "*" && forbidden(rel, dep) {
+				t.Errorf("layers lets %s import %s, which the design rules out", rel, dep)
+			}
+		}
+	}
 }
 
 // TestLayering fails when a package imports what the layering forbids.
@@ -62,6 +105,10 @@ func TestLayering(t *testing.T) {
 				continue
 			}
 			dep := strings.TrimPrefix(imp, module+"/")
+			if forbidden(rel, dep) {
+				t.Errorf("%s imports %s: the design rules that edge out", rel, dep)
+				continue
+			}
 			if !slices.Contains(allowed, "*") && !slices.Contains(allowed, dep) {
 				t.Errorf("%s imports %s: the layering allows it only %v", rel, dep, allowed)
 			}

@@ -216,7 +216,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	t0 = time.Now()
 	parts := fanout.Parts{
 		Store:          store,
-		Pool:           persist.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log},
+		Pool:           fanout.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log},
 		Log:            log,
 		PublishLatency: hists.publishLatency,
 		BrokerLatency:  hists.brokerLatency,

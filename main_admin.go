@@ -234,6 +234,11 @@ func writeMetrics(w io.Writer, a *admin) error {
 	c("roost_frames_out_total", st.FramesOut.Load())
 	c("roost_bytes_out_total", st.BytesOut.Load())
 	c("roost_writes_total", st.Writes.Load())
+	c("roost_uring_submits_total", st.Ring.Submits.Load())
+	c("roost_uring_ops_total", st.Ring.Ops.Load())
+	c("roost_uring_refused_total", st.Ring.Refused.Load())
+	c("roost_pongs_held_total", st.PongsHeld.Load())
+	c("roost_pongs_taken_total", st.PongsTaken.Load())
 	c("roost_pings_total", st.Pings.Load())
 	c("roost_loop_ticks_total", st.Ticks.Load())
 	c("roost_loop_short_ticks_total", st.ShortTicks.Load())
@@ -252,11 +257,11 @@ func writeMetrics(w io.Writer, a *admin) error {
 	// answered is the closest total (it includes those of failed commits).
 	m.family("roost_commit_batch_size", "histogram")
 	var cum uint64
-	for i, b := range persist.BatchBuckets {
+	for i, b := range fanout.BatchBuckets {
 		cum += ps.BatchSizes[i]
 		m.line(`roost_commit_batch_size_bucket{le="`+strconv.Itoa(b)+`"}`, float64(cum))
 	}
-	cum += ps.BatchSizes[len(persist.BatchBuckets)]
+	cum += ps.BatchSizes[len(fanout.BatchBuckets)]
 	m.line(`roost_commit_batch_size_bucket{le="+Inf"}`, float64(cum))
 	m.line("roost_commit_batch_size_sum", float64(ps.Requests))
 	m.line("roost_commit_batch_size_count", float64(cum))

@@ -62,7 +62,7 @@ func startBrowser(t *testing.T) *browser {
 	cmd := exec.Command(bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
 		"--disable-component-update", "--no-first-run", "--disable-dev-shm-usage", "--user-data-dir="+dir,
 		"--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = demoAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("cannot start chromium: %v", err)
 	}

@@ -69,7 +69,7 @@ func startPlain(t *testing.T, n *roostNode, bin string, nofile int, noWait bool,
 	}
 	cmd.Env = append(nodeEnv(), n.env...)
 	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package bench owns `roost bench`, the load generator: it drives tens of
 // thousands of WebSocket connections from one process on a few epoll loops
 // (no goroutine per connection), speaks protocol v1 to one or more nodes,

@@ -1,3 +1,5 @@
+//go:build linux
+
 package bench
 
 // maxMissingRanges bounds the memory a checker spends remembering holes: a

@@ -37,7 +37,7 @@ func (noObserver) Observe(float64) {}
 // since the broker delivers to fanout).
 type Parts struct {
 	Store persist.Store
-	Pool  persist.PoolConfig
+	Pool  PoolConfig
 	// NewBroker builds the broker delivering to h; nil means the
 	// in-process broker.
 	NewBroker func(h pubsub.Handler) (pubsub.Broker, error)
@@ -54,11 +54,12 @@ type Parts struct {
 	// runs on the broker's goroutine: it must not block, and msg is valid
 	// during the call only.
 	OnControl func(msg []byte)
-	// OnCommitted, when set, sees every answered batch of the publish pool
-	// after the broker and before the sources hear of it (the webhooks
-	// take their messages here). It runs on a publish worker: it must not
-	// block, and the slices are valid during the call only.
-	OnCommitted func(reqs []*proto.PubRequest, res []proto.PubResult)
+	// OnCommitted, when set, sees every new message the publish pool
+	// committed, after the broker and before the sources hear of it (the
+	// webhooks take their messages here): its room key, seq, commit time
+	// (Unix ms) and the frame encoded once, immutable and shareable. It
+	// runs on a publish worker: it must not block.
+	OnCommitted func(key string, seq uint64, ts int64, frame []byte)
 	// NewPresence builds the node's presence over bus (the broker New
 	// built); nil means the in-process one.
 	NewPresence func(bus pubsub.Broker) (pubsub.Presence, error)
@@ -160,7 +161,7 @@ func (t *Table) Run(ev *Event) {
 	case evPresence:
 		if r := t.rooms[ev.key]; r != nil {
 			for _, m := range r.watchers {
-				t.Enqueue(m, ev.frame)
+				t.enqueue(m, ev.frame)
 			}
 		}
 	}
@@ -168,9 +169,9 @@ func (t *Table) Run(ev *Event) {
 
 // Node is fanout's node-wide part: the publish path from a decoded publish
 // to frames queued on members. It takes publishes from any source
-// (Publish), commits them through the publish pool (it is the pool's
-// Sink), hands each committed frame to the broker (and retries a failed
-// broadcast), answers the source (proto.Origin), and hands every message
+// (Publish), commits them in groups through the Store (commit.go), encodes
+// each new message's frame once, hands it to the broker (and retries a
+// failed broadcast), answers the source (Origin), and hands every message
 // the broker delivers to the loops holding its room, whose Tables keep the
 // room's order and repair its gaps from the store.
 //
@@ -181,7 +182,7 @@ type Node struct {
 	cfg    Config
 	log    *slog.Logger
 	store  persist.Store
-	pool   *persist.Pool
+	pool   *pool
 	bus    pubsub.Broker
 	hub    *hub
 	pres   *presence
@@ -189,7 +190,7 @@ type Node struct {
 
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
 	onControl    func(msg []byte)
-	onCommitted  func(reqs []*proto.PubRequest, res []proto.PubResult)
+	onCommitted  func(key string, seq uint64, ts int64, frame []byte)
 
 	reads     chan readJob
 	replays   *ReplayShare
@@ -273,7 +274,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		}
 	})
 	go n.pres.run()
-	n.pool = persist.NewPool(p.Store, n, p.Pool)
+	n.pool = newPool(p.Store, n.committed, p.Pool)
 	for i := 0; i < cfg.Readers; i++ {
 		n.wg.Add(1)
 		go n.reader()
@@ -307,22 +308,23 @@ func (n *Node) NewTable(idx int, loop Loop) *Table {
 // success req belongs to the publish path until req.Origin.Published is
 // called with its outcome; on error (proto.ErrOverloaded: the queue is
 // full; proto.ErrClosed) the caller keeps it and nothing was stored.
-func (n *Node) Publish(req *proto.PubRequest) error {
+func (n *Node) Publish(req *PubRequest) error {
 	req.Entered = time.Since(monoEpoch)
-	return n.pool.Submit(req)
+	return n.pool.submit(req)
 }
 
-// Committed is called by the publish pool's workers (persist.Sink) with
-// one answered batch, in seq order per room: the batch's frames go to the
-// broker first, in one round trip (PublishBatch), then each outcome to its
-// source, so an ack always means "stored and on its way".
-func (n *Node) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+// committed is called by the publish pool's answerers with one answered
+// batch, in seq order per room, each new message's frame encoded: the
+// batch's frames go to the broker first, in one round trip
+// (PublishBatch), then each outcome to its source, so an ack always means
+// "stored and on its way".
+func (n *Node) committed(batch []*PubRequest) {
 	now := time.Since(monoEpoch)
 	sc := brokerBatchPool.Get().(*brokerBatch)
-	for i, req := range reqs {
+	for _, req := range batch {
 		n.Stats.PublishLatency.Observe((now - req.Entered).Seconds())
-		if r := &res[i]; r.Err == nil && !r.Duplicate {
-			sc.pubs = append(sc.pubs, pubsub.Publication{Key: req.Key, Seq: r.Seq, Frame: r.Frame})
+		if req.Err == nil && !req.Duplicate {
+			sc.pubs = append(sc.pubs, pubsub.Publication{Key: req.Key, Seq: req.Seq, Frame: req.Frame})
 		}
 	}
 	if k := len(sc.pubs); k > 0 {
@@ -350,15 +352,19 @@ func (n *Node) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
 	sc.pubs = sc.pubs[:0]
 	brokerBatchPool.Put(sc)
 	if n.onCommitted != nil {
-		n.onCommitted(reqs, res)
+		for _, req := range batch {
+			if req.Err == nil && !req.Duplicate {
+				n.onCommitted(req.Key, req.Seq, req.TS, req.Frame)
+			}
+		}
 	}
-	for i, req := range reqs {
-		req.Origin.Published(req, &res[i])
+	for _, req := range batch {
+		req.Origin.Published(req)
 	}
 }
 
-// brokerBatch is one Committed call's broker scratch. Several workers call
-// Committed at once, so it is pooled rather than owned by the node.
+// brokerBatch is one committed call's broker scratch. Several workers call
+// committed at once, so it is pooled rather than owned by the node.
 type brokerBatch struct {
 	pubs []pubsub.Publication
 	errs []error
@@ -403,7 +409,7 @@ func (n *Node) PresenceCount(ctx context.Context, key string) (int, error) {
 }
 
 // PoolStats are the publish pool's counters (metrics).
-func (n *Node) PoolStats() persist.PoolStats { return n.pool.Stats() }
+func (n *Node) PoolStats() PoolStats { return n.pool.stats() }
 
 // Rooms is the number of rooms the node holds.
 func (n *Node) Rooms() int { return n.hub.rooms() }
@@ -415,7 +421,7 @@ func (n *Node) RoomActivity(fn func(key string, msgs uint64)) { n.hub.activity(f
 
 // ClosePublishes stops taking publishes (Publish answers proto.ErrClosed),
 // commits what is queued and answers every source. Any goroutine.
-func (n *Node) ClosePublishes() { n.pool.Close() }
+func (n *Node) ClosePublishes() { n.pool.close() }
 
 // Close stops the publish path: the pool (if ClosePublishes was not
 // called), the readers, the rebroadcaster and the broker. The store is the
@@ -423,15 +429,13 @@ func (n *Node) ClosePublishes() { n.pool.Close() }
 func (n *Node) Close() error {
 	var err error
 	n.closeOnce.Do(func() {
-		n.pool.Close()
+		n.pool.close()
 		close(n.done)
 		n.wg.Wait()
 		err = errors.Join(n.pres.close(), n.bus.Close())
 	})
 	return err
 }
-
-var _ persist.Sink = (*Node)(nil)
 
 // deliver, subscribed and reset are how the hub reaches the loops.
 

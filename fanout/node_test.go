@@ -27,6 +27,19 @@ func (l *testLoop) Post(ev Event) {
 
 func (l *testLoop) Now() int64 { return time.Now().UnixMilli() }
 
+// runPosted runs the events posted so far, as one wake-up of the loop,
+// and returns how many it ran.
+func (l *testLoop) runPosted(tb *Table) int {
+	l.mu.Lock()
+	evs := l.evs
+	l.evs = nil
+	l.mu.Unlock()
+	for i := range evs {
+		tb.Run(&evs[i])
+	}
+	return len(evs)
+}
+
 // pump runs posted events (and the gap check of each flush tick) until
 // done holds.
 func (l *testLoop) pump(t *testing.T, tb *Table, done func() bool) {
@@ -36,35 +49,28 @@ func (l *testLoop) pump(t *testing.T, tb *Table, done func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("state not reached in time")
 		}
-		l.mu.Lock()
-		evs := l.evs
-		l.evs = nil
-		l.mu.Unlock()
-		for i := range evs {
-			tb.Run(&evs[i])
-		}
-		if len(evs) == 0 {
+		if l.runPosted(tb) == 0 {
 			time.Sleep(time.Millisecond)
 			tb.CheckGaps()
 		}
 	}
 }
 
-// acks records the outcome of each publish (proto.Origin).
+// acks records the outcome of each publish (Origin).
 type acks struct {
 	mu  sync.Mutex
 	got map[string]uint64 // id -> seq
 	err []error
 }
 
-func (a *acks) Published(req *proto.PubRequest, res *proto.PubResult) {
+func (a *acks) Published(req *PubRequest) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if res.Err != nil {
-		a.err = append(a.err, res.Err)
+	if req.Err != nil {
+		a.err = append(a.err, req.Err)
 		return
 	}
-	a.got[string(req.ID)] = res.Seq
+	a.got[string(req.ID)] = req.Seq
 }
 
 func (a *acks) n() int {
@@ -76,7 +82,7 @@ func (a *acks) n() int {
 func testNode(t *testing.T, store persist.Store) (*Node, *Table, *testLoop) {
 	t.Helper()
 	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 2, GapWindow: 10 * time.Millisecond},
-		Parts{Store: store, Pool: persist.PoolConfig{Window: -1}})
+		Parts{Store: store, Pool: PoolConfig{Window: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +94,7 @@ func testNode(t *testing.T, store persist.Store) (*Node, *Table, *testLoop) {
 // seqs lists the seq of every msg frame queued for m, in order.
 func seqs(m *Member) []int {
 	var out []int
-	for _, f := range m.Pending() {
+	for _, f := range m.Out.Pending() {
 		i := bytes.Index(f, []byte(`"op":"msg"`))
 		j := bytes.Index(f, []byte(`"seq":`))
 		if i < 0 || j < 0 {
@@ -121,7 +127,7 @@ func sameInts(a, b []int) bool {
 func TestPublishWalk(t *testing.T) {
 	n, tb, l := testNode(t, persist.NewMemory(100))
 	key := proto.RoomKey("app", "r")
-	m := &Member{Owner: &testOwner{}}
+	m := member(&testOwner{})
 	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +137,7 @@ func TestPublishWalk(t *testing.T) {
 	}
 	src := &acks{got: map[string]uint64{}}
 	for i := 1; i <= 3; i++ {
-		req := proto.GetPubRequest()
+		req := GetPubRequest()
 		req.Key, req.From, req.Origin = key, "alice", src
 		req.ID = append(req.ID, "m-"+strconv.Itoa(i)...)
 		req.Body = append(req.Body, strconv.Itoa(i)...)
@@ -159,12 +165,11 @@ func commit(t *testing.T, st persist.Store, key string, count int) map[int][]byt
 	frames := map[int][]byte{}
 	_, room := proto.SplitKey(key)
 	for i := 0; i < count; i++ {
-		req := &proto.PubRequest{Key: key, From: "bob", ID: []byte("x-" + strconv.Itoa(i)), Body: []byte("1")}
-		res := make([]proto.PubResult, 1)
-		if err := st.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
-			t.Fatal(err, res[0].Err)
+		req := &persist.Row{Key: key, From: "bob", ID: []byte("x-" + strconv.Itoa(i)), Body: []byte("1")}
+		if err := st.CommitBatch(context.Background(), []*persist.Row{req}); err != nil || req.Err != nil {
+			t.Fatal(err, req.Err)
 		}
-		frames[int(res[0].Seq)] = proto.AppendMsgFrame(nil, room, res[0].Seq, req.ID, req.From, res[0].TS, req.Body)
+		frames[int(req.Seq)] = proto.AppendMsgFrame(nil, room, req.Seq, req.ID, req.From, req.TS, req.Body)
 	}
 	return frames
 }
@@ -176,18 +181,20 @@ func TestGapHeldThenReadFromStore(t *testing.T) {
 	st := persist.NewMemory(100)
 	n, tb, l := testNode(t, st)
 	key := proto.RoomKey("app", "g")
-	m := &Member{Owner: &testOwner{}}
+	m := member(&testOwner{})
 	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
 		t.Fatal(err)
 	}
 	l.pump(t, tb, func() bool { return m.Rooms() == 1 })
 	frames := commit(t, st, key, 3) // stored, but the broker lost 1 and 2
-	tb.Deliver(key, 3, frames[3])
+	n.OnMessage(key, 3, frames[3])
+	l.runPosted(tb)
 	if len(seqs(m)) != 0 || !tb.NeedsTick() {
 		t.Fatalf("message ahead of a gap went out (%v) or no tick asked for", seqs(m))
 	}
 	l.pump(t, tb, func() bool { return len(seqs(m)) == 3 })
-	tb.Deliver(key, 2, frames[2]) // the broker's copy, late
+	n.OnMessage(key, 2, frames[2]) // the broker's copy, late
+	l.runPosted(tb)
 	if !sameInts(seqs(m), []int{1, 2, 3}) || n.Stats.Repairs.Load() != 1 {
 		t.Fatalf("delivered %v, repairs %d; want 1 2 3 after one repair", seqs(m), n.Stats.Repairs.Load())
 	}
@@ -200,14 +207,71 @@ func TestGapTheStoreCannotFill(t *testing.T) {
 	n, tb, l := testNode(t, persist.NewMemory(100))
 	key := proto.RoomKey("app", "h")
 	o := &testOwner{}
-	m := &Member{Owner: o}
+	m := member(o)
 	if err := tb.Join(m, []byte(key), Resume{}); err != nil {
 		t.Fatal(err)
 	}
 	l.pump(t, tb, func() bool { return m.Rooms() == 1 })
-	tb.Deliver(key, 5, proto.AppendMsgFrame(nil, "h", 5, []byte("x"), "bob", 1, []byte("1")))
+	n.OnMessage(key, 5, proto.AppendMsgFrame(nil, "h", 5, []byte("x"), "bob", 1, []byte("1")))
 	l.pump(t, tb, func() bool { return o.resyncs == 1 })
 	if n.Stats.GapCloses.Load() != 1 {
 		t.Fatalf("gap closes %d, want 1", n.Stats.GapCloses.Load())
+	}
+}
+
+// TestOnCommittedSeesNewMessagesOnce: the hook sees each new message once,
+// with the frame the commit encoded, before its source hears of it; a
+// duplicate publish reaches the source and not the hook.
+func TestOnCommittedSeesNewMessagesOnce(t *testing.T) {
+	type seen struct {
+		key   string
+		seq   uint64
+		ts    int64
+		frame []byte
+	}
+	var mu sync.Mutex
+	var hooked []seen
+	src := &acks{got: map[string]uint64{}}
+	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 1, GapWindow: 10 * time.Millisecond},
+		Parts{Store: persist.NewMemory(100), Pool: PoolConfig{Window: -1},
+			OnCommitted: func(key string, seq uint64, ts int64, frame []byte) {
+				src.mu.Lock()
+				acked := len(src.got)
+				src.mu.Unlock()
+				mu.Lock()
+				defer mu.Unlock()
+				if acked > len(hooked) {
+					t.Errorf("message %d reached the hook after its ack", seq)
+				}
+				hooked = append(hooked, seen{key, seq, ts, frame})
+			}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	key := proto.RoomKey("app", "hooked")
+	for _, id := range []string{"a", "b", "a"} {
+		req := GetPubRequest()
+		req.Key, req.From, req.Origin = key, "alice", src
+		req.ID = append(req.ID, id...)
+		req.Body = append(req.Body, `{"x":1}`...)
+		if err := n.Publish(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.ClosePublishes() // commits and answers what is queued
+	if src.n() != 2 || src.got["a"] != 1 || src.got["b"] != 2 {
+		t.Fatalf("acked %v, want a at 1 (twice) and b at 2", src.got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hooked) != 2 || hooked[0].seq != 1 || hooked[1].seq != 2 {
+		t.Fatalf("hook saw %+v, want seqs 1 and 2 once each", hooked)
+	}
+	for _, h := range hooked {
+		ts, ok := proto.FrameTS(h.frame)
+		if h.key != key || !ok || ts != h.ts || !bytes.Contains(h.frame, []byte(`"body":{"x":1}`)) {
+			t.Fatalf("hook got key %q ts %d, frame %q", h.key, h.ts, h.frame)
+		}
 	}
 }

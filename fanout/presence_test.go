@@ -66,7 +66,7 @@ func TestPresenceTracker(t *testing.T) {
 // watched, grace 0.
 func BenchmarkPresenceMove(b *testing.B) {
 	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 1, GapWindow: time.Second},
-		Parts{Store: persist.NewMemory(10), Pool: persist.PoolConfig{Window: -1}})
+		Parts{Store: persist.NewMemory(10), Pool: PoolConfig{Window: -1}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func BenchmarkPresenceMove(b *testing.B) {
 // quiet second below.
 func TestPresenceIdleNodeSleeps(t *testing.T) {
 	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 1, GapWindow: time.Second},
-		Parts{Store: persist.NewMemory(10), Pool: persist.PoolConfig{Window: -1}, PresenceGrace: 300 * time.Millisecond})
+		Parts{Store: persist.NewMemory(10), Pool: PoolConfig{Window: -1}, PresenceGrace: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,19 +51,19 @@ func (t *Table) queueRead(m *Member, it readItem) {
 // left; otherwise the tick tries again (PumpPaced).
 func (t *Table) pump(m *Member) {
 	q := m.reads
-	if q == nil || q.reading || len(q.items) == 0 || m.Closed {
+	if q == nil || q.reading || len(q.items) == 0 || m.Out.Closed() {
 		return
 	}
 	page := t.node.pageBytes()
-	if m.bytes >= page && m.Owner.Buffered() == 0 {
+	if m.Out.PendingBytes() >= page && m.Out.Owner.Buffered() == 0 {
 		// The last page has not left yet, but the socket may take it now:
 		// a replaying connection need not wait a tick per page.
-		m.Owner.Write()
-		if m.Closed {
+		m.Out.Owner.Write()
+		if m.Out.Closed() {
 			return
 		}
 	}
-	if m.bytes+m.Owner.Buffered() >= page {
+	if m.Out.PendingBytes()+m.Out.Owner.Buffered() >= page {
 		if !q.paced {
 			q.paced = true
 			t.paced = append(t.paced, m)

@@ -14,12 +14,11 @@ import (
 
 func fillRoom(t *testing.T, st persist.Store, key string, from, n int) {
 	t.Helper()
-	var reqs []*proto.PubRequest
+	var rows []*persist.Row
 	for i := from; i < from+n; i++ {
-		reqs = append(reqs, &proto.PubRequest{Key: key, From: "u", ID: []byte(fmt.Sprintf("m%d", i)), Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+		rows = append(rows, &persist.Row{Key: key, From: "u", ID: []byte(fmt.Sprintf("m%d", i)), Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
 	}
-	res := make([]proto.PubResult, len(reqs))
-	if err := st.CommitBatch(context.Background(), reqs, res); err != nil {
+	if err := st.CommitBatch(context.Background(), rows); err != nil {
 		t.Fatal(err)
 	}
 }

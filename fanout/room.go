@@ -52,26 +52,14 @@ type Held struct {
 	Frame []byte
 }
 
-// Key is the room's RoomKey.
-func (r *Room) Key() string { return r.key }
-
 // Members is the number of live members.
 func (r *Room) Members() int { return len(r.members) }
-
-// Last is the newest seq delivered to the room's members on this loop.
-func (r *Room) Last() uint64 { return r.last }
-
-// Active reports whether the room is live on this loop.
-func (r *Room) Active() bool { return r.active }
-
-// Epoch names the history the room's seqs belong to.
-func (r *Room) Epoch() string { return r.epoch }
 
 // backlogged reports whether a live member of r has more than n bytes of
 // output waiting.
 func (r *Room) backlogged(n int) bool {
 	for _, m := range r.members {
-		if m.bytes+m.Backlog > n {
+		if m.Out.PendingBytes()+m.Out.Backlog() > n {
 			return true
 		}
 	}
@@ -234,7 +222,7 @@ func (t *Table) Leave(m *Member, key []byte) {
 }
 
 // Close forgets m everywhere: rooms, joins on the way, pending output.
-// The loop calls it when the connection is gone (m.Closed set). Loop only.
+// The loop calls it when the connection is gone (its Out closed). Loop only.
 func (t *Table) Close(m *Member) {
 	t.node.Stats.Joined.Add(-int64(m.Rooms()))
 	if m.reads != nil {
@@ -247,7 +235,7 @@ func (t *Table) Close(m *Member) {
 	}
 	m.joins = nil
 	t.leaveAll(m)
-	t.Drop(m)
+	t.q.Drop(m.Out)
 }
 
 // Presence queues a presence answer of the room key to m: its number of
@@ -283,7 +271,7 @@ func (t *Table) sendJoined(m *Member, r *Room, jf *proto.Joined) {
 	if m.sse != nil {
 		f = t.sseFrames(m, r, f, jf)
 	}
-	t.Enqueue(m, f)
+	t.enqueue(m, f)
 }
 
 func (t *Table) sendErr(m *Member, ref []byte, code proto.Code, msg string) {
@@ -292,11 +280,11 @@ func (t *Table) sendErr(m *Member, ref []byte, code proto.Code, msg string) {
 	if m.sse != nil {
 		// A stream's rooms are fixed: one it cannot join ends it, after
 		// the err event, and its client's reconnect tries again.
-		t.Enqueue(m, t.sseFrames(m, nil, f, nil))
-		m.Owner.Resync()
+		t.enqueue(m, t.sseFrames(m, nil, f, nil))
+		m.Out.Owner.Resync()
 		return
 	}
-	t.Enqueue(m, f)
+	t.enqueue(m, f)
 }
 
 // startJoin runs once the room is active on this loop. Without since,
@@ -336,7 +324,7 @@ func (t *Table) goLive(m *Member, j *joinState) {
 func (t *Table) replayed(ev *Event) {
 	m := ev.member
 	m.readDone()
-	if m.Closed {
+	if m.Out.Closed() {
 		return
 	}
 	defer t.pump(m)
@@ -410,13 +398,13 @@ func (t *Table) abandon(m *Member, j *joinState) {
 	r.removeJoiner(m)
 	m.dropJoin(r)
 	t.removeIfIdle(r)
-	m.Owner.Resync()
+	m.Out.Owner.Resync()
 }
 
 func (t *Table) historyDone(ev *Event) {
 	m := ev.member
 	m.readDone()
-	if m.Closed {
+	if m.Out.Closed() {
 		return
 	}
 	defer t.pump(m)
@@ -468,7 +456,7 @@ func (t *Table) activate(r *Room, seq uint64, epoch string, err error) {
 		for _, m := range joiners {
 			m.dropJoin(r)
 			switch {
-			case m.Closed:
+			case m.Out.Closed():
 			case errors.Is(err, proto.ErrRoomLimit):
 				// Reading the room's head makes it; its app has all the
 				// rooms it may have.
@@ -492,7 +480,7 @@ func (t *Table) activate(r *Room, seq uint64, epoch string, err error) {
 	joiners := r.joiners
 	r.joiners = nil
 	for _, m := range joiners {
-		if j := m.findJoin(r); j != nil && !m.Closed {
+		if j := m.findJoin(r); j != nil && !m.Out.Closed() {
 			r.joiners = append(r.joiners, m) // startJoin removes it again when live
 			t.startJoin(m, j)
 		}
@@ -501,18 +489,6 @@ func (t *Table) activate(r *Room, seq uint64, epoch string, err error) {
 		t.readTails() // a delivery overflowed while the room was joining
 	}
 	t.removeIfIdle(r)
-}
-
-// Room returns the room key on this loop, or nil. Loop only; its
-// accessors read, they do not change it.
-func (t *Table) Room(key string) *Room { return t.rooms[key] }
-
-// Deliver hands one message of the room key to this loop's members, in seq
-// order (the broker's delivery, run on the loop). Loop only.
-func (t *Table) Deliver(key string, seq uint64, frame []byte) {
-	if r := t.rooms[key]; r != nil {
-		t.deliver(r, seq, frame, nil)
-	}
 }
 
 // deliver fans one message out to a room's members, in seq order: a
@@ -565,7 +541,7 @@ func (t *Table) promoteAhead(r *Room) {
 		}
 		r.removeJoiner(m)
 		m.dropJoin(r)
-		m.Owner.Resync()
+		m.Out.Owner.Resync()
 	}
 }
 
@@ -644,7 +620,7 @@ func (t *Table) CheckGaps() {
 		if r.repairing || now-r.gapSince < window {
 			continue
 		}
-		if r.repairMore && r.backlogged(t.limit/2) && now-r.gapSince < 10*window {
+		if r.repairMore && r.backlogged(t.q.Limit()/2) && now-r.gapSince < 10*window {
 			continue // paced: members still hold much of the last step
 		}
 		r.repairing = true
@@ -693,7 +669,7 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 			r.gapSince = t.loop.Now() - t.node.cfg.GapWindow.Milliseconds()
 		}
 		if tail {
-			if r.backlogged(t.limit / 2) {
+			if r.backlogged(t.q.Limit() / 2) {
 				// As a gap's steps are (CheckGaps): the next step is read
 				// once the members have taken most of this one, so that a
 				// member that reads slowly is not closed as a slow consumer
@@ -720,8 +696,8 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 	// The store answered but the gap stays: give up on this stream.
 	t.node.Stats.GapCloses.Add(1)
 	for _, m := range append([]*Member(nil), r.members...) { // a close leaves r
-		t.Drop(m)
-		m.Owner.Resync()
+		t.q.Drop(m.Out)
+		m.Out.Owner.Resync()
 	}
 	r.last = r.held[0].Seq - 1
 	if len(r.joiners) > 0 {
@@ -787,7 +763,7 @@ func (t *Table) pumpTails(now, window int64) {
 			r.tailPacedSince = 0
 			continue
 		}
-		if r.backlogged(t.limit/2) && now-r.tailPacedSince < 10*window {
+		if r.backlogged(t.q.Limit()/2) && now-r.tailPacedSince < 10*window {
 			keep = append(keep, r)
 			continue
 		}

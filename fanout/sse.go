@@ -29,7 +29,7 @@ type ssePos struct {
 type sseMember struct {
 	pos []ssePos // in the order the client named the rooms
 	// ids holds the id lines of the pending events; pending slices point
-	// into it, so it is reset only once nothing is pending (Flushed).
+	// into it, so it is reset only once nothing is pending (resetIDs).
 	ids []byte
 	// events counts the events queued, seen its value at the last
 	// Quiet: the loop's keep-alive tells a stream with events from an
@@ -61,6 +61,9 @@ func (m *Member) SSEQuiet() bool {
 	s := m.sse
 	quiet := s.events == s.seen
 	s.seen = s.events
+	if m.Out.PendingBytes() == 0 {
+		s.resetIDs()
+	}
 	return quiet
 }
 
@@ -142,35 +145,44 @@ func sseIDLen(r *Room, seq uint64) int {
 // enqueueSSE queues a message's shared event for an SSE member with its
 // id line. Under the outbound limit like any live message.
 func (t *Table) enqueueSSE(m *Member, r *Room, seq uint64, event []byte, evLen int) {
-	if m.slow || m.Closed {
+	o := m.Out
+	if o.Slow() || o.Closed() {
 		return
 	}
 	s := m.sse
 	s.set(r.key, seq)
 	if len(s.pos) == 1 {
 		// Fast path: in this room only, its position is the event's own id.
-		if m.bytes+m.Backlog+len(event) > t.limit {
-			m.slow = true
-			t.slow = append(t.slow, m)
-			return
-		}
 		s.events++
-		t.queue(m, event)
+		t.q.Enqueue(o, event)
 		return
+	}
+	if o.PendingBytes() == 0 {
+		s.resetIDs() // nothing pending points into it any more
 	}
 	event = event[:evLen:evLen]
 	start := len(s.ids)
 	s.ids = s.appendID(s.ids)
 	id := s.ids[start:len(s.ids):len(s.ids)]
-	if m.bytes+m.Backlog+len(event)+len(id) > t.limit {
+	if !t.q.Fits(o, len(event)+len(id)) {
 		s.ids = s.ids[:start]
-		m.slow = true
-		t.slow = append(t.slow, m)
+		t.q.MarkSlow(o)
 		return
 	}
 	s.events++
-	t.queue(m, event)
-	t.queue(m, id)
+	t.q.Push(o, event)
+	t.q.Push(o, id)
+}
+
+// resetIDs empties the id buffer, giving back one a burst made big. Only
+// once nothing pending points into it: the outbound queue, which the loop
+// flushes, does not know of it, so the member looks before it appends
+// (enqueueSSE) and at its keep-alive (SSEQuiet).
+func (s *sseMember) resetIDs() {
+	s.ids = s.ids[:0]
+	if cap(s.ids) > maxIDBuf {
+		s.ids = nil
+	}
 }
 
 // sseFrames turns frames the table built for one SSE member (joined, err,

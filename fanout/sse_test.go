@@ -37,11 +37,11 @@ func TestSSEFanSharesEventPerMessage(t *testing.T) {
 	tb.fan(a, 41, fa, nil)
 	tb.fan(b, 7, fb, nil)
 	for _, m := range ws {
-		if p := m.Pending(); len(p) != 2 || &p[0][0] != &fa[0] || &p[1][0] != &fb[0] {
+		if p := m.Out.Pending(); len(p) != 2 || &p[0][0] != &fa[0] || &p[1][0] != &fb[0] {
 			t.Fatalf("websocket member: %q", p)
 		}
 	}
-	p0, p1 := ss[0].Pending(), ss[1].Pending()
+	p0, p1 := ss[0].Out.Pending(), ss[1].Out.Pending()
 	if len(p0) != 4 || &p0[0][0] != &p1[0][0] || &p0[2][0] != &p1[2][0] {
 		t.Fatalf("SSE members do not share the events: %q / %q", p0, p1)
 	}
@@ -76,8 +76,8 @@ func TestSSEOneRoomMembersShareTheWholeEvent(t *testing.T) {
 	payload, _ := proto.ServerFramePayload(f)
 	want := "event: msg\ndata: " + strings.Replace(string(payload), "\n", "\ndata: ", 1) + "\nid: lobby:9\n\n"
 	for _, m := range ss {
-		p := m.Pending()
-		if len(p) != 1 || string(p[0]) != want || &p[0][0] != &ss[0].Pending()[0][0] {
+		p := m.Out.Pending()
+		if len(p) != 1 || string(p[0]) != want || &p[0][0] != &ss[0].Out.Pending()[0][0] {
 			t.Fatalf("pending %q, want the one shared event %q", p, want)
 		}
 	}
@@ -106,9 +106,7 @@ func TestSSEDeliverAllocationFree(t *testing.T) {
 			seq++
 			tb.fan(r, seq, frame, nil)
 		}
-		for _, m := range tb.TakeDirty() {
-			tb.Flushed(m)
-		}
+		tb.flushAll()
 	}
 	round()
 	if n := leastAllocs(100, round); n != 0 {
@@ -130,9 +128,7 @@ func BenchmarkDeliverSSE300(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		tb.fan(r, uint64(i+1), frame, nil)
 		if i%32 == 31 {
-			for _, m := range tb.TakeDirty() {
-				tb.Flushed(m)
-			}
+			tb.flushAll()
 		}
 	}
 }
@@ -172,10 +168,10 @@ func TestHubBuildsSSEEventOncePerNode(t *testing.T) {
 	tb.join(r, one)
 	tb.join(r, two)
 	tb.fan(r, 5, f, e0)
-	if p := one.Pending(); len(p) != 1 || &p[0][0] != &e0[0] || len(p[0]) != len(e0) {
+	if p := one.Out.Pending(); len(p) != 1 || &p[0][0] != &e0[0] || len(p[0]) != len(e0) {
 		t.Fatalf("one-room member: %q", p)
 	}
-	if p := two.Pending(); len(p) != 2 || &p[0][0] != &e0[0] || string(p[0])+"id: r:5\n\n" != string(e0) || string(p[1]) != "id: r:5\n\n" {
+	if p := two.Out.Pending(); len(p) != 2 || &p[0][0] != &e0[0] || string(p[0])+"id: r:5\n\n" != string(e0) || string(p[1]) != "id: r:5\n\n" {
 		t.Fatalf("two-room member: %q", p)
 	}
 	h.sseMembers("a/r", -1)

@@ -31,6 +31,7 @@ const (
 // lives elsewhere (the source address counted against MaxConnsPerIP in
 // loopState.ips, the publish proxy's queue in loopState.pubQueues).
 type conn struct {
+	out      connOut // its outbound queue (the loop's outQueue)
 	m        fanout.Member
 	gc       gnet.Conn
 	l        *loopState
@@ -49,6 +50,13 @@ type conn struct {
 	closed   bool
 	awaiting bool // the app's connect proxy has not answered yet: input stays unread (proxy.go)
 	proxyOK  bool // an SSE request the connect proxy allowed: read again, it is not asked twice
+}
+
+// linkOut makes c the owner of its outbound queue and hands the queue to
+// its Member, which fanout fills. Once, before any join.
+func (c *conn) linkOut() {
+	c.out.Owner = c
+	c.m.Out = &c.out
 }
 
 // OnOpen registers a new connection with its loop, or closes it at once
@@ -78,7 +86,7 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		}
 		l.ips[c] = ip
 	}
-	c.m.Owner = c
+	c.linkOut()
 	l.conns = append(l.conns, c)
 	l.due = append(l.due, c.dueAt())
 	l.armSweep()
@@ -151,7 +159,7 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		}
 	}
 	c.closed = true
-	c.m.Closed = true
+	c.out.Close()
 	l.table.Close(&c.m)
 	c.frag = nil
 	last := len(l.conns) - 1
@@ -246,7 +254,7 @@ func (c *conn) read() {
 		// apps included) waiting for the tick grid; its answers cost it
 		// one write per read of its own instead.
 		c.l.refusedFlood = false
-		if !c.closed && c.state == stateOpen && c.m.PendingBytes() > 0 && !c.m.Slow() {
+		if !c.closed && c.state == stateOpen && c.out.PendingBytes() > 0 && !c.out.Slow() {
 			c.l.write(c)
 		}
 	}
@@ -567,7 +575,7 @@ func (c *conn) message(p []byte) {
 // send queues a frame for this connection (written when the loop's wake-up
 // ends, or at the next tick if one is running).
 func (c *conn) send(frame []byte) {
-	c.l.table.Enqueue(&c.m, frame)
+	c.l.q.Enqueue(&c.out, frame)
 }
 
 // sendErr queues an err frame.
@@ -597,13 +605,13 @@ func (c *conn) closeWith(code int, reason []byte) {
 		return
 	}
 	l := c.l
-	if c.m.PendingBytes() > 0 && !c.m.Slow() {
+	if c.out.PendingBytes() > 0 && !c.out.Slow() {
 		l.writeOut(c, true)
 		if c.closed || c.state == stateClosing {
 			return
 		}
 	}
-	l.table.Drop(&c.m)
+	l.q.Drop(&c.out)
 	f := proto.AppendCloseFrame(l.arena.Space(2+125+14), uint16(code), string(reason))
 	_, _ = c.gc.Write(f)
 	c.closing()
@@ -616,7 +624,7 @@ func (c *conn) closeWith(code int, reason []byte) {
 // for it, so no frame can follow its close frame.
 func (c *conn) closing() {
 	c.state = stateClosing
-	c.m.Closed = true
+	c.out.Close()
 }
 
 // fail closes after a write error: the peer is gone, nothing to say.
@@ -723,7 +731,7 @@ func (c *conn) pub(cmd *proto.Command) {
 	if !c.admitPub(cmd) {
 		return
 	}
-	req := proto.GetPubRequest()
+	req := fanout.GetPubRequest()
 	req.Key = l.intern(l.roomKey(c, cmd.Room))
 	req.From = c.user
 	req.ID = append(req.ID[:0], cmd.ID...)
@@ -742,14 +750,14 @@ func (c *conn) pub(cmd *proto.Command) {
 }
 
 // publish hands req, a publish of c, to the publish path. Loop only.
-func (c *conn) publish(req *proto.PubRequest) {
+func (c *conn) publish(req *fanout.PubRequest) {
 	l := c.l
 	ps := l.stamp(c, req)
 	req.Origin = ps
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.fan.Publish(req); err != nil {
 		l.unstamp(ps, false)
-		proto.PutPubRequest(req)
+		fanout.PutPubRequest(req)
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(req.ID, proto.CodeOverloaded, "publish queue full: retry later")
 	}
@@ -759,7 +767,7 @@ func (c *conn) publish(req *proto.PubRequest) {
 func (l *loopState) ack(ps *pubStamp) {
 	c, req, seq, err := ps.c, ps.req, ps.seq, ps.err
 	waited := l.unstamp(ps, true)
-	defer proto.PutPubRequest(req)
+	defer fanout.PutPubRequest(req)
 	if c.closed || c.state != stateOpen {
 		return
 	}

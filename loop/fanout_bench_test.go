@@ -76,7 +76,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 		}
 		_ = syscall.SetsockoptInt(fds[0], syscall.SOL_SOCKET, syscall.SO_SNDBUF, 1<<20)
 		c := &conn{gc: &sockConn{fd: fds[0]}, l: l, state: stateOpen}
-		c.m.Owner = c
+		c.linkOut()
 		if err := l.table.Join(&c.m, []byte(rig.key), fanout.Resume{}); err != nil {
 			tb.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 	l.flush()
 	l.flushT.stop()
 	l.ticking = false
-	l.table.NewPeriod() // as the quiet tick behind those writes would
+	l.q.NewPeriod() // as the quiet tick behind those writes would
 	st := &s.Stats
 	st.Writes.Store(0)
 	st.FramesOut.Store(0)
@@ -129,19 +129,46 @@ func (r *fanoutRig) pump(tb testing.TB, done func() bool) {
 	}
 }
 
-// next hands the room's next message to the loop, as the broker's
-// delivery does once on the loop.
-func (r *fanoutRig) next() {
+// post hands the room's next message to the node as the broker delivers
+// it: fanout posts it to the loop's inbox.
+func (r *fanoutRig) post() {
 	r.seq++
-	r.l.table.Deliver(r.key, r.seq, r.frame)
+	r.l.srv.fan.OnMessage(r.key, r.seq, r.frame)
 }
 
-// deliver fans k messages out, in seq order, then flushes once: k frames,
-// one writev per receiver, as one flush tick does.
+// runInbox runs what fanout posted to the loop, as the loop's wake-up
+// does, without the wake-up's closing write (kick): the tests here decide
+// when to write.
+func (r *fanoutRig) runInbox() {
+	l := r.l
+	r.el.pending.Store(false)
+	l.mu.Lock()
+	q := l.queue
+	l.queue = l.spare
+	l.woken = false
+	l.depth.Store(0)
+	l.mu.Unlock()
+	for i := range q {
+		l.run(&q[i])
+	}
+	clear(q)
+	l.spare = q[:0]
+}
+
+// next delivers the room's next message to the loop's members.
+func (r *fanoutRig) next() {
+	r.post()
+	r.runInbox()
+}
+
+// deliver fans k messages out, in seq order, then flushes once: k
+// deliveries queued, one wake-up that runs them, k frames, one writev per
+// receiver, as one flush tick does.
 func (r *fanoutRig) deliver(k int) {
 	for i := 0; i < k; i++ {
-		r.next()
+		r.post()
 	}
+	r.runInbox()
 	r.l.flush()
 }
 

@@ -8,8 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/gobwas/ws"
-
-	"github.com/roost-chat/roost/fanout"
 )
 
 // TestFlushSchedule: output after a pause leaves at once, output within a
@@ -30,7 +28,7 @@ func TestFlushSchedule(t *testing.T) {
 	rig.next()
 	rig.next()
 	l.kick()
-	if writes() != 3 || !l.table.HasDirty() {
+	if writes() != 3 || !l.q.HasDirty() {
 		t.Fatalf("frames within a tick: %d writes; want them held for the tick", writes())
 	}
 	l.tick()
@@ -165,13 +163,13 @@ func TestFreshConnectionSkipsTheTick(t *testing.T) {
 	t.Cleanup(l.stopTimers)
 	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
 	rig.next()
-	ms := append([]*fanout.Member(nil), l.table.TakeFresh()...) // the three members
+	ms := append([]*connOut(nil), l.q.TakeFresh()...) // the three members
 	l.kick()
 	if writes() != 3 || !l.ticking {
 		t.Fatalf("after a pause: %d writes, ticking %v", writes(), l.ticking)
 	}
 	frame := []byte("x")
-	l.table.Enqueue(ms[0], frame)
+	l.q.Enqueue(ms[0], frame)
 	l.kick()
 	if writes() != 3 {
 		t.Fatalf("member written in this period: %d writes; want it held for the tick", writes())
@@ -180,20 +178,20 @@ func TestFreshConnectionSkipsTheTick(t *testing.T) {
 	if writes() != 4 || !l.ticking {
 		t.Fatalf("tick: %d writes, ticking %v; want member 0 written and the tick re-armed", writes(), l.ticking)
 	}
-	l.table.Enqueue(ms[1], frame)
+	l.q.Enqueue(ms[1], frame)
 	l.kick()
 	if writes() != 5 {
 		t.Fatalf("member not written since the tick: %d writes; want it written at once", writes())
 	}
-	l.table.Enqueue(ms[1], frame)
-	l.table.Enqueue(ms[0], frame)
+	l.q.Enqueue(ms[1], frame)
+	l.q.Enqueue(ms[0], frame)
 	l.kick()
 	if writes() != 5 {
 		t.Fatalf("members written since the tick: %d writes; want both held for the next tick", writes())
 	}
 	l.tick()
-	if writes() != 7 || l.table.HasDirty() {
-		t.Fatalf("next tick: %d writes, dirty %v; want both written", writes(), l.table.HasDirty())
+	if writes() != 7 || l.q.HasDirty() {
+		t.Fatalf("next tick: %d writes, dirty %v; want both written", writes(), l.q.HasDirty())
 	}
 	l.tick()
 	if l.ticking {
@@ -211,7 +209,7 @@ func TestOneWritePerTickUnderLoad(t *testing.T) {
 	l.srv.cfg.FlushInterval = time.Second // the test runs the ticks itself
 	t.Cleanup(l.stopTimers)
 	rig.next()
-	ms := append([]*fanout.Member(nil), l.table.TakeFresh()...)
+	ms := append([]*connOut(nil), l.q.TakeFresh()...)
 	if len(ms) != n {
 		t.Fatalf("%d members dirty, want %d", len(ms), n)
 	}
@@ -239,7 +237,7 @@ func TestOneWritePerTickUnderLoad(t *testing.T) {
 			l.kick()
 		case op < 6:
 			for j := next(4); j > 0; j-- {
-				l.table.Enqueue(ms[next(n)], frame)
+				l.q.Enqueue(ms[next(n)], frame)
 			}
 			snap()
 			l.kick()
@@ -286,7 +284,9 @@ func TestFlushTickFollowsLoad(t *testing.T) {
 	l.srv.cfg.FlushInterval = iv // the test runs the ticks itself
 	t.Cleanup(l.stopTimers)
 	var now time.Duration
-	l.fakeNow = func() time.Duration { return now }
+	clock := tickClock
+	tickClock = func() time.Duration { return now }
+	t.Cleanup(func() { tickClock = clock })
 	msgs := 0
 	// every: a write round every this many ticks in force (the loop
 	// stopped between bursts, or its ticks stretched), each with perTick
@@ -410,15 +410,15 @@ func TestFlushScheduleAllocationFree(t *testing.T) {
 	l.srv.cfg.FlushInterval = time.Hour // no tick timer fires (a goroutine each) while allocations are counted
 	t.Cleanup(l.stopTimers)
 	frame := []byte("z")
-	one := make([]*fanout.Member, 0, 1)
+	one := make([]*connOut, 0, 1)
 	cycle := func() {
 		rig.next()
-		one = append(one[:0], l.table.TakeFresh()[0])
+		one = append(one[:0], l.q.TakeFresh()[0])
 		l.kick() // quiet: written now
 		rig.next()
 		l.kick() // waits for the tick
 		l.tick() // written, re-armed
-		l.table.Enqueue(one[0], frame)
+		l.q.Enqueue(one[0], frame)
 		l.kick() // written in this period: waits
 		l.tick() // written
 		rig.next()

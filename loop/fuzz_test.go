@@ -120,8 +120,8 @@ func FuzzClientInput(f *testing.F) {
 			}
 		}
 		c := gc.ctx.(*conn)
-		if !c.closed && c.m.PendingBytes() > 0 {
-			for _, f := range c.m.Pending() {
+		if !c.closed && c.out.PendingBytes() > 0 {
+			for _, f := range c.out.Pending() {
 				gc.out = append(gc.out, f...)
 			}
 		}

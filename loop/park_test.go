@@ -54,7 +54,7 @@ func parkRig(t *testing.T) (*fanoutRig, *bufConn, int) {
 	_ = syscall.SetsockoptInt(fds[0], syscall.SOL_SOCKET, syscall.SO_SNDBUF, 16<<10)
 	gc := &bufConn{fd: fds[0]}
 	c := &conn{gc: gc, l: rig.l, state: stateOpen}
-	c.m.Owner = c
+	c.linkOut()
 	if err := rig.l.table.Join(&c.m, []byte(rig.key), fanout.Resume{}); err != nil {
 		t.Fatal(err)
 	}
@@ -87,10 +87,10 @@ func TestWriteKeepsTheBacklog(t *testing.T) {
 		t.Fatalf("gnet holds %d bytes, more than one frame (%d)", gc.OutboundBuffered(), len(rig.frame))
 	}
 	c := rig.l.parked
-	if len(c) != 1 || c[0].m.PendingBytes() == 0 {
+	if len(c) != 1 || c[0].out.PendingBytes() == 0 {
 		t.Fatalf("parked %d connections; the backlog should wait in the node", len(c))
 	}
-	if got := c[0].m.PendingBytes() + c[0].m.Backlog; got < 400*len(rig.frame)-64<<10 {
+	if got := c[0].out.PendingBytes() + c[0].out.Backlog(); got < 400*len(rig.frame)-64<<10 {
 		t.Fatalf("backlog counted %d bytes for 400 frames of %d", got, len(rig.frame))
 	}
 }

@@ -3,6 +3,7 @@ package loop
 import (
 	"time"
 
+	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/proto"
 )
@@ -37,8 +38,8 @@ const maxProxyQueue = 64
 type proxyWait struct {
 	call     proxy.Call
 	c        *conn
-	req      *proto.PubRequest // publish: what goes to fanout when allowed
-	answered bool              // loop only: the tProxy task has run
+	req      *fanout.PubRequest // publish: what goes to fanout when allowed
+	answered bool               // loop only: the tProxy task has run
 }
 
 // pubQueue is a connection's publishes waiting for the publish proxy, in
@@ -77,7 +78,7 @@ func (c *conn) askConnect(t *proxy.Target) {
 // loop, behind c's earlier publishes and asks the app's publish proxy
 // about it (t nil: the proxy was removed while publishes were waiting;
 // req only keeps its place in the order). Loop only.
-func (c *conn) askPublish(t *proxy.Target, room []byte, req *proto.PubRequest) {
+func (c *conn) askPublish(t *proxy.Target, room []byte, req *fanout.PubRequest) {
 	l := c.l
 	pq := l.pubQueues[c]
 	if pq == nil {
@@ -90,7 +91,7 @@ func (c *conn) askPublish(t *proxy.Target, room []byte, req *proto.PubRequest) {
 	if len(pq.q) >= maxProxyQueue {
 		c.l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(req.ID, proto.CodeOverloaded, "too many publishes waiting for the app's publish check: retry later with the same id")
-		proto.PutPubRequest(req)
+		fanout.PutPubRequest(req)
 		return
 	}
 	w := &proxyWait{c: c, req: req}
@@ -169,7 +170,7 @@ func (c *conn) releasePublishes() {
 		pq.q[n] = nil
 		n++
 		if c.closed || c.state != stateOpen {
-			proto.PutPubRequest(w.req)
+			fanout.PutPubRequest(w.req)
 			continue
 		}
 		if w.call.Allow {
@@ -178,7 +179,7 @@ func (c *conn) releasePublishes() {
 		}
 		c.app.refused[RefusedProxy].Add(1)
 		c.sendErr(w.req.ID, w.call.Code, w.call.Message)
-		proto.PutPubRequest(w.req)
+		fanout.PutPubRequest(w.req)
 	}
 	if n > 0 {
 		rest := copy(pq.q, pq.q[n:])

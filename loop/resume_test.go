@@ -94,16 +94,15 @@ func (rs *resumeStore) sql(t *testing.T, stmt string) {
 func fillStore(t testing.TB, st persist.Store, key string, from, n, size int) {
 	t.Helper()
 	body := []byte(`"` + strings.Repeat("b", max(size-2, 0)) + `"`)
-	var reqs []*proto.PubRequest
+	var reqs []*persist.Row
 	flush := func() {
-		res := make([]proto.PubResult, len(reqs))
-		if err := st.CommitBatch(context.Background(), reqs, res); err != nil {
+		if err := st.CommitBatch(context.Background(), reqs); err != nil {
 			t.Fatal(err)
 		}
 		reqs = reqs[:0]
 	}
 	for i := from; i < from+n; i++ {
-		reqs = append(reqs, &proto.PubRequest{Key: key, From: "filler", ID: []byte(fmt.Sprintf("f%d", i)), Body: body})
+		reqs = append(reqs, &persist.Row{Key: key, From: "filler", ID: []byte(fmt.Sprintf("f%d", i)), Body: body})
 		if len(reqs) == 100 {
 			flush()
 		}

@@ -6,13 +6,16 @@ import (
 	"runtime"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
 )
 
-func needRing(t *testing.T, l *loopState) *sendRing {
+// submits is how many batches the node's rings have submitted.
+func submits(l *loopState) uint64 { return l.srv.Stats.Ring.Submits.Load() }
+
+func needRing(t *testing.T, l *loopState) *uring.Ring {
 	t.Helper()
 	r := l.sendRing()
 	if r == nil {
@@ -43,7 +46,7 @@ func useRing(t *testing.T, l *loopState, on bool) {
 		return
 	}
 	if l.ring != nil {
-		l.ring.close()
+		l.ring.Close()
 	}
 	l.ring, l.ringTried = nil, true
 }
@@ -62,7 +65,7 @@ func readAll(fd int) []byte {
 
 // parkedConn finds the member's connection of parkRig by its transport.
 func (l *loopState) parkedConn(gc *bufConn) *conn {
-	for _, m := range l.table.TakeDirty() {
+	for _, m := range l.q.TakeDirty() {
 		if c, ok := m.Owner.(*conn); ok && c.gc == gc {
 			return c
 		}
@@ -90,11 +93,11 @@ func batchedWrites(t *testing.T, ring bool, k int) *fanoutRig {
 	}
 	var before uint64
 	if ring {
-		before = rig.l.ring.submits
+		before = submits(rig.l)
 	}
 	rig.deliver(k)
-	if got := (100 + ringBatch - 1) / ringBatch; ring && rig.l.ring.submits-before != uint64(got) {
-		t.Fatalf("%d submits for 100 writes of %d frames, want %d", rig.l.ring.submits-before, k, got)
+	if got := (100 + uring.Batch - 1) / uring.Batch; ring && submits(rig.l)-before != uint64(got) {
+		t.Fatalf("%d submits for 100 writes of %d frames, want %d", submits(rig.l)-before, k, got)
 	}
 	want := bytes.Repeat(rig.frame, k)
 	for i, p := range rig.peers {
@@ -171,8 +174,8 @@ func TestRingSendResults(t *testing.T) {
 			if got := readAll(peer); !bytes.Equal(got, tc.want(rig.frame)) {
 				t.Fatalf("peer got %d bytes, want %d", len(got), len(tc.want(rig.frame)))
 			}
-			if c.m.PendingBytes() != 0 || st.Writes.Load() != w0+1 {
-				t.Fatalf("pending %d bytes, writes +%d; want 0 and +1", c.m.PendingBytes(), st.Writes.Load()-w0)
+			if c.out.PendingBytes() != 0 || st.Writes.Load() != w0+1 {
+				t.Fatalf("pending %d bytes, writes +%d; want 0 and +1", c.out.PendingBytes(), st.Writes.Load()-w0)
 			}
 		})
 	}
@@ -191,7 +194,7 @@ func memberTwiceSentOnce(t *testing.T, ring bool) {
 	rig.next()
 	rig.l.flushFresh()
 	rig.next()
-	if d := rig.l.table.TakeDirty(); len(d) != 2 || d[0] != d[1] {
+	if d := rig.l.q.TakeDirty(); len(d) != 2 || d[0] != d[1] {
 		t.Fatalf("dirty list %d long; the test needs the member in it twice", len(d))
 	} else {
 		rig.l.writeSlice(d, -1)
@@ -201,44 +204,6 @@ func memberTwiceSentOnce(t *testing.T, ring bool) {
 	}
 	if w := rig.l.srv.Stats.Writes.Load(); w != 2 {
 		t.Fatalf("%d writes, want 2", w)
-	}
-}
-
-// A send to a full socket completes at once with EAGAIN: the ring never
-// waits in the kernel for a slow consumer's socket to drain.
-func TestRingFullSocketDoesNotWait(t *testing.T) {
-	r := newSendRing()
-	if r == nil {
-		t.Skip("no io_uring on this kernel")
-	}
-	defer r.close()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(fds[0])
-	defer syscall.Close(fds[1])
-	_ = syscall.SetNonblock(fds[0], true)
-	junk := make([]byte, 4096)
-	for {
-		if n, _ := syscall.Write(fds[0], junk); n <= 0 {
-			break
-		}
-	}
-	done := make(chan int32, 1)
-	go func() {
-		r.queue(&conn{}, fds[0], [][]byte{junk[:100]})
-		r.submit()
-		done <- r.res[0]
-	}()
-	select {
-	case res := <-done:
-		if res != -int32(syscall.EAGAIN) {
-			t.Fatalf("send to a full socket: %d, want -EAGAIN", res)
-		}
-	case <-time.After(5 * time.Second):
-		syscall.Close(fds[1]) // let the stuck send finish
-		t.Fatal("the ring waited for a full socket")
 	}
 }
 
@@ -269,7 +234,7 @@ func frameWrites(b *testing.B, k int) {
 				b.Cleanup(func() { f.Close() })
 				go func() { _, _ = io.Copy(io.Discard, cl) }()
 				c := &conn{gc: &sockConn{fd: fd}, l: rig.l, state: stateOpen}
-				c.m.Owner = c
+				c.linkOut()
 				if err := rig.l.table.Join(&c.m, []byte(rig.key), fanout.Resume{}); err != nil {
 					b.Fatal(err)
 				}
@@ -279,7 +244,7 @@ func frameWrites(b *testing.B, k int) {
 			rig.l.flush()
 			if mode == "send" {
 				if rig.l.ring != nil {
-					rig.l.ring.close()
+					rig.l.ring.Close()
 				}
 				rig.l.ring, rig.l.ringTried = nil, true
 			} else if rig.l.sendRing() == nil {
@@ -319,7 +284,7 @@ func TestRingOff(t *testing.T) {
 	rig := newFanoutRig(t, 3, false)
 	l := rig.l
 	if l.ring != nil {
-		l.ring.close()
+		l.ring.Close()
 	}
 	l.ring, l.ringTried = nil, false
 	l.srv.cfg.IOURing = false
@@ -339,44 +304,37 @@ func TestRingOff(t *testing.T) {
 func TestRingBatchesWritesOfSeveralFrames(t *testing.T) { bothWays(t, batchesWritesOfSeveralFrames) }
 
 func batchesWritesOfSeveralFrames(t *testing.T, ring bool) {
-	rig := batchedWrites(t, ring, 3)
-	if ring {
-		for i := range rig.l.ring.iov {
-			if rig.l.ring.iov[i].Base != nil {
-				t.Fatalf("iovec %d still points at a frame after its batch", i)
-			}
-		}
-	}
+	batchedWrites(t, ring, 3)
 }
 
-// A batch carries at most ringIovs iovecs: 100 frames to each of 30
+// A batch carries at most uring.Iovs iovecs: 100 frames to each of 30
 // members is 3,000 iovecs, so the batches end at 10 members (1,000
-// iovecs), not at ringBatch, and a member with more frames than a batch
+// iovecs), not at uring.Batch, and a member with more frames than a batch
 // holds is a writev of its own.
 func TestRingIovecsBoundABatch(t *testing.T) {
 	rig := newFanoutRig(t, 30, true)
 	r := needRing(t, rig.l)
-	before := r.submits
+	before := submits(rig.l)
 	rig.deliver(100)
-	per := ringIovs / 100
-	if got, want := r.submits-before, uint64((30+per-1)/per); got != want {
+	per := uring.Iovs / 100
+	if got, want := submits(rig.l)-before, uint64((30+per-1)/per); got != want {
 		t.Fatalf("%d submits for 30 writes of 100 frames, want %d (%d a batch)", got, want, per)
 	}
 	st := &rig.l.srv.Stats
 	if w, f := st.Writes.Load(), st.FramesOut.Load(); w != 30 || f != 3000 {
 		t.Fatalf("writes %d, frames %d; want 30 and 3000", w, f)
 	}
-	if r.fits(ringIovs+1) || r.takes(ringIovs+1) {
+	if r.Fits(uring.Iovs+1) || r.Takes(uring.Iovs+1) {
 		t.Fatal("a write of more frames than a batch's iovecs fits the ring")
 	}
-	before = r.submits
+	before = submits(rig.l)
 	w0 := st.Writes.Load()
-	rig.deliver(ringIovs + 1)
-	if r.submits != before {
-		t.Fatalf("%d submits for writes of %d frames, want none (writev)", r.submits-before, ringIovs+1)
+	rig.deliver(uring.Iovs + 1)
+	if submits(rig.l) != before {
+		t.Fatalf("%d submits for writes of %d frames, want none (writev)", submits(rig.l)-before, uring.Iovs+1)
 	}
-	if w, f := st.Writes.Load()-w0, st.FramesOut.Load()-3000; w != 30 || f != 30*(ringIovs+1) {
-		t.Fatalf("writes %d, frames %d; want 30 and %d", w, f, 30*(ringIovs+1))
+	if w, f := st.Writes.Load()-w0, st.FramesOut.Load()-3000; w != 30 || f != 30*(uring.Iovs+1) {
+		t.Fatalf("writes %d, frames %d; want 30 and %d", w, f, 30*(uring.Iovs+1))
 	}
 }
 
@@ -403,7 +361,7 @@ func TestRingSendResultsOfSeveralFrames(t *testing.T) {
 			rig.next()
 			rig.next()
 			c := rig.l.parkedConn(gc)
-			if c == nil || len(c.m.Pending()) != 3 {
+			if c == nil || len(c.out.Pending()) != 3 {
 				t.Fatal("the member has not three frames pending")
 			}
 			n := len(rig.frame)
@@ -415,7 +373,7 @@ func TestRingSendResultsOfSeveralFrames(t *testing.T) {
 			if got := len(readAll(peer)); got != tc.gnet(n) {
 				t.Fatalf("peer got %d bytes after the ring's share, want %d", got, tc.gnet(n))
 			}
-			if left := len(c.m.Pending()); left != tc.left {
+			if left := len(c.out.Pending()); left != tc.left {
 				t.Fatalf("%d frames still queued, want %d", left, tc.left)
 			}
 			if st.Writes.Load() != w0+1 {

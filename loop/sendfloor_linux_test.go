@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,7 +30,7 @@ import (
 // CPU (default 0; the writer runs where taskset put the test);
 // ROOST_SENDFLOOR_RATE rounds a second (default 5) for 10 s. Each round
 // writes one 500-byte frame to every socket, once with the loop's ring (in
-// batches of ringBatch) and once with one send(2) a socket, and the test
+// batches of uring.Batch) and once with one send(2) a socket, and the test
 // logs the writing thread's user and system CPU per send and the mean
 // round.
 func TestSendFloor(t *testing.T) {
@@ -94,12 +95,12 @@ func sendFloorRound(t *testing.T, n, rate int, cpu string, viaRing bool) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	var ring *sendRing
+	var ring *uring.Ring
 	if viaRing {
-		if ring = newSendRing(); ring == nil {
+		if ring = uring.New(new(uring.Stats)); ring == nil {
 			t.Skip("no io_uring here")
 		}
-		defer ring.close()
+		defer ring.Close()
 	}
 	frame := make([]byte, 500)
 	frames := [][]byte{frame}
@@ -116,8 +117,8 @@ func sendFloorRound(t *testing.T, n, rate int, cpu string, viaRing bool) {
 		t0 := time.Now()
 		if viaRing {
 			for _, fd := range fds {
-				ring.queue(nil, fd, frames)
-				if ring.full() {
+				ring.Send(fd, frames)
+				if ring.Full() {
 					short += sendFloorSubmit(ring, len(frame))
 				}
 			}
@@ -138,7 +139,7 @@ func sendFloorRound(t *testing.T, n, rate int, cpu string, viaRing bool) {
 	sends := float64(rounds * n)
 	how := "send(2) a socket"
 	if viaRing {
-		how = "the ring, " + strconv.Itoa(ringBatch) + " sends an io_uring_enter"
+		how = "the ring, " + strconv.Itoa(uring.Batch) + " sends an io_uring_enter"
 	}
 	t.Logf("%s: %d sends, user %.2f µs, sys %.2f µs per send; a round %v; %d short",
 		how, int(sends), us(before.Utime, after.Utime)/sends, us(before.Stime, after.Stime)/sends,
@@ -147,13 +148,11 @@ func sendFloorRound(t *testing.T, n, rate int, cpu string, viaRing bool) {
 
 // sendFloorSubmit sends the ring's batch and counts the sends not taken
 // whole.
-func sendFloorSubmit(r *sendRing, size int) int {
-	k := r.submit()
+func sendFloorSubmit(r *uring.Ring, size int) int {
+	k := r.Submit()
 	short := 0
 	for i := 0; i < k; i++ {
-		r.conns[i] = nil
-		if r.pending[i] || r.res[i] != int32(size) {
-			r.pending[i] = false
+		if res, done := r.Result(i); !done || res != int32(size) {
 			short++
 		}
 	}

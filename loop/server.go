@@ -7,7 +7,15 @@
 // connection. Work produced elsewhere (deliveries from the broker, acks from
 // the publish pool, store reads) reaches a loop through that loop's inbox:
 // one queue, one wake-up per batch. Outbound frames are queued per
-// connection and written once per flush tick: many frames, one writev.
+// connection in the loop's outbound queue (fanout/outq, which fanout fills)
+// and written once per flush tick: many frames, one writev.
+//
+// By file: loop.go the loop's state and its task switch; inbox.go the
+// inbox; tick.go when the flush runs; flush.go the flush and its passes;
+// write.go the socket writes (loop/internal/uring batches them); park.go
+// connections waiting for their transport, and closing handshakes;
+// sweep.go idle pings and timeouts (idle_linux.go: their pongs on the
+// ring); conn.go a connection's frames and commands.
 package loop
 
 import (
@@ -36,6 +44,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -220,6 +229,11 @@ type Stats struct {
 	// which shows whether a loop's tick is halved at a given load.
 	ShortTicks atomic.Uint64
 	Pings      atomic.Uint64 // server pings sent (idle connections)
+	// PongsHeld: idle connections whose pong was left in the socket for
+	// the next sweep (idle_linux.go); PongsTaken: pongs that sweep took.
+	PongsHeld  atomic.Uint64
+	PongsTaken atomic.Uint64
+	Ring       uring.Stats // the loops' io_uring batches
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.
@@ -255,28 +269,28 @@ func orNone(o fanout.Observer) fanout.Observer {
 // clock, so a wall-clock step cannot produce a negative latency.
 var monoEpoch = time.Now()
 
-// pubStamp is the loop's side of one publish, its proto.Origin: the
+// pubStamp is the loop's side of one publish, its fanout.Origin: the
 // publishing connection, when its frame was read, and (filled by
 // Published) the outcome. Stamps are recycled through their loop's free
 // list (loop only), so a publish allocates none in steady state.
 type pubStamp struct {
 	c   *conn
-	req *proto.PubRequest
+	req *fanout.PubRequest
 	t0  time.Duration // since monoEpoch
 	seq uint64
 	err error
 }
 
 // Published hands the outcome of a publish to its connection's loop
-// (proto.Origin). A publish worker calls it; the push publishes the
+// (fanout.Origin). A publish worker calls it; the push publishes the
 // outcome fields to the loop.
-func (ps *pubStamp) Published(req *proto.PubRequest, res *proto.PubResult) {
-	ps.seq, ps.err = res.Seq, res.Err
+func (ps *pubStamp) Published(req *fanout.PubRequest) {
+	ps.seq, ps.err = req.Seq, req.Err
 	ps.c.l.push(task{kind: tAck, ack: ps})
 }
 
 // stamp returns a stamp for req, a publish of c read now. Loop only.
-func (l *loopState) stamp(c *conn, req *proto.PubRequest) *pubStamp {
+func (l *loopState) stamp(c *conn, req *fanout.PubRequest) *pubStamp {
 	var ps *pubStamp
 	if n := len(l.stamps); n > 0 {
 		ps = l.stamps[n-1]

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/persist"
-	"github.com/roost-chat/roost/proto"
 )
 
 // slowStore holds every commit for delay first: a node whose publishes wait
@@ -17,9 +16,9 @@ type slowStore struct {
 	delay atomic.Int64
 }
 
-func (s *slowStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
+func (s *slowStore) CommitBatch(ctx context.Context, rows []*persist.Row) error {
 	time.Sleep(time.Duration(s.delay.Load()))
-	return s.Store.CommitBatch(ctx, reqs, res)
+	return s.Store.CommitBatch(ctx, rows)
 }
 
 // TestShedWhileCommitsLag: once a loop's publishes take longer than

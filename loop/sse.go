@@ -227,13 +227,13 @@ func (c *conn) endSSE() {
 		return
 	}
 	l := c.l
-	if c.m.PendingBytes() > 0 && !c.m.Slow() {
+	if c.out.PendingBytes() > 0 && !c.out.Slow() {
 		l.writeOut(c, true)
 		if c.closed || c.state == stateClosing {
 			return
 		}
 	}
-	l.table.Drop(&c.m)
+	l.q.Drop(&c.out)
 	out := append(l.scratch[:0], "retry: "...)
 	out = strconv.AppendInt(out, int64(l.srv.retryMS()), 10)
 	out = append(out, "\n\n"...)

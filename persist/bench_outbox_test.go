@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -43,8 +44,8 @@ CREATE TRIGGER bench_outbox AFTER INSERT ON messages REFERENCING NEW TABLE AS ne
 	}
 	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
 	seq := 0
-	reqs := make([]*proto.PubRequest, len(keys))
-	res := make([]proto.PubResult, len(keys))
+	reqs := make([]*Row, len(keys))
+	res := make([]Stored, len(keys))
 	round := func(outbox bool) time.Duration {
 		mode := "DISABLE"
 		if outbox {
@@ -53,14 +54,14 @@ CREATE TRIGGER bench_outbox AFTER INSERT ON messages REFERENCING NEW TABLE AS ne
 		if _, err := st.pool.Exec(ctx, `ALTER TABLE messages `+mode+` TRIGGER bench_outbox`); err != nil {
 			b.Fatal(err)
 		}
-		pids := backendPIDs(b, st)
-		cpu0 := pgCPU(pids)
+		pids := pgtest.BackendPIDs(b, url)
+		cpu0 := pgtest.CPU(pids)
 		for i := 0; i < b.N; i++ {
 			for k := range reqs {
 				seq++
-				reqs[k] = &proto.PubRequest{Key: keys[k], From: "u", ID: []byte(fmt.Sprint(seq)), Body: body}
+				reqs[k] = &Row{Key: keys[k], From: "u", ID: []byte(fmt.Sprint(seq)), Body: body}
 			}
-			if err := st.CommitBatch(ctx, reqs, res); err != nil {
+			if err := commitInto(ctx, st, reqs, res); err != nil {
 				b.Fatal(err)
 			}
 			if outbox && i%100 == 99 {
@@ -69,7 +70,7 @@ CREATE TRIGGER bench_outbox AFTER INSERT ON messages REFERENCING NEW TABLE AS ne
 				}
 			}
 		}
-		return pgCPU(pids) - cpu0
+		return pgtest.CPU(pids) - cpu0
 	}
 	round(false) // warm: rooms made, statements prepared
 	round(true)

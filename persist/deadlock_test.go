@@ -56,7 +56,7 @@ func TestPostgresNodesShareRoomsWithoutDeadlock(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			warm := make([]*proto.PubRequest, rooms)
+			warm := make([]*Row, rooms)
 			for i, r := range rand.New(rand.NewPCG(uint64(n), 1)).Perm(rooms) {
 				warm[i] = req(proto.RoomKey("app", fmt.Sprint("room", r)), fmt.Sprint("warm", n), "w", `0`)
 			}
@@ -75,12 +75,12 @@ func TestPostgresNodesShareRoomsWithoutDeadlock(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
 			for b := 0; b < batches; b++ {
-				reqs := make([]*proto.PubRequest, perBatch)
-				res := make([]proto.PubResult, perBatch)
+				reqs := make([]*Row, perBatch)
+				res := make([]Stored, perBatch)
 				for i, r := range rng.Perm(rooms)[:perBatch] {
 					reqs[i] = req(proto.RoomKey("app", fmt.Sprint("room", r)), fmt.Sprint("node", g), fmt.Sprintf("b%d-%d", b, i), `1`)
 				}
-				if err := stores[n].CommitBatch(ctx, reqs, res); err != nil {
+				if err := commitInto(ctx, stores[n], reqs, res); err != nil {
 					errs <- err
 				}
 			}

@@ -48,10 +48,10 @@ func FuzzStoreInput(f *testing.F) {
 		// A fresh id per run: the fuzzer repeats inputs, and a duplicate
 		// would be answered from the first run.
 		id := append(append([]byte{}, cmd.ID...), byte(n), byte(n>>8), byte(n>>16))
-		req := &proto.PubRequest{Key: proto.RoomKey("fz", string(cmd.Room)), From: string(user), ID: id, Body: cmd.Body}
+		req := &Row{Key: proto.RoomKey("fz", string(cmd.Room)), From: string(user), ID: id, Body: cmd.Body}
 		for _, st := range stores {
-			res := make([]proto.PubResult, 1)
-			if err := st.CommitBatch(context.Background(), []*proto.PubRequest{req}, res); err != nil || res[0].Err != nil {
+			res := make([]Stored, 1)
+			if err := commitInto(context.Background(), st, []*Row{req}, res); err != nil || res[0].Err != nil {
 				t.Fatalf("%T refused accepted input user %q room %q id %q: %v %v", st, user, cmd.Room, cmd.ID, err, res[0].Err)
 			}
 			if res[0].Duplicate {

@@ -10,10 +10,10 @@ import (
 	"github.com/roost-chat/roost/proto"
 )
 
-func commitRes(t *testing.T, st Store, reqs ...*proto.PubRequest) []proto.PubResult {
+func commitRes(t *testing.T, st Store, reqs ...*Row) []Stored {
 	t.Helper()
-	res := make([]proto.PubResult, len(reqs))
-	if err := st.CommitBatch(context.Background(), reqs, res); err != nil {
+	res := make([]Stored, len(reqs))
+	if err := commitInto(context.Background(), st, reqs, res); err != nil {
 		t.Fatalf("CommitBatch: %v", err)
 	}
 	return res

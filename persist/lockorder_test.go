@@ -27,7 +27,7 @@ func TestPostgresCommitsLockRoomsInOneOrder(t *testing.T) {
 	url, stores := nodeStores(t, nodes)
 	ctx := context.Background()
 	key := func(r int) string { return proto.RoomKey("app", fmt.Sprint("room", r)) }
-	warm := make([]*proto.PubRequest, rooms)
+	warm := make([]*Row, rooms)
 	for r := range warm {
 		warm[r] = req(key(r), "warm", "w", `0`)
 	}
@@ -55,12 +55,12 @@ func TestPostgresCommitsLockRoomsInOneOrder(t *testing.T) {
 				// Sizes from 1 to 256 (the pool's MaxBatch): a hash
 				// aggregate's table, hence its output order, grows with them.
 				n := 1 + rng.IntN(256)
-				reqs := make([]*proto.PubRequest, n)
-				res := make([]proto.PubResult, n)
+				reqs := make([]*Row, n)
+				res := make([]Stored, n)
 				for i := range reqs {
 					reqs[i] = req(key(rng.IntN(rooms)), fmt.Sprint("node", g), fmt.Sprintf("b%d-%d", b, i), `1`)
 				}
-				err := st.CommitBatch(ctx, reqs, res)
+				err := commitInto(ctx, st, reqs, res)
 				mu.Lock()
 				for i, r := range res {
 					switch {
@@ -167,10 +167,10 @@ func TestPostgresCommitRetriesDeadlock(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM rooms WHERE id = $1 FOR UPDATE`, idB); err != nil {
 		t.Fatal(err)
 	}
-	reqs := []*proto.PubRequest{req(a, "u", "3", `2`), req(b, "u", "4", `2`)}
-	res := make([]proto.PubResult, len(reqs))
+	reqs := []*Row{req(a, "u", "3", `2`), req(b, "u", "4", `2`)}
+	res := make([]Stored, len(reqs))
 	done := make(chan error, 1)
-	go func() { done <- st.CommitBatch(ctx, reqs, res) }()
+	go func() { done <- commitInto(ctx, st, reqs, res) }()
 	// The commit holds a and waits for b; then the other transaction asks
 	// for a: a cycle. The commit waited first, so its backend finds the
 	// cycle after deadlock_timeout and fails its own statement.

@@ -334,32 +334,32 @@ func (m *Memory) shard(key string) *memShard {
 
 // CommitBatch implements Store. It never fails except on a done context,
 // which it checks before storing anything, so all-or-nothing holds.
-func (m *Memory) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
+func (m *Memory) CommitBatch(ctx context.Context, rs []*Row) error {
 	if err := ctx.Err(); err != nil {
-		for i := range reqs {
-			res[i] = proto.PubResult{Err: proto.ErrOverloaded}
+		for _, r := range rs {
+			r.Stored = Stored{Err: proto.ErrOverloaded}
 		}
 		return err
 	}
 	ts := time.Now().UnixMilli()
-	for i, r := range reqs {
+	for _, r := range rs {
 		sh := m.shard(r.Key)
 		sh.mu.Lock()
-		res[i] = m.commitLocked(sh, r, ts)
+		r.Stored = m.commitLocked(sh, r, ts)
 		sh.mu.Unlock()
 	}
 	m.evictOver()
 	return nil
 }
 
-func (m *Memory) commitLocked(sh *memShard, r *proto.PubRequest, ts int64) proto.PubResult {
+func (m *Memory) commitLocked(sh *memShard, r *Row, ts int64) Stored {
 	room := m.roomLocked(sh, r.Key)
 	if room == nil {
-		return proto.PubResult{Err: proto.ErrRoomLimit}
+		return Stored{Err: proto.ErrRoomLimit}
 	}
 	// Lookup with a borrowed string: no allocation for the duplicate check.
 	if seq, ok := room.idem[memKey{r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}]; ok {
-		return proto.PubResult{Seq: seq, TS: room.entry(seq).ts, Duplicate: true}
+		return Stored{Seq: seq, TS: room.entry(seq).ts, Duplicate: true}
 	}
 	// One allocation per stored message: the id and the body together.
 	buf := make([]byte, len(r.ID)+len(r.Body))
@@ -386,7 +386,7 @@ func (m *Memory) commitLocked(sh *memShard, r *proto.PubRequest, ts int64) proto
 	if m.maxBytes > 0 {
 		m.touch(room)
 	}
-	return proto.PubResult{Seq: e.seq, TS: ts}
+	return Stored{Seq: e.seq, TS: ts}
 }
 
 // dropOldest forgets the oldest kept message of r and its idempotency
@@ -699,7 +699,7 @@ func (m *Memory) Close() {
 }
 
 // hashKey is FNV-1a over the room key: cheap, allocation-free and stable,
-// used both for store shards and for the pool's room → worker mapping.
+// for the store's room shards.
 func hashKey(key string) uint32 {
 	h := uint32(2166136261)
 	for i := 0; i < len(key); i++ {

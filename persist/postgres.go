@@ -41,9 +41,12 @@ type PGConfig struct {
 	// Logger gets the store's rare events (ambiguous commits, retention
 	// failures); default slog.Default().
 	Logger *slog.Logger
-
-	coldBackends bool // tests: leave out warmBackendHeap, to compare
 }
+
+// backendSetup runs on each new connection of the pool (pgxpool's
+// AfterConnect). A variable so that a test can leave it out, to compare a
+// cold backend with a warmed one.
+var backendSetup = warmBackendHeap
 
 // Postgres is the durable store on PostgreSQL (schema in migrations/). Room
 // ids are cached in memory after first use, so a publish costs no lookup.
@@ -120,9 +123,7 @@ func OpenPostgres(ctx context.Context, url string, cfg PGConfig) (*Postgres, err
 	// time linear in the room's size for every later batch (measured: 13
 	// µs of PostgreSQL CPU per publish at 25k rows, 125 µs at 200k).
 	pc.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
-	if !cfg.coldBackends {
-		pc.AfterConnect = warmBackendHeap
-	}
+	pc.AfterConnect = backendSetup
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("cannot create PostgreSQL pool: %w", err)
@@ -550,31 +551,31 @@ const (
 // is the outcome unknown; the batch is then answered proto.ErrOverloaded (never an
 // ack) and logged, and a retry of the same key returns the stored seq if it
 // did commit.
-func (p *Postgres) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
+func (p *Postgres) CommitBatch(ctx context.Context, rs []*Row) error {
 	s := p.scratchPool.Get().(*pgScratch)
 	defer func() {
 		s.reset(0) // drop the references to the batch's requests
 		p.scratchPool.Put(s)
 	}()
-	s.reset(len(reqs))
-	err := p.commit(ctx, s, reqs, res)
+	s.reset(len(rs))
+	err := p.commit(ctx, s, rs)
 	if err != nil {
 		rerr := err
 		if errors.Is(err, proto.ErrOverloaded) {
 			rerr = proto.ErrOverloaded
 		}
-		for i := range res {
-			res[i] = proto.PubResult{Err: rerr}
+		for _, r := range rs {
+			r.Stored = Stored{Err: rerr}
 		}
 	}
 	return err
 }
 
-func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest, res []proto.PubResult) error {
+func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 	if p.closed.Load() {
 		return proto.ErrClosed
 	}
-	if err := p.prepare(ctx, s, reqs, res); err != nil {
+	if err := p.prepare(ctx, s, rs); err != nil {
 		return err
 	}
 	if len(s.uOrd) == 0 {
@@ -590,13 +591,13 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 		if aerr != nil {
 			return p.wrap("acquire connection", aerr)
 		}
-		err = p.runCommit(ctx, conn, sql, s, res, token)
+		err = p.runCommit(ctx, conn, sql, s, rs, token)
 		conn.Release()
 		if err == nil {
 			break
 		}
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
-			return p.resolve(s, reqs, res, token, err)
+			return p.resolve(s, rs, token, err)
 		}
 		if sql == freshSQL && isUniqueViolation(err) {
 			// A key of the batch is stored already (or being stored by
@@ -633,29 +634,24 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, reqs []*proto.PubRe
 		clear(s.isOld)
 		clear(s.base)
 	}
-	for i := range reqs {
-		if f := s.first[i]; f != i {
-			res[i] = res[f]
-			res[i].Duplicate = true
-		}
-	}
+	s.answerRepeats(rs)
 	return nil
 }
 
 // prepare resolves the batch's room ids and fills the statement's arrays
 // with its distinct publishes. A request whose room could not be made (the
 // app's room limit) is answered here with proto.ErrRoomLimit and left out.
-func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest, res []proto.PubResult) error {
-	if err := p.resolveRooms(ctx, s, reqs); err != nil {
+func (p *Postgres) prepare(ctx context.Context, s *pgScratch, rs []*Row) error {
+	if err := p.resolveRooms(ctx, s, rs); err != nil {
 		return err
 	}
 	// In-batch repeats are answered from their first request, so the
 	// statement sees distinct keys only. The id strings alias req.ID, live
 	// for this call only, and are cleared from the map by reset.
-	for i, r := range reqs {
+	for i, r := range rs {
 		if s.ids[i] == 0 {
 			s.first[i] = i
-			res[i] = proto.PubResult{Err: proto.ErrRoomLimit}
+			r.Stored = Stored{Err: proto.ErrRoomLimit}
 			continue
 		}
 		k := dedupKey{s.ids[i], r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}
@@ -686,8 +682,8 @@ func (p *Postgres) prepare(ctx context.Context, s *pgScratch, reqs []*proto.PubR
 
 // resolveRooms fills s.ids, creating the rooms not cached yet; a room the
 // app's limit did not let be made keeps id 0.
-func (p *Postgres) resolveRooms(ctx context.Context, s *pgScratch, reqs []*proto.PubRequest) error {
-	for i, r := range reqs {
+func (p *Postgres) resolveRooms(ctx context.Context, s *pgScratch, rs []*Row) error {
+	for i, r := range rs {
 		id, ok := p.cachedRoom(r.Key)
 		if !ok {
 			if !containsString(s.misses, r.Key) {
@@ -703,7 +699,7 @@ func (p *Postgres) resolveRooms(ctx context.Context, s *pgScratch, reqs []*proto
 	if err := p.ensureRooms(ctx, s.misses); err != nil {
 		return p.wrap("create rooms", err)
 	}
-	for i, r := range reqs {
+	for i, r := range rs {
 		if s.ids[i] == 0 {
 			s.ids[i], _ = p.cachedRoom(r.Key)
 		}
@@ -722,7 +718,7 @@ func containsString(list []string, s string) bool {
 
 // runCommit executes sql (commitSQL or freshSQL) and fills res for the
 // distinct publishes.
-func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, res []proto.PubResult, token int64) error {
+func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, rs []*Row, token int64) error {
 	var rows pgx.Rows
 	var err error
 	if sql == freshSQL {
@@ -733,7 +729,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	if err != nil {
 		return err
 	}
-	freshTS, old, err := p.readCommit(rows, s, res)
+	freshTS, old, err := p.readCommit(rows, s, rs)
 	if err != nil {
 		return err
 	}
@@ -751,7 +747,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 		}
 		base++
 		s.base[room] = base
-		res[ord] = proto.PubResult{Seq: base, TS: freshTS}
+		rs[ord].Stored = Stored{Seq: base, TS: freshTS}
 	}
 	return nil
 }
@@ -759,7 +755,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 // readCommit reads the commit statement's answer (old reports stored keys
 // met); rows.Err after Close reports a failure up to the end of the
 // statement, its commit included.
-func (p *Postgres) readCommit(rows pgx.Rows, s *pgScratch, res []proto.PubResult) (freshTS int64, old bool, err error) {
+func (p *Postgres) readCommit(rows pgx.Rows, s *pgScratch, rs []*Row) (freshTS int64, old bool, err error) {
 	defer rows.Close()
 	for rows.Next() {
 		var kind int32
@@ -769,7 +765,7 @@ func (p *Postgres) readCommit(rows pgx.Rows, s *pgScratch, res []proto.PubResult
 			return 0, false, err
 		}
 		if kind == 0 {
-			res[a] = proto.PubResult{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
+			rs[a].Stored = Stored{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
 			s.isOld[a] = true
 			old = true
 		} else {
@@ -782,11 +778,11 @@ func (p *Postgres) readCommit(rows pgx.Rows, s *pgScratch, res []proto.PubResult
 }
 
 // resolve settles a commit whose outcome is unknown (see CommitBatch).
-func (p *Postgres) resolve(s *pgScratch, reqs []*proto.PubRequest, res []proto.PubResult, token int64, cause error) error {
+func (p *Postgres) resolve(s *pgScratch, rs []*Row, token int64, cause error) error {
 	deadline := time.Now().Add(p.cfg.ResolveTimeout)
 	backoff := 10 * time.Millisecond
 	for {
-		committed, err := p.resolveOnce(s, res, token, deadline)
+		committed, err := p.resolveOnce(s, rs, token, deadline)
 		if err == nil {
 			if !committed {
 				p.resolvedRolledBack.Add(1)
@@ -794,19 +790,14 @@ func (p *Postgres) resolve(s *pgScratch, reqs []*proto.PubRequest, res []proto.P
 			}
 			p.resolvedCommitted.Add(1)
 			p.log.Info("persist: commit outcome resolved after a connection failure",
-				"requests", len(reqs), "cause", cause)
-			for i := range reqs {
-				if f := s.first[i]; f != i {
-					res[i] = res[f]
-					res[i].Duplicate = true
-				}
-			}
+				"requests", len(rs), "cause", cause)
+			s.answerRepeats(rs)
 			return nil
 		}
 		if p.closed.Load() || time.Now().Add(backoff).After(deadline) {
 			p.unresolved.Add(1)
 			p.log.Error("persist: commit outcome unknown: answered overloaded; a retry of the same keys returns the stored seq if it committed",
-				"requests", len(reqs), "cause", cause, "err", err)
+				"requests", len(rs), "cause", cause, "err", err)
 			return p.wrap("commit batch (outcome unknown)", cause)
 		}
 		time.Sleep(backoff)
@@ -816,7 +807,7 @@ func (p *Postgres) resolve(s *pgScratch, reqs []*proto.PubRequest, res []proto.P
 
 // resolveOnce reports whether the batch with token committed and, if so,
 // fills res for its distinct publishes.
-func (p *Postgres) resolveOnce(s *pgScratch, res []proto.PubResult, token int64, deadline time.Time) (bool, error) {
+func (p *Postgres) resolveOnce(s *pgScratch, rs []*Row, token int64, deadline time.Time) (bool, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	tx, err := p.pool.Begin(ctx)
@@ -848,7 +839,7 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 			return false, err
 		}
 		found++
-		res[ord] = proto.PubResult{Seq: uint64(seq), TS: ts.UnixMilli(), Duplicate: batch != token}
+		rs[ord].Stored = Stored{Seq: uint64(seq), TS: ts.UnixMilli(), Duplicate: batch != token}
 		if batch == token {
 			ours++
 		}
@@ -867,9 +858,20 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 		return false, fmt.Errorf("BUG: batch %d committed but %d of %d keys have no row", token, len(s.uOrd)-found, len(s.uOrd))
 	}
 	for _, ord := range s.uOrd {
-		res[ord] = proto.PubResult{}
+		rs[ord].Stored = Stored{}
 	}
 	return false, nil
+}
+
+// answerRepeats answers each in-batch repeat of a key from its first
+// occurrence, as a duplicate.
+func (s *pgScratch) answerRepeats(rs []*Row) {
+	for i, r := range rs {
+		if f := s.first[i]; f != i {
+			r.Stored = rs[f].Stored
+			r.Duplicate = true
+		}
+	}
 }
 
 // CommitStats counts the commit statements PostgreSQL failed on their

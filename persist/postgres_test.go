@@ -3,11 +3,9 @@ package persist
 import (
 	"context"
 	"errors"
-	"fmt"
 	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,8 +14,6 @@ import (
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
-
-func adminURL() string { return pgtest.AdminURL() }
 
 func newTestDB(tb testing.TB) string { return pgtest.NewDB(tb) }
 
@@ -77,281 +73,13 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
-// publisher drives a Pool the way the loop does: it retries a publish
-// until it is acknowledged (overloaded answers and full queues are
-// retried with the same key) and records every outcome.
-type publisher struct {
-	p     *Pool
-	mu    sync.Mutex
-	acks  map[string]proto.PubResult // key|from|id → acknowledged result
-	fails map[string]int             // key|from|id → error answers
-	bad   []string
-	wait  map[*proto.PubRequest]chan proto.PubResult
-	errs  atomic.Int64
-}
-
-func newPublisher() *publisher {
-	return &publisher{acks: map[string]proto.PubResult{}, fails: map[string]int{}, wait: map[*proto.PubRequest]chan proto.PubResult{}}
-}
-
-func (pb *publisher) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
-	for i, req := range reqs {
-		pb.committed(req, &res[i])
-	}
-}
-
-func (pb *publisher) committed(req *proto.PubRequest, res *proto.PubResult) {
-	pb.mu.Lock()
-	id := req.Key + "|" + req.From + "|" + string(req.ID)
-	if res.Err != nil {
-		pb.fails[id]++
-		pb.errs.Add(1)
-	} else if prev, ok := pb.acks[id]; ok {
-		if prev.Seq != res.Seq || !res.Duplicate {
-			pb.bad = append(pb.bad, fmt.Sprintf("%s: acked seq %d then %+v", id, prev.Seq, *res))
-		}
-	} else {
-		pb.acks[id] = proto.PubResult{Seq: res.Seq, TS: res.TS, Duplicate: res.Duplicate}
-	}
-	ch := pb.wait[req]
-	delete(pb.wait, req)
-	pb.mu.Unlock()
-	ch <- *res
-}
-
-// publish submits until acknowledged and returns the result.
-func (pb *publisher) publish(key, from, id, body string) proto.PubResult {
-	for {
-		r := newReq(key, from, id, body)
-		ch := make(chan proto.PubResult, 1)
-		pb.mu.Lock()
-		pb.wait[r] = ch
-		pb.mu.Unlock()
-		if err := pb.p.Submit(r); err != nil {
-			pb.mu.Lock()
-			delete(pb.wait, r)
-			pb.mu.Unlock()
-			if errors.Is(err, proto.ErrClosed) {
-				return proto.PubResult{Err: err}
-			}
-			time.Sleep(time.Millisecond)
-			continue
-		}
-		res := <-ch
-		if res.Err == nil {
-			return res
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// checkRows compares the messages table with the acknowledgements: per
-// room seqs 1..N without gap or duplicate, every ack's row present with its
-// seq, no row without an ack.
-func checkRows(t *testing.T, st *Postgres, pb *publisher) {
+// keep registers app with its own retention (0: no bound of that kind),
+// as `roost app` does with the registry in PostgreSQL.
+func keep(t *testing.T, st *Postgres, app string, age time.Duration, count int) {
 	t.Helper()
-	ctx := context.Background()
-	rows, err := st.pool.Query(ctx, `
-SELECT r.app || '/' || r.name, m.sender, m.idem_key, m.seq, r.last_seq
-FROM messages m JOIN rooms r ON r.id = m.room_id ORDER BY r.id, m.seq`)
-	if err != nil {
+	a := proto.App{ID: app, Secret: "secret-of-" + app + "-0123456789", KeepAge: proto.Duration(age), KeepCount: count}
+	if err := st.CreateApp(context.Background(), a); err != nil {
 		t.Fatal(err)
-	}
-	defer rows.Close()
-	next := map[string]uint64{}
-	last := map[string]uint64{}
-	seen := 0
-	pb.mu.Lock()
-	defer pb.mu.Unlock()
-	if len(pb.bad) > 0 {
-		t.Fatalf("%d bad acks, first: %s", len(pb.bad), pb.bad[0])
-	}
-	for rows.Next() {
-		var key, from string
-		var idem []byte
-		var seq, lastSeq int64
-		if err := rows.Scan(&key, &from, &idem, &seq, &lastSeq); err != nil {
-			t.Fatal(err)
-		}
-		next[key]++
-		last[key] = uint64(lastSeq)
-		if uint64(seq) != next[key] {
-			t.Fatalf("%s: seq %d where %d was expected (gap or duplicate)", key, seq, next[key])
-		}
-		id := key + "|" + from + "|" + string(idem)
-		ack, ok := pb.acks[id]
-		if !ok {
-			t.Fatalf("row %s seq %d was never acknowledged", id, seq)
-		}
-		if ack.Seq != uint64(seq) {
-			t.Fatalf("row %s seq %d, acknowledged %d", id, seq, ack.Seq)
-		}
-		seen++
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	for key, n := range next {
-		if last[key] != n {
-			t.Fatalf("%s: last_seq %d, %d rows", key, last[key], n)
-		}
-	}
-	if seen != len(pb.acks) {
-		have := map[string]bool{}
-		rows2, _ := st.pool.Query(ctx, `SELECT r.app || '/' || r.name || '|' || m.sender || '|' || convert_from(m.idem_key, 'UTF8') || ' ' || m.seq FROM messages m JOIN rooms r ON r.id = m.room_id`)
-		for rows2.Next() {
-			var s string
-			rows2.Scan(&s)
-			have[s] = true
-		}
-		rows2.Close()
-		for id, a := range pb.acks {
-			if !have[fmt.Sprintf("%s %d", id, a.Seq)] {
-				t.Logf("missing %s %+v", id, a)
-			}
-		}
-		t.Fatalf("%d rows, %d acknowledged keys", seen, len(pb.acks))
-	}
-}
-
-func TestPostgresExactlyOnceConcurrent(t *testing.T) {
-	st := newPG(t)
-	pb := newPublisher()
-	pb.p = NewPool(st, pb, PoolConfig{Workers: 3, MaxBatch: 64})
-	const rooms, per, goroutines = 5, 60, 6
-	var wg sync.WaitGroup
-	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < per; i++ {
-				// Goroutines share keys pairwise: every key is published
-				// twice, concurrently, like a client retrying on a new
-				// connection.
-				for r := 0; r < rooms; r++ {
-					key := proto.RoomKey("app", fmt.Sprint("room", r))
-					pb.publish(key, fmt.Sprint("user", g/2), fmt.Sprint("m", i), fmt.Sprintf(`{"g":%d,"i":%d}`, g, i))
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	pb.p.Close()
-	checkRows(t, st, pb)
-	if len(pb.acks) != rooms*per*goroutines/2 {
-		t.Fatalf("%d acknowledged keys, want %d", len(pb.acks), rooms*per*goroutines/2)
-	}
-}
-
-func TestPostgresRestart(t *testing.T) {
-	ctx := context.Background()
-	url := newTestDB(t)
-	st := openTestPG(t, url, PGConfig{})
-	pb := newPublisher()
-	pb.p = NewPool(st, pb, PoolConfig{Workers: 2})
-	var wg sync.WaitGroup
-	var stop atomic.Bool
-	for g := 0; g < 4; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; !stop.Load(); i++ {
-				res := pb.publish(proto.RoomKey("app", fmt.Sprint("r", g%2)), fmt.Sprint("u", g), fmt.Sprint(i), `"x"`)
-				if res.Err != nil {
-					return // the pool closed under us
-				}
-			}
-		}()
-	}
-	for pb.errs.Load() == 0 && func() bool { pb.mu.Lock(); defer pb.mu.Unlock(); return len(pb.acks) < 300 }() {
-		time.Sleep(time.Millisecond)
-	}
-	// Stop the node mid-stream: publishes in flight are committed and
-	// answered by Close, later ones are refused.
-	pb.p.Close()
-	st.Close()
-	stop.Store(true)
-	wg.Wait()
-
-	st2 := openTestPG(t, url, PGConfig{})
-	defer st2.Close()
-	checkRows(t, st2, pb)
-	pb.mu.Lock()
-	acks := make(map[string]proto.PubResult, len(pb.acks))
-	for k, v := range pb.acks {
-		acks[k] = v
-	}
-	pb.mu.Unlock()
-	var reqs []*proto.PubRequest
-	var want []proto.PubResult
-	for id, ack := range acks {
-		parts := strings.SplitN(id, "|", 3)
-		reqs = append(reqs, req(parts[0], parts[1], parts[2], `"again"`))
-		want = append(want, ack)
-	}
-	res := make([]proto.PubResult, len(reqs))
-	if err := st2.CommitBatch(ctx, reqs, res); err != nil {
-		t.Fatal(err)
-	}
-	for i := range res {
-		if !res[i].Duplicate || res[i].Seq != want[i].Seq || res[i].TS != want[i].TS {
-			t.Fatalf("re-publish after restart: %+v, want duplicate of %+v", res[i], want[i])
-		}
-	}
-}
-
-// TestPostgresTerminateBackends kills the store's connections during a
-// publish burst: the pool recovers by itself, no acknowledged message is
-// lost, no failed publish left a row (checkRows: every row was
-// acknowledged by a later retry of its key, with the stored seq).
-func TestPostgresTerminateBackends(t *testing.T) {
-	ctx := context.Background()
-	url := newTestDB(t)
-	st := openTestPG(t, url, PGConfig{MaxConns: 6})
-	defer st.Close()
-	pb := newPublisher()
-	pb.p = NewPool(st, pb, PoolConfig{Workers: 3, MaxBatch: 32})
-	admin, err := pgx.Connect(ctx, adminURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	var dbname string
-	if err := st.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbname); err != nil {
-		t.Fatal(err)
-	}
-	const rooms, per = 6, 150
-	var wg sync.WaitGroup
-	for g := 0; g < 6; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < per; i++ {
-				pb.publish(proto.RoomKey("app", fmt.Sprint("r", g%rooms)), fmt.Sprint("u", g), fmt.Sprint(i), fmt.Sprint(i))
-			}
-		}()
-	}
-	killed := 0
-	for round := 0; round < 8; round++ {
-		time.Sleep(15 * time.Millisecond)
-		var n int
-		if err := admin.QueryRow(ctx, `
-SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-WHERE datname = $1 AND pid <> pg_backend_pid()) t`, dbname).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		killed += n
-	}
-	wg.Wait()
-	pb.p.Close()
-	if killed == 0 {
-		t.Fatal("no backend was terminated")
-	}
-	t.Logf("terminated %d backends; %d error answers retried; in-doubt commits: %d committed, %d rolled back, %d unresolved",
-		killed, pb.errs.Load(), st.resolvedCommitted.Load(), st.resolvedRolledBack.Load(), st.unresolved.Load())
-	checkRows(t, st, pb)
-	if len(pb.acks) != 6*per {
-		t.Fatalf("%d acknowledged, want %d", len(pb.acks), 6*per)
 	}
 }
 
@@ -361,12 +89,8 @@ func TestPostgresRetention(t *testing.T) {
 	k1, k2 := proto.RoomKey("counted", "r"), proto.RoomKey("aged", "r")
 	fill(t, st, k1, 2500)
 	fill(t, st, k2, 10)
-	if err := st.SetRetention(ctx, "counted", 0, 100); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SetRetention(ctx, "aged", time.Hour, 0); err != nil {
-		t.Fatal(err)
-	}
+	keep(t, st, "counted", 0, 100)
+	keep(t, st, "aged", time.Hour, 0)
 	// Age the first 4 messages of k2.
 	if _, err := st.pool.Exec(ctx, `UPDATE messages SET ts = ts - interval '2 hours'
 WHERE room_id = (SELECT id FROM rooms WHERE app = 'aged') AND seq <= 4`); err != nil {
@@ -397,11 +121,10 @@ func TestPostgresResolveInDoubt(t *testing.T) {
 	commit(t, st, req(k, "u", "old", `0`))
 	cause := errors.New("connection reset during COMMIT")
 
-	run := func(reqs []*proto.PubRequest, token int64, execute bool) ([]proto.PubResult, error) {
+	run := func(reqs []*Row, token int64, execute bool) ([]Stored, error) {
 		s := st.scratchPool.Get().(*pgScratch)
 		s.reset(len(reqs))
-		res := make([]proto.PubResult, len(reqs))
-		if err := st.prepare(ctx, s, reqs, res); err != nil {
+		if err := st.prepare(ctx, s, reqs); err != nil {
 			t.Fatal(err)
 		}
 		if execute {
@@ -409,34 +132,37 @@ func TestPostgresResolveInDoubt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := st.runCommit(ctx, conn, commitSQL, s, res, token); err != nil {
+			if err := st.runCommit(ctx, conn, commitSQL, s, reqs, token); err != nil {
 				t.Fatal(err)
 			}
 			conn.Release()
 		}
-		clear(res) // the answer was lost with the connection
-		return res, st.resolve(s, reqs, res, token, cause)
+		for _, r := range reqs {
+			r.Stored = Stored{} // the answer was lost with the connection
+		}
+		err := st.resolve(s, reqs, token, cause)
+		return stored(reqs), err
 	}
 
 	// Committed: new messages are answered as new (they get delivered),
 	// the old key and the in-batch repeat as duplicates.
-	res, err := run([]*proto.PubRequest{req(k, "u", "a", `1`), req(k, "u", "old", `x`), req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 42, true)
+	res, err := run([]*Row{req(k, "u", "a", `1`), req(k, "u", "old", `x`), req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 42, true)
 	if err != nil {
 		t.Fatalf("committed batch: %v", err)
 	}
-	want := []proto.PubResult{{Seq: 2}, {Seq: 1, Duplicate: true}, {Seq: 2, Duplicate: true}, {Seq: 3}}
+	want := []Stored{{Seq: 2}, {Seq: 1, Duplicate: true}, {Seq: 2, Duplicate: true}, {Seq: 3}}
 	for i := range want {
 		if res[i].Seq != want[i].Seq || res[i].Duplicate != want[i].Duplicate || res[i].TS == 0 {
 			t.Fatalf("committed: res[%d] = %+v, want %+v", i, res[i], want[i])
 		}
 	}
 	// Rolled back: nothing stored, overloaded.
-	_, err = run([]*proto.PubRequest{req(k, "u", "c", `3`), req(k, "u", "a", `1`)}, 43, false)
+	_, err = run([]*Row{req(k, "u", "c", `3`), req(k, "u", "a", `1`)}, 43, false)
 	if !errors.Is(err, proto.ErrOverloaded) && !strings.Contains(err.Error(), "rolled back") {
 		t.Fatalf("rolled back batch: %v", err)
 	}
 	// Every key stored before: duplicates, whatever the outcome.
-	res, err = run([]*proto.PubRequest{req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 44, false)
+	res, err = run([]*Row{req(k, "u", "a", `1`), req(k, "u", "b", `2`)}, 44, false)
 	if err != nil || !res[0].Duplicate || res[0].Seq != 2 || !res[1].Duplicate || res[1].Seq != 3 {
 		t.Fatalf("all-duplicate batch: %+v, %v", res, err)
 	}
@@ -516,7 +242,7 @@ func TestPostgresStoredKeyAfterFreshCommits(t *testing.T) {
 	// b again, between new publishes of both rooms.
 	before := time.Now()
 	res := commit(t, st, req(k, "u", "c", `3`), req(k, "u", "b", `x`), req(k2, "u", "b", `2`), req(k, "u", "d", `4`))
-	want := []proto.PubResult{{Seq: 3}, {Seq: first[1].Seq, TS: first[1].TS, Duplicate: true}, {Seq: 2}, {Seq: 4}}
+	want := []Stored{{Seq: 3}, {Seq: first[1].Seq, TS: first[1].TS, Duplicate: true}, {Seq: 2}, {Seq: 4}}
 	for i, w := range want {
 		if res[i].Seq != w.Seq || res[i].Duplicate != w.Duplicate || (w.TS != 0 && res[i].TS != w.TS) {
 			t.Fatalf("res[%d] = %+v, want %+v", i, res[i], w)
@@ -569,12 +295,8 @@ func TestPostgresRetentionPolicy(t *testing.T) {
 	for _, k := range []string{named, stored, def} {
 		fill(t, st, k, 30)
 	}
-	if err := st.SetRetention(ctx, "named", 0, 5); err != nil { // overridden by the policy
-		t.Fatal(err)
-	}
-	if err := st.SetRetention(ctx, "stored", 0, 10); err != nil {
-		t.Fatal(err)
-	}
+	keep(t, st, "named", 0, 5) // overridden by the policy
+	keep(t, st, "stored", 0, 10)
 	st.SetRetentionPolicy(RetentionPolicy{
 		Default: Retention{MaxCount: 20},
 		Apps:    map[string]Retention{"named": {MaxCount: 25}},
@@ -613,9 +335,7 @@ func TestPostgresFileRegistryRetention(t *testing.T) {
 	for _, k := range []string{file, column, named} {
 		fill(t, st, k, 10)
 	}
-	if err := st.SetRetention(ctx, "column", 0, 2); err != nil { // a column no file registry reads
-		t.Fatal(err)
-	}
+	keep(t, st, "column", 0, 2) // a column no file registry reads
 	st.SetRetentionPolicy(RetentionPolicy{Apps: map[string]Retention{"named": {MaxCount: 8}}})
 	st.SetAppRetention(map[string]Retention{"file": {MaxCount: 3}, "named": {MaxCount: 1}})
 	if n, err := st.EnforceRetention(ctx); err != nil || n != 7+2 {

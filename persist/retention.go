@@ -2,7 +2,6 @@ package persist
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"sync/atomic"
 	"time"
@@ -55,31 +54,6 @@ func (c *retentionCounters) stats() RetentionStats {
 // short and holds its row locks briefly; publishes never wait on retention
 // (it deletes the oldest rows, they insert the newest).
 const retentionBatch = 1000
-
-// SetRetention stores an app's own limits in the database, creating the app
-// if needed (0: no limit of that kind; both 0 clears them). They apply
-// where the retention policy (SetRetentionPolicy) does not name the app:
-// the policy's per-app entries come first, then these, then the policy's
-// default. A deleted message's idempotency key is forgotten with it.
-func (p *Postgres) SetRetention(ctx context.Context, app string, maxAge time.Duration, maxCount int) error {
-	var age *string
-	if maxAge > 0 {
-		s := fmt.Sprintf("%d milliseconds", maxAge.Milliseconds())
-		age = &s
-	}
-	var count *int32
-	if maxCount > 0 {
-		c := int32(min(maxCount, 1<<31-1))
-		count = &c
-	}
-	_, err := p.pool.Exec(ctx, `
-INSERT INTO apps (id, max_age, max_count) VALUES ($1, $2::interval, $3)
-ON CONFLICT (id) DO UPDATE SET max_age = EXCLUDED.max_age, max_count = EXCLUDED.max_count`, app, age, count)
-	if err != nil {
-		return p.wrap("set retention", err)
-	}
-	return nil
-}
 
 // SetRetentionPolicy sets the operator's retention (flags). Call it before
 // StartRetention.

@@ -1,9 +1,3 @@
-// Package persist owns where messages live: the Store interface, its memory
-// and PostgreSQL implementations, and the publish pool that commits
-// publishes in groups and hands each committed message on, pre-encoded,
-// in seq order per room.
-//
-// persist imports only proto; main wires it to the loops and the broker.
 package persist
 
 import (
@@ -46,17 +40,42 @@ func MsgSize(m *proto.Message) int {
 	return len(m.Body) + len(m.ID) + len(m.From) + len(m.Room) + msgOverhead
 }
 
+// Row is one message as a commit takes it (Key, From, ID, Body: the
+// caller's, read during CommitBatch only) and answers it (Stored, filled
+// by CommitBatch).
+type Row struct {
+	Key  string // proto.RoomKey(app, room)
+	From string // user id of the publisher
+	ID   []byte // client idempotency key, 1 to 64 characters (proto.MaxID)
+	Body []byte // the publisher's exact JSON bytes
+	Stored
+}
+
+// Stored is what a commit answers for one Row.
+type Stored struct {
+	Seq uint64 // room seq: new, or the original one for a duplicate
+	TS  int64  // commit time, Unix ms (the original one for a duplicate)
+	// Duplicate: (room, from, id) was stored before; nothing new was
+	// stored and the message must not be delivered again.
+	Duplicate bool
+	// Err: nil, proto.ErrOverloaded (nothing stored: retry),
+	// proto.ErrRoomLimit, proto.ErrClosed, or another error (internal).
+	// A row with Err set carries no seq.
+	Err error
+}
+
 // Store is where messages live. Implementations: Memory (embedded default)
 // and Postgres. Every method may be called from any goroutine.
 type Store interface {
-	// CommitBatch stores reqs as one unit of work (one transaction for
-	// PostgreSQL) and fills res[i] for reqs[i] (Seq, TS, Duplicate, Err; not
-	// Frame). Per room, new messages get consecutive seqs in the order of
-	// reqs. A request whose (room, from, id) is already stored, or repeats an
-	// earlier request of the same batch, gets that message's seq and ts with
-	// Duplicate set. When it returns an error, no request of the batch is
-	// stored (all-or-nothing) and every res[i].Err is set.
-	CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error
+	// CommitBatch stores rows as one unit of work (one transaction for
+	// PostgreSQL) and fills each row's Stored. Per room, new messages get
+	// consecutive seqs in the order of rows. A row whose (room, from, id)
+	// is already stored, or repeats an earlier row of the same batch, gets
+	// that message's seq and ts with Duplicate set. When it returns an
+	// error, no row of the batch is stored (all-or-nothing) and every
+	// row's Err is set. The store keeps no reference to a row after the
+	// call.
+	CommitBatch(ctx context.Context, rows []*Row) error
 	// LastSeq returns the newest committed seq of a room (0 if none).
 	LastSeq(ctx context.Context, key string) (uint64, error)
 	// Head returns the room's newest seq and its epoch, creating the room
@@ -77,17 +96,4 @@ type Store interface {
 	RetentionStats() RetentionStats
 	// Close releases the store's resources.
 	Close()
-}
-
-// Sink receives committed publishes from the pool's workers, one answered
-// batch per call: res[i] is the outcome of reqs[i]. For each room, batches
-// come in seq order from one worker goroutine at a time, so the sink can
-// hand a whole batch to the broker in one round trip. Both slices are the
-// worker's scratch, valid during the call only; each request belongs to
-// the sink from the call on, and a result's Frame is immutable and may be
-// kept and shared forever. A result with Err set never carries a seq or a
-// frame: nothing was acknowledged as stored. Committed must not block on
-// anything but that hand-off (the broker, then the acks to their sources).
-type Sink interface {
-	Committed(reqs []*proto.PubRequest, res []proto.PubResult)
 }

@@ -26,14 +26,33 @@ func testStoreContract(t *testing.T, newStore storeFactory) {
 	t.Run("ByteBounds", func(t *testing.T) { testByteBounds(t, newStore(t)) })
 }
 
-func req(key, from, id, body string) *proto.PubRequest {
-	return &proto.PubRequest{Key: key, From: from, ID: []byte(id), Body: []byte(body)}
+func req(key, from, id, body string) *Row {
+	return &Row{Key: key, From: from, ID: []byte(id), Body: []byte(body)}
 }
 
-func commit(t *testing.T, st Store, reqs ...*proto.PubRequest) []proto.PubResult {
+// commitInto commits reqs and copies their answers into res, as the
+// tests compare them.
+func commitInto(ctx context.Context, st Store, reqs []*Row, res []Stored) error {
+	err := st.CommitBatch(ctx, reqs)
+	for i, r := range reqs {
+		res[i] = r.Stored
+	}
+	return err
+}
+
+// stored returns the answers of rows.
+func stored(rows []*Row) []Stored {
+	res := make([]Stored, len(rows))
+	for i, r := range rows {
+		res[i] = r.Stored
+	}
+	return res
+}
+
+func commit(t *testing.T, st Store, reqs ...*Row) []Stored {
 	t.Helper()
-	res := make([]proto.PubResult, len(reqs))
-	if err := st.CommitBatch(context.Background(), reqs, res); err != nil {
+	res := make([]Stored, len(reqs))
+	if err := commitInto(context.Background(), st, reqs, res); err != nil {
 		t.Fatalf("CommitBatch: %v", err)
 	}
 	for i := range res {
@@ -50,7 +69,7 @@ func commit(t *testing.T, st Store, reqs ...*proto.PubRequest) []proto.PubResult
 // fill stores n messages m1..mn in key, in batches of 7.
 func fill(t *testing.T, st Store, key string, n int) {
 	t.Helper()
-	var batch []*proto.PubRequest
+	var batch []*Row
 	for i := 1; i <= n; i++ {
 		batch = append(batch, req(key, "u", fmt.Sprintf("m%d", i), fmt.Sprintf(`{"n":%d}`, i)))
 		if len(batch) == 7 || i == n {
@@ -78,7 +97,7 @@ func wantSeqs(t *testing.T, what string, msgs []proto.Message, lo, hi uint64) {
 func testSeqFromOne(t *testing.T, st Store) {
 	ctx := context.Background()
 	a, b := proto.RoomKey("app1", "a"), proto.RoomKey("app1", "b")
-	var reqs []*proto.PubRequest
+	var reqs []*Row
 	for i := 0; i < 10; i++ {
 		reqs = append(reqs, req(a, "alice", fmt.Sprintf("a%d", i), fmt.Sprintf(`{"i":%d}`, i)))
 		reqs = append(reqs, req(b, "bob", fmt.Sprintf("b%d", i), fmt.Sprintf(`"\u00e9 %d"`, i)))
@@ -261,7 +280,7 @@ func testByteBounds(t *testing.T, st Store) {
 	ctx := context.Background()
 	k := proto.RoomKey("app1", "big")
 	body := func(n int) string { return `"` + strings.Repeat("x", n) + `"` }
-	var reqs []*proto.PubRequest
+	var reqs []*Row
 	for i := 1; i <= 10; i++ {
 		reqs = append(reqs, req(k, "u", fmt.Sprintf("m%02d", i), body(1000)))
 	}

@@ -1,10 +1,3 @@
-// Package proto owns the wire: protocol v1 as in docs/protocol.md. It decodes
-// client frames without allocating, encodes server frames once (WebSocket
-// header and JSON in one buffer, so the same bytes go to every receiver),
-// parses the HTTP upgrade and RFC 6455 frame headers from any split of the
-// input, and maps client errors to err codes and close codes.
-//
-// proto imports no other roost package.
 package proto
 
 // Op is a client command.

@@ -2,7 +2,7 @@
 // its own listener (docs/protocol.md, "Server API"). A backend keeps a few
 // long-lived connections, so this is a plain net/http server, not the event
 // loops; its publishes enter the same publish path as a socket's
-// (fanout.Node.Publish), with the API as their proto.Origin.
+// (fanout.Node.Publish), with the API as their fanout.Origin.
 package api
 
 import (
@@ -320,12 +320,12 @@ type pubRequest struct {
 	Body json.RawMessage `json:"body"`
 }
 
-// waiter is the proto.Origin of one API publish: the publish worker hands
+// waiter is the fanout.Origin of one API publish: the publish worker hands
 // it the outcome, the request's goroutine waits for it.
-type waiter chan proto.PubResult
+type waiter chan persist.Stored
 
-func (c waiter) Published(_ *proto.PubRequest, res *proto.PubResult) {
-	c <- proto.PubResult{Seq: res.Seq, TS: res.TS, Duplicate: res.Duplicate, Err: res.Err} // buffered: never blocks
+func (c waiter) Published(req *fanout.PubRequest) {
+	c <- req.Stored // buffered: never blocks
 }
 
 func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
@@ -379,11 +379,13 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	done := make(waiter, 1)
-	pr := &proto.PubRequest{
-		Key:    proto.RoomKey(t.app.ID, room),
-		From:   *req.From,
-		ID:     []byte(*req.ID),
-		Body:   req.Body, // aliases raw, which nothing else holds
+	pr := &fanout.PubRequest{
+		Row: persist.Row{
+			Key:  proto.RoomKey(t.app.ID, room),
+			From: *req.From,
+			ID:   []byte(*req.ID),
+			Body: req.Body, // aliases raw, which nothing else holds
+		},
 		Origin: done,
 	}
 	if err := s.fan.Publish(pr); err != nil {
@@ -394,7 +396,7 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		s.failRetry(w, route, http.StatusServiceUnavailable, proto.CodeOverloaded, msg, 1000)
 		return
 	}
-	var res proto.PubResult
+	var res persist.Stored
 	select {
 	case res = <-done:
 	case <-r.Context().Done():

@@ -27,7 +27,7 @@ func newTestAPIWith(tb testing.TB, cfg Config) (*Server, persist.Store) {
 	tb.Helper()
 	store := persist.NewMemory(1000)
 	fan, err := fanout.New(fanout.Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 256, Readers: 2, GapWindow: 250 * time.Millisecond},
-		fanout.Parts{Store: store, Pool: persist.PoolConfig{Window: -1}})
+		fanout.Parts{Store: store, Pool: fanout.PoolConfig{Window: -1}})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -9,6 +9,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// beforeGive, when set, runs in handOff after the write and before the call
+// is given to the worker: the window an answer can beat. A variable a test
+// sets (on the goroutine that asks), so that Proxy carries nothing for it.
+var beforeGive func()
+
 // The hand-off: a call written by the asking loop itself onto a worker's
 // kept-alive connection.
 //
@@ -136,8 +141,8 @@ func (p *Pool) handOff(q *appQueue, c *Call) bool {
 			}
 		}()
 	}
-	if p.beforeGive != nil {
-		p.beforeGive()
+	if beforeGive != nil {
+		beforeGive()
 	}
 	w.give(c)
 	return true

@@ -188,7 +188,7 @@ func TestHandOffAnswerBeforeGiveWaitsIdle(t *testing.T) {
 
 	const window = 200 * time.Millisecond
 	var cpu time.Duration
-	p.beforeGive = func() {
+	beforeGive = func() {
 		<-answered // the answer is on its way to the worker's read
 		before := processCPU(t)
 		time.Sleep(window)
@@ -199,7 +199,7 @@ func TestHandOffAnswerBeforeGiveWaitsIdle(t *testing.T) {
 	if !p.Ask(c, tg) {
 		t.Fatal("not asked")
 	}
-	p.beforeGive = nil
+	beforeGive = nil
 	select {
 	case c := <-done:
 		if c.Result != Allowed {

@@ -161,10 +161,6 @@ type Pool struct {
 	// (direct.go), not through client.
 	direct bool
 
-	// beforeGive, in tests, runs in handOff after the write and before
-	// the call is given to the worker: the window an answer can beat.
-	beforeGive func()
-
 	mu     sync.Mutex
 	apps   map[string]*appQueue
 	closed bool

@@ -42,27 +42,27 @@ func pgStore(t testing.TB) (*persist.Postgres, string) {
 // (none: a node that crashed between commit and delivery).
 func publish(t testing.TB, p *persist.Postgres, rooms []string, n int, ds ...*Dispatcher) {
 	t.Helper()
-	var reqs []*proto.PubRequest
+	var reqs []*persist.Row
 	flush := func() {
 		if len(reqs) == 0 {
 			return
 		}
-		res := make([]proto.PubResult, len(reqs))
-		if err := p.CommitBatch(context.Background(), reqs, res); err != nil {
+		if err := p.CommitBatch(context.Background(), reqs); err != nil {
 			t.Fatal(err)
 		}
+		frames := make([][]byte, len(reqs))
 		for i, r := range reqs {
 			_, room := proto.SplitKey(r.Key)
-			res[i].Frame = proto.AppendMsgFrame(nil, room, res[i].Seq, r.ID, r.From, res[i].TS, r.Body)
+			frames[i] = proto.AppendMsgFrame(nil, room, r.Seq, r.ID, r.From, r.TS, r.Body)
 		}
 		for _, d := range ds {
-			d.Committed(reqs, res)
+			hand(d, reqs, frames)
 		}
 		reqs = nil
 	}
 	for i := 1; i <= n; i++ {
 		for _, room := range rooms {
-			reqs = append(reqs, &proto.PubRequest{Key: proto.RoomKey("chat", room), From: "alice", ID: []byte(fmt.Sprintf("m-%d-%d", i, time.Now().UnixNano())), Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+			reqs = append(reqs, &persist.Row{Key: proto.RoomKey("chat", room), From: "alice", ID: []byte(fmt.Sprintf("m-%d-%d", i, time.Now().UnixNano())), Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
 			if len(reqs) == 50 {
 				flush()
 			}
@@ -396,20 +396,20 @@ func benchDeliveryPG(b *testing.B, rate int, durable bool) {
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i += per {
-		var reqs []*proto.PubRequest
+		var reqs []*persist.Row
 		for k := i; k < min(i+per, b.N); k++ {
-			reqs = append(reqs, &proto.PubRequest{Key: "chat/r1", From: "alice", ID: []byte(fmt.Sprint("m-", k)), Body: []byte(`{"text":"a message of a usual size, some sixty bytes long"}`)})
+			reqs = append(reqs, &persist.Row{Key: "chat/r1", From: "alice", ID: []byte(fmt.Sprint("m-", k)), Body: []byte(`{"text":"a message of a usual size, some sixty bytes long"}`)})
 		}
-		res := make([]proto.PubResult, len(reqs))
-		if err := p.CommitBatch(context.Background(), reqs, res); err != nil {
+		if err := p.CommitBatch(context.Background(), reqs); err != nil {
 			b.Fatal(err)
 		}
 		now := time.Now().UnixNano()
+		frames := make([][]byte, len(reqs))
 		for k, r := range reqs {
-			res[k].Frame = proto.AppendMsgFrame(nil, "r1", res[k].Seq, r.ID, r.From, res[k].TS, r.Body)
-			committed[res[k].Seq].Store(now)
+			frames[k] = proto.AppendMsgFrame(nil, "r1", r.Seq, r.ID, r.From, r.TS, r.Body)
+			committed[r.Seq].Store(now)
 		}
-		d.Committed(reqs, res)
+		hand(d, reqs, frames)
 		if rate > 0 {
 			time.Sleep(time.Until(start.Add(time.Duration(i+per) * time.Second / time.Duration(rate))))
 		}

@@ -245,33 +245,23 @@ func (d *Dispatcher) Close() {
 	}
 }
 
-// Committed takes one answered batch of the publish pool (fanout calls it
-// before the acks go out): every new message of an app with a webhook
-// that wants its room is queued. It never blocks on a receiver, and
-// queues the frame the commit encoded rather than a copy of the message.
-func (d *Dispatcher) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+// Committed takes one new message the publish path committed (fanout
+// calls it before the acks go out): its room key, seq, commit time (Unix
+// ms) and frame. A message of an app with a webhook that wants its room
+// is queued. It never blocks on a receiver, and queues the frame the
+// commit encoded rather than a copy of the message.
+func (d *Dispatcher) Committed(key string, seq uint64, ts int64, frame []byte) {
 	if !d.any.Load() {
 		return
 	}
-	now := time.Now()
-	for i, req := range reqs {
-		r := &res[i]
-		if r.Err != nil || r.Duplicate {
-			continue
-		}
-		app, room := proto.SplitKey(req.Key)
-		d.mu.RLock()
-		t := d.apps[app]
-		d.mu.RUnlock()
-		if t == nil || !t.cfg.Load().hook.Matches(room) {
-			continue
-		}
-		frame := r.Frame
-		if frame == nil { // a sink fed without frames: encode once here
-			frame = proto.AppendMsgFrame(nil, room, r.Seq, req.ID, req.From, r.TS, req.Body)
-		}
-		d.push(t, event{key: req.Key, seq: r.Seq, ts: r.TS, frame: frame, at: now})
+	app, room := proto.SplitKey(key)
+	d.mu.RLock()
+	t := d.apps[app]
+	d.mu.RUnlock()
+	if t == nil || !t.cfg.Load().hook.Matches(room) {
+		return
 	}
+	d.push(t, event{key: key, seq: seq, ts: ts, frame: frame, at: time.Now()})
 }
 
 // msgPrefix starts every msg object; an event is the same object with

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/proto/prototest"
 )
@@ -123,19 +124,36 @@ func app(url string, secrets ...string) proto.App {
 	return a
 }
 
+// hand gives d each new message of the committed rows as fanout does,
+// with its frame: frames[i], or encoded here once when frames is nil.
+func hand(d *Dispatcher, rows []*persist.Row, frames [][]byte) {
+	for i, r := range rows {
+		if r.Err != nil || r.Duplicate {
+			continue
+		}
+		var f []byte
+		if frames != nil {
+			f = frames[i]
+		} else {
+			_, room := proto.SplitKey(r.Key)
+			f = proto.AppendMsgFrame(nil, room, r.Seq, r.ID, r.From, r.TS, r.Body)
+		}
+		d.Committed(r.Key, r.Seq, r.TS, f)
+	}
+}
+
 // commit feeds d batches as the publish pool would: n messages in each of
 // rooms, interleaved, plus messages of a room the webhook does not want.
 func commit(d *Dispatcher, rooms []string, n int) {
-	var reqs []*proto.PubRequest
-	var res []proto.PubResult
+	var reqs []*persist.Row
 	flush := func() {
-		d.Committed(reqs, res)
-		reqs, res = reqs[:0], res[:0]
+		hand(d, reqs, nil)
+		reqs = reqs[:0]
 	}
 	for i := 1; i <= n; i++ {
 		for _, room := range append(rooms, "other") {
-			reqs = append(reqs, &proto.PubRequest{Key: proto.RoomKey("chat", room), From: "alice", ID: []byte(fmt.Sprint("m-", i)), Body: []byte(`{"n":` + fmt.Sprint(i) + `}`)})
-			res = append(res, proto.PubResult{Seq: uint64(i), TS: time.Now().UnixMilli()})
+			reqs = append(reqs, &persist.Row{Key: proto.RoomKey("chat", room), From: "alice", ID: []byte(fmt.Sprint("m-", i)), Body: []byte(`{"n":` + fmt.Sprint(i) + `}`),
+				Stored: persist.Stored{Seq: uint64(i), TS: time.Now().UnixMilli()}})
 		}
 		if len(reqs) >= 64 {
 			flush()
@@ -351,14 +369,13 @@ func benchDelivery(b *testing.B, rate int) {
 	d.SetApps([]proto.App{app("http://"+ln.Addr().String(), "current-secret-0123456789")})
 	b.ResetTimer()
 	start := time.Now()
-	reqs := make([]*proto.PubRequest, 0, 64)
-	res := make([]proto.PubResult, 0, 64)
+	reqs := make([]*persist.Row, 0, 64)
 	for i := 1; i <= b.N; i++ {
-		reqs = append(reqs, &proto.PubRequest{Key: "chat/r1", From: "alice", ID: []byte("m"), Body: []byte(fmt.Sprintf(`{"t":%d}`, time.Now().UnixNano()))})
-		res = append(res, proto.PubResult{Seq: uint64(i), TS: time.Now().UnixMilli()})
+		reqs = append(reqs, &persist.Row{Key: "chat/r1", From: "alice", ID: []byte("m"), Body: []byte(fmt.Sprintf(`{"t":%d}`, time.Now().UnixNano())),
+			Stored: persist.Stored{Seq: uint64(i), TS: time.Now().UnixMilli()}})
 		if len(reqs) == cap(reqs) || i == b.N || rate > 0 && len(reqs) == rate/100 {
-			d.Committed(reqs, res)
-			reqs, res = reqs[:0], res[:0]
+			hand(d, reqs, nil)
+			reqs = reqs[:0]
 			if rate > 0 {
 				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate))))
 			}
@@ -391,26 +408,26 @@ func TestCommittedReusesFrames(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	d.SetApps([]proto.App{app("http://"+addr+"/hook", "current-secret-0123456789")})
-	reqs := make([]*proto.PubRequest, 64)
-	res := make([]proto.PubResult, 64)
+	reqs := make([]*persist.Row, 64)
+	frames := make([][]byte, 64)
 	for i := range reqs {
-		reqs[i] = &proto.PubRequest{Key: "chat/r1", From: "alice", ID: []byte(fmt.Sprint("m-", i)), Body: []byte(`{"text":"hi"}`)}
-		res[i] = proto.PubResult{Seq: uint64(i + 1), TS: 1764484800123}
-		res[i].Frame = proto.AppendMsgFrame(nil, "r1", res[i].Seq, reqs[i].ID, reqs[i].From, res[i].TS, reqs[i].Body)
+		reqs[i] = &persist.Row{Key: "chat/r1", From: "alice", ID: []byte(fmt.Sprint("m-", i)), Body: []byte(`{"text":"hi"}`),
+			Stored: persist.Stored{Seq: uint64(i + 1), TS: 1764484800123}}
+		frames[i] = proto.AppendMsgFrame(nil, "r1", reqs[i].Seq, reqs[i].ID, reqs[i].From, reqs[i].TS, reqs[i].Body)
 	}
-	d.Committed(reqs, res)
+	hand(d, reqs, frames)
 	prototest.WaitFor(t, 5*time.Second, func() error {
 		if d.Stats.Failures.Load() == 0 {
 			return fmt.Errorf("no POST yet")
 		}
 		return nil
 	})
-	allocs := testing.AllocsPerRun(200, func() { d.Committed(reqs, res) })
+	allocs := testing.AllocsPerRun(200, func() { hand(d, reqs, frames) })
 	if allocs >= 1 {
 		t.Fatalf("%.2f allocations per batch of 64 events, want < 1", allocs)
 	}
 	// The event is the frame's object with "type" for "op".
-	ev := event{frame: res[0].Frame}
+	ev := event{frame: frames[0]}
 	if got, want := string(appendEvent(nil, &ev)), `{"type":"msg","room":"r1","seq":1,"id":"m-0","from":"alice","ts":1764484800123,"body":{"text":"hi"}}`; got != want {
 		t.Fatalf("event %s, want %s", got, want)
 	}

@@ -1,15 +1,19 @@
 // Package pgtest gives tests a database of their own on the machine's real
-// PostgreSQL: created empty, dropped when the test ends. Tests never mock
-// PostgreSQL.
+// PostgreSQL: created empty, dropped when the test ends, and benchmarks
+// the CPU its backends spent. Tests never mock PostgreSQL.
 package pgtest
 
 import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -83,4 +87,59 @@ func Terminate(tb testing.TB, url string) int {
 		tb.Fatal(err)
 	}
 	return n
+}
+
+// BackendPIDs lists the PostgreSQL backends serving url's database,
+// besides the one it asks on.
+func BackendPIDs(tb testing.TB, url string) []int {
+	tb.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	var pids []int
+	for rows.Next() {
+		var pid int
+		_ = rows.Scan(&pid)
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// CPU returns the CPU time (user+system) spent so far by the given
+// processes, or by every process named postgres when pids is nil.
+func CPU(pids []int) time.Duration {
+	if pids == nil {
+		matches, _ := filepath.Glob("/proc/[0-9]*/stat")
+		for _, m := range matches {
+			pid, _ := strconv.Atoi(strings.Split(m, "/")[2])
+			pids = append(pids, pid)
+		}
+	}
+	var ticks int64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || close < 0 || s[open+1:close] != "postgres" {
+			continue
+		}
+		f := strings.Fields(s[close+2:])
+		// Fields after the command: state is f[0]; utime and stime are
+		// fields 14 and 15 of the whole line, f[11] and f[12] here.
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += ut + st
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }

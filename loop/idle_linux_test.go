@@ -9,6 +9,7 @@ import (
 	"github.com/gobwas/ws"
 	"github.com/gobwas/ws/wsutil"
 	"github.com/panjf2000/gnet/v2"
+	"github.com/roost-chat/roost/loop/internal/uring"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,7 +42,7 @@ func idleRig(t *testing.T, n int) (*loopState, []*conn, []*net.TCPConn) {
 		var fd int
 		withFd(t, srv, func(f int) { fd = f })
 		c := &conn{gc: &fdConn{fd: fd}, l: l, state: stateOpen, lastRead: l.now() - idle, pos: int32(len(l.conns))}
-		c.m.Owner = c
+		c.linkOut()
 		l.conns = append(l.conns, c)
 		l.due = append(l.due, c.dueAt())
 		cs = append(cs, c)
@@ -115,12 +116,12 @@ func TestSweepPingsInBatches(t *testing.T) {
 	if l.pingShare() < n {
 		t.Fatalf("a sweep pings %d, the test wants all %d at once", l.pingShare(), n)
 	}
-	before := l.ring.submits
+	before := submits(l)
 	l.sweep()
 	if l.idle.noHold {
 		t.Skip("the kernel refuses io_uring's setsockopt (before Linux 6.7)")
 	}
-	if got, want := l.ring.submits-before, uint64((2*n+ringBatch-1)/ringBatch); got != want {
+	if got, want := submits(l)-before, uint64((2*n+uring.Batch-1)/uring.Batch); got != want {
 		t.Fatalf("%d submits for %d pings, want %d", got, n, want)
 	}
 	for _, p := range peers {
@@ -130,7 +131,7 @@ func TestSweepPingsInBatches(t *testing.T) {
 	if p, w, f := st.Pings.Load(), st.Writes.Load(), st.FramesOut.Load(); p != n || w != n || f != n {
 		t.Fatalf("pings %d, writes %d, frames %d; want %d each", p, w, f, n)
 	}
-	if h := l.idle.holds.Load(); h != n || len(l.idle.held) != n {
+	if h := l.srv.Stats.PongsHeld.Load(); h != n || len(l.idle.held) != n {
 		t.Fatalf("%d held (%d listed), want %d", h, len(l.idle.held), n)
 	}
 	for _, c := range cs {
@@ -162,11 +163,11 @@ func TestRingPingResults(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the reset crosses loopback
 	l.sweep()
 	readPing(t, peers[0])
-	if !ok.pinged || ok.state != stateOpen || ok.m.PendingBytes() != 0 {
-		t.Fatalf("answering conn: pinged %v, state %d, pending %d", ok.pinged, ok.state, ok.m.PendingBytes())
+	if !ok.pinged || ok.state != stateOpen || ok.out.PendingBytes() != 0 {
+		t.Fatalf("answering conn: pinged %v, state %d, pending %d", ok.pinged, ok.state, ok.out.PendingBytes())
 	}
-	if full.state != stateOpen || full.m.PendingBytes() != len(pingFrame) {
-		t.Fatalf("full socket: state %d, %d bytes pending; want open with the ping queued", full.state, full.m.PendingBytes())
+	if full.state != stateOpen || full.out.PendingBytes() != len(pingFrame) {
+		t.Fatalf("full socket: state %d, %d bytes pending; want open with the ping queued", full.state, full.out.PendingBytes())
 	}
 	if gone.state != stateClosing || !gone.gc.(*fdConn).closed {
 		t.Fatalf("reset peer: state %d, closed %v; want closed", gone.state, gone.gc.(*fdConn).closed)
@@ -220,8 +221,8 @@ func TestSweepTakesHeldPongs(t *testing.T) {
 	in := st.FramesIn.Load()
 	l.sweep()
 	c := cs[0]
-	if c.pinged || l.idle.taken.Load() != 1 || st.FramesIn.Load() != in+1 {
-		t.Fatalf("after the sweep: pinged %v, taken %d, frames in +%d; want the pong taken", c.pinged, l.idle.taken.Load(), st.FramesIn.Load()-in)
+	if c.pinged || l.srv.Stats.PongsTaken.Load() != 1 || st.FramesIn.Load() != in+1 {
+		t.Fatalf("after the sweep: pinged %v, taken %d, frames in +%d; want the pong taken", c.pinged, l.srv.Stats.PongsTaken.Load(), st.FramesIn.Load()-in)
 	}
 	if d, want := l.due[c.pos], c.lastRead+l.srv.cfg.IdleInterval.Milliseconds(); d != want {
 		t.Fatalf("due %d, want the next ping an interval after the pong, %d", d, want)
@@ -268,13 +269,15 @@ func TestSweepTakesHeldPongs(t *testing.T) {
 func TestRingHoldRefused(t *testing.T) {
 	const n = 40
 	l, cs, peers := idleRig(t, n)
-	l.idle.holdOp = 0xFFFF // no such socket command
-	before := l.ring.submits
+	cmd := holdCmd
+	holdCmd = 0xFFFF // no such socket command
+	t.Cleanup(func() { holdCmd = cmd })
+	before := submits(l)
 	l.sweep()
-	if !l.idle.noHold || l.idle.holds.Load() != 0 || len(l.idle.held) != 0 {
-		t.Fatalf("noHold %v, %d held; want the refusal remembered and nothing held", l.idle.noHold, l.idle.holds.Load())
+	if !l.idle.noHold || l.srv.Stats.PongsHeld.Load() != 0 || len(l.idle.held) != 0 {
+		t.Fatalf("noHold %v, %d held; want the refusal remembered and nothing held", l.idle.noHold, l.srv.Stats.PongsHeld.Load())
 	}
-	if got, want := l.ring.submits-before, uint64(1+(n-ringBatch/2+ringBatch-1)/ringBatch); got != want {
+	if got, want := submits(l)-before, uint64(1+(n-uring.Batch/2+uring.Batch-1)/uring.Batch); got != want {
 		t.Fatalf("%d submits, want %d", got, want)
 	}
 	for i, p := range peers {
@@ -289,9 +292,9 @@ func TestRingHoldRefused(t *testing.T) {
 		c.pinged, c.lastRead = false, l.now()-idle
 		l.due[i] = c.dueAt()
 	}
-	before = l.ring.submits
+	before = submits(l)
 	l.sweep()
-	if got, want := l.ring.submits-before, uint64((n+ringBatch-1)/ringBatch); got != want {
+	if got, want := submits(l)-before, uint64((n+uring.Batch-1)/uring.Batch); got != want {
 		t.Fatalf("second sweep: %d submits, want %d (pings only)", got, want)
 	}
 	for _, p := range peers {
@@ -369,8 +372,8 @@ func TestIdlePingsAnsweredKeepConnection(t *testing.T) {
 	answers.send(`{"op":"join","room":"r"}`)
 	answers.expect(map[string]any{"op": "joined", "room": "r"})
 	l := n.srv.loops[0].Load()
-	if l.ring != nil && l.idle.taken.Load() == 0 && l.idle.holds.Load() > 0 {
+	if l.ring != nil && l.srv.Stats.PongsTaken.Load() == 0 && l.srv.Stats.PongsHeld.Load() > 0 {
 		t.Fatal("pongs were held but none was taken by a sweep")
 	}
-	t.Logf("%d pings answered; %d held, %d pongs taken by the sweep", pings, l.idle.holds.Load(), l.idle.taken.Load())
+	t.Logf("%d pings answered; %d held, %d pongs taken by the sweep", pings, l.srv.Stats.PongsHeld.Load(), l.srv.Stats.PongsTaken.Load())
 }

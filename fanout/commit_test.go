@@ -1,4 +1,4 @@
-package persist
+package fanout
 
 import (
 	"bytes"
@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -20,8 +22,8 @@ import (
 // new messages, and recycles requests the way the loop does.
 type ackSink struct {
 	mu      sync.Mutex
-	acks    map[string]proto.PubResult // key + "|" + from + "|" + id → first result
-	lastNew map[string]uint64          // room → newest seq delivered
+	acks    map[string]persist.Stored // key + "|" + from + "|" + id → first result
+	lastNew map[string]uint64         // room → newest seq delivered
 	errs    int
 	bad     []string
 	n       atomic.Int64
@@ -30,16 +32,17 @@ type ackSink struct {
 }
 
 func newAckSink() *ackSink {
-	return &ackSink{acks: map[string]proto.PubResult{}, lastNew: map[string]uint64{}, frames: map[string][]byte{}}
+	return &ackSink{acks: map[string]persist.Stored{}, lastNew: map[string]uint64{}, frames: map[string][]byte{}}
 }
 
-func (s *ackSink) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
-	for i, req := range reqs {
-		s.committed(req, &res[i])
+func (s *ackSink) committed(batch []*PubRequest) {
+	for _, req := range batch {
+		s.one(req)
 	}
 }
 
-func (s *ackSink) committed(req *proto.PubRequest, res *proto.PubResult) {
+func (s *ackSink) one(res *PubRequest) {
+	req := res
 	s.mu.Lock()
 	id := req.Key + "|" + req.From + "|" + string(req.ID)
 	switch {
@@ -56,7 +59,7 @@ func (s *ackSink) committed(req *proto.PubRequest, res *proto.PubResult) {
 			s.bad = append(s.bad, fmt.Sprintf("%s: duplicate seq %d, first ack %d", id, res.Seq, prev.Seq))
 		}
 		if _, ok := s.acks[id]; !ok {
-			s.acks[id] = *res
+			s.acks[id] = res.Stored
 		}
 	default:
 		if res.Seq != s.lastNew[req.Key]+1 && s.lastNew[req.Key] != 0 {
@@ -66,7 +69,7 @@ func (s *ackSink) committed(req *proto.PubRequest, res *proto.PubResult) {
 		if prev, ok := s.acks[id]; ok {
 			s.bad = append(s.bad, fmt.Sprintf("%s: stored twice (%d, %d)", id, prev.Seq, res.Seq))
 		}
-		s.acks[id] = *res
+		s.acks[id] = res.Stored
 		if len(res.Frame) == 0 || !bytes.Contains(res.Frame, req.Body) {
 			s.bad = append(s.bad, fmt.Sprintf("%s: frame %q", id, res.Frame))
 		}
@@ -75,7 +78,7 @@ func (s *ackSink) committed(req *proto.PubRequest, res *proto.PubResult) {
 	s.mu.Unlock()
 	s.n.Add(1)
 	if !s.keep {
-		proto.PutPubRequest(req)
+		PutPubRequest(req)
 	}
 }
 
@@ -88,8 +91,8 @@ func (s *ackSink) check(t *testing.T) {
 	}
 }
 
-func newReq(key, from, id, body string) *proto.PubRequest {
-	r := proto.GetPubRequest()
+func newReq(key, from, id, body string) *PubRequest {
+	r := GetPubRequest()
 	r.Key, r.From = key, from
 	r.ID = append(r.ID, id...)
 	r.Body = append(r.Body, body...)
@@ -97,9 +100,9 @@ func newReq(key, from, id, body string) *proto.PubRequest {
 }
 
 func TestPoolOrderAndFrames(t *testing.T) {
-	st := NewMemory(0)
+	st := persist.NewMemory(0)
 	sink := newAckSink()
-	p := NewPool(st, sink, PoolConfig{Workers: 3, MaxBatch: 16})
+	p := newPool(st, sink.committed, PoolConfig{Workers: 3, MaxBatch: 16})
 	const rooms, per = 10, 200
 	var wg sync.WaitGroup
 	for g := 0; g < 4; g++ {
@@ -110,7 +113,7 @@ func TestPoolOrderAndFrames(t *testing.T) {
 				for r := 0; r < rooms; r++ {
 					// Each goroutine publishes every key; 3 of 4 are retries.
 					k := proto.RoomKey("app", fmt.Sprint("room", r))
-					for p.Submit(newReq(k, "u", fmt.Sprint(i), fmt.Sprintf(`{"i":%d}`, i))) != nil {
+					for p.submit(newReq(k, "u", fmt.Sprint(i), fmt.Sprintf(`{"i":%d}`, i))) != nil {
 						time.Sleep(time.Millisecond)
 					}
 				}
@@ -118,7 +121,7 @@ func TestPoolOrderAndFrames(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	p.Close()
+	p.close()
 	sink.check(t)
 	if got := sink.n.Load(); got != 4*rooms*per {
 		t.Fatalf("%d results, want %d", got, 4*rooms*per)
@@ -140,7 +143,7 @@ func TestPoolOrderAndFrames(t *testing.T) {
 	if f[0] != 0x81 || !json.Valid(f[hdr:]) || !bytes.HasPrefix(f[hdr:], []byte(`{"op":"msg"`)) {
 		t.Fatalf("not a text frame of a msg: %q", f)
 	}
-	s := p.Stats()
+	s := p.stats()
 	if s.Requests != 4*rooms*per || s.Duplicates != 3*rooms*per || s.Batches == 0 || s.CommitErrors != 0 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -151,7 +154,7 @@ func TestPoolOrderAndFrames(t *testing.T) {
 	if sum != s.Batches {
 		t.Fatalf("histogram sums to %d, batches %d", sum, s.Batches)
 	}
-	if err := p.Submit(newReq("a/b", "u", "x", "1")); !errors.Is(err, proto.ErrClosed) {
+	if err := p.submit(newReq("a/b", "u", "x", "1")); !errors.Is(err, proto.ErrClosed) {
 		t.Fatalf("Submit after Close: %v", err)
 	}
 }
@@ -160,36 +163,36 @@ func TestPoolOrderAndFrames(t *testing.T) {
 // lets the tests fill a queue and exercise the error path on top of the
 // real memory store.
 type gateStore struct {
-	*Memory
+	*persist.Memory
 	gate chan struct{}
 	fail atomic.Pointer[error]
 }
 
-func (g *gateStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
+func (g *gateStore) CommitBatch(ctx context.Context, rows []*persist.Row) error {
 	<-g.gate
 	if e := g.fail.Load(); e != nil {
 		err := *e
-		for i := range res {
-			res[i].Err = err
+		for _, r := range rows {
+			r.Err = err
 		}
 		return err
 	}
-	return g.Memory.CommitBatch(ctx, reqs, res)
+	return g.Memory.CommitBatch(ctx, rows)
 }
 
 func TestPoolOverloadAndErrors(t *testing.T) {
-	g := &gateStore{Memory: NewMemory(0), gate: make(chan struct{})}
+	g := &gateStore{Memory: persist.NewMemory(0), gate: make(chan struct{})}
 	failErr := fmt.Errorf("cannot commit: %w", proto.ErrOverloaded)
 	g.fail.Store(&failErr)
 	sink := newAckSink()
 	var logs lockedBuf
-	p := NewPool(g, sink, PoolConfig{Workers: 1, MaxBatch: 4, QueueLen: 8, Window: -1,
+	p := newPool(g, sink.committed, PoolConfig{Workers: 1, MaxBatch: 4, QueueLen: 8, Window: -1,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	k := proto.RoomKey("a", "r")
 	accepted := 0
 	var err error
 	for i := 0; i < 100 && err == nil; i++ {
-		if err = p.Submit(newReq(k, "u", fmt.Sprint(i), "1")); err == nil {
+		if err = p.submit(newReq(k, "u", fmt.Sprint(i), "1")); err == nil {
 			accepted++
 		}
 	}
@@ -213,15 +216,15 @@ func TestPoolOverloadAndErrors(t *testing.T) {
 	}
 	// The database is back: the pool recovers by itself.
 	g.fail.Store(nil)
-	for err := p.Submit(newReq(k, "u", "x", "1")); err != nil; err = p.Submit(newReq(k, "u", "x", "1")) {
+	for err := p.submit(newReq(k, "u", "x", "1")); err != nil; err = p.submit(newReq(k, "u", "x", "1")) {
 		time.Sleep(time.Millisecond)
 	}
-	p.Close()
+	p.close()
 	sink.check(t)
 	if r, ok := sink.acks[k+"|u|x"]; !ok || r.Seq != 1 {
 		t.Fatalf("after recovery: %+v %v", r, ok)
 	}
-	if s := p.Stats(); s.CommitErrors == 0 || s.Rejected == 0 {
+	if s := p.stats(); s.CommitErrors == 0 || s.Rejected == 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	// Failed commits are logged, throttled: a few batches failed within a
@@ -232,15 +235,15 @@ func TestPoolOverloadAndErrors(t *testing.T) {
 }
 
 func TestPoolCloseDrains(t *testing.T) {
-	st := NewMemory(0)
+	st := persist.NewMemory(0)
 	sink := newAckSink()
-	p := NewPool(st, sink, PoolConfig{Workers: 2, Window: 50 * time.Millisecond})
+	p := newPool(st, sink.committed, PoolConfig{Workers: 2, Window: 50 * time.Millisecond})
 	for i := 0; i < 1000; i++ {
-		if err := p.Submit(newReq(proto.RoomKey("a", fmt.Sprint(i%7)), "u", fmt.Sprint(i), "1")); err != nil {
+		if err := p.submit(newReq(proto.RoomKey("a", fmt.Sprint(i%7)), "u", fmt.Sprint(i), "1")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	p.Close()
+	p.close()
 	if sink.n.Load() != 1000 {
 		t.Fatalf("Close returned after %d of 1000", sink.n.Load())
 	}
@@ -248,9 +251,9 @@ func TestPoolCloseDrains(t *testing.T) {
 }
 
 func TestPoolArenaFrames(t *testing.T) {
-	st := NewMemory(0)
+	st := persist.NewMemory(0)
 	sink := newAckSink()
-	p := NewPool(st, sink, PoolConfig{Workers: 1, Window: -1})
+	p := newPool(st, sink.committed, PoolConfig{Workers: 1, Window: -1})
 	big := `"` + string(bytes.Repeat([]byte("x"), 40<<10)) + `"`
 	bodies := map[string]string{}
 	for i := 0; i < 3000; i++ {
@@ -259,11 +262,11 @@ func TestPoolArenaFrames(t *testing.T) {
 			body = big
 		}
 		bodies[fmt.Sprint(i)] = body
-		for p.Submit(newReq("a/r", "u", fmt.Sprint(i), body)) != nil {
+		for p.submit(newReq("a/r", "u", fmt.Sprint(i), body)) != nil {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	p.Close()
+	p.close()
 	sink.check(t)
 	for id, body := range bodies {
 		f := sink.frames["a/r|u|"+id]
@@ -286,10 +289,10 @@ func BenchmarkPoolMemory(b *testing.B) {
 }
 
 func benchPoolMemory(b *testing.B, budget int64, rooms int) {
-	st := NewMemory(0)
+	st := persist.NewMemory(0)
 	st.SetLimits(budget, 0)
 	sink := &countSink{}
-	p := NewPool(st, sink, PoolConfig{})
+	p := newPool(st, sink.committed, PoolConfig{})
 	keys := make([]string, rooms)
 	for i := range keys {
 		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
@@ -301,7 +304,7 @@ func benchPoolMemory(b *testing.B, budget int64, rooms int) {
 	for i := 0; i < b.N; i++ {
 		submitBench(p, keys[i%rooms], "user", i, body, nil)
 	}
-	p.Close()
+	p.close()
 	b.StopTimer()
 	if sink.n.Load() != int64(b.N) {
 		b.Fatalf("%d of %d", sink.n.Load(), b.N)
@@ -328,45 +331,41 @@ type countSink struct {
 	errs atomic.Int64
 }
 
-func (s *countSink) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
-	for i, req := range reqs {
-		s.committed(req, &res[i])
+func (s *countSink) committed(batch []*PubRequest) {
+	for _, req := range batch {
+		if req.Err != nil {
+			s.errs.Add(1)
+		}
+		s.n.Add(1)
+		PutPubRequest(req)
 	}
-}
-
-func (s *countSink) committed(req *proto.PubRequest, res *proto.PubResult) {
-	if res.Err != nil {
-		s.errs.Add(1)
-	}
-	s.n.Add(1)
-	proto.PutPubRequest(req)
 }
 
 // seqStore numbers publishes without storing them: it isolates the pool's
 // own cost (queueing, batching, encoding, hand-off) in BenchmarkPoolOnly.
 type seqStore struct {
-	Memory
+	persist.Memory
 	seq uint64
 }
 
-func (s *seqStore) CommitBatch(_ context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
-	for i := range reqs {
+func (s *seqStore) CommitBatch(_ context.Context, rows []*persist.Row) error {
+	for _, r := range rows {
 		s.seq++
-		res[i] = proto.PubResult{Seq: s.seq, TS: 1764484800123}
+		r.Stored = persist.Stored{Seq: s.seq, TS: 1764484800123}
 	}
 	return nil
 }
 
 func BenchmarkPoolOnly(b *testing.B) {
 	sink := &countSink{}
-	p := NewPool(&seqStore{}, sink, PoolConfig{Workers: 1})
+	p := newPool(&seqStore{}, sink.committed, PoolConfig{Workers: 1})
 	body := []byte(`{"text":"hello, this is a chat message"}`)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		submitBench(p, "bench/room", "user", i, body, nil)
 	}
-	p.Close()
+	p.close()
 	b.StopTimer()
 	if sink.n.Load() != int64(b.N) {
 		b.Fatalf("%d of %d", sink.n.Load(), b.N)
@@ -376,16 +375,16 @@ func BenchmarkPoolOnly(b *testing.B) {
 // benchOrigin numbers a benchmark publish, for its latency.
 type benchOrigin int
 
-func (benchOrigin) Published(*proto.PubRequest, *proto.PubResult) {}
+func (benchOrigin) Published(*PubRequest) {}
 
 // submitBench submits publish number i to p, waiting while the pool's queue
 // is full: a benchmark offers publishes faster than any store takes them.
-func submitBench(p *Pool, key, from string, i int, body []byte, origin proto.Origin) {
-	r := proto.GetPubRequest()
+func submitBench(p *pool, key, from string, i int, body []byte, origin Origin) {
+	r := GetPubRequest()
 	r.Key, r.From, r.Origin = key, from, origin
 	r.ID = strconvAppend(r.ID, i)
 	r.Body = append(r.Body, body...)
-	for p.Submit(r) != nil {
+	for p.submit(r) != nil {
 		time.Sleep(10 * time.Microsecond)
 	}
 }
@@ -393,37 +392,37 @@ func submitBench(p *Pool, key, from string, i int, body []byte, origin proto.Ori
 // spreadStore fails every CommitBatch holding room "bad", and records the
 // largest number of CommitBatch calls in flight at once.
 type spreadStore struct {
-	*Memory
+	*persist.Memory
 	inflight, most atomic.Int32
 }
 
-func (s *spreadStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
+func (s *spreadStore) CommitBatch(ctx context.Context, rows []*persist.Row) error {
 	n := s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
 	}
 	time.Sleep(2 * time.Millisecond) // a commit that takes time lets batches fill
-	for _, r := range reqs {
+	for _, r := range rows {
 		if r.Key == proto.RoomKey("a", "bad") {
-			for i := range res {
-				res[i].Err = proto.ErrOverloaded
+			for _, r := range rows {
+				r.Err = proto.ErrOverloaded
 			}
 			return proto.ErrOverloaded
 		}
 	}
-	return s.Memory.CommitBatch(ctx, reqs, res)
+	return s.Memory.CommitBatch(ctx, rows)
 }
 
 // A backlog fills batches; each full batch is committed as room-disjoint
 // parts in parallel. Every room keeps its order, and a failing part fails
 // alone.
 func TestPoolSpread(t *testing.T) {
-	st := &spreadStore{Memory: NewMemory(0)}
+	st := &spreadStore{Memory: persist.NewMemory(0)}
 	sink := newAckSink()
-	p := NewPool(st, sink, PoolConfig{Workers: 1, MaxBatch: 32, Spread: 3, Window: -1})
+	p := newPool(st, sink.committed, PoolConfig{Workers: 1, MaxBatch: 32, Spread: 3, Window: -1})
 	const rooms, per = 12, 100
 	submit := func(k string, i int) {
-		for p.Submit(newReq(k, "u", fmt.Sprint(i), fmt.Sprintf(`{"i":%d}`, i))) != nil {
+		for p.submit(newReq(k, "u", fmt.Sprint(i), fmt.Sprintf(`{"i":%d}`, i))) != nil {
 			time.Sleep(time.Millisecond)
 		}
 	}
@@ -455,7 +454,7 @@ func TestPoolSpread(t *testing.T) {
 			submit(proto.RoomKey("a", fmt.Sprint("room", r)), per+i)
 		}
 	}
-	p.Close()
+	p.close()
 	sink.check(t)
 	stored := 0
 	for r := 0; r < rooms; r++ {
@@ -469,5 +468,34 @@ func TestPoolSpread(t *testing.T) {
 	}
 	if _, ok := sink.lastNew[bad]; ok {
 		t.Fatal("the failing room was stored")
+	}
+}
+
+// TestPublishPoolAllocations: a publish through the pool (submit, gather,
+// commit, encode into the arena, answer) allocates nothing of its own.
+// What remains is per commit (its timeout context) and per 64 KiB arena
+// chunk of frames, far below one per publish.
+func TestPublishPoolAllocations(t *testing.T) {
+	sink := &countSink{}
+	p := newPool(&seqStore{}, sink.committed, PoolConfig{Workers: 1})
+	defer p.close()
+	body := []byte(`{"text":"hello, this is a chat message"}`)
+	const per = 512
+	i := 0
+	round := func() {
+		want := sink.n.Load() + per
+		for range per {
+			i++
+			submitBench(p, "a/r", "u", i, body, nil)
+		}
+		for sink.n.Load() < want {
+			runtime.Gosched()
+		}
+	}
+	round()
+	n := leastAllocs(5, round)
+	t.Logf("%.1f allocations per %d publishes", n, per)
+	if n >= per/8 {
+		t.Fatalf("%.1f allocations per %d publishes: something allocates per publish", n, per)
 	}
 }

@@ -3,10 +3,9 @@
 package loop
 
 import (
-	"sync/atomic"
-	"unsafe"
-
 	"golang.org/x/sys/unix"
+
+	"github.com/roost-chat/roost/loop/internal/uring"
 )
 
 // What an idle node does is ping: with 15,000 idle connections, 600 pings
@@ -15,7 +14,7 @@ import (
 // node still woke for"). Both go through the loop's ring here instead.
 //
 // The sweep queues its pings on the ring and submits them in batches, one
-// io_uring_enter(2) for up to ringBatch/2 pings. Ahead of each ping, in the
+// io_uring_enter(2) for up to uring.Batch/2 pings. Ahead of each ping, in the
 // same batch, the socket's SO_RCVLOWAT is raised to 7 bytes (an io_uring
 // socket command, Linux 6.7 and later): the client's answer, a masked pong
 // with no payload, is 6 bytes, so it stays in the socket and wakes
@@ -39,15 +38,16 @@ import (
 // profile: EINVAL, EOPNOTSUPP) the loop stops holding and only batches the
 // pings.
 
-const (
-	ringOpRecv     = 27 // IORING_OP_RECV
-	ringOpURingCmd = 46 // IORING_OP_URING_CMD
-	// sockCmdSetsockopt is SOCKET_URING_OP_SETSOCKOPT.
-	sockCmdSetsockopt = 3
-	// holdLowat is one byte more than a client's empty pong (2 bytes of
-	// header, 4 of mask).
-	holdLowat = 7
-)
+// holdLowat is one byte more than a client's empty pong (2 bytes of
+// header, 4 of mask).
+const holdLowat = 7
+
+// holdCmd is the socket command that sets SO_RCVLOWAT: a variable so that
+// a test can name one the kernel does not know, to see the refusal.
+var holdCmd uint32 = uring.CmdSetsockopt
+
+// pingFrames is the ping as the ring sends it, one frame.
+var pingFrames = [][]byte{pingFrame}
 
 type idleKind uint8
 
@@ -61,23 +61,17 @@ const (
 
 // idleState is the loop's share of the above.
 type idleState struct {
-	kind [ringBatch]idleKind
-	buf  [ringBatch][8]byte // a peek's bytes: 8, to tell a lone pong from more
+	kind [uring.Batch]idleKind
+	buf  [uring.Batch][8]byte // a peek's bytes: 8, to tell a lone pong from more
 	// held: connections whose watermark was raised, for the next sweep.
 	// take and unhold: what that sweep's peeks found.
 	held, spare, take, unhold []*conn
 	// noHold: the kernel refused the socket command; from then on the
 	// pings are batched and nothing is held.
 	noHold bool
-	// holdOp is the command's cmd_op (a test sets one the kernel does not
-	// know, to see the refusal).
-	holdOp uint32
 	// The option values the kernel reads during the submit: 1, holdLowat.
 	lowat [2]int32
 	now   int64 // the sweep's clock, for the pongs it takes
-	// Connections held and pongs taken, for tests, which read them from
-	// their own goroutine.
-	holds, taken atomic.Uint64
 }
 
 // queuePing queues c's ping (and its hold) on the ring; false: no ring, the
@@ -90,15 +84,9 @@ func (l *loopState) queuePing(c *conn, fd int) bool {
 	}
 	l.idleRoom(2)
 	if !l.idle.noHold {
-		l.idleQueue(c, l.lowatSQE(fd, holdLowat), idleHold)
+		l.idleLowat(c, fd, holdLowat, idleHold)
 	}
-	l.idleQueue(c, ringSQE{
-		opcode:   ringOpSend,
-		fd:       int32(fd),
-		addr:     uint64(uintptr(unsafe.Pointer(unsafe.SliceData(pingFrame)))),
-		len:      uint32(len(pingFrame)),
-		msgFlags: unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL,
-	}, idlePing)
+	l.idleQueued(c, r.Send(fd, pingFrames), idlePing)
 	return true
 }
 
@@ -111,7 +99,7 @@ func (l *loopState) pingsQueued() {
 	if r == nil {
 		return
 	}
-	if r.n > 0 {
+	if r.Len() > 0 {
 		l.idleSubmit() // the last pings: a failed one closes its connection
 	}
 	keep := l.idle.held[:0]
@@ -127,7 +115,7 @@ func (l *loopState) pingsQueued() {
 	}
 	clear(l.idle.held[len(keep):])
 	l.idle.held = keep
-	if r.n > 0 {
+	if r.Len() > 0 {
 		l.idleSubmit()
 	}
 }
@@ -157,10 +145,10 @@ func (l *loopState) takeHeld(now int64) {
 				continue
 			}
 			l.idleRoom(1)
-			l.idleQueue(c, l.recvSQE(fd, len(id.buf[0]), unix.MSG_PEEK), idlePeek)
+			l.idleRecv(c, fd, len(id.buf[0]), unix.MSG_PEEK, idlePeek)
 		}
 	}
-	if l.ring.n > 0 {
+	if l.ring.Len() > 0 {
 		l.idleSubmit()
 	}
 	clear(held)
@@ -174,7 +162,7 @@ func (l *loopState) takeHeld(now int64) {
 			continue
 		}
 		l.idleRoom(2)
-		l.idleQueue(c, l.recvSQE(fd, len(pongHeld), 0), idleTake)
+		l.idleRecv(c, fd, len(pongHeld), 0, idleTake)
 		l.idleUnhold(c)
 	}
 	for _, c := range id.unhold {
@@ -187,7 +175,7 @@ func (l *loopState) takeHeld(now int64) {
 	clear(id.take)
 	clear(id.unhold)
 	id.take, id.unhold = id.take[:0], id.unhold[:0]
-	if l.ring.n > 0 {
+	if l.ring.Len() > 0 {
 		l.idleSubmit()
 	}
 }
@@ -206,102 +194,53 @@ func isPong(b []byte) bool {
 // the ring submits before it returns) are sent first, as the flush would.
 func (l *loopState) idleRoom(k int) {
 	r := l.ring
-	if r.n > 0 && l.idle.kind[0] == 0 {
+	if r.Len() > 0 && l.idle.kind[0] == 0 {
 		l.sendQueued()
 	}
-	if r.n+k > ringBatch {
+	if r.Len()+k > uring.Batch {
 		l.idleSubmit()
 	}
 }
 
-func (l *loopState) idleQueue(c *conn, e ringSQE, k idleKind) {
-	r := l.ring
-	i := r.n
-	e.userData = uint64(i)
-	r.sqes[(atomic.LoadUint32(r.sqTail)+uint32(i))&r.sqMask] = e
-	r.conns[i] = c
-	r.pending[i] = true
+// idleQueued records operation i of the batch as c's, of kind k.
+func (l *loopState) idleQueued(c *conn, i int, k idleKind) {
+	l.ringConns[i] = c
 	l.idle.kind[i] = k
-	r.n++
 }
 
-// recvSQE is a non-blocking recv(2) of up to n bytes into the buffer of
-// the batch's next entry.
-func (l *loopState) recvSQE(fd, n int, flags uint32) ringSQE {
-	return ringSQE{
-		opcode:   ringOpRecv,
-		fd:       int32(fd),
-		addr:     uint64(uintptr(unsafe.Pointer(&l.idle.buf[l.ring.n][0]))),
-		len:      uint32(n),
-		msgFlags: flags | unix.MSG_DONTWAIT,
-	}
+// idleRecv queues a non-blocking recv(2) of up to n bytes on c's socket
+// into the buffer of the batch's next entry.
+func (l *loopState) idleRecv(c *conn, fd, n int, flags uint32, k idleKind) {
+	i := l.ring.Len()
+	l.idleQueued(c, l.ring.Recv(fd, l.idle.buf[i][:n], flags), k)
 }
 
 func (l *loopState) idleUnhold(c *conn) {
 	if fd := c.gc.Fd(); fd >= 0 {
-		l.idleQueue(c, l.lowatSQE(fd, 1), idleUnhold)
+		l.idleLowat(c, fd, 1, idleUnhold)
 	}
 }
 
-// ringCmdSQE is struct io_uring_sqe as a socket command reads it (its
-// unions: cmd_op where a send has off, level and optname where it has
-// addr, optlen and optval in what ringSQE leaves as padding).
-type ringCmdSQE struct {
-	opcode      uint8
-	flags       uint8
-	ioprio      uint16
-	fd          int32
-	cmdOp       uint32
-	_           uint32
-	level       uint32
-	optname     uint32
-	len         uint32
-	cmdFlags    uint32
-	userData    uint64
-	bufIndex    uint16
-	personality uint16
-	optlen      uint32
-	optval      uint64
-	_           uint64
-}
-
-var _ [unsafe.Sizeof(ringSQE{}) - unsafe.Sizeof(ringCmdSQE{})]struct{} // same size
-var _ [unsafe.Sizeof(ringCmdSQE{}) - unsafe.Sizeof(ringSQE{})]struct{}
-
-// lowatSQE is setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, v) as a socket
-// command.
-func (l *loopState) lowatSQE(fd int, v int32) ringSQE {
+// idleLowat queues setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, v) as a socket
+// command, v being 1 or holdLowat.
+func (l *loopState) idleLowat(c *conn, fd int, v int32, k idleKind) {
 	id := &l.idle
 	id.lowat = [2]int32{1, holdLowat}
 	p := &id.lowat[0]
 	if v != 1 {
 		p = &id.lowat[1]
 	}
-	op := id.holdOp
-	if op == 0 {
-		op = sockCmdSetsockopt
-	}
-	e := ringCmdSQE{
-		opcode:  ringOpURingCmd,
-		fd:      int32(fd),
-		cmdOp:   op,
-		level:   unix.SOL_SOCKET,
-		optname: unix.SO_RCVLOWAT,
-		optlen:  4,
-		optval:  uint64(uintptr(unsafe.Pointer(p))),
-	}
-	return *(*ringSQE)(unsafe.Pointer(&e))
+	l.idleQueued(c, l.ring.SocketCmd(holdCmd, fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, p), k)
 }
 
 // idleSubmit sends the batch and finishes each of its entries.
 func (l *loopState) idleSubmit() {
 	r, id := l.ring, &l.idle
-	n := r.submit()
+	n := r.Submit()
 	for i := 0; i < n; i++ {
-		c, k := r.conns[i], id.kind[i]
-		r.conns[i], id.kind[i] = nil, 0
-		res, taken := r.res[i], !r.pending[i]
-		r.pending[i] = false
+		c, k := l.ringConns[i], id.kind[i]
+		l.ringConns[i], id.kind[i] = nil, 0
+		res, taken := r.Result(i)
 		switch k {
 		case idlePing:
 			if c.closed || c.state != stateOpen {
@@ -325,7 +264,7 @@ func (l *loopState) idleSubmit() {
 			case !taken:
 			case res == 0:
 				id.held = append(id.held, c)
-				id.holds.Add(1)
+				l.srv.Stats.PongsHeld.Add(1)
 			case res == -int32(unix.EINVAL) || res == -int32(unix.EOPNOTSUPP):
 				id.noHold = true
 			}
@@ -343,7 +282,7 @@ func (l *loopState) idleSubmit() {
 			}
 		case idleTake:
 			if taken && res == int32(len(pongHeld)) && !c.closed && c.state == stateOpen {
-				id.taken.Add(1)
+				l.srv.Stats.PongsTaken.Add(1)
 				l.srv.Stats.FramesIn.Add(1)
 				c.lastRead = id.now
 				c.pinged = false

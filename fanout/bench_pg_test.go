@@ -1,4 +1,4 @@
-package persist
+package fanout
 
 import (
 	"bytes"
@@ -6,48 +6,17 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
-
-// pgCPU returns the CPU time (user+system) spent so far by the given
-// processes, or by every process named postgres when pids is nil.
-func pgCPU(pids []int) time.Duration {
-	if pids == nil {
-		matches, _ := filepath.Glob("/proc/[0-9]*/stat")
-		for _, m := range matches {
-			pid, _ := strconv.Atoi(strings.Split(m, "/")[2])
-			pids = append(pids, pid)
-		}
-	}
-	var ticks int64
-	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || close < 0 || s[open+1:close] != "postgres" {
-			continue
-		}
-		f := strings.Fields(s[close+2:])
-		// Fields after the command: state is f[0]; utime and stime are
-		// fields 14 and 15 of the whole line, f[11] and f[12] here.
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += ut + st
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
-}
 
 // BenchmarkPoolPostgres measures publishes through the pool into
 // PostgreSQL (synchronous_commit and fsync as configured on the server):
@@ -83,53 +52,37 @@ func benchPoolConfig(b *testing.B) PoolConfig {
 	return cfg
 }
 
-// backendPIDs lists the PostgreSQL backends serving st's database.
-func backendPIDs(b *testing.B, st *Postgres) []int {
-	rows, err := st.pool.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer rows.Close()
-	var pids []int
-	for rows.Next() {
-		var pid int
-		_ = rows.Scan(&pid)
-		pids = append(pids, pid)
-	}
-	return pids
-}
-
 // backendCPU measures the CPU of st's database's backends over a run,
 // counting the backends that open during it (a spread commit opens more
 // connections) from zero.
 type backendCPU struct {
-	st    *Postgres
+	url   string
 	start map[int]time.Duration
 }
 
-func startBackendCPU(b *testing.B, st *Postgres) *backendCPU {
-	c := &backendCPU{st: st, start: map[int]time.Duration{}}
-	for _, pid := range backendPIDs(b, st) {
-		c.start[pid] = pgCPU([]int{pid})
+func startBackendCPU(b *testing.B, url string) *backendCPU {
+	c := &backendCPU{url: url, start: map[int]time.Duration{}}
+	for _, pid := range pgtest.BackendPIDs(b, url) {
+		c.start[pid] = pgtest.CPU([]int{pid})
 	}
 	return c
 }
 
 func (c *backendCPU) since(b *testing.B) time.Duration {
 	var d time.Duration
-	for _, pid := range backendPIDs(b, c.st) {
-		d += pgCPU([]int{pid}) - c.start[pid]
+	for _, pid := range pgtest.BackendPIDs(b, c.url) {
+		d += pgtest.CPU([]int{pid}) - c.start[pid]
 	}
 	return d
 }
 
 func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
-	url := newTestDB(b)
+	url := pgtest.NewDB(b)
 	cfg.setDefaults()
-	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
+	st := openPG(b, url, persist.PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
 	defer st.Close()
 	sink := &countSink{}
-	p := NewPool(st, sink, cfg)
+	p := newPool(st, sink.committed, cfg)
 	keys := make([]string, rooms)
 	for i := range keys {
 		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
@@ -145,8 +98,8 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 		time.Sleep(time.Millisecond)
 	}
 	base := sink.n.Load()
-	s0 := p.Stats()
-	ours, cpuAll0 := startBackendCPU(b, st), pgCPU(nil)
+	s0 := p.stats()
+	ours, cpuAll0 := startBackendCPU(b, url), pgtest.CPU(nil)
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
@@ -158,9 +111,9 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
-	cpuOurs, cpuAll := ours.since(b), pgCPU(nil)-cpuAll0
-	s1 := p.Stats()
-	p.Close()
+	cpuOurs, cpuAll := ours.since(b), pgtest.CPU(nil)-cpuAll0
+	s1 := p.stats()
+	p.close()
 	if sink.errs.Load() != 0 {
 		b.Fatalf("%d publishes failed", sink.errs.Load())
 	}
@@ -174,20 +127,20 @@ func benchPG(b *testing.B, rooms int, cfg PoolConfig) {
 // BenchmarkPoolPostgresLatency publishes at a fixed rate (env
 // ROOST_BENCH_RATE publishes/s, default 5000) over 1,000 rooms (in turn, or
 // at random with ROOST_BENCH_SHUFFLE; bodies of ROOST_BENCH_BODY bytes) and reports
-// the ack latency (Submit to Committed) p50, p95 and p99 and the batch size.
+// the ack latency (submit to the answer) p50, p95 and p99 and the batch size.
 func BenchmarkPoolPostgresLatency(b *testing.B) {
 	rate := 5000
 	if v, err := strconv.Atoi(os.Getenv("ROOST_BENCH_RATE")); err == nil && v > 0 {
 		rate = v
 	}
 	const rooms = 1000
-	url := newTestDB(b)
+	url := pgtest.NewDB(b)
 	cfg := benchPoolConfig(b)
-	st := openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
+	st := openPG(b, url, persist.PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
 	defer st.Close()
 	lat := &latencySink{start: make([]int64, b.N+rooms)}
 	ts := &timedStore{Store: st}
-	p := NewPool(ts, lat, cfg)
+	p := newPool(ts, lat.committed, cfg)
 	keys := make([]string, rooms)
 	for i := range keys {
 		keys[i] = proto.RoomKey("bench", fmt.Sprint("room", i))
@@ -227,8 +180,8 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 	ts.mu.Lock()
 	ts.durs = ts.durs[:0]
 	ts.mu.Unlock()
-	s0 := p.Stats()
-	ours, cpuAll0 := startBackendCPU(b, st), pgCPU(nil)
+	s0 := p.stats()
+	ours, cpuAll0 := startBackendCPU(b, url), pgtest.CPU(nil)
 	b.ResetTimer()
 	interval := time.Second / time.Duration(rate)
 	begin := time.Now()
@@ -242,9 +195,9 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	b.StopTimer()
-	cpuOurs, cpuAll := ours.since(b), pgCPU(nil)-cpuAll0
-	s1 := p.Stats()
-	p.Close()
+	cpuOurs, cpuAll := ours.since(b), pgtest.CPU(nil)-cpuAll0
+	s1 := p.stats()
+	p.close()
 	n := float64(b.N)
 	b.ReportMetric(float64(cpuOurs.Microseconds())/n, "pg-backend-µs/pub")
 	b.ReportMetric(float64(cpuAll.Microseconds())/n, "pg-all-µs/pub")
@@ -263,14 +216,14 @@ func BenchmarkPoolPostgresLatency(b *testing.B) {
 
 // timedStore records how long each CommitBatch takes.
 type timedStore struct {
-	Store
+	persist.Store
 	mu   sync.Mutex
 	durs []int64
 }
 
-func (t *timedStore) CommitBatch(ctx context.Context, reqs []*proto.PubRequest, res []proto.PubResult) error {
+func (t *timedStore) CommitBatch(ctx context.Context, rows []*persist.Row) error {
 	start := time.Now()
-	err := t.Store.CommitBatch(ctx, reqs, res)
+	err := t.Store.CommitBatch(ctx, rows)
 	d := time.Since(start)
 	t.mu.Lock()
 	t.durs = append(t.durs, int64(d))
@@ -285,17 +238,13 @@ type latencySink struct {
 	n     atomic.Int64
 }
 
-func (s *latencySink) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
-	for i, req := range reqs {
-		s.committed(req, &res[i])
+func (s *latencySink) committed(batch []*PubRequest) {
+	for _, req := range batch {
+		d := time.Now().UnixNano() - s.start[req.Origin.(benchOrigin)]
+		s.mu.Lock()
+		s.lat = append(s.lat, d)
+		s.mu.Unlock()
+		s.n.Add(1)
+		PutPubRequest(req)
 	}
-}
-
-func (s *latencySink) committed(req *proto.PubRequest, res *proto.PubResult) {
-	d := time.Now().UnixNano() - s.start[req.Origin.(benchOrigin)]
-	s.mu.Lock()
-	s.lat = append(s.lat, d)
-	s.mu.Unlock()
-	s.n.Add(1)
-	proto.PutPubRequest(req)
 }

@@ -2,7 +2,7 @@
 
 package loop
 
-// idleState is the ring's part in an idle node's pings (ring_idle_linux.go);
+// idleState is the ring's part in an idle node's pings (idle_linux.go);
 // elsewhere each ping is a syscall and each pong a read.
 type idleState struct{}
 

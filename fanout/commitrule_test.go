@@ -1,4 +1,4 @@
-package persist
+package fanout
 
 import (
 	"math/rand"

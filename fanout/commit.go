@@ -1,8 +1,9 @@
-package persist
+package fanout
 
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"math"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -46,7 +48,7 @@ type PoolConfig struct {
 	// MaxBatch, so it keeps one commit in flight per worker; saturation
 	// gets the parallelism of several PostgreSQL backends. 1 disables it.
 	Spread   int
-	QueueLen int           // queued publishes per worker before Submit says proto.ErrOverloaded; default 8192
+	QueueLen int           // queued publishes per worker before Publish says proto.ErrOverloaded; default 8192
 	Timeout  time.Duration // per CommitBatch; default 5s
 	// Logger gets failed commits and refused publishes, at most one line
 	// of each a second; default slog.Default().
@@ -94,7 +96,7 @@ type PoolStats struct {
 	// Refused: publishes the store refused on their own: a failed group
 	// commit was split until the failing publish stood alone.
 	Refused  uint64
-	Rejected uint64 // Submit calls refused with proto.ErrOverloaded (queue full)
+	Rejected uint64 // publishes refused with proto.ErrOverloaded (queue full)
 	// BatchSizes[i] counts committed batches of size <= BatchBuckets[i]
 	// (and > the previous bound); the last element counts larger ones.
 	BatchSizes [len(BatchBuckets) + 1]uint64
@@ -103,31 +105,36 @@ type PoolStats struct {
 	QueueDepth int
 }
 
-// Pool is the publish goroutine pool with group commit. Each worker owns the
-// rooms whose key hashes to it, so the order of a room's publishes is the
-// order of Submit calls for it, and a room's CommitBatch calls never run
-// concurrently on one node.
+// pool is the publish path's group commit: submit, gather, commit through
+// the Store, encode once, answer. Each worker owns the rooms whose key
+// hashes to it, so the order of a room's publishes is the order of submit
+// calls for it, and a room's CommitBatch calls never run concurrently on
+// one node.
 //
 // A worker is a pipeline of three goroutines: a gatherer that collects the
 // next batch, a committer that runs one CommitBatch at a time, and an
-// answerer that encodes the frames and hands the results to the Sink. The
-// next batch fills while the previous one commits, and a commit overlaps
-// the answering of the one before; batches pass each stage in order, so a
+// answerer that encodes each new message's frame once and hands the batch
+// to done (Node.committed: the broker, the hook, the sources). The next
+// batch fills while the previous one commits, and a commit overlaps the
+// answering of the one before; batches pass each stage in order, so a
 // room's results stay in seq order.
 //
-// Results reach the Sink one batch per call, in batch order per worker
-// (see Sink for what the sink may keep).
+// done gets one batch per call, in batch order per worker; the slice is
+// the worker's scratch, valid during the call only, and each request
+// belongs to done from the call on. A request with Err set never carries
+// a seq or a frame: nothing was acknowledged as stored.
 //
-// Submit and Stats may be called from any goroutine; Close once.
-type Pool struct {
-	st      Store
-	sink    Sink
+// submit and stats may be called from any goroutine; close once.
+type pool struct {
+	st      persist.Store
+	done    func(batch []*PubRequest)
 	cfg     PoolConfig
 	workers []*worker
+	seed    maphash.Seed
 
-	// Close must not strand a request that a concurrent Submit is
-	// enqueueing: Submit counts itself in submitting before checking closed,
-	// and Close waits for the count to drain after setting closed.
+	// close must not strand a request that a concurrent submit is
+	// enqueueing: submit counts itself in submitting before checking closed,
+	// and close waits for the count to drain after setting closed.
 	closed     atomic.Bool
 	submitting atomic.Int64
 	stop       chan struct{}
@@ -148,23 +155,23 @@ type Pool struct {
 }
 
 type worker struct {
-	p *Pool
-	q chan *proto.PubRequest
+	p *pool
+	q chan *PubRequest
 
 	// Gatherer only.
-	cur      *slot     // the batch being gathered
-	firstAt  time.Time // when cur.batch[0] was taken
-	lastHand time.Time // the previous hand-off
-	seen     arrivals  // publishes per hand-off interval, for the rate
+	cur      *batchSlot // the batch being gathered
+	firstAt  time.Time  // when cur.batch[0] was taken
+	lastHand time.Time  // the previous hand-off
+	seen     arrivals   // publishes per hand-off interval, for the rate
 	timer    *time.Timer
 
 	// The pipeline: todo carries a gathered batch to the committer, which
 	// passes it on through committed to the answerer. idle holds a token
 	// while no commit is in flight; free holds the slots nobody uses.
-	todo      chan *slot
-	committed chan *slot
+	todo      chan *batchSlot
+	committed chan *batchSlot
 	idle      chan struct{}
-	free      chan *slot
+	free      chan *batchSlot
 	held      atomic.Int64 // requests out of q and not answered yet
 
 	// Committer only: the shares of a spread commit, the first run by the
@@ -176,46 +183,44 @@ type worker struct {
 	arena []byte // current frame chunk: frames are carved from arena[len:cap]
 }
 
-// slot is one batch with its results, passed down the pipeline.
-type slot struct {
-	batch []*proto.PubRequest
-	res   []proto.PubResult
+// batchSlot is one batch, passed down the pipeline: the requests, and
+// their Rows as the store takes them (rows[i] is &batch[i].Row). The
+// results land in the requests themselves.
+type batchSlot struct {
+	batch []*PubRequest
+	rows  []*persist.Row
 	ok    bool // the commit succeeded
 }
 
-// NewPool starts cfg.Workers workers committing to st and handing results
-// to sink.
-func NewPool(st Store, sink Sink, cfg PoolConfig) *Pool {
+// newPool starts cfg.Workers workers committing to st and handing each
+// answered batch to done.
+func newPool(st persist.Store, done func(batch []*PubRequest), cfg PoolConfig) *pool {
 	cfg.setDefaults()
-	p := &Pool{st: st, sink: sink, cfg: cfg, stop: make(chan struct{})}
+	p := &pool{st: st, done: done, cfg: cfg, stop: make(chan struct{}), seed: maphash.MakeSeed()}
 	p.workers = make([]*worker, cfg.Workers)
 	for i := range p.workers {
 		// Three slots: one gathering, one committing, one being answered.
 		const slots = 3
 		w := &worker{
 			p:         p,
-			q:         make(chan *proto.PubRequest, cfg.QueueLen),
+			q:         make(chan *PubRequest, cfg.QueueLen),
 			timer:     time.NewTimer(time.Hour),
 			seen:      newArrivals(cfg.Window),
-			todo:      make(chan *slot),
-			committed: make(chan *slot, 1),
+			todo:      make(chan *batchSlot),
+			committed: make(chan *batchSlot, 1),
 			idle:      make(chan struct{}, 1),
-			free:      make(chan *slot, slots),
+			free:      make(chan *batchSlot, slots),
 		}
 		w.timer.Stop()
 		w.idle <- struct{}{}
 		for range slots {
-			w.free <- &slot{batch: make([]*proto.PubRequest, 0, cfg.MaxBatch*cfg.Spread), res: make([]proto.PubResult, cfg.MaxBatch*cfg.Spread)}
+			w.free <- &batchSlot{batch: make([]*PubRequest, 0, cfg.MaxBatch*cfg.Spread), rows: make([]*persist.Row, 0, cfg.MaxBatch*cfg.Spread)}
 		}
 		w.cur = <-w.free
 		w.spread = make(chan *part)
 		for range cfg.Spread {
 			// A part holds whatever its rooms brought: up to the whole batch.
-			w.parts = append(w.parts, &part{
-				batch: make([]*proto.PubRequest, 0, cfg.MaxBatch*cfg.Spread),
-				res:   make([]proto.PubResult, cfg.MaxBatch*cfg.Spread),
-				idx:   make([]int, 0, cfg.MaxBatch*cfg.Spread),
-			})
+			w.parts = append(w.parts, &part{rows: make([]*persist.Row, 0, cfg.MaxBatch*cfg.Spread)})
 		}
 		p.workers[i] = w
 		p.wg.Add(3 + cfg.Spread - 1)
@@ -229,17 +234,17 @@ func NewPool(st Store, sink Sink, cfg PoolConfig) *Pool {
 	return p
 }
 
-// Submit queues req for its room's worker without blocking. On success the
-// pool owns req until it hands it to Sink.Committed; on error the caller
-// keeps it. proto.ErrOverloaded: that worker's queue is full. proto.ErrClosed: Close was
-// called.
-func (p *Pool) Submit(req *proto.PubRequest) error {
+// submit queues req for its room's worker without blocking. On success the
+// pool owns req until it hands it to done; on error the caller keeps it.
+// proto.ErrOverloaded: that worker's queue is full. proto.ErrClosed: close
+// was called.
+func (p *pool) submit(req *PubRequest) error {
 	p.submitting.Add(1)
 	defer p.submitting.Add(-1)
 	if p.closed.Load() {
 		return proto.ErrClosed
 	}
-	w := p.workers[hashKey(req.Key)%uint32(len(p.workers))]
+	w := p.workers[p.roomHash(req.Key)%uint32(len(p.workers))]
 	select {
 	case w.q <- req:
 		return nil
@@ -249,10 +254,10 @@ func (p *Pool) Submit(req *proto.PubRequest) error {
 	}
 }
 
-// Close stops accepting publishes, commits and delivers everything already
+// close stops accepting publishes, commits and delivers everything already
 // queued, and returns when every worker has finished. It does not close the
 // store.
-func (p *Pool) Close() {
+func (p *pool) close() {
 	if p.closed.Swap(true) {
 		return
 	}
@@ -263,8 +268,8 @@ func (p *Pool) Close() {
 	p.wg.Wait()
 }
 
-// Stats returns the pool's counters; it takes no lock.
-func (p *Pool) Stats() PoolStats {
+// stats returns the pool's counters; it takes no lock.
+func (p *pool) stats() PoolStats {
 	s := PoolStats{
 		Batches:      p.batches.Load(),
 		Requests:     p.requests.Load(),
@@ -302,7 +307,7 @@ func (w *worker) gather() {
 	closing := false
 	// A hand-off needs the idle token (no commit in flight) and next, a
 	// free slot to gather the following batch into.
-	var next *slot
+	var next *batchSlot
 	idle := false
 	for {
 		// Fast path: take what is queued.
@@ -339,7 +344,7 @@ func (w *worker) gather() {
 			}
 		}
 		if closing && len(w.cur.batch) == 0 {
-			// Submit can no longer enqueue and the queue is empty: let the
+			// submit can no longer enqueue and the queue is empty: let the
 			// commit in flight finish, then stop the pipeline behind it.
 			if !idle {
 				<-w.idle
@@ -356,7 +361,7 @@ func (w *worker) gather() {
 		if !idle {
 			ic = w.idle
 		}
-		var fc <-chan *slot
+		var fc <-chan *batchSlot
 		if next == nil {
 			fc = w.free
 		}
@@ -383,11 +388,12 @@ func (w *worker) gather() {
 	}
 }
 
-func (w *worker) add(r *proto.PubRequest) {
+func (w *worker) add(r *PubRequest) {
 	if len(w.cur.batch) == 0 {
 		w.firstAt = time.Now()
 	}
 	w.cur.batch = append(w.cur.batch, r)
+	w.cur.rows = append(w.cur.rows, &r.Row)
 	w.held.Add(1)
 }
 
@@ -513,19 +519,19 @@ func (w *worker) commitLoop() {
 	}
 }
 
-// commit stores sl.batch and fills sl.res (see store); sl.ok is false
-// when the store was unreachable. A batch above MaxBatch means the store is behind: it
+// commit stores sl.rows, which hold the results (see store); sl.ok is
+// false when the store was unreachable. A batch above MaxBatch means the store is behind: it
 // is spread over up to Spread room-disjoint commits of about MaxBatch each
 // that run in parallel.
-func (w *worker) commit(sl *slot) {
-	if n := len(sl.batch); n > w.p.cfg.MaxBatch {
+func (w *worker) commit(sl *batchSlot) {
+	if n := len(sl.rows); n > w.p.cfg.MaxBatch {
 		w.commitSpread(sl, min(len(w.parts), (n+w.p.cfg.MaxBatch-1)/w.p.cfg.MaxBatch))
 		return
 	}
-	sl.ok = w.store(sl.batch, sl.res[:len(sl.batch)])
+	sl.ok = w.store(sl.rows)
 }
 
-// store commits reqs and fills res. A store that cannot be reached fails
+// store commits rows, which get their results. A store that cannot be reached fails
 // them all (overloaded: nothing was stored, the clients retry). A store
 // that refuses the statement itself (PostgreSQL: a value it cannot take)
 // would fail everybody's publishes for one bad request, so the batch is
@@ -533,44 +539,46 @@ func (w *worker) commit(sl *slot) {
 // order), until the request that fails stands alone: it alone gets the
 // error, logged with the reason. Each bad request costs about 2·log2(batch)
 // extra commits. It reports false only when the store was unreachable.
-func (w *worker) store(reqs []*proto.PubRequest, res []proto.PubResult) bool {
+func (w *worker) store(rows []*persist.Row) bool {
 	p := w.p
-	clear(res)
+	for _, r := range rows {
+		r.Stored = persist.Stored{}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
-	err := p.st.CommitBatch(ctx, reqs, res)
+	err := p.st.CommitBatch(ctx, rows)
 	cancel()
 	if err == nil {
 		p.batches.Add(1)
-		p.batchSizes[bucketOf(len(reqs))].Add(1)
+		p.batchSizes[bucketOf(len(rows))].Add(1)
 		return true
 	}
 	p.commitErrors.Add(1)
 	overload := isOverload(err) || errors.Is(err, proto.ErrClosed)
-	if !overload && len(reqs) > 1 {
-		h := len(reqs) / 2
-		a := w.store(reqs[:h], res[:h])
-		b := w.store(reqs[h:], res[h:])
+	if !overload && len(rows) > 1 {
+		h := len(rows) / 2
+		a := w.store(rows[:h])
+		b := w.store(rows[h:])
 		return a && b
 	}
 	// Never acknowledge what the store did not confirm, whatever it left
-	// in res.
+	// in the rows.
 	rerr := proto.ErrOverloaded
 	if !overload {
 		rerr = err
 	}
-	for i := range res {
-		e := res[i].Err
+	for _, r := range rows {
+		e := r.Err
 		if e == nil {
 			e = rerr
 		}
-		res[i] = proto.PubResult{Err: e}
+		r.Stored = persist.Stored{Err: e}
 	}
 	if overload {
-		p.logCommitError(len(reqs), err)
+		p.logCommitError(len(rows), err)
 		return false
 	}
 	p.refused.Add(1)
-	p.logRefused(reqs[0], err)
+	p.logRefused(rows[0], err)
 	return true
 }
 
@@ -586,17 +594,17 @@ func throttled(last *atomic.Int64, quiet *atomic.Uint64) (ok bool, skipped uint6
 	return true, quiet.Swap(0)
 }
 
-func (p *Pool) logCommitError(n int, err error) {
+func (p *pool) logCommitError(n int, err error) {
 	if ok, skipped := throttled(&p.errLogged, &p.errQuiet); ok {
-		p.cfg.Logger.Warn("persist: group commit failed; its publishes were answered overloaded and are retried by their clients",
+		p.cfg.Logger.Warn("fanout: group commit failed; its publishes were answered overloaded and are retried by their clients",
 			"requests", n, "err", err, "failed_total", p.commitErrors.Load(), "not_logged", skipped)
 	}
 }
 
-func (p *Pool) logRefused(req *proto.PubRequest, err error) {
+func (p *pool) logRefused(req *persist.Row, err error) {
 	if ok, skipped := throttled(&p.refusedLogged, &p.refusedQuiet); ok {
 		app, room := proto.SplitKey(req.Key)
-		p.cfg.Logger.Warn("persist: the store refused a publish; only it failed (err internal), the rest of its batch was committed",
+		p.cfg.Logger.Warn("fanout: the store refused a publish; only it failed (err internal), the rest of its batch was committed",
 			"app", app, "room", room, "from", req.From, "id", string(req.ID),
 			"err", err, "refused_total", p.refused.Load(), "not_logged", skipped)
 	}
@@ -604,98 +612,93 @@ func (p *Pool) logRefused(req *proto.PubRequest, err error) {
 
 // part is one room-disjoint share of a spread commit.
 type part struct {
-	batch []*proto.PubRequest
-	res   []proto.PubResult
-	idx   []int // position of batch[j] in the whole batch
-	ok    bool
-	wg    *sync.WaitGroup
+	rows []*persist.Row
+	ok   bool
+	wg   *sync.WaitGroup
 }
 
-// commitSpread splits sl.batch by room over w.parts, commits the parts in
-// parallel (each room's publishes stay together and in order) and gathers
-// the results back in batch order. A part that fails fails alone: the
-// others are stored and acknowledged.
-func (w *worker) commitSpread(sl *slot, parts int) {
+// commitSpread splits sl.rows by room over w.parts and commits the parts
+// in parallel (each room's publishes stay together and in order); each
+// row holds its own result, so nothing is gathered back. A part that
+// fails fails alone: the others are stored and acknowledged.
+func (w *worker) commitSpread(sl *batchSlot, parts int) {
 	k := uint32(parts)
 	for _, pt := range w.parts {
-		pt.batch, pt.idx = pt.batch[:0], pt.idx[:0]
+		pt.rows = pt.rows[:0]
 	}
-	for i, req := range sl.batch {
-		// The room's worker was chosen by hashKey % Workers; dividing
+	for _, r := range sl.rows {
+		// The room's worker was chosen by roomHash % Workers; dividing
 		// first keeps the parts even when Workers > 1.
-		pt := w.parts[(hashKey(req.Key)/uint32(len(w.p.workers)))%k]
-		pt.batch = append(pt.batch, req)
-		pt.idx = append(pt.idx, i)
+		pt := w.parts[(w.p.roomHash(r.Key)/uint32(len(w.p.workers)))%k]
+		pt.rows = append(pt.rows, r)
 	}
 	var wg sync.WaitGroup
 	for _, pt := range w.parts[1:] {
-		if len(pt.batch) > 0 {
+		if len(pt.rows) > 0 {
 			wg.Add(1)
 			pt.wg = &wg
 			w.spread <- pt
 		}
 	}
 	first := w.parts[0]
-	if len(first.batch) > 0 {
-		first.ok = first.commit(w)
+	if len(first.rows) > 0 {
+		first.ok = w.store(first.rows)
 	}
 	wg.Wait()
 	sl.ok = true
 	for _, pt := range w.parts {
-		if len(pt.batch) == 0 {
+		if len(pt.rows) == 0 {
 			continue
 		}
 		sl.ok = sl.ok && pt.ok
-		for j, i := range pt.idx {
-			sl.res[i] = pt.res[j]
-		}
-		clear(pt.batch) // the slot holds the requests
+		clear(pt.rows) // the slot holds the requests
 	}
-}
-
-func (pt *part) commit(w *worker) bool {
-	return w.store(pt.batch, pt.res[:len(pt.batch)])
 }
 
 // spreadLoop is one helper goroutine of spread commits.
 func (w *worker) spreadLoop() {
 	defer w.p.wg.Done()
 	for pt := range w.spread {
-		pt.ok = pt.commit(w)
+		pt.ok = w.store(pt.rows)
 		pt.wg.Done()
 	}
 }
 
-// answerLoop is the worker's answerer goroutine: it encodes the frames of
-// each committed batch and hands the batch to the sink, batches in commit
-// order.
+// answerLoop is the worker's answerer goroutine: it encodes the frame of
+// each new message of a committed batch, once, and hands the batch to
+// done, batches in commit order.
 func (w *worker) answerLoop() {
 	defer w.p.wg.Done()
 	p := w.p
 	for sl := range w.committed {
 		n := len(sl.batch)
 		dups := 0
-		for i, req := range sl.batch {
-			r := &sl.res[i]
-			if r.Err == nil {
-				if r.Duplicate {
+		for _, req := range sl.batch {
+			if req.Err == nil {
+				if req.Duplicate {
 					dups++
 				} else {
-					r.Frame = w.encode(req, r)
+					req.Frame = w.encode(req)
 				}
 			}
 		}
-		p.sink.Committed(sl.batch, sl.res[:n])
-		clear(sl.batch) // the sink owns the requests now
+		p.done(sl.batch)
+		clear(sl.batch) // done owns the requests now
+		clear(sl.rows)
 		w.held.Add(-int64(n))
 		p.requests.Add(uint64(n))
 		if dups > 0 {
 			p.duplicates.Add(uint64(dups))
 		}
-		clear(sl.res[:n]) // drop the frames
-		sl.batch = sl.batch[:0]
+		sl.batch, sl.rows = sl.batch[:0], sl.rows[:0]
 		w.free <- sl
 	}
+}
+
+// roomHash maps a room key to its worker and to its part of a spread
+// commit: cheap and allocation-free.
+func (p *pool) roomHash(key string) uint32 {
+	return uint32(maphash.String(p.seed, key))
 }
 
 func isOverload(err error) bool {
@@ -726,13 +729,13 @@ const (
 	frameOverhead = 160
 )
 
-func (w *worker) encode(req *proto.PubRequest, res *proto.PubResult) []byte {
+func (w *worker) encode(req *PubRequest) []byte {
 	_, room := proto.SplitKey(req.Key)
 	// JSON escaping grows a string at most 6× (\u00XX); room names are
 	// plain, the body is copied verbatim.
 	need := frameOverhead + len(room) + 6*(len(req.ID)+len(req.From)) + len(req.Body)
 	if need > arenaMaxFrame {
-		f := proto.AppendMsgFrame(make([]byte, 0, need), room, res.Seq, req.ID, req.From, res.TS, req.Body)
+		f := proto.AppendMsgFrame(make([]byte, 0, need), room, req.Seq, req.ID, req.From, req.TS, req.Body)
 		return f[:len(f):len(f)]
 	}
 	if cap(w.arena)-len(w.arena) < need {
@@ -740,7 +743,7 @@ func (w *worker) encode(req *proto.PubRequest, res *proto.PubResult) []byte {
 	}
 	start := len(w.arena)
 	free := w.arena[start:cap(w.arena)]
-	out := proto.AppendMsgFrame(free[:0], room, res.Seq, req.ID, req.From, res.TS, req.Body)
+	out := proto.AppendMsgFrame(free[:0], room, req.Seq, req.ID, req.From, req.TS, req.Body)
 	if cap(out) == cap(free) && unsafe.SliceData(out) == unsafe.SliceData(free) {
 		w.arena = w.arena[:start+len(out)]
 	} // else the estimate was short and append moved the frame to its own buffer

@@ -1,4 +1,4 @@
-package persist
+package fanout
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -32,20 +34,20 @@ func BenchmarkPoolPostgresNodes(b *testing.B) {
 		nodes = v
 	}
 	const rooms = 1000
-	url := newTestDB(b)
+	url := pgtest.NewDB(b)
 	cfg := benchPoolConfig(b)
 	if os.Getenv("ROOST_BENCH_WORKERS") == "" {
 		cfg.Workers = 2
 	}
 	sink := &nodesSink{start: make([]int64, b.N+nodes*rooms)}
-	pools := make([]*Pool, nodes)
-	stores := make([]*Postgres, nodes)
+	pools := make([]*pool, nodes)
+	stores := make([]*persist.Postgres, nodes)
 	timed := make([]*timedStore, nodes)
 	for k := range pools {
-		stores[k] = openTestPG(b, url, PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
+		stores[k] = openPG(b, url, persist.PGConfig{MaxConns: int32(cfg.Workers*cfg.Spread + 1)})
 		defer stores[k].Close()
 		timed[k] = &timedStore{Store: stores[k]}
-		pools[k] = NewPool(timed[k], sink, cfg)
+		pools[k] = newPool(timed[k], sink.committed, cfg)
 	}
 	body := []byte(`{"text":"hello, this is a chat message of some length"}`)
 	key := func(i int) string { return proto.RoomKey("bench", fmt.Sprint("room", i*7919%rooms)) }
@@ -72,12 +74,12 @@ func BenchmarkPoolPostgresNodes(b *testing.B) {
 		t.mu.Unlock()
 	}
 	dead0 := benchDeadlocks(b, url)
-	pids := backendPIDs(b, stores[0])
+	pids := pgtest.BackendPIDs(b, url)
 	var s0 []PoolStats
 	for _, p := range pools {
-		s0 = append(s0, p.Stats())
+		s0 = append(s0, p.stats())
 	}
-	cpu0 := pgCPU(pids)
+	cpu0 := pgtest.CPU(pids)
 	b.ResetTimer()
 	interval := time.Second / time.Duration(rate)
 	begin := time.Now()
@@ -92,16 +94,16 @@ func BenchmarkPoolPostgresNodes(b *testing.B) {
 	}
 	b.StopTimer()
 	elapsed := time.Since(begin)
-	cpu := pgCPU(pids) - cpu0
+	cpu := pgtest.CPU(pids) - cpu0
 	var reqs, batches uint64
 	for k, p := range pools {
-		s := p.Stats()
+		s := p.stats()
 		reqs += s.Requests - s0[k].Requests
 		batches += s.Batches - s0[k].Batches
-		p.Close()
+		p.close()
 	}
 	for _, st := range stores {
-		st.pool.Reset() // a backend reports its statistics when it exits
+		st.Close() // a backend reports its statistics when it exits
 	}
 	time.Sleep(200 * time.Millisecond)
 	dead := benchDeadlocks(b, url) - dead0
@@ -147,16 +149,16 @@ type nodesSink struct {
 	errs  atomic.Int64
 }
 
-func (s *nodesSink) Committed(reqs []*proto.PubRequest, res []proto.PubResult) {
+func (s *nodesSink) committed(batch []*PubRequest) {
 	now := time.Now().UnixNano()
 	s.mu.Lock()
-	for i, req := range reqs {
-		if res[i].Err != nil {
+	for _, req := range batch {
+		if req.Err != nil {
 			s.errs.Add(1)
 		}
 		s.lat = append(s.lat, now-s.start[req.Origin.(benchOrigin)])
-		proto.PutPubRequest(req)
+		PutPubRequest(req)
 	}
 	s.mu.Unlock()
-	s.n.Add(int64(len(reqs)))
+	s.n.Add(int64(len(batch)))
 }

@@ -1,0 +1,11 @@
+//go:build !linux
+
+package main_test
+
+import "syscall"
+
+// childAttr makes a node started by a test die with the test process
+// (Linux's parent-death signal), so a killed test run leaves no node behind.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{} // no parent-death signal outside Linux
+}
