@@ -124,7 +124,7 @@ func TestREADMECommands(t *testing.T) {
 			nodeLog = &syncBuffer{}
 			node = exec.Command("bash", "-euo", "pipefail", "-c", text)
 			node.Dir, node.Env, node.Stdout, node.Stderr = cwd, env, nodeLog, nodeLog
-			node.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			node.SysProcAttr = demoAttr() // its own group, which stopNode kills
 			if err := node.Start(); err != nil {
 				t.Fatal(err)
 			}

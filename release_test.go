@@ -70,6 +70,7 @@ func TestReleaseBinaries(t *testing.T) {
 	node := exec.Command(qemu, filepath.Join(out, "roost-linux-arm64"), "--listen", listen, "--admin", admin, "--api", "off", "--loops", "1")
 	node.Env = []string{"PATH=" + os.Getenv("PATH")}
 	node.Stdout, node.Stderr = logs, logs
+	node.SysProcAttr = demoAttr()
 	if err := node.Start(); err != nil {
 		t.Fatal(err)
 	}
