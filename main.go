@@ -26,6 +26,7 @@ import (
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/api"
 	"github.com/roost-chat/roost/fanout/webhook"
+	"github.com/roost-chat/roost/hooknet"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -229,7 +230,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
 	// Webhooks take each committed batch before its acks; with no app
 	// having one, that costs one atomic load per batch.
-	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe}
+	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe, MaxBytes: c.webhookBacklogN}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
 		// The lease owner names this process (two nodes may share a
@@ -239,6 +240,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		_, _ = crand.Read(rnd[:])
 		hcfg.Store, hcfg.Owner, hcfg.Lease = pg, c.node.NodeID+"/"+hex.EncodeToString(rnd[:]), c.webhookLease
 	}
+	hooknet.Default.SetLog(log)
 	hooks := webhook.New(hcfg)
 	defer hooks.Close() // after the explicit Close below: a no-op
 	parts.OnCommitted = hooks.Committed
@@ -349,6 +351,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
+		defer hooknet.Default.Own("admin", ln.Addr())() // hooks may not call it
 		ln = newLimitListener(ln, adminMaxConns)
 		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}
 		adm.board = newStatusBoard(adm, log)
@@ -368,7 +371,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
-		apiHTTP = newAPIServer(apiSrv.Handler(), log)
+		defer hooknet.Default.Own("server API", ln.Addr())()
+		apiHTTP = newAPIServer(c.node.TrustedProxies.Handler(apiSrv.Handler()), log)
 		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
 		apiAddr = ln.Addr().String()
 		log.Info("server API listening", "addr", apiAddr, "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
@@ -379,6 +383,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		closeFan()
 		closeStore()
 		return fatal(err)
+	}
+	if a, err := net.ResolveTCPAddr("tcp", srv.Addr()); err == nil {
+		defer hooknet.Default.Own("client", a)()
 	}
 	ready.Store(true)
 	mode := "token"
@@ -525,13 +532,6 @@ func registryName(c *config) string {
 	return "postgresql"
 }
 
-// shareConnsEvery is how often nodes share their connection counts through
-// Redis: the app connection limit holds across the cluster within what the
-// other nodes admit in one period (docs/operations.md).
-const shareConnsEvery = 500 * time.Millisecond
-
-// shareConns keeps every app's count of connections on the other nodes
-// current, for the cluster-wide --app-max-conns.
 // registryRetention is the apps' own retention (keep_age, keep_count) by
 // app, for those that have one.
 func registryRetention(apps []proto.App) map[string]persist.Retention {
@@ -542,43 +542,6 @@ func registryRetention(apps []proto.App) map[string]persist.Retention {
 		}
 	}
 	return out
-}
-
-func shareConns(ctx context.Context, r *pubsub.Redis, srv *loop.Server, log *slog.Logger) {
-	t := time.NewTicker(shareConnsEvery)
-	defer t.Stop()
-	var failing bool
-	// The counts are keyed by process, not by node id: two nodes given the
-	// same --node-id (or both on port 0 in tests) must not overwrite each
-	// other's count. A restarted node's old entry expires with its TTL.
-	var rnd [6]byte
-	_, _ = crand.Read(rnd[:])
-	instance := srv.NodeID() + "/" + hex.EncodeToString(rnd[:])
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		mine := map[string]int64{}
-		srv.AppConns(func(app string, n int64) {
-			if n > 0 {
-				mine[app] = n
-			}
-		})
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		others, err := r.ShareConns(cctx, instance, mine, 6*shareConnsEvery)
-		cancel()
-		if err != nil {
-			if !failing && ctx.Err() == nil {
-				log.Warn("cannot share connection counts through Redis; app connection limits use the last counts shared meanwhile", "err", err)
-			}
-			failing = true
-			continue
-		}
-		failing = false
-		srv.AppConns(func(app string, _ int64) { srv.SetRemoteConns(app, others[app]) })
-	}
 }
 
 func migrate(args []string, stderr io.Writer) int {

@@ -226,6 +226,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	m.family("roost_connections_refused_total", "counter")
 	m.line(`roost_connections_refused_total{reason="budget"}`, float64(st.RefusedBudget.Load()))
 	m.line(`roost_connections_refused_total{reason="per_ip"}`, float64(st.RefusedPerIP.Load()))
+	m.line(`roost_connections_refused_total{reason="proxy_header"}`, float64(st.RefusedProxyHeader.Load()))
 	g("roost_connection_budget", int64(a.srv.MaxConns()))
 	g("roost_room_memberships", fs.Joined.Load())
 	g("roost_rooms", sn.Rooms)
@@ -350,10 +351,11 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_webhook_delivered_total", ws.Delivered.Load())
 		c("roost_webhook_posts_total", ws.Posts.Load())
 		c("roost_webhook_failures_total", ws.Failures.Load())
-		c("roost_webhook_dropped_total", ws.Dropped.Load())
+		writeDropped(m, a.hooks)
 		c("roost_webhook_dead_total", ws.Dead.Load())
 		c("roost_webhook_read_total", ws.Read.Load())
 		g("roost_webhook_owed", ws.Owed.Load())
+		g("roost_webhook_held_bytes", ws.Held.Load())
 	}
 
 	if sn.Loops > 0 {

@@ -58,6 +58,8 @@ type config struct {
 	pgMaxConns      int
 	stmtTimeout     time.Duration
 	webhookLease    time.Duration
+	webhookBacklog  string
+	webhookBacklogN int64 // webhookBacklog parsed, or its default
 	workers         int
 	batchMax        int
 	batchWindow     time.Duration
@@ -119,7 +121,9 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.UpgradeTimeout, "upgrade-timeout", d.UpgradeTimeout, "time allowed for the HTTP upgrade")
 	fs.IntVar(&c.node.MaxRooms, "max-rooms", d.MaxRooms, "rooms one connection may join")
 	fs.IntVar(&c.node.MaxConns, "max-conns", 0, "client connections held at once, upgraded or not; past it a connection is closed at accept (default: the open-file limit minus a reserve for the store, broker, admin listener and files)")
-	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; leave 0 behind a proxy or load balancer)")
+	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; behind a proxy or load balancer leave 0 unless --proxy-protocol or --trusted-proxies names the client)")
+	fs.BoolVar(&c.node.ProxyProtocol, "proxy-protocol", false, "every client connection starts with a PROXY protocol header (v1 or v2: HAProxy send-proxy-v2, nginx proxy_protocol, AWS NLB) naming the client; one that does not is closed (set only when every connection comes through such a proxy)")
+	fs.Var(&c.node.TrustedProxies, "trusted-proxies", "`CIDRS` (comma-separated, e.g. 10.0.0.0/8,192.0.2.7) of proxies whose X-Forwarded-For and X-Real-IP name the client, on the client listener's upgrade requests and the server API (default: nobody's)")
 	fs.BoolVar(&c.node.ReusePort, "reuse-port", false, "share the client port with other processes (SO_REUSEPORT); without it a port in use fails the start with \"address already in use\"")
 	fs.BoolVar(&c.node.IOURing, "io-uring", d.IOURing, "write the one-frame output of a flush in batches through io_uring (Linux 5.12+; where the kernel refuses it, one send(2) per frame as with false)")
 	fs.IntVar(&c.node.Readers, "readers", d.Readers, "goroutines doing store reads (join catch-up, history, gap repair)")
@@ -162,6 +166,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.IntVar(&c.pgMaxConns, "pg-max-conns", 0, "PostgreSQL connections (default: 4 × publish workers + 4)")
 	fs.DurationVar(&c.stmtTimeout, "statement-timeout", 5*time.Second, "PostgreSQL statement timeout")
 	fs.DurationVar(&c.webhookLease, "webhook-lease", 30*time.Second, "with PostgreSQL, how long a node's claim on a room's webhook delivery lasts unless renewed: another node takes a crashed node's rooms after this")
+	fs.StringVar(&c.webhookBacklog, "webhook-backlog", "", "bytes of owed webhook events held in memory, all apps (default: a quarter of --memory-store-max, 128MiB without one): without a database, past it the app holding the most loses its oldest owed events (roost_webhook_dropped_total); with PostgreSQL, the rest is read back from the store")
 	fs.IntVar(&c.workers, "publish-workers", 1, "publish goroutines, each committing a shard of rooms with one commit in flight (raise it only when one PostgreSQL backend is the limit)")
 	fs.IntVar(&c.batchMax, "batch-max", 256, "publishes per group commit")
 	fs.DurationVar(&c.batchWindow, "batch-window", 10*time.Millisecond, "the longest a PostgreSQL group commit smaller than 48 publishes may wait for more, from its first publish: all of it where the window brings 48 at the rate its worker sees, else the share it brings (1,500/s: 15 of 48, ~2.5ms), none where no publish is due (0: no wait; the memory store never waits)")
@@ -528,6 +533,17 @@ func validate(c *config) []error {
 	} else {
 		c.memStoreMaxN = int64(v)
 	}
+	c.webhookBacklogN = max(c.memStoreMaxN/4, 1<<20)
+	if c.memStoreMaxN == 0 {
+		c.webhookBacklogN = 128 << 20
+	}
+	if c.webhookBacklog != "" {
+		if v, err := tuning.ParseSize(c.webhookBacklog); err != nil || v < 1<<20 {
+			bad("invalid --webhook-backlog %q: want a size of at least 1MiB, such as 64MiB", c.webhookBacklog)
+		} else {
+			c.webhookBacklogN = int64(v)
+		}
+	}
 	if c.presenceGrace <= 0 {
 		bad("invalid --presence-grace %s: want a positive duration such as 5s", c.presenceGrace)
 	}
@@ -775,6 +791,8 @@ func bindValues(c *config, into map[string]string) {
 		"max-conns":           strconv.Itoa(n.MaxConns),
 		"max-conns-per-ip":    strconv.Itoa(n.MaxConnsPerIP),
 		"reuse-port":          strconv.FormatBool(n.ReusePort),
+		"proxy-protocol":      strconv.FormatBool(n.ProxyProtocol),
+		"trusted-proxies":     n.TrustedProxies.String(),
 		"io-uring":            strconv.FormatBool(n.IOURing),
 		"readers":             strconv.Itoa(n.Readers),
 		"gap-window":          d(n.GapWindow),
@@ -816,6 +834,7 @@ func bindValues(c *config, into map[string]string) {
 		"pg-max-conns":        pgMaxConnsText(c),
 		"statement-timeout":   d(c.stmtTimeout),
 		"webhook-lease":       d(c.webhookLease),
+		"webhook-backlog":     c.webhookBacklog,
 		"publish-workers":     strconv.Itoa(c.workers),
 		"batch-max":           strconv.Itoa(c.batchMax),
 		"batch-window":        d(c.batchWindow),

@@ -50,6 +50,8 @@ type conn struct {
 	closed   bool
 	awaiting bool // the app's connect proxy has not answered yet: input stays unread (proxy.go)
 	proxyOK  bool // an SSE request the connect proxy allowed: read again, it is not asked twice
+	ppRead   bool // --proxy-protocol: the PROXY header has been read (realaddr.go)
+	realSet  bool // the client's address is settled and counted (realaddr.go)
 }
 
 // linkOut makes c the owner of its outbound queue and hands the queue to
@@ -72,7 +74,9 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	}
 	var ip netip.Addr
 	if s.cfg.MaxConnsPerIP > 0 {
-		if ip = sourceAddr(gc); ip.IsValid() && !s.admitIP(ip) {
+		if ip = sourceAddr(gc); s.proxied(ip) {
+			ip = netip.Addr{} // a proxy's connection: counted under its client's address (realaddr.go)
+		} else if ip.IsValid() && !s.admitIP(ip) {
 			s.Stats.RefusedPerIP.Add(1)
 			return nil, gnet.Close
 		}
@@ -144,10 +148,15 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		delete(l.ips, c)
 		s.releaseIP(ip)
 	}
+	if l.peers != nil {
+		delete(l.peers, c)
+	}
 	if c.m.SSE() {
 		s.Stats.SSEConns.Add(-1)
-		c.app.release(c.user, c.au)
-		c.au = nil
+		if c.au != nil { // nil: released when closed over the app's limit (ShedNewest)
+			c.app.release(c.user, c.au)
+			c.au = nil
+		}
 	} else if c.state == stateUpgrading || c.app == nil {
 		// Never upgraded: refused, timed out, or a plain HTTP request.
 		s.Stats.Upgrading.Add(-1)
@@ -194,6 +203,9 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	c.lastRead = c.l.now()
 	c.pinged = false
 	if c.state == stateUpgrading {
+		if s.cfg.ProxyProtocol && !c.ppRead && !c.proxyHeader() {
+			return gnet.None
+		}
 		if c.awaiting || !c.upgrade() {
 			return gnet.None
 		}
@@ -307,6 +319,9 @@ func (c *conn) upgrade() bool {
 	if n == 0 {
 		return false // wait for the rest of the head
 	}
+	if !c.realSet && s.realLater && !c.settleReal(buf[:n]) {
+		return false
+	}
 	if string(req.Path) == "/sse" {
 		c.openSSE(&req)
 		return false
@@ -369,7 +384,7 @@ func (c *conn) upgrade() bool {
 		// When each client came (and from where) is what a reconnect storm
 		// is read from; off by default, so the arguments are built only
 		// when asked for.
-		s.log.Debug("connection open", "app", c.app.id, "user", c.user, "remote", c.gc.RemoteAddr().String())
+		s.log.Debug("connection open", "app", c.app.id, "user", c.user, "remote", c.clientAddr())
 	}
 	if t := cfg.connectProxy; t != nil {
 		c.askConnect(t)

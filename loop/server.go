@@ -15,7 +15,8 @@
 // write.go the socket writes (loop/internal/uring batches them); park.go
 // connections waiting for their transport, and closing handshakes;
 // sweep.go idle pings and timeouts (idle_linux.go: their pongs on the
-// ring); conn.go a connection's frames and commands.
+// ring); conn.go a connection's frames and commands; realaddr.go the
+// client's address behind a proxy (PROXY header, X-Forwarded-For).
 package loop
 
 import (
@@ -46,6 +47,7 @@ import (
 	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/realip"
 )
 
 // Config is the node's settings as main fills them from flags. It embeds
@@ -99,6 +101,12 @@ type Config struct {
 	// MaxConnsPerIP caps the connections of one source address (0: no
 	// cap), so that one host cannot take the whole budget.
 	MaxConnsPerIP int
+	// ProxyProtocol: every connection starts with a PROXY protocol
+	// header (v1 or v2) naming the client; one that does not is closed.
+	ProxyProtocol bool
+	// TrustedProxies are the peers whose X-Forwarded-For and X-Real-IP
+	// are believed on the upgrade request (empty: nobody's).
+	TrustedProxies realip.Trusted
 	// ReusePort lets several processes share the listen port
 	// (SO_REUSEPORT across processes). Off, a port already in use fails
 	// Start with "address already in use".
@@ -162,6 +170,10 @@ type Server struct {
 	nodeHeader []byte
 	// script and demo are the files of Config.ClientScript and DemoPage.
 	script, demo *staticFile
+	// realLater: a proxy may speak for clients (ProxyProtocol or
+	// TrustedProxies), so a connection's address is settled at its
+	// request head, not at accept (realaddr.go).
+	realLater bool
 
 	addr    string // resolved listen address
 	eng     gnet.Engine
@@ -218,7 +230,7 @@ type Stats struct {
 	InboxOverflow atomic.Uint64
 	UpgradeErrors atomic.Uint64
 	RefusedBudget atomic.Uint64 // connections closed at accept: MaxConns reached
-	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
+	RefusedPerIP  atomic.Uint64 // connections closed at accept (behind a proxy naming the client: at its request head): MaxConnsPerIP reached
 	InFlight      atomic.Int64  // publishes submitted and not yet answered
 	Disconnected  atomic.Uint64 // connections closed by Disconnect (the server API's disconnect, from any node)
 	// Ticks and Sweeps count the loops' timer wake-ups (flush ticks, idle
@@ -234,6 +246,10 @@ type Stats struct {
 	PongsHeld  atomic.Uint64
 	PongsTaken atomic.Uint64
 	Ring       uring.Stats // the loops' io_uring batches
+
+	// RefusedProxyHeader: connections closed because --proxy-protocol is
+	// set and they did not start with a valid PROXY header.
+	RefusedProxyHeader atomic.Uint64
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.
@@ -354,6 +370,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		gnetErrs: new(errLines),
 	}
 	s.perIP.n = make(map[netip.Addr]int32)
+	s.realLater = cfg.ProxyProtocol || cfg.TrustedProxies.Any()
 	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Latency: orNone(h.ProxyLatency), Log: log})
 	s.Stats.WriteFrames = orNone(h.WriteFrames)
 	s.Stats.AckLatency = orNone(h.AckLatency)

@@ -151,7 +151,7 @@ func (c *conn) openSSE(req *proto.Request) {
 		}
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		s.log.Debug("sse stream open", "app", c.app.id, "user", c.user, "rooms", len(rooms), "remote", c.gc.RemoteAddr().String())
+		s.log.Debug("sse stream open", "app", c.app.id, "user", c.user, "rooms", len(rooms), "remote", c.clientAddr())
 	}
 	if !c.closed {
 		l.due[c.pos] = c.dueAt()

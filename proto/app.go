@@ -73,6 +73,9 @@ func (p *Proxy) validate() error {
 		if err != nil || pu.Scheme != "http" && pu.Scheme != "https" || pu.Host == "" {
 			return fmt.Errorf("proxy url %q: want an http:// or https:// URL", u)
 		}
+		if err := checkHookHost("proxy", pu); err != nil {
+			return err
+		}
 	}
 	if p.Timeout < 0 || time.Duration(p.Timeout) > MaxProxyTimeout {
 		return fmt.Errorf("proxy timeout %s: want 0 (the default, 1s) to %s", time.Duration(p.Timeout), MaxProxyTimeout)
@@ -119,6 +122,9 @@ func (w *Webhook) validate() error {
 	u, err := url.Parse(w.URL)
 	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return fmt.Errorf("webhook url %q: want an http:// or https:// URL", w.URL)
+	}
+	if err := checkHookHost("webhook", u); err != nil {
+		return err
 	}
 	if w.Timeout < 0 || time.Duration(w.Timeout) > time.Minute {
 		return fmt.Errorf("webhook timeout %s: want 0 (the default, 5s) to 1m", time.Duration(w.Timeout))

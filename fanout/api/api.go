@@ -359,6 +359,12 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body is not valid UTF-8")
 		return
 	}
+	// One depth limit with WebSocket frames (encoding/json alone takes
+	// 10,000 levels, which sockets would then be sent).
+	if proto.CheckValue(raw, 0) == proto.ErrTooDeep {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body: "+proto.ErrTooDeep.Message)
+		return
+	}
 	var req pubRequest
 	if err := json.Unmarshal(raw, &req); err != nil {
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body is not a JSON object of id, from and body: "+err.Error())
