@@ -47,6 +47,7 @@ Usage:
                             print a client token (secret from --secret-file, ROOST_SECRET or the registry)
   roost bench SCENARIO ...  the load generator (roost bench alone lists scenarios)
   roost tune [flags]        check kernel and cgroup settings; --emit sysctl|systemd
+  roost health [--ready]    ask a node's admin listener /healthz (or /readyz); exit 0 when it answers 200
   roost version             also --version
   roost -h                  this text; roost serve -h lists every flag of the node
 
@@ -57,8 +58,6 @@ and REDIS_URL too), the config file (--config FILE or ROOST_CONFIG: lines of
 Secrets belong in the environment or a file (ROOST_APP_SECRET,
 --app-secret-file, --apps FILE, the database), never on the command line.
 `
-
-var version = "dev"
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -72,7 +71,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, usage)
 			return 0
 		case "-version", "--version", "-V", "version":
-			fmt.Fprintln(stdout, "roost", version, runtime.Version())
+			fmt.Fprintln(stdout, binaryVersion)
 			return 0
 		}
 		if !strings.HasPrefix(args[0], "-") {
@@ -94,6 +93,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return tokenMain(args, stdout, stderr)
 	case "webhook":
 		return webhookMain(args, stdout, stderr)
+	case "health":
+		return healthMain(args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "roost: unknown command %q\n\n%s", cmd, usage)
 	return 2
@@ -161,9 +162,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	t0 = time.Now()
 	if c.databaseURL != "" {
 		if c.migrate {
-			if err := persist.Migrate(ctx, c.databaseURL); err != nil {
+			rep, err := persist.MigrateReport(ctx, c.databaseURL)
+			if err != nil {
 				return fatal(err)
 			}
+			log.Info("schema migrated", "from", rep.From, "to", rep.To, "applied", rep.Applied)
 		}
 		maxConns := pgMaxConns(&c)
 		var err error
@@ -285,7 +288,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	var apiSrv *api.Server
 	if c.api != "off" && c.api != "" {
 		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
-			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight}},
+			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight},
+			Dev:  c.node.Insecure && loopbackAddr(c.api), DevMaxApps: c.node.InsecureMaxApps},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
 	}
 	// A registry in PostgreSQL keeps the apps' retention in the columns the
@@ -296,7 +300,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if c.appsFile == "" {
 		fileRetention = nil
 	}
+	regLog := newRegistryLog(log)
 	setApps := func(apps []proto.App) {
+		regLog.applied(apps)
 		srv.SetApps(apps)
 		hooks.SetApps(apps)
 		if apiSrv != nil {
@@ -356,6 +362,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 
 	var apiHTTP *http.Server
+	var apiAddr string
 	if apiSrv != nil {
 		t0 = time.Now()
 		ln, err := net.Listen("tcp", c.api)
@@ -369,7 +376,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		// Behind a trusted proxy the caller is the client it names.
 		apiHTTP.Handler = c.node.TrustedProxies.Handler(apiHTTP.Handler)
 		go func() { _ = apiHTTP.Serve(ln) }()
-		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
+		apiAddr = ln.Addr().String()
+		log.Info("server API listening", "addr", apiAddr, "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
 	t0 = time.Now()
@@ -390,6 +398,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Warn("no apps configured: development mode on loopback (clients name themselves with ?user=&app=, no token); give --apps FILE, --database-url or --app-secret to require tokens")
 	}
 	log.Info("roost serving", "node", c.node.NodeID, "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
+	if c.node.Insecure {
+		devBanner(stderr, log, c.logFormat == "json", srv.Addr(), apiAddr, apiSrv != nil && loopbackAddr(c.api))
+	}
 
 	if stop == nil {
 		sig := make(chan os.Signal, 1)
@@ -548,10 +559,11 @@ func migrate(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "roost migrate: no database: give --database-url or DATABASE_URL")
 		return 2
 	}
-	if err := persist.Migrate(context.Background(), *url); err != nil {
+	rep, err := persist.MigrateReport(context.Background(), *url)
+	if err != nil {
 		fmt.Fprintln(stderr, "roost migrate:", err)
 		return 1
 	}
-	fmt.Fprintln(stderr, "roost migrate: schema is current")
+	printMigration(stderr, rep)
 	return 0
 }

@@ -18,7 +18,9 @@ import (
 	"github.com/roost-chat/roost/proto"
 )
 
-const appUsage = `Usage: roost app COMMAND [ID] [flags]
+var appUsage = fmt.Sprintf(appUsageText, appSetFlagLines())
+
+const appUsageText = `Usage: roost app COMMAND [ID] [flags]
 
   create ID [limits]            register an app; prints {"app":"ID","secret":"..."}
   list                          every app as JSON (secrets masked)
@@ -26,13 +28,9 @@ const appUsage = `Usage: roost app COMMAND [ID] [flags]
   rotate ID [--keep-previous D] new secret (printed alone); the previous one stays valid for D (default 24h)
   disable ID                    refuse the app's clients; its live connections are closed (1008 app disabled)
   enable ID                     accept them again
-  set ID [limits]               change limits and retention:
-        --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
-        --max-msg BYTES --max-rooms N --max-presence N --keep-age D --keep-count N
-        --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s --webhook-max-age 24h
-        --connect-proxy URL|none --publish-proxy URL|none --proxy-timeout 1s --proxy-fail open|closed --proxy-inflight N|default
-        --max-token-ttl D --jwks-url URL|none --public-key FILE|none --issuer ISS|none --audience AUD|none --user-claim NAME|default
-        (a value "default" returns to the node's default; 0 turns a limit off)
+  set ID [limits]               change limits and retention (create takes them too):
+%s        (a value "default" returns to the node's default; 0 turns a limit off;
+        roost app set -h says what each one is)
 
 The registry: --database-url URL (PostgreSQL, also ROOST_DATABASE_URL or
 DATABASE_URL) or --apps FILE (JSON, also ROOST_APPS). Running nodes see a

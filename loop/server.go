@@ -940,12 +940,21 @@ func (s *Server) retryMS() int {
 // Snapshot is a consistent-enough view for health endpoints.
 type Snapshot struct {
 	Conns, Rooms int64
-	Loops        int
+	Loops        int // the event loops running: every configured one once gnet has booted
 }
 
 // Snapshot returns counts for /healthz and metrics.
 func (s *Server) Snapshot() Snapshot {
-	return Snapshot{Conns: s.Stats.Conns.Load(), Loops: int(s.nloops.Load()), Rooms: int64(s.fan.Rooms())}
+	sn := Snapshot{Conns: s.Stats.Conns.Load(), Rooms: int64(s.fan.Rooms())}
+	// gnet starts every configured loop at boot; a loop's state here is made
+	// only at its first connection, so counting those would call an idle
+	// node's loops missing.
+	select {
+	case <-s.booted:
+		sn.Loops = s.cfg.Loops
+	default:
+	}
+	return sn
 }
 
 // gnetLogger routes gnet's log lines into slog. gnet logs one harmless

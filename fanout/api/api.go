@@ -39,6 +39,11 @@ type Config struct {
 	Static map[string][]byte
 	// Edge budgets the listener (edge.go); zero fields take the defaults.
 	Edge Edge
+	// Dev admits requests without a secret from loopback peers, for any
+	// app, made on first use (at most DevMaxApps; 0: no cap): a node in
+	// development mode whose API listens on loopback (dev.go).
+	Dev        bool
+	DevMaxApps int
 }
 
 // envelope is what a publish request may hold beyond its body: the id,
@@ -116,6 +121,7 @@ type Server struct {
 
 	mu   sync.RWMutex
 	apps map[string]*tenant
+	dev  map[string]*tenant // apps made on first use in development mode
 
 	mux       *http.ServeMux
 	edge      edge
@@ -136,7 +142,7 @@ func (noObserver) Observe(float64) {}
 
 // New builds the API. SetApps gives it the registry.
 func New(cfg Config, p Parts) *Server {
-	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{},
+	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{}, dev: map[string]*tenant{},
 		rate: tenancy.NewRate(cfg.Rate, int64(max(1, cfg.Burst)))}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -168,11 +174,7 @@ func (s *Server) SetApps(reg []proto.App) {
 	defer s.mu.Unlock()
 	next := make(map[string]*tenant, len(reg)+len(s.cfg.Static))
 	add := func(a proto.App) {
-		t := &tenant{app: tenancy.Resolve(tenancy.Limits{MaxMsg: s.cfg.MaxMsg}, &a), req: new(tenancy.Bucket)}
-		if old := s.apps[a.ID]; old != nil {
-			t.req = old.req
-		}
-		next[a.ID] = t
+		next[a.ID] = s.newTenant(a, s.apps[a.ID])
 	}
 	for id, sec := range s.cfg.Static {
 		add(proto.App{ID: id, Secret: string(sec)})
@@ -181,6 +183,15 @@ func (s *Server) SetApps(reg []proto.App) {
 		add(reg[i])
 	}
 	s.apps = next
+}
+
+// newTenant is a as the API serves it; it keeps old's rate bucket.
+func (s *Server) newTenant(a proto.App, old *tenant) *tenant {
+	t := &tenant{app: tenancy.Resolve(tenancy.Limits{MaxMsg: s.cfg.MaxMsg}, &a), req: new(tenancy.Bucket)}
+	if old != nil {
+		t.req = old.req // the request bucket outlives registry changes
+	}
+	return t
 }
 
 // apiError is the body of every error answer.
@@ -230,19 +241,27 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tena
 		return nil, false
 	}
 	auth := r.Header.Get("Authorization")
-	scheme, secret, found := strings.Cut(auth, " ")
-	if !found || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
-		return nil, false
-	}
-	s.mu.RLock()
-	t := s.apps[id]
-	s.mu.RUnlock()
-	// One answer for an unknown app and a wrong secret: a caller without
-	// a secret learns nothing about which apps exist.
-	if t == nil || !t.app.SecretMatches([]byte(secret), time.Now()) {
-		s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
-		return nil, false
+	var t *tenant
+	if auth == "" && s.cfg.Dev {
+		var ok bool
+		if t, ok = s.devTenant(w, r, id, route); !ok {
+			return nil, false
+		}
+	} else {
+		scheme, secret, found := strings.Cut(auth, " ")
+		if !found || !strings.EqualFold(scheme, "Bearer") || secret == "" {
+			s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
+			return nil, false
+		}
+		s.mu.RLock()
+		t = s.apps[id]
+		s.mu.RUnlock()
+		// One answer for an unknown app and a wrong secret: a caller without
+		// a secret learns nothing about which apps exist.
+		if t == nil || !t.app.SecretMatches([]byte(secret), time.Now()) {
+			s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
+			return nil, false
+		}
 	}
 	if t.app.Disabled {
 		w.Header().Set("Connection", "close")
