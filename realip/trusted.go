@@ -203,8 +203,11 @@ func (w *walk) result(realIP []byte) netip.AddrPort {
 }
 
 // Handler rewrites r.RemoteAddr to the client a trusted proxy names, so
-// that what comes after it (limits, logs) sees the client, not the proxy.
-// With no trusted proxy it returns next itself.
+// that what comes after it (limits, logs, the loopback check of
+// development mode) sees the client, not the proxy. RemoteAddr keeps
+// net/http's IP:port form, port 0 when the header named none, so that
+// code splitting it goes on working. With no trusted proxy it returns
+// next itself.
 func (t *Trusted) Handler(next http.Handler) http.Handler {
 	if !t.Any() {
 		return next
@@ -213,7 +216,7 @@ func (t *Trusted) Handler(next http.Handler) http.Handler {
 		if peer, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
 			peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
 			if c := t.FromHeader(peer, r.Header); c != peer {
-				r.RemoteAddr = HostPort(c)
+				r.RemoteAddr = c.String()
 			}
 		}
 		next.ServeHTTP(w, r)

@@ -103,9 +103,10 @@ func TestHandler(t *testing.T) {
 	var seen string
 	h := trusted(t, "10.0.0.0/8").Handler(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { seen = r.RemoteAddr }))
 	for _, tc := range []struct{ peer, xff, want string }{
-		{proxyPeer, "1.2.3.4, 203.0.113.7", "203.0.113.7"},
+		{proxyPeer, "1.2.3.4, 203.0.113.7", "203.0.113.7:0"},
 		{strangerP, "203.0.113.7", strangerP},
-		{"[::ffff:10.0.0.5]:40000", "203.0.113.7", "203.0.113.7"},
+		{"[::ffff:10.0.0.5]:40000", "203.0.113.7:5000", "203.0.113.7:5000"},
+		{proxyPeer, "2001:db8::7", "[2001:db8::7]:0"},
 		{proxyPeer, "", proxyPeer},
 	} {
 		r := httptest.NewRequest("GET", "/", nil)
