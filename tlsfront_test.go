@@ -478,3 +478,44 @@ func dialMany(b *testing.B, url string, opt prototest.Options, from, to int) []*
 	}
 	return out
 }
+
+// The server API believes X-Forwarded-For from a trusted proxy only: in
+// development mode, where a request without a secret is admitted from
+// loopback alone, a trusted peer naming a remote client is refused, and an
+// untrusted peer's header is ignored.
+func TestServerAPITrustedProxies(t *testing.T) {
+	api := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
+	plainNode(t, 0, false, "--api", api, "--trusted-proxies", "127.0.0.1/32")
+	post := func(dial func(ctx context.Context, network, addr string) (net.Conn, error), xff string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", "http://"+api+"/v1/apps/demo/rooms/lobby/messages", strings.NewReader(`{"id":"k-1","from":"bot","body":"hi"}`))
+		if xff != "" {
+			req.Header.Set("X-Forwarded-For", xff)
+		}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial}}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		_, _ = bufio.NewReader(resp.Body).WriteTo(&b)
+		return resp.StatusCode, b.String()
+	}
+	direct := (&net.Dialer{Timeout: 5 * time.Second}).DialContext
+	for _, tc := range []struct {
+		name string
+		dial func(ctx context.Context, network, addr string) (net.Conn, error)
+		xff  string
+		code int
+	}{
+		{"trusted peer, no header: loopback", direct, "", 200},
+		{"trusted peer names a remote client", direct, "127.0.0.9, 192.0.2.7", 401},
+		{"trusted peer names a loopback client", direct, "192.0.2.7, 127.0.0.9", 200},
+		{"untrusted peer: its header is ignored", fromClientAddr, "192.0.2.7", 200},
+	} {
+		if code, body := post(tc.dial, tc.xff); code != tc.code {
+			t.Errorf("%s: %d %s, want %d", tc.name, code, body, tc.code)
+		}
+	}
+}
