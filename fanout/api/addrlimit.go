@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/roost-chat/roost/fanout/tenancy"
 )
 
 // Requests without a valid secret, per client address: a backend with a
@@ -25,16 +25,20 @@ const (
 	sweepEvery = time.Second
 )
 
+// unauth is an address's bucket terms, the node's one limiter's
+// (tenancy.Bucket) as for the apps' rates.
+var unauth = tenancy.NewRate(unauthRate, unauthBurst)
+
 // addrLimiter is the rate of requests without a valid secret, per client
 // address (IPv6 per /64, what one host is usually given). Any goroutine.
 type addrLimiter struct {
 	mu        sync.Mutex
-	m         map[netip.Addr]*rate.Limiter
+	m         map[netip.Addr]*tenancy.Bucket
 	lastSweep time.Time
 }
 
 func newAddrLimiter() *addrLimiter {
-	return &addrLimiter{m: map[netip.Addr]*rate.Limiter{}}
+	return &addrLimiter{m: map[netip.Addr]*tenancy.Bucket{}}
 }
 
 // addrKey is the address a request is counted under.
@@ -68,21 +72,19 @@ func (al *addrLimiter) allow(addr netip.Addr, now time.Time) (ok bool, retry tim
 	key := addrKey(addr)
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	lim := al.m[key]
-	if lim == nil {
+	b := al.m[key]
+	if b == nil {
 		if len(al.m) >= unauthAddrs && now.Sub(al.lastSweep) >= sweepEvery {
 			al.sweepLocked(now)
 		}
 		if len(al.m) >= unauthAddrs {
 			return false, sweepEvery
 		}
-		lim = rate.NewLimiter(unauthRate, unauthBurst)
-		al.m[key] = lim
+		b = new(tenancy.Bucket)
+		al.m[key] = b
 	}
-	res := lim.ReserveN(now, 1)
-	if d := res.DelayFrom(now); !res.OK() || d > 0 {
-		res.CancelAt(now)
-		return false, max(d, time.Millisecond)
+	if wait := b.Take(now.UnixNano(), unauth); wait > 0 {
+		return false, max(time.Duration(wait), time.Millisecond)
 	}
 	return true, 0
 }
@@ -91,8 +93,8 @@ func (al *addrLimiter) allow(addr netip.Addr, now time.Time) (ok bool, retry tim
 // as if never seen.
 func (al *addrLimiter) sweepLocked(now time.Time) {
 	al.lastSweep = now
-	for k, lim := range al.m {
-		if lim.TokensAt(now) >= unauthBurst {
+	for k, b := range al.m {
+		if b.Full(now.UnixNano()) {
 			delete(al.m, k)
 		}
 	}

@@ -159,8 +159,10 @@ func (r Rate) Unlimited() bool { return r.interval == 0 }
 // CAS against a mutex); 0 B/op and 0 allocs/op for all four.
 type Bucket struct{ tat atomic.Int64 }
 
-// Take spends one event at now (Now()): 0 if allowed, else the ns to
-// wait before it would be.
+// Take spends one event at now: 0 if allowed, else the ns to wait before
+// it would be. now is ns on the one clock the bucket is always given: Now,
+// or a caller's own (the API's per-address buckets take the request's
+// time).
 func (b *Bucket) Take(now int64, r Rate) int64 {
 	if r.interval == 0 {
 		return 0
