@@ -19,7 +19,7 @@ import (
 )
 
 // needTool finds a program or skips (fails with CI=true).
-func needTool(t *testing.T, name, hint string) string {
+func needTool(t testing.TB, name, hint string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {

@@ -3,6 +3,8 @@ module github.com/roost-chat/roost
 go 1.26.8
 
 require (
+	github.com/MicahParks/jwkset v0.11.4
+	github.com/MicahParks/keyfunc/v3 v3.9.2
 	github.com/VictoriaMetrics/metrics v1.45.0
 	github.com/bytedance/sonic v1.15.5
 	github.com/gobwas/ws v1.5.0

@@ -16,11 +16,13 @@ import (
 // listed.
 var layers = map[string][]string{
 	".":                   {"*"}, // main wires everything
-	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "loop/internal/uring", "proto"},
+	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "fanout/tenancy", "loop/internal/uring", "proto", "realip"},
 	"loop/internal/uring": {},
-	"fanout/api":          {"fanout", "persist", "proto"},
-	"fanout/webhook":      {"persist", "proto"},
-	"fanout/proxy":        {"proto"},
+	"fanout/api":          {"fanout", "fanout/tenancy", "httpedge", "persist", "proto"},
+	"fanout/tenancy":      {"proto"},
+	"fanout/webhook":      {"hooknet", "persist", "proto"},
+	"fanout/proxy":        {"hooknet", "proto"},
+	"hooknet":             {"proto"},
 	"fanout/outq":         {},
 	"fanout":              {"fanout/outq", "persist", "pubsub", "proto"},
 	"persist":             {"proto"},
@@ -30,6 +32,8 @@ var layers = map[string][]string{
 	"proto":               {},
 	"proto/prototest":     {},
 	"tuning":              {},
+	"realip":              {},
+	"httpedge":            {},
 	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
 }
 

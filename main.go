@@ -26,6 +26,7 @@ import (
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/api"
 	"github.com/roost-chat/roost/fanout/webhook"
+	"github.com/roost-chat/roost/hooknet"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -46,6 +47,7 @@ Usage:
                             print a client token (secret from --secret-file, ROOST_SECRET or the registry)
   roost bench SCENARIO ...  the load generator (roost bench alone lists scenarios)
   roost tune [flags]        check kernel and cgroup settings; --emit sysctl|systemd
+  roost health [--ready]    ask a node's admin listener /healthz (or /readyz); exit 0 when it answers 200
   roost version             also --version
   roost -h                  this text; roost serve -h lists every flag of the node
 
@@ -56,8 +58,6 @@ and REDIS_URL too), the config file (--config FILE or ROOST_CONFIG: lines of
 Secrets belong in the environment or a file (ROOST_APP_SECRET,
 --app-secret-file, --apps FILE, the database), never on the command line.
 `
-
-var version = "dev"
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -71,7 +71,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, usage)
 			return 0
 		case "-version", "--version", "-V", "version":
-			fmt.Fprintln(stdout, "roost", version, runtime.Version())
+			fmt.Fprintln(stdout, binaryVersion)
 			return 0
 		}
 		if !strings.HasPrefix(args[0], "-") {
@@ -93,6 +93,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return tokenMain(args, stdout, stderr)
 	case "webhook":
 		return webhookMain(args, stdout, stderr)
+	case "health":
+		return healthMain(args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "roost: unknown command %q\n\n%s", cmd, usage)
 	return 2
@@ -160,9 +162,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	t0 = time.Now()
 	if c.databaseURL != "" {
 		if c.migrate {
-			if err := persist.Migrate(ctx, c.databaseURL); err != nil {
+			rep, err := persist.MigrateReport(ctx, c.databaseURL)
+			if err != nil {
 				return fatal(err)
 			}
+			log.Info("schema migrated", "from", rep.From, "to", rep.To, "applied", rep.Applied)
 		}
 		maxConns := pgMaxConns(&c)
 		var err error
@@ -226,7 +230,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
 	// Webhooks take each committed batch before its acks; with no app
 	// having one, that costs one atomic load per batch.
-	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe}
+	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe, MaxBytes: c.webhookBacklogN}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
 		// The lease owner names this process (two nodes may share a
@@ -236,6 +240,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		_, _ = crand.Read(rnd[:])
 		hcfg.Store, hcfg.Owner, hcfg.Lease = pg, c.node.NodeID+"/"+hex.EncodeToString(rnd[:]), c.webhookLease
 	}
+	hooknet.Default.SetLog(log)
 	hooks := webhook.New(hcfg)
 	defer hooks.Close() // after the explicit Close below: a no-op
 	parts.OnCommitted = hooks.Committed
@@ -282,7 +287,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	loops.Store(srv)
 	var apiSrv *api.Server
 	if c.api != "off" && c.api != "" {
-		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps},
+		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
+			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight},
+			Dev:  c.node.Insecure && loopbackAddr(c.api), DevMaxApps: c.node.InsecureMaxApps},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
 	}
 	// A registry in PostgreSQL keeps the apps' retention in the columns the
@@ -293,7 +300,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if c.appsFile == "" {
 		fileRetention = nil
 	}
+	regLog := newRegistryLog(log)
 	setApps := func(apps []proto.App) {
+		regLog.applied(apps)
 		srv.SetApps(apps)
 		hooks.SetApps(apps)
 		if apiSrv != nil {
@@ -343,16 +352,17 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
-		ln = newLimitListener(ln, adminMaxConns)
-		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks}
+		defer hooknet.Default.Own("admin", ln.Addr())() // hooks may not call it
+		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks, token: c.adminToken}
 		adm.board = newStatusBoard(adm, log)
 		go adm.board.run(regCtx)
-		adminSrv = &http.Server{Handler: adminMux(adm), ReadHeaderTimeout: 5 * time.Second}
+		adminSrv, ln = newAdminServer(ln, adm, log)
 		go func() { _ = adminSrv.Serve(ln) }()
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}
 
 	var apiHTTP *http.Server
+	var apiAddr string
 	if apiSrv != nil {
 		t0 = time.Now()
 		ln, err := net.Listen("tcp", c.api)
@@ -361,9 +371,13 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
-		apiHTTP = newAPIServer(apiSrv.Handler(), log)
-		go func() { _ = apiHTTP.Serve(newLimitListener(ln, apiMaxConns)) }()
-		log.Info("server API listening", "addr", ln.Addr().String(), "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
+		defer hooknet.Default.Own("server API", ln.Addr())()
+		apiHTTP, ln = newAPIServer(apiSrv, ln, log)
+		// Behind a trusted proxy the caller is the client it names.
+		apiHTTP.Handler = c.node.TrustedProxies.Handler(apiHTTP.Handler)
+		go func() { _ = apiHTTP.Serve(ln) }()
+		apiAddr = ln.Addr().String()
+		log.Info("server API listening", "addr", apiAddr, "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
 	t0 = time.Now()
@@ -371,6 +385,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		closeFan()
 		closeStore()
 		return fatal(err)
+	}
+	if a, err := net.ResolveTCPAddr("tcp", srv.Addr()); err == nil {
+		defer hooknet.Default.Own("client", a)()
 	}
 	ready.Store(true)
 	mode := "token"
@@ -381,6 +398,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Warn("no apps configured: development mode on loopback (clients name themselves with ?user=&app=, no token); give --apps FILE, --database-url or --app-secret to require tokens")
 	}
 	log.Info("roost serving", "node", c.node.NodeID, "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
+	if c.node.Insecure {
+		devBanner(stderr, log, c.logFormat == "json", srv.Addr(), apiAddr, apiSrv != nil && loopbackAddr(c.api))
+	}
 
 	if stop == nil {
 		sig := make(chan os.Signal, 1)
@@ -478,19 +498,12 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	return 0
 }
 
-// newAPIServer serves the server API: timeouts that a stuck or slow
-// backend cannot hold a connection past, and a bound on request heads
-// (bodies are bounded per request by the app's max-msg).
-func newAPIServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
+// newAPIServer serves the server API on ln: timeouts sized for backends,
+// a bound on request heads (bodies are bounded per request by the app's
+// max-msg), and connections held only by apps that gave a valid secret,
+// each within its budget (fanout/api/edge.go).
+func newAPIServer(s *api.Server, ln net.Listener, log *slog.Logger) (*http.Server, net.Listener) {
+	return s.NewHTTPServer(ln, slog.NewLogLogger(log.Handler(), slog.LevelDebug))
 }
 
 // onControl acts on a control message from the broker: a disconnect
@@ -514,13 +527,6 @@ func registryName(c *config) string {
 	return "postgresql"
 }
 
-// shareConnsEvery is how often nodes share their connection counts through
-// Redis: the app connection limit holds across the cluster within what the
-// other nodes admit in one period (docs/operations.md).
-const shareConnsEvery = 500 * time.Millisecond
-
-// shareConns keeps every app's count of connections on the other nodes
-// current, for the cluster-wide --app-max-conns.
 // registryRetention is the apps' own retention (keep_age, keep_count) by
 // app, for those that have one.
 func registryRetention(apps []proto.App) map[string]persist.Retention {
@@ -531,43 +537,6 @@ func registryRetention(apps []proto.App) map[string]persist.Retention {
 		}
 	}
 	return out
-}
-
-func shareConns(ctx context.Context, r *pubsub.Redis, srv *loop.Server, log *slog.Logger) {
-	t := time.NewTicker(shareConnsEvery)
-	defer t.Stop()
-	var failing bool
-	// The counts are keyed by process, not by node id: two nodes given the
-	// same --node-id (or both on port 0 in tests) must not overwrite each
-	// other's count. A restarted node's old entry expires with its TTL.
-	var rnd [6]byte
-	_, _ = crand.Read(rnd[:])
-	instance := srv.NodeID() + "/" + hex.EncodeToString(rnd[:])
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		mine := map[string]int64{}
-		srv.AppConns(func(app string, n int64) {
-			if n > 0 {
-				mine[app] = n
-			}
-		})
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		others, err := r.ShareConns(cctx, instance, mine, 6*shareConnsEvery)
-		cancel()
-		if err != nil {
-			if !failing && ctx.Err() == nil {
-				log.Warn("cannot share connection counts through Redis; app connection limits use the last counts shared meanwhile", "err", err)
-			}
-			failing = true
-			continue
-		}
-		failing = false
-		srv.AppConns(func(app string, _ int64) { srv.SetRemoteConns(app, others[app]) })
-	}
 }
 
 func migrate(args []string, stderr io.Writer) int {
@@ -590,10 +559,11 @@ func migrate(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "roost migrate: no database: give --database-url or DATABASE_URL")
 		return 2
 	}
-	if err := persist.Migrate(context.Background(), *url); err != nil {
+	rep, err := persist.MigrateReport(context.Background(), *url)
+	if err != nil {
 		fmt.Fprintln(stderr, "roost migrate:", err)
 		return 1
 	}
-	fmt.Fprintln(stderr, "roost migrate: schema is current")
+	printMigration(stderr, rep)
 	return 0
 }

@@ -38,6 +38,7 @@ type admin struct {
 	ready *atomic.Bool
 	api   *api.Server // nil: --api off
 	hooks *webhook.Dispatcher
+	token string       // --admin-token: "" leaves the listener open
 	board *statusBoard // the admin page's samples
 }
 
@@ -147,7 +148,7 @@ func redactedCmdline(w http.ResponseWriter, r *http.Request) {
 }
 
 // secretFlags carry secrets in their values.
-var secretFlags = map[string]bool{"app-secret": true, "secret": true}
+var secretFlags = map[string]bool{"app-secret": true, "secret": true, "admin-token": true}
 
 // redactArgs masks --app-secret and --secret values (in both the "--flag
 // value" and "--flag=value" forms) and the passwords of URLs.
@@ -226,6 +227,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 	m.family("roost_connections_refused_total", "counter")
 	m.line(`roost_connections_refused_total{reason="budget"}`, float64(st.RefusedBudget.Load()))
 	m.line(`roost_connections_refused_total{reason="per_ip"}`, float64(st.RefusedPerIP.Load()))
+	m.line(`roost_connections_refused_total{reason="proxy_header"}`, float64(st.RefusedProxyHeader.Load()))
 	g("roost_connection_budget", int64(a.srv.MaxConns()))
 	g("roost_room_memberships", fs.Joined.Load())
 	g("roost_rooms", sn.Rooms)
@@ -342,6 +344,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_api_published_total", as.Published.Load())
 		c("roost_api_publish_duplicates_total", as.Duplicates.Load())
 		c("roost_api_disconnected_total", as.Disconnected.Load())
+		writeAPIEdgeMetrics(m, a.api)
 	}
 
 	m.family("roost_proxy_calls_total", "counter")
@@ -358,10 +361,11 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_webhook_delivered_total", ws.Delivered.Load())
 		c("roost_webhook_posts_total", ws.Posts.Load())
 		c("roost_webhook_failures_total", ws.Failures.Load())
-		c("roost_webhook_dropped_total", ws.Dropped.Load())
+		writeDropped(m, a.hooks)
 		c("roost_webhook_dead_total", ws.Dead.Load())
 		c("roost_webhook_read_total", ws.Read.Load())
 		g("roost_webhook_owed", ws.Owed.Load())
+		g("roost_webhook_held_bytes", ws.Held.Load())
 	}
 
 	if sn.Loops > 0 {

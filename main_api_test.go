@@ -431,8 +431,9 @@ func TestWebhooksFromNode(t *testing.T) {
 		return nil
 	})
 	m := n0.metrics(t)
-	if m["roost_webhook_delivered_total"] < total || m["roost_webhook_dropped_total"] != 0 {
-		t.Fatalf("webhook metrics: delivered %v, dropped %v", m["roost_webhook_delivered_total"], m["roost_webhook_dropped_total"])
+	dropped := `roost_webhook_dropped_total{app="` + testApp + `"}`
+	if v, ok := m[dropped]; m["roost_webhook_delivered_total"] < total || !ok || v != 0 {
+		t.Fatalf("webhook metrics: delivered %v, dropped %v (exposed %v)", m["roost_webhook_delivered_total"], v, ok)
 	}
 }
 

@@ -18,7 +18,9 @@ import (
 	"github.com/roost-chat/roost/proto"
 )
 
-const appUsage = `Usage: roost app COMMAND [ID] [flags]
+var appUsage = fmt.Sprintf(appUsageText, appSetFlagLines())
+
+const appUsageText = `Usage: roost app COMMAND [ID] [flags]
 
   create ID [limits]            register an app; prints {"app":"ID","secret":"..."}
   list                          every app as JSON (secrets masked)
@@ -26,12 +28,9 @@ const appUsage = `Usage: roost app COMMAND [ID] [flags]
   rotate ID [--keep-previous D] new secret (printed alone); the previous one stays valid for D (default 24h)
   disable ID                    refuse the app's clients; its live connections are closed (1008 app disabled)
   enable ID                     accept them again
-  set ID [limits]               change limits and retention:
-        --max-conns N --max-user-conns N --pub-rate R --pub-burst B --app-pub-rate R
-        --max-msg BYTES --max-rooms N --keep-age D --keep-count N
-        --webhook-url URL|none --webhook-rooms 'a,b*' --webhook-timeout 5s --webhook-max-age 24h
-        --connect-proxy URL|none --publish-proxy URL|none --proxy-timeout 1s --proxy-fail open|closed --proxy-inflight N|default
-        (a value "default" returns to the node's default; 0 turns a limit off)
+  set ID [limits]               change limits and retention (create takes them too):
+%s        (a value "default" returns to the node's default; 0 turns a limit off;
+        roost app set -h says what each one is)
 
 The registry: --database-url URL (PostgreSQL, also ROOST_DATABASE_URL or
 DATABASE_URL) or --apps FILE (JSON, also ROOST_APPS). Running nodes see a
@@ -99,6 +98,17 @@ var limitNames = []struct{ name, help string }{
 	{"max-presence", "presence subscribers of one room, per node (joins with presence past it get err forbidden)"},
 	{"keep-age", "retention: delete messages older than this (0: forever)"},
 	{"keep-count", "retention: keep this many newest messages per room (at most the memory store's --keep; 0: all)"},
+	{"max-token-ttl", "refuse tokens whose exp lies further ahead than this duration, such as 24h (0: no bound; node default --max-token-ttl, 7 days)"},
+}
+
+// identityNames say how the app's tokens are checked beyond its secret
+// (docs/protocol.md, Identity from a provider).
+var identityNames = []struct{ name, help string }{
+	{"jwks-url", "verify tokens with the keys of this identity provider's JWKS `URL` (RS256, ES256, EdDSA) instead of the secret (\"none\": the secret again)"},
+	{"public-key", "verify tokens with the PEM public key in `FILE` (RSA, ECDSA P-256 or Ed25519) instead of the secret (\"none\": the secret again)"},
+	{"issuer", "tokens must carry this iss (\"none\": not checked)"},
+	{"audience", "tokens' aud must hold this value (\"none\": not checked)"},
+	{"user-claim", "the token claim naming the user (\"default\": sub)"},
 }
 
 // webhookNames are the webhook's settings, set like the limits.
@@ -126,7 +136,7 @@ func (l *limitFlags) bind(fs *flag.FlagSet) {
 			return nil
 		})
 	}
-	for _, n := range append(webhookNames[:len(webhookNames):len(webhookNames)], proxyNames...) {
+	for _, n := range append(append(webhookNames[:len(webhookNames):len(webhookNames)], proxyNames...), identityNames...) {
 		fs.Func(n.name, n.help, func(v string) error {
 			l.set[n.name] = v
 			return nil
@@ -251,6 +261,56 @@ func (l *limitFlags) applyProxy(a *proto.App) error {
 	return nil
 }
 
+// applyIdentity writes the identity settings given into a; with none
+// left, the app has no identity settings.
+func (l *limitFlags) applyIdentity(a *proto.App) error {
+	id := proto.Identity{}
+	if a.Identity != nil {
+		id = *a.Identity
+	}
+	given := false
+	for _, k := range []struct {
+		name, off string
+		p         *string
+	}{{"jwks-url", "none", &id.JWKSURL}, {"issuer", "none", &id.Issuer}, {"audience", "none", &id.Audience}, {"user-claim", "default", &id.UserClaim}} {
+		if v, ok := l.set[k.name]; ok {
+			given = true
+			if v == k.off {
+				v = ""
+			}
+			*k.p = v
+		}
+	}
+	if f, ok := l.set["public-key"]; ok {
+		given = true
+		if _, both := l.set["jwks-url"]; both && f != "none" && id.JWKSURL != "" {
+			return errors.New("give --jwks-url or --public-key, not both")
+		}
+		id.PublicKey = ""
+		if f != "none" {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return fmt.Errorf("cannot read --public-key: %w", err)
+			}
+			if _, err := proto.ParsePublicKey(string(b)); err != nil {
+				return fmt.Errorf("invalid --public-key %s: %w", f, err)
+			}
+			id.PublicKey, id.JWKSURL = string(b), ""
+		}
+	} else if v, ok := l.set["jwks-url"]; ok && v != "none" {
+		id.PublicKey = "" // one source of keys: the URL replaces a key file
+	}
+	if !given {
+		return nil
+	}
+	if id == (proto.Identity{}) {
+		a.Identity = nil
+		return nil
+	}
+	a.Identity = &id
+	return nil
+}
+
 // apply writes the given limits into a.
 func (l *limitFlags) apply(a *proto.App) error {
 	if err := l.applyWebhook(a); err != nil {
@@ -259,8 +319,11 @@ func (l *limitFlags) apply(a *proto.App) error {
 	if err := l.applyProxy(a); err != nil {
 		return err
 	}
+	if err := l.applyIdentity(a); err != nil {
+		return err
+	}
 	for name, v := range l.set {
-		if strings.HasPrefix(name, "webhook-") || strings.Contains(name, "proxy") {
+		if strings.HasPrefix(name, "webhook-") || strings.Contains(name, "proxy") || isIdentityFlag(name) {
 			continue
 		}
 		def := v == "default"
@@ -280,6 +343,16 @@ func (l *limitFlags) apply(a *proto.App) error {
 			} else {
 				a.Limits.AppPubRate = p
 			}
+		case "max-token-ttl":
+			var p *proto.Duration
+			if !def {
+				d, err := time.ParseDuration(v)
+				if err != nil || d < 0 {
+					return bad("a duration such as 24h (0: no bound)")
+				}
+				p = (*proto.Duration)(&d)
+			}
+			a.Limits.MaxTokenTTL = p
 		case "keep-age":
 			d := time.Duration(0)
 			if !def {
@@ -326,6 +399,15 @@ func (l *limitFlags) apply(a *proto.App) error {
 	return nil
 }
 
+func isIdentityFlag(name string) bool {
+	for _, n := range identityNames {
+		if n.name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // newSecret is 32 random bytes, base64url: 256 bits for HS256.
 func newSecret() string {
 	var b [32]byte
@@ -359,10 +441,11 @@ type appView struct {
 	Created        *time.Time      `json:"created,omitempty"`
 	Webhook        *proto.Webhook  `json:"webhook,omitempty"`
 	Proxy          *proto.Proxy    `json:"proxy,omitempty"`
+	Identity       *proto.Identity `json:"identity,omitempty"`
 }
 
 func viewOf(a *proto.App) appView {
-	v := appView{App: a.ID, Secret: maskSecret(a.Secret), Enabled: !a.Disabled, Limits: a.Limits, KeepCount: a.KeepCount, Webhook: a.Webhook, Proxy: a.Proxy}
+	v := appView{App: a.ID, Secret: maskSecret(a.Secret), Enabled: !a.Disabled, Limits: a.Limits, KeepCount: a.KeepCount, Webhook: a.Webhook, Proxy: a.Proxy, Identity: a.Identity}
 	if a.PreviousSecret != "" && time.Now().Before(a.PreviousUntil) {
 		v.PreviousSecret = maskSecret(a.PreviousSecret)
 		u := a.PreviousUntil
@@ -632,6 +715,9 @@ func tokenMain(args []string, stdout, stderr io.Writer) int {
 	if sec == "" {
 		sec = os.Getenv("ROOST_SECRET")
 	}
+	// The bound nodes hold tokens to: the node default unless the
+	// registry says the app's own.
+	maxTTL, from := proto.DefaultMaxTokenTTL, "the nodes' default --max-token-ttl"
 	if sec == "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -649,6 +735,9 @@ func tokenMain(args []string, stdout, stderr io.Writer) int {
 		for i := range apps {
 			if apps[i].ID == *appID {
 				sec = apps[i].Secret
+				if t := apps[i].Limits.MaxTokenTTL; t != nil {
+					maxTTL, from = time.Duration(*t), "the app's --max-token-ttl"
+				}
 				if apps[i].Disabled {
 					// The token is still made (for a test, or ready for
 					// enable); a script that hands it out should know.
@@ -660,6 +749,10 @@ func tokenMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "roost token: app %s is not in the registry\n", *appID)
 			return 1
 		}
+	}
+	if maxTTL > 0 && *ttl > maxTTL {
+		// Still made (a node may run with another bound), but said.
+		fmt.Fprintf(stderr, "roost token: warning: --ttl %s is beyond %s (%s): nodes refuse such a token with 401\n", *ttl, from, maxTTL)
 	}
 	tok, err := proto.SignToken([]byte(sec), *appID, *user, time.Now().Add(*ttl), roomList)
 	if err != nil {

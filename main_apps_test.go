@@ -256,14 +256,7 @@ func TestRegistryPostgresReachesNode(t *testing.T) {
 func TestSIGHUPReloadsRegistry(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "apps.json")
 	mustRoost(t, "app", "create", "a", "--apps", f)
-	logs := &syncBuffer{}
-	sig := make(chan os.Signal, 1)
-	done := make(chan int, 1)
-	go func() {
-		done <- serve([]string{"--apps", f, "--listen", "127.0.0.1:0", "--admin", "off", "--api", "off", "--log-format", "json"}, io.Discard, logs, sig)
-	}()
-	t.Cleanup(func() { sig <- syscall.SIGTERM; <-done })
-	waitLog(t, logs, "roost serving")
+	logs := serveAppsFile(t, f)
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
 	waitLog(t, logs, "SIGHUP: re-reading the app registry")
 	waitLog(t, logs, `"msg":"app registry read"`)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/api"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -58,6 +59,8 @@ type config struct {
 	pgMaxConns      int
 	stmtTimeout     time.Duration
 	webhookLease    time.Duration
+	webhookBacklog  string
+	webhookBacklogN int64 // webhookBacklog parsed, or its default
 	workers         int
 	batchMax        int
 	batchWindow     time.Duration
@@ -72,6 +75,11 @@ type config struct {
 
 	configFile  string
 	printConfig bool
+
+	// The server API listener's budget (fanout/api.Edge), and the admin
+	// listener's Bearer token.
+	apiMaxConns, apiAppMaxConns, apiAppInFlight int
+	adminToken                                  string
 
 	// environ lists the environment for the misspelling check (os.Environ
 	// in serve; nil skips the check).
@@ -119,7 +127,9 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.DurationVar(&c.node.UpgradeTimeout, "upgrade-timeout", d.UpgradeTimeout, "time allowed for the HTTP upgrade")
 	fs.IntVar(&c.node.MaxRooms, "max-rooms", d.MaxRooms, "rooms one connection may join")
 	fs.IntVar(&c.node.MaxConns, "max-conns", 0, "client connections held at once, upgraded or not; past it a connection is closed at accept (default: the open-file limit minus a reserve for the store, broker, admin listener and files)")
-	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; leave 0 behind a proxy or load balancer)")
+	fs.IntVar(&c.node.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections of one source address; past it a connection is closed at accept (0: no cap; behind a proxy or load balancer leave 0 unless --proxy-protocol or --trusted-proxies names the client)")
+	fs.BoolVar(&c.node.ProxyProtocol, "proxy-protocol", false, "every client connection starts with a PROXY protocol header (v1 or v2: HAProxy send-proxy-v2, nginx proxy_protocol, AWS NLB) naming the client; one that does not is closed (set only when every connection comes through such a proxy)")
+	fs.Var(&c.node.TrustedProxies, "trusted-proxies", "`CIDRS` (comma-separated, e.g. 10.0.0.0/8,192.0.2.7) of proxies whose X-Forwarded-For and X-Real-IP name the client, on the client listener's upgrade requests and the server API (default: nobody's)")
 	fs.BoolVar(&c.node.ReusePort, "reuse-port", false, "share the client port with other processes (SO_REUSEPORT); without it a port in use fails the start with \"address already in use\"")
 	fs.BoolVar(&c.node.IOURing, "io-uring", d.IOURing, "write the one-frame output of a flush in batches through io_uring (Linux 5.12+; where the kernel refuses it, one send(2) per frame as with false)")
 	fs.IntVar(&c.node.Readers, "readers", d.Readers, "goroutines doing store reads (join catch-up, history, gap repair)")
@@ -136,10 +146,16 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.StringVar(&c.api, "api", "127.0.0.1:8090", "server API listener `host:port` (HTTP JSON for apps' backends: publish, history, rooms, disconnect); \"off\" disables")
 	fs.Float64Var(&c.apiRate, "api-rate", 1000, "server API requests per second of one app on this node, all routes together (429 rate_limited above; 0: no limit)")
 	fs.IntVar(&c.apiBurst, "api-burst", 2000, "server API requests one app may make at once above --api-rate")
+	fs.IntVar(&c.apiMaxConns, "api-max-conns", api.DefaultMaxConns, "server API connections all apps together hold on this node (a connection is an app's from its first request with a valid secret); past it 503 overloaded. As many again may wait for their first answer")
+	fs.IntVar(&c.apiAppMaxConns, "api-app-max-conns", api.DefaultAppMaxConns, "server API connections one app holds on this node, at most half of --api-max-conns; past it 429 rate_limited and the connection is closed")
+	fs.IntVar(&c.apiAppInFlight, "api-app-inflight", api.DefaultAppInFlight, "server API requests of one app answered at once on this node; past it 429 rate_limited")
+	fs.StringVar(&c.adminToken, "admin-token", "", "Bearer `TOKEN` the admin listener asks for on /metrics and /debug/pprof/ (/healthz and /readyz stay open); give it in ROOST_ADMIN_TOKEN, not on the command line")
 	fs.StringVar(&c.appSecrets, "app-secret", "", "HS256 secrets of apps, `APP=SECRET[,APP=SECRET...]`; give it in ROOST_APP_SECRET or --app-secret-file, never on the command line (ps shows it)")
 	fs.StringVar(&c.appSecretFile, "app-secret-file", "", "read app secrets from `FILE`: APP=SECRET lines, # comments")
 	fs.StringVar(&c.appsFile, "apps", "", "the app registry in a JSON `FILE` (roost app create --apps FILE); re-read on SIGHUP and when it changes. Without it, a node with --database-url keeps the registry in PostgreSQL")
 	fs.DurationVar(&c.node.Leeway, "token-leeway", d.Leeway, "clock skew allowed on a token's exp, nbf and iat")
+	fs.DurationVar(&c.node.Limits.MaxTokenTTL, "max-token-ttl", d.Limits.MaxTokenTTL, "default bound on how far ahead a token's exp may lie; tokens beyond it get 401 (per app: roost app set --max-token-ttl; 0: no bound)")
+	fs.DurationVar(&c.node.JWKSRefresh, "jwks-refresh", loop.DefaultJWKSRefresh, "how often the JWKS of an app with --jwks-url is fetched again (a token naming a kid the set lacks asks for one fetch sooner)")
 	fs.IntVar(&c.node.InsecureMaxApps, "insecure-max-apps", d.InsecureMaxApps, "insecure mode: apps made on first use at most (each is a metric series); then refused (0: no cap)")
 	fs.Int64Var(&c.node.Limits.MaxConns, "app-max-conns", d.Limits.MaxConns, "default connections of one app on the whole cluster (shared through Redis when configured; 0: no limit)")
 	fs.Int64Var(&c.node.Limits.MaxUserConns, "user-max-conns", d.Limits.MaxUserConns, "default connections of one user of an app on this node (0: no limit)")
@@ -164,6 +180,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.IntVar(&c.pgMaxConns, "pg-max-conns", 0, "PostgreSQL connections (default: 4 × publish workers + 4)")
 	fs.DurationVar(&c.stmtTimeout, "statement-timeout", 5*time.Second, "PostgreSQL statement timeout")
 	fs.DurationVar(&c.webhookLease, "webhook-lease", 30*time.Second, "with PostgreSQL, how long a node's claim on a room's webhook delivery lasts unless renewed: another node takes a crashed node's rooms after this")
+	fs.StringVar(&c.webhookBacklog, "webhook-backlog", "", "bytes of owed webhook events held in memory, all apps (default: a quarter of --memory-store-max, 128MiB without one): without a database, past it the app holding the most loses its oldest owed events (roost_webhook_dropped_total); with PostgreSQL, the rest is read back from the store")
 	fs.IntVar(&c.workers, "publish-workers", 1, "publish goroutines, each committing a shard of rooms with one commit in flight (raise it only when one PostgreSQL backend is the limit)")
 	fs.IntVar(&c.batchMax, "batch-max", 256, "publishes per group commit")
 	fs.DurationVar(&c.batchWindow, "batch-window", 10*time.Millisecond, "the longest a PostgreSQL group commit smaller than 48 publishes may wait for more, from its first publish: all of it where the window brings 48 at the rate its worker sees, else the share it brings (1,500/s: 15 of 48, ~2.5ms), none where no publish is due (0: no wait; the memory store never waits)")
@@ -459,6 +476,15 @@ func validate(c *config) []error {
 	if c.apiBurst < 1 {
 		bad("invalid --api-burst %d: want at least 1", c.apiBurst)
 	}
+	if c.apiMaxConns < 2 {
+		bad("invalid --api-max-conns %d: want at least 2", c.apiMaxConns)
+	}
+	if c.apiAppMaxConns < 1 || c.apiMaxConns >= 2 && c.apiAppMaxConns > c.apiMaxConns/2 {
+		bad("invalid --api-app-max-conns %d: want 1 to half of --api-max-conns (%d), so that one app cannot hold them all", c.apiAppMaxConns, c.apiMaxConns/2)
+	}
+	if c.apiAppInFlight < 1 {
+		bad("invalid --api-app-inflight %d: want at least 1", c.apiAppInFlight)
+	}
 	if n.NodeID == "" {
 		n.NodeID = defaultNodeID(n.Listen)
 	}
@@ -529,6 +555,17 @@ func validate(c *config) []error {
 		bad("invalid --memory-store-max %q: want 0 (no budget) or at least 1MiB", c.memStoreMax)
 	} else {
 		c.memStoreMaxN = int64(v)
+	}
+	c.webhookBacklogN = max(c.memStoreMaxN/4, 1<<20)
+	if c.memStoreMaxN == 0 {
+		c.webhookBacklogN = 128 << 20
+	}
+	if c.webhookBacklog != "" {
+		if v, err := tuning.ParseSize(c.webhookBacklog); err != nil || v < 1<<20 {
+			bad("invalid --webhook-backlog %q: want a size of at least 1MiB, such as 64MiB", c.webhookBacklog)
+		} else {
+			c.webhookBacklogN = int64(v)
+		}
 	}
 	if c.presenceGrace <= 0 {
 		bad("invalid --presence-grace %s: want a positive duration such as 5s", c.presenceGrace)
@@ -701,6 +738,10 @@ func printConfig(w io.Writer, c *config) error {
 		switch f.Name {
 		case "app-secret":
 			v = maskAppSecrets(v)
+		case "admin-token":
+			if v != "" {
+				v = "*****"
+			}
 		case "database-url", "redis-url":
 			v = maskURLs(v)
 		}
@@ -780,6 +821,8 @@ func bindValues(c *config, into map[string]string) {
 		"max-conns":           strconv.Itoa(n.MaxConns),
 		"max-conns-per-ip":    strconv.Itoa(n.MaxConnsPerIP),
 		"reuse-port":          strconv.FormatBool(n.ReusePort),
+		"proxy-protocol":      strconv.FormatBool(n.ProxyProtocol),
+		"trusted-proxies":     n.TrustedProxies.String(),
 		"io-uring":            strconv.FormatBool(n.IOURing),
 		"readers":             strconv.Itoa(n.Readers),
 		"gap-window":          d(n.GapWindow),
@@ -795,10 +838,16 @@ func bindValues(c *config, into map[string]string) {
 		"api":                 c.api,
 		"api-rate":            strconv.FormatFloat(c.apiRate, 'g', -1, 64),
 		"api-burst":           strconv.Itoa(c.apiBurst),
+		"api-max-conns":       strconv.Itoa(c.apiMaxConns),
+		"api-app-max-conns":   strconv.Itoa(c.apiAppMaxConns),
+		"api-app-inflight":    strconv.Itoa(c.apiAppInFlight),
+		"admin-token":         c.adminToken,
 		"app-secret":          c.appSecrets,
 		"app-secret-file":     c.appSecretFile,
 		"apps":                c.appsFile,
 		"token-leeway":        d(n.Leeway),
+		"max-token-ttl":       d(n.Limits.MaxTokenTTL),
+		"jwks-refresh":        d(n.JWKSRefresh),
 		"insecure-max-apps":   strconv.Itoa(n.InsecureMaxApps),
 		"app-max-conns":       strconv.FormatInt(n.Limits.MaxConns, 10),
 		"user-max-conns":      strconv.FormatInt(n.Limits.MaxUserConns, 10),
@@ -823,6 +872,7 @@ func bindValues(c *config, into map[string]string) {
 		"pg-max-conns":        pgMaxConnsText(c),
 		"statement-timeout":   d(c.stmtTimeout),
 		"webhook-lease":       d(c.webhookLease),
+		"webhook-backlog":     c.webhookBacklog,
 		"publish-workers":     strconv.Itoa(c.workers),
 		"batch-max":           strconv.Itoa(c.batchMax),
 		"batch-window":        d(c.batchWindow),

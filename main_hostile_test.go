@@ -23,21 +23,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 func pgtestDB(t *testing.T) string { return pgtest.NewDB(t) }
 
 func signToken(secret, app, sub string) string {
-	return loop.SignToken([]byte(secret), app, sub, time.Now().Add(time.Hour), nil)
+	tok, err := proto.SignToken([]byte(secret), app, sub, time.Now().Add(time.Hour), nil)
+	if err != nil {
+		panic("BUG: cannot sign a token: " + err.Error())
+	}
+	return tok
 }
 
 // plainNode starts `roost serve` on the memory store and the in-process
 // broker, with the open-file limit set to nofile (0: inherited) by the
 // shell that execs it. It waits until /readyz answers unless noWait.
-func plainNode(t *testing.T, nofile int, noWait bool, extra ...string) *roostNode {
+func plainNode(t testing.TB, nofile int, noWait bool, extra ...string) *roostNode {
 	t.Helper()
 	bin := roostBinary(t)
 	n := &roostNode{
@@ -50,7 +54,7 @@ func plainNode(t *testing.T, nofile int, noWait bool, extra ...string) *roostNod
 	return startPlain(t, n, bin, nofile, noWait, extra)
 }
 
-func startPlain(t *testing.T, n *roostNode, bin string, nofile int, noWait bool, extra []string) *roostNode {
+func startPlain(t testing.TB, n *roostNode, bin string, nofile int, noWait bool, extra []string) *roostNode {
 	t.Helper()
 	args := append([]string{"serve", "--listen", n.addr, "--admin", n.admin, "--api", "off",
 		"--loops", "1", "--drain", "200ms", "--flush", "1ms"}, extra...)

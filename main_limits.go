@@ -3,21 +3,14 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
-	"sync"
 
 	"github.com/roost-chat/roost/pubsub"
 )
 
 // adminMaxConns bounds the admin listener's connections: a scraper, a
-// prober and an operator with pprof need a handful. Past it, connections
-// wait in the kernel's backlog and cost the node no descriptor.
+// prober and an operator with pprof need a handful. Past it, the oldest
+// idle one gives way to a new one (main_admin.go).
 const adminMaxConns = 32
-
-// apiMaxConns bounds the server API listener's connections: an app's
-// backend keeps a few long-lived ones, a deployment's backends together
-// far fewer than this. Past it, connections wait in the kernel's backlog.
-const apiMaxConns = 128
 
 // Descriptors the node needs besides client connections, beyond those
 // counted from the configuration: the runtime's poller, log and config
@@ -51,7 +44,8 @@ func descriptorReserve(c *config) int {
 		r += adminMaxConns
 	}
 	if c.api != "off" && c.api != "" {
-		r += apiMaxConns
+		// Those held by apps, and as many waiting for their first answer.
+		r += 2 * c.apiMaxConns
 	}
 	return r
 }
@@ -81,49 +75,4 @@ func connBudget(c *config, nofile uint64, nofileErr error, log *slog.Logger) err
 	}
 	log.Info("connection budget", "max_conns", c.node.MaxConns, "nofile", nofile, "reserve", reserve, "max_conns_per_ip", c.node.MaxConnsPerIP)
 	return nil
-}
-
-// limitListener accepts at most n connections at once (x/net/netutil's
-// LimitListener, without the dependency): Accept waits for a free slot
-// before taking a connection from the kernel.
-type limitListener struct {
-	net.Listener
-	sem       chan struct{}
-	closeOnce sync.Once
-	done      chan struct{}
-}
-
-func newLimitListener(l net.Listener, n int) *limitListener {
-	return &limitListener{Listener: l, sem: make(chan struct{}, n), done: make(chan struct{})}
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
-	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
-}
-
-func (l *limitListener) Close() error {
-	l.closeOnce.Do(func() { close(l.done) })
-	return l.Listener.Close()
-}
-
-type limitConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
 }

@@ -133,6 +133,11 @@ var exposedMetrics = []string{
 	"roost_api_published_total",
 	"roost_api_publish_duplicates_total",
 	"roost_api_disconnected_total",
+	"roost_api_connections_held",
+	"roost_api_connections_waiting",
+	"roost_api_connections_evicted_total",
+	"roost_api_connections_busy_total",
+	"roost_api_refused_total",
 	"roost_api_publish_seconds_bucket",
 	"roost_api_publish_seconds_count",
 	"roost_api_publish_seconds_sum",
@@ -144,6 +149,7 @@ var exposedMetrics = []string{
 	"roost_webhook_dead_total",
 	"roost_webhook_read_total",
 	"roost_webhook_owed",
+	"roost_webhook_held_bytes",
 	"roost_webhook_lag_seconds_bucket",
 	"roost_webhook_lag_seconds_count",
 	"roost_webhook_lag_seconds_sum",
@@ -171,7 +177,8 @@ func TestMetricNamesKept(t *testing.T) {
 	want := map[string]bool{}
 	for _, n := range exposedMetrics {
 		want[n] = true
-		if !seen[n] {
+		// Series per app with a webhook: this node has none.
+		if !seen[n] && n != "roost_webhook_dropped_total" {
 			t.Errorf("/metrics lacks %s", n)
 		}
 	}

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/roost-chat/roost/fanout/webhook"
@@ -132,4 +134,21 @@ func webhookMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "roost webhook replay: app %s of dead letter %d is not registered\n", dl.App, id)
 	return 1
+}
+
+// writeDropped writes roost_webhook_dropped_total per app: the events each
+// app lost on this node (memory only; with PostgreSQL nothing owed is
+// lost). Every app that had a webhook on this node has its series.
+func writeDropped(m *expo, hooks *webhook.Dispatcher) {
+	type row struct {
+		app string
+		n   uint64
+	}
+	var rows []row
+	hooks.EachDropped(func(app string, n uint64) { rows = append(rows, row{app, n}) })
+	m.family("roost_webhook_dropped_total", "counter")
+	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.app, b.app) })
+	for _, r := range rows {
+		m.line(`roost_webhook_dropped_total{app="`+r.app+`"}`, float64(r.n))
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,6 +99,7 @@ type presRoom struct {
 	key      string
 	users    map[string]*presUser
 	watchers int  // live presence subscribers on this node's loops
+	unrep    int  // users with a live membership whose Join is not applied yet
 	watched  bool // Watch applied
 	wqueued  bool // in rdirt
 }
@@ -123,17 +125,31 @@ type presAnswer struct {
 
 // answer returns the presence frame of key: read less than presenceTick
 // ago, or read now. Reader goroutines.
+//
+// The users who joined on this node since the last tick are not in the
+// Presence yet: they are added to what it answers, so that a client asking
+// right after its joined (roost.js does, on every join) finds itself and
+// whoever joined here before it. (After a restart nothing else holds
+// them: with in-process presence the answer was empty until the next
+// tick, and the client's snapshot said everyone had left.) Such an answer
+// is not kept for others: it is this moment's.
 func (pr *presence) answer(ctx context.Context, key string) ([]byte, error) {
 	now := time.Now().UnixMilli()
+	fresh := pr.unapplied(key, nil) == nil
 	pr.amu.Lock()
 	a, ok := pr.answers[key]
 	pr.amu.Unlock()
-	if ok && now-a.at < presenceTick.Milliseconds() {
+	if fresh && ok && now-a.at < presenceTick.Milliseconds() {
 		return a.frame, nil
 	}
 	count, users, err := pr.p.Query(ctx, key, proto.MaxPresenceUsers)
 	if err != nil {
 		return nil, err
+	}
+	if local := pr.unapplied(key, nil); len(local) > 0 {
+		count, users = mergeLocal(count, users, local)
+		_, room := proto.SplitKey(key)
+		return proto.AppendPresenceFrame(nil, []byte(room), count, users), nil
 	}
 	_, room := proto.SplitKey(key)
 	frame := proto.AppendPresenceFrame(nil, []byte(room), count, users)
@@ -142,6 +158,57 @@ func (pr *presence) answer(ctx context.Context, key string) ([]byte, error) {
 	pr.amu.Unlock()
 	pr.wake() // to forget it
 	return frame, nil
+}
+
+// unapplied appends to dst the users of key with a live membership on this
+// node whose Join the Presence has not had yet. Any goroutine: one shard
+// lock, and a walk of the room's users only while some are unapplied.
+func (pr *presence) unapplied(key string, dst []string) []string {
+	s := pr.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.rooms[key]
+	if r == nil || r.unrep <= 0 {
+		return dst
+	}
+	for name, u := range r.users {
+		if u.conns > 0 && !u.reported {
+			dst = append(dst, name)
+		}
+	}
+	return dst
+}
+
+// mergeLocal adds this node's unapplied users to a Presence answer. With
+// every name in the answer, a user already there (joined on another node)
+// is not counted twice; with only some, the count may be one over per such
+// user until the next tick applies them.
+func mergeLocal(count int, users, local []string) (int, []string) {
+	complete := len(users) >= count
+	for _, u := range local {
+		if complete && slices.Contains(users, u) {
+			continue
+		}
+		count++
+		if len(users) < proto.MaxPresenceUsers {
+			users = append(users, u)
+		}
+	}
+	return count, users
+}
+
+// forgetAnswers drops the kept answers of the rooms changes touched: one
+// read before them would miss a join that is no longer the node's to add
+// (answer). The presence goroutine.
+func (pr *presence) forgetAnswers(changes []pubsub.PresenceChange) {
+	pr.amu.Lock()
+	defer pr.amu.Unlock()
+	if len(pr.answers) == 0 {
+		return
+	}
+	for i := range changes {
+		delete(pr.answers, changes[i].Key)
+	}
 }
 
 // dropAnswers forgets answers no longer fresh and returns when the next
@@ -208,6 +275,9 @@ func (pr *presence) join(key, user string, watch bool) {
 		r.users[user] = u
 	}
 	u.conns++
+	if u.conns == 1 && !u.reported {
+		r.unrep++
+	}
 	queued := false
 	if u.conns == 1 && !u.queued {
 		u.queued, queued = true, true
@@ -249,6 +319,9 @@ func (pr *presence) leave(key, user string, watch bool, now int64) {
 	queued := false
 	if u := r.users[user]; u != nil {
 		if u.conns--; u.conns == 0 {
+			if !u.reported {
+				r.unrep--
+			}
 			u.zeroAt = now
 			if !u.queued {
 				u.queued, queued = true, true
@@ -312,6 +385,7 @@ func (pr *presence) collect(now int64) (next int64) {
 			switch {
 			case u.conns > 0 && !u.reported:
 				u.reported = true
+				ref.room.unrep--
 				pr.changes = append(pr.changes, pubsub.PresenceChange{Op: pubsub.PresenceJoin, Key: ref.room.key, User: ref.user})
 			case u.conns > 0:
 				// Back within the grace period: nothing changed anywhere.
@@ -442,6 +516,7 @@ func (pr *presence) apply(now int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	diffs, err := pr.p.Apply(ctx, changes)
 	cancel()
+	pr.forgetAnswers(changes)
 	pr.n.Stats.PresenceChanges.Add(uint64(len(pr.changes)))
 	if errors.Is(err, pubsub.ErrPresenceLost) {
 		pr.n.log.Warn("presence lease had ended (this node was silent past it): applying this node's presence again")

@@ -14,6 +14,7 @@ import (
 	"github.com/gobwas/ws"
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -32,13 +33,25 @@ func secureNode(t *testing.T, mutate func(*Config), apps ...proto.App) *node {
 	return n
 }
 
+// hourly spends a bucket for the next hour in one take.
+var hourly = tenancy.NewRate(1.0/3600, 1)
+
 const secretA, secretB = "secret-of-app-a-0123456789", "secret-of-app-b-0123456789"
 
 func tok(secret, app, sub string, exp time.Time, rooms ...string) string {
-	return SignToken([]byte(secret), app, sub, exp, rooms)
+	return signToken([]byte(secret), app, sub, exp, rooms)
 }
 
-// rawToken signs any claims with any method (the cases SignToken cannot make).
+// signToken makes an HS256 token as the tests' signer.
+func signToken(secret []byte, appID, sub string, exp time.Time, rooms []string) string {
+	tok, err := proto.SignToken(secret, appID, sub, exp, rooms)
+	if err != nil {
+		panic("BUG: cannot sign a token: " + err.Error())
+	}
+	return tok
+}
+
+// rawToken signs any claims with any method (the cases signToken cannot make).
 func rawToken(t *testing.T, m jwt.SigningMethod, key any, claims jwt.MapClaims) string {
 	t.Helper()
 	s, err := jwt.NewWithClaims(m, claims).SignedString(key)
@@ -453,7 +466,7 @@ func TestAppPresenceLimit(t *testing.T) {
 // bucket of a refusal.
 func TestAdmitPubAllocationFree(t *testing.T) {
 	p := &app{id: "a", users: map[string]*appUser{}}
-	p.cfg.Store(resolve(DefaultLimits(), 256, &proto.App{ID: "a", Limits: proto.AppLimits{PubRate: f64(1e9), PubBurst: i64(1 << 40), AppPubRate: f64(1e9)}}))
+	p.cfg.Store(resolve(tenancy.DefaultLimits(), 256, &proto.App{ID: "a", Limits: proto.AppLimits{PubRate: f64(1e9), PubBurst: i64(1 << 40), AppPubRate: f64(1e9)}}))
 	c := &conn{app: p, au: &appUser{}} // the allowed path touches no loop state
 	cmd := &proto.Command{Op: proto.OpPub, Room: []byte("r"), ID: []byte("1"), Body: []byte("1")}
 	if n := leastAllocs(1000, func() {
@@ -463,27 +476,10 @@ func TestAdmitPubAllocationFree(t *testing.T) {
 	}); n != 0 {
 		t.Fatalf("admitPub allocates %.1f", n)
 	}
-	if n := leastAllocs(1000, func() { take(&p.pubTAT, 0, int64(time.Second), 0) }); n != 0 {
+	spent := tenancy.NewRate(1, 1)
+	p.pub.Take(0, spent)
+	if n := leastAllocs(1000, func() { p.pub.Take(0, spent) }); n != 0 {
 		t.Fatalf("a refused take allocates %.1f", n)
-	}
-}
-
-func TestTakeIsExactAtTheBoundary(t *testing.T) {
-	var p app
-	interval, tol := bucket(10, 3) // 100 ms per publish, burst 3
-	for i := 0; i < 3; i++ {
-		if w := take(&p.pubTAT, 0, interval, tol); w != 0 {
-			t.Fatalf("publish %d of the burst waits %d", i, w)
-		}
-	}
-	if w := take(&p.pubTAT, 0, interval, tol); w != int64(100*time.Millisecond) {
-		t.Fatalf("fourth waits %v, want 100ms", time.Duration(w))
-	}
-	if w := take(&p.pubTAT, int64(100*time.Millisecond)-1, interval, tol); w != 1 {
-		t.Fatalf("1 ns early waits %d", w)
-	}
-	if w := take(&p.pubTAT, int64(100*time.Millisecond), interval, tol); w != 0 {
-		t.Fatalf("on time waits %d", w)
 	}
 }
 
@@ -498,9 +494,9 @@ func TestRefusalsAllocationFree(t *testing.T) {
 	if c == nil || gc.closed {
 		t.Fatalf("upgrade failed: %q", gc.out)
 	}
-	c.app.cfg.Store(resolve(Limits{PubRate: 1, PubBurst: 1, MaxMsg: 8}, 1, &proto.App{ID: c.app.id}))
+	c.app.cfg.Store(resolve(tenancy.Limits{PubRate: 1, PubBurst: 1, MaxMsg: 8}, 1, &proto.App{ID: c.app.id}))
 	// The user's bucket is spent for the next hour: every publish is refused.
-	c.au.tat.Store(int64(time.Since(monoEpoch) + time.Hour))
+	c.au.pub.Take(tenancy.Now(), hourly)
 	var batch []byte
 	for i := 0; i < 8; i++ {
 		batch = append(batch, clientFrame(ws.OpText, true, []byte(`{"op":"pub","room":"r0","id":"m-1","body":1}`))...)
@@ -584,7 +580,7 @@ func TestPruneUsersSpentOnly(t *testing.T) {
 	a := &apps{byID: map[string]*app{}}
 	p := &app{id: "a", users: map[string]*appUser{}}
 	a.byID["a"] = p
-	cfg := resolve(DefaultLimits(), 256, &proto.App{ID: "a"})
+	cfg := resolve(tenancy.DefaultLimits(), 256, &proto.App{ID: "a"})
 	admit := func(user string) *appUser {
 		u, why := p.admit(cfg, user)
 		if why != "" {
@@ -592,16 +588,16 @@ func TestPruneUsersSpentOnly(t *testing.T) {
 		}
 		return u
 	}
-	now := int64(time.Since(monoEpoch))
+	now := tenancy.Now()
 	idle := admit("idle") // stays connected
-	idle.tat.Store(now + int64(time.Hour))
+	idle.pub.Take(now, hourly)
 	full := admit("full")
 	p.release("full", full) // bucket full: forgotten at once
 	gone := admit("gone")
-	gone.tat.Store(now + int64(50*time.Millisecond))
+	gone.pub.Take(now, tenancy.NewRate(20, 1)) // full again in 50 ms
 	p.release("gone", gone)
 	back := admit("back")
-	back.tat.Store(now + int64(time.Hour))
+	back.pub.Take(now, hourly)
 	p.release("back", back)
 	admit("back") // reconnected with its spent bucket
 	if _, ok := p.users["full"]; ok || len(p.spent) != 2 {

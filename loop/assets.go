@@ -55,6 +55,9 @@ func (s *Server) serveHTTP(c *conn, req *proto.Request) bool {
 		status = 304
 	}
 	out := proto.AppendHTTPResponseHeaders(nil, status, f.contentType, f.headers, f.body)
+	if req.Head && status == 200 {
+		out = out[:len(out)-len(f.body)] // GET's head, Content-Length included
+	}
 	// The connection is closed right after the write: make room for the
 	// whole answer in the kernel first, so that none of it is left in a
 	// user-space buffer the close would discard.

@@ -85,11 +85,11 @@ func TestPlainGetOfWSSaysWhy(t *testing.T) {
 		c.Insecure = false
 		c.Apps = map[string][]byte{"acme": secret}
 	})
-	resp, body := get(t, n.addr, "/ws?token="+SignToken([]byte("wrong"), "acme", "a", time.Now().Add(time.Hour), nil), "Origin: http://app.example\r\n")
+	resp, body := get(t, n.addr, "/ws?token="+signToken([]byte("wrong"), "acme", "a", time.Now().Add(time.Hour), nil), "Origin: http://app.example\r\n")
 	if resp.StatusCode != 401 || !strings.Contains(body, "signature") || resp.Header.Get("Access-Control-Allow-Origin") != "*" {
 		t.Fatalf("bad token: %d %q %v", resp.StatusCode, body, resp.Header)
 	}
-	resp, body = get(t, n.addr, "/ws?token="+SignToken(secret, "acme", "a", time.Now().Add(time.Hour), nil), "")
+	resp, body = get(t, n.addr, "/ws?token="+signToken(secret, "acme", "a", time.Now().Add(time.Hour), nil), "")
 	if resp.StatusCode != 426 || !strings.Contains(body, "upgrade required") {
 		t.Fatalf("good token: %d %q", resp.StatusCode, body)
 	}

@@ -2,8 +2,13 @@ package loop
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
-	"math"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -13,35 +18,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/proto"
 )
-
-// Limits are the node-wide defaults of the per-app limits; an app's entry
-// in the registry overrides any of them. 0 turns a limit off.
-type Limits struct {
-	MaxConns     int64   // connections of one app on the whole cluster
-	MaxUserConns int64   // connections of one user of an app on this node
-	PubRate      float64 // publishes per second of one user (on this node)
-	PubBurst     int64   // publishes one user may send at once
-	AppPubRate   float64 // publishes per second of one app on this node; its burst is one second's worth
-	MaxMsg       int64   // bytes of one pub body (too_large above)
-	MaxPresence  int64   // presence subscribers of one room of an app, per node (0: no limit)
-}
-
-// DefaultLimits are limits no ordinary chat client reaches, and that every
-// load test of docs/benchmarks.md stays under (in insecure mode the
-// publish rates are off unless set: main clears them).
-func DefaultLimits() Limits {
-	return Limits{
-		MaxConns:     1_000_000,
-		MaxUserConns: 100,
-		PubRate:      200,
-		PubBurst:     400,
-		AppPubRate:   50_000,
-		MaxMsg:       64 << 10,
-		MaxPresence:  10_000,
-	}
-}
 
 // Refusal reasons counted per app (AppStats).
 const (
@@ -68,9 +47,9 @@ type app struct {
 	id  string
 	cfg atomic.Pointer[appConfig] // nil: not registered (unknown to token checks)
 
-	conns  atomic.Int64 // open WebSocket connections of this node (admitted)
-	remote atomic.Int64 // the app's connections on the other nodes (shared through Redis)
-	pubTAT atomic.Int64 // the app's publish bucket: theoretical arrival time, ns since monoEpoch
+	conns  atomic.Int64   // open WebSocket connections of this node (admitted)
+	remote atomic.Int64   // the app's connections on the other nodes (shared through Redis)
+	pub    tenancy.Bucket // the app's publishes on this node
 
 	mu    sync.Mutex
 	users map[string]*appUser // users with a connection on this node, or a spent bucket
@@ -87,56 +66,23 @@ type app struct {
 type appUser struct {
 	conns int64
 	spent bool // in app.spent
-	tat   atomic.Int64
+	pub   tenancy.Bucket
 }
 
-// appConfig is an app's registry entry, resolved against the node's
-// defaults. Immutable once stored.
+// appConfig is an app's view (tenancy.View, the same the server API reads)
+// with what only the client edges use. Immutable once stored.
 type appConfig struct {
-	secrets   [][]byte // current first; empty for a first-use app
-	prevUntil time.Time
-	disabled  bool
-
-	maxConns, maxUserConns int64
-	maxMsg                 int64
-	maxRooms               int
-	maxPresence            int
-	// GCRA buckets: one publish per interval ns, tolerance ns of credit
-	// ((burst-1) intervals). interval 0: unlimited.
-	userInterval, userTolerance int64
-	appInterval, appTolerance   int64
+	*tenancy.View
+	maxRooms int
 	// The app's proxy hooks; nil: not asked (proxy.go).
 	connectProxy, publishProxy *proxy.Target
+	// keys: the app verifies its tokens with a public key (idkeys.go);
+	// nil: with its secrets.
+	keys *idKeys
 }
 
-func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
-	o := &a.Limits
-	i64 := func(p *int64, def int64) int64 {
-		if p != nil {
-			return *p
-		}
-		return def
-	}
-	f64 := func(p *float64, def float64) float64 {
-		if p != nil {
-			return *p
-		}
-		return def
-	}
-	c := &appConfig{
-		disabled:     a.Disabled,
-		prevUntil:    a.PreviousUntil,
-		maxConns:     i64(o.MaxConns, lim.MaxConns),
-		maxUserConns: i64(o.MaxUserConns, lim.MaxUserConns),
-		maxMsg:       i64(o.MaxMsg, lim.MaxMsg),
-		maxRooms:     appMaxRooms(o.MaxRooms, maxRooms),
-		maxPresence:  int(i64(o.MaxPresence, lim.MaxPresence)),
-	}
-	for _, s := range a.Secrets(time.Now()) {
-		if s != "" {
-			c.secrets = append(c.secrets, []byte(s))
-		}
-	}
+func resolve(lim tenancy.Limits, maxRooms int, a *proto.App) *appConfig {
+	c := &appConfig{View: tenancy.Resolve(lim, a), maxRooms: appMaxRooms(a.Limits.MaxRooms, maxRooms)}
 	if p := a.Proxy; p != nil {
 		// The secrets as stored, not as valid now: the pool drops the
 		// previous one at PreviousUntil itself, with no registry change.
@@ -156,9 +102,6 @@ func resolve(lim Limits, maxRooms int, a *proto.App) *appConfig {
 			c.publishProxy = &pt
 		}
 	}
-	c.userInterval, c.userTolerance = bucket(f64(o.PubRate, lim.PubRate), i64(o.PubBurst, lim.PubBurst))
-	ar := f64(o.AppPubRate, lim.AppPubRate)
-	c.appInterval, c.appTolerance = bucket(ar, int64(math.Ceil(ar)))
 	return c
 }
 
@@ -173,34 +116,6 @@ func appMaxRooms(override *int64, node int) int {
 	return int(*override)
 }
 
-// bucket turns a rate and burst into GCRA terms.
-func bucket(rate float64, burst int64) (interval, tolerance int64) {
-	if !(rate > 0) {
-		return 0, 0
-	}
-	interval = max(1, int64(float64(time.Second)/rate))
-	return interval, (max(burst, 1) - 1) * interval
-}
-
-// take spends one publish from a GCRA bucket at now (ns since monoEpoch):
-// 0 if allowed, else the ns to wait. Lock-free and allocation-free; a
-// bucket is shared by the loops (an app's, a user's connections).
-func take(tat *atomic.Int64, now, interval, tolerance int64) int64 {
-	if interval == 0 {
-		return 0
-	}
-	for {
-		old := tat.Load()
-		t := max(old, now)
-		if wait := t - now - tolerance; wait > 0 {
-			return wait
-		}
-		if tat.CompareAndSwap(old, t+interval) {
-			return 0
-		}
-	}
-}
-
 // apps is the node's app registry: the configured and registered apps,
 // and in insecure mode the apps made on first use, at most maxFirstUse of
 // them so that a client cannot grow the map or the metric series without
@@ -208,9 +123,10 @@ func take(tat *atomic.Int64, now, interval, tolerance int64) int64 {
 type apps struct {
 	insecure    bool
 	maxFirstUse int
-	lim         Limits
+	lim         tenancy.Limits
 	maxRooms    int
 	static      map[string][]byte // --app-secret
+	jwks        *jwksSources
 
 	mu       sync.RWMutex
 	byID     map[string]*app
@@ -218,9 +134,14 @@ type apps struct {
 	pruned   atomic.Int64 // Unix ms of the last pruneUsers
 }
 
-func newApps(cfg *Config) *apps {
+func newApps(cfg *Config, log *slog.Logger) *apps {
+	every := cfg.JWKSRefresh
+	if every <= 0 {
+		every = DefaultJWKSRefresh
+	}
 	a := &apps{insecure: cfg.Insecure, maxFirstUse: cfg.InsecureMaxApps, lim: cfg.Limits, maxRooms: cfg.MaxRooms,
-		static: cfg.Apps, byID: make(map[string]*app)}
+		static: cfg.Apps, byID: make(map[string]*app),
+		jwks: &jwksSources{every: every, log: log, byURL: map[string]*jwksSource{}}}
 	a.set(nil)
 	return a
 }
@@ -258,18 +179,22 @@ func (a *apps) firstUseApp(id []byte) (*app, *proto.HTTPError) {
 
 // set installs a new registry (registered apps; --app-secret entries fill
 // in ids the registry does not hold). It returns the apps that became
-// disabled or unknown, whose live connections must be closed.
-func (a *apps) set(reg []proto.App) []*app {
+// disabled or unknown, whose live connections must be closed, and those
+// whose secrets changed, whose connections' tokens must be looked at again.
+func (a *apps) set(reg []proto.App) (gone, rekeyed []*app) {
 	merged := make(map[string]*appConfig, len(reg)+len(a.static))
 	for id, sec := range a.static {
 		merged[id] = resolve(a.lim, a.maxRooms, &proto.App{ID: id, Secret: string(sec)})
 	}
+	used := map[string]*jwksSource{}
 	for i := range reg {
-		merged[reg[i].ID] = resolve(a.lim, a.maxRooms, &reg[i])
+		c := resolve(a.lim, a.maxRooms, &reg[i])
+		c.keys = a.jwks.keysFor(reg[i].Identity, used)
+		merged[reg[i].ID] = c
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var gone []*app
+	defer a.jwks.keep(used)
 	for id, cfg := range merged {
 		p := a.byID[id]
 		if p == nil {
@@ -277,8 +202,11 @@ func (a *apps) set(reg []proto.App) []*app {
 			a.byID[id] = p
 		}
 		old := p.cfg.Swap(cfg)
-		if cfg.disabled && (old == nil || !old.disabled) {
+		switch {
+		case cfg.Disabled && (old == nil || !old.Disabled):
 			gone = append(gone, p)
+		case old != nil && !sameSecrets(old, cfg):
+			rekeyed = append(rekeyed, p)
 		}
 	}
 	for id, p := range a.byID {
@@ -286,7 +214,7 @@ func (a *apps) set(reg []proto.App) []*app {
 			continue
 		}
 		old := p.cfg.Load()
-		if old == nil || len(old.secrets) == 0 {
+		if old == nil || len(old.Secrets) == 0 {
 			continue // made on first use (insecure): not the registry's
 		}
 		// Removed from the registry: unknown from now on.
@@ -297,7 +225,20 @@ func (a *apps) set(reg []proto.App) []*app {
 		}
 		gone = append(gone, p)
 	}
-	return gone
+	return gone, rekeyed
+}
+
+// sameSecrets: the tokens a and b accept by secret, and until when.
+func sameSecrets(a, b *appConfig) bool {
+	if len(a.Secrets) != len(b.Secrets) || !a.PrevUntil.Equal(b.PrevUntil) {
+		return false
+	}
+	for i := range a.Secrets {
+		if !bytes.Equal(a.Secrets[i], b.Secrets[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // admit counts a new connection of user against the app's limits; it
@@ -305,7 +246,7 @@ func (a *apps) set(reg []proto.App) []*app {
 // counted and must be released by release.
 func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 	n := p.conns.Add(1)
-	if cfg.maxConns > 0 && n+p.remote.Load() > cfg.maxConns {
+	if cfg.MaxConns > 0 && n+p.remote.Load() > cfg.MaxConns {
 		p.conns.Add(-1)
 		p.refused[RefusedConnLimit].Add(1)
 		return nil, "connection limit"
@@ -316,7 +257,7 @@ func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 		u = &appUser{}
 		p.users[user] = u
 	}
-	if cfg.maxUserConns > 0 && u.conns >= cfg.maxUserConns {
+	if cfg.MaxUserConns > 0 && u.conns >= cfg.MaxUserConns {
 		p.mu.Unlock()
 		p.conns.Add(-1)
 		p.refused[RefusedUserConnLimit].Add(1)
@@ -333,7 +274,7 @@ func (p *app) release(user string, u *appUser) {
 	p.mu.Lock()
 	u.conns--
 	if u.conns == 0 {
-		if u.tat.Load() <= int64(time.Since(monoEpoch)) {
+		if u.pub.Full(tenancy.Now()) {
 			// Its bucket is full again: nothing to remember.
 			delete(p.users, user)
 		} else if !u.spent {
@@ -357,7 +298,7 @@ func (a *apps) maybePrune(now int64) {
 
 // pruneUsers drops users without connections whose buckets have refilled.
 func (a *apps) pruneUsers() {
-	now := int64(time.Since(monoEpoch))
+	now := tenancy.Now()
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	for _, p := range a.byID {
@@ -369,7 +310,7 @@ func (a *apps) pruneUsers() {
 			case u == nil:
 			case u.conns > 0:
 				u.spent = false // back: its next release looks again
-			case u.tat.Load() <= now:
+			case u.pub.Full(now):
 				delete(p.users, id)
 			default:
 				keep = append(keep, id)
@@ -387,7 +328,37 @@ func (a *apps) pruneUsers() {
 type roomClaims struct {
 	patterns []string
 	all      bool  // no rooms claim: every room of the app
-	expMS    int64 // Unix ms at which the token stops being accepted (exp + leeway)
+	expMS    int64 // Unix ms at which the connection is closed: the token's end, or its secret's retirement
+	tokExpMS int64 // Unix ms at which the token stops being accepted (exp + leeway)
+	// signer is the secret that signed the token (nil: a public key did):
+	// when a rotation retires it, the connection ends unless refreshed.
+	signer []byte
+}
+
+// retireSpread spreads the closes of a retired secret's connections, so
+// that their reconnects do not all arrive in one sweep. With the sweep's
+// second, a connection ends at most 3 s after its secret expired.
+const retireSpread = 2 * time.Second
+
+// retire sets when the connection ends given the app's secrets now:
+// at its token's end while its secret is current; at the previous
+// secret's expiry (plus a spread) while it is the previous one; within
+// the spread once the secret is gone, or at the end already set for it
+// (a registry re-read past the expiry does not put it off). Upgrade,
+// refresh and rekey only.
+func (rc *roomClaims) retire(cfg *appConfig, nowMS int64) {
+	if rc.signer == nil || len(cfg.Secrets) > 0 && bytes.Equal(rc.signer, cfg.Secrets[0]) {
+		rc.expMS = rc.tokExpMS
+		return
+	}
+	jitter := rand.Int64N(retireSpread.Milliseconds())
+	if len(cfg.Secrets) > 1 && bytes.Equal(rc.signer, cfg.Secrets[1]) {
+		rc.expMS = min(rc.tokExpMS, max(nowMS, cfg.PrevUntil.UnixMilli())+jitter)
+		return
+	}
+	if rc.expMS == 0 || rc.expMS >= rc.tokExpMS || rc.expMS > nowMS+retireSpread.Milliseconds() {
+		rc.expMS = min(rc.tokExpMS, nowMS+jitter)
+	}
 }
 
 // allows: nil claims (no token) allow every room of the app.
@@ -408,27 +379,32 @@ func (rc *roomClaims) allows(room []byte) bool {
 }
 
 var (
-	errNoToken    = &proto.HTTPError{Status: 401, Reason: "missing token: connect with /ws?token=JWT or Authorization: Bearer JWT"}
-	errBadToken   = &proto.HTTPError{Status: 401, Reason: "malformed token"}
-	errBadSig     = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's secret"}
-	errExpired    = &proto.HTTPError{Status: 401, Reason: "token expired"}
-	errNotYet     = &proto.HTTPError{Status: 401, Reason: "token not valid yet (nbf is in the future)"}
-	errIssued     = &proto.HTTPError{Status: 401, Reason: "token issued in the future (iat): check the signer's clock"}
-	errUnknown    = &proto.HTTPError{Status: 401, Reason: "unknown app"}
-	errClaims     = &proto.HTTPError{Status: 401, Reason: "token lacks app, sub or exp"}
-	errBadClaims  = &proto.HTTPError{Status: 401, Reason: "token app must match [A-Za-z0-9_.-]{1,64}"}
-	errAlg        = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256"}
-	errDisabled   = &proto.HTTPError{Status: 403, Reason: "app disabled"}
-	errNoUser     = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME: 1 to 128 characters of UTF-8, no control characters"}
-	errBadSub     = &proto.HTTPError{Status: 401, Reason: "token sub must be 1 to 128 characters of UTF-8, no control characters"}
-	errBadAppID   = &proto.HTTPError{Status: 400, Reason: "app must match [A-Za-z0-9_.-]{1,64}"}
-	errTwoTokens  = &proto.HTTPError{Status: 400, Reason: "give the token once: ?token= or Authorization: Bearer, not both"}
-	errBadBearer  = &proto.HTTPError{Status: 401, Reason: "Authorization header must be Bearer JWT"}
-	errKeyUnknown = errors.New("unknown app")
-	errKeyClaims  = errors.New("claims")
-	errKeySub     = errors.New("sub")
-	errKeyMissing = errors.New("missing claims")
+	errNoToken     = &proto.HTTPError{Status: 401, Reason: "missing token: connect with /ws?token=JWT or Authorization: Bearer JWT"}
+	errBadToken    = &proto.HTTPError{Status: 401, Reason: "malformed token"}
+	errBadSig      = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's secret"}
+	errBadKeySig   = &proto.HTTPError{Status: 401, Reason: "token signature does not match the app's public key"}
+	errExpired     = &proto.HTTPError{Status: 401, Reason: "token expired"}
+	errNotYet      = &proto.HTTPError{Status: 401, Reason: "token not valid yet (nbf is in the future)"}
+	errIssued      = &proto.HTTPError{Status: 401, Reason: "token issued in the future (iat): check the signer's clock"}
+	errUnknown     = &proto.HTTPError{Status: 401, Reason: "unknown app"}
+	errClaims      = &proto.HTTPError{Status: 401, Reason: "token lacks app, sub or exp (a provider's token names its app with app= in the URL)"}
+	errBadClaims   = &proto.HTTPError{Status: 401, Reason: "token app must match [A-Za-z0-9_.-]{1,64}"}
+	errAppMismatch = &proto.HTTPError{Status: 401, Reason: "token app claim and app= in the URL differ"}
+	errAlg         = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256 (" + providerAlgs + " for an app with a public key)"}
+	errAlgSecret   = &proto.HTTPError{Status: 401, Reason: "token algorithm must be HS256: the app verifies tokens with its secret"}
+	errAlgKey      = &proto.HTTPError{Status: 401, Reason: "token algorithm must be " + providerAlgs + ": the app verifies tokens with a public key, never HS256"}
+	errDisabled    = &proto.HTTPError{Status: 403, Reason: "app disabled"}
+	errNoUser      = &proto.HTTPError{Status: 400, Reason: "insecure mode needs ?user=NAME: 1 to 128 characters of UTF-8, no control characters"}
+	errBadSub      = &proto.HTTPError{Status: 401, Reason: "token sub must be 1 to 128 characters of UTF-8, no control characters"}
+	errBadAppID    = &proto.HTTPError{Status: 400, Reason: "app must match [A-Za-z0-9_.-]{1,64}"}
+	errTwoTokens   = &proto.HTTPError{Status: 400, Reason: "give the token once: ?token= or Authorization: Bearer, not both"}
+	errBadBearer   = &proto.HTTPError{Status: 401, Reason: "Authorization header must be Bearer JWT"}
 )
+
+// keyError carries a refusal out of the key function.
+type keyError struct{ he *proto.HTTPError }
+
+func (e keyError) Error() string { return e.he.Reason }
 
 // identify sets the connection's app and user from the request: a JWT
 // (?token= or Authorization: Bearer), or ?user=&app= in insecure mode.
@@ -448,7 +424,12 @@ func (c *conn) identify(req *proto.Request) *proto.HTTPError {
 		tok, hasTok = bytes.TrimSpace(rest), true
 	}
 	if hasTok {
-		v, he := s.verify(tok)
+		// A provider's token names no app: app= in the URL does.
+		appID, _ := proto.QueryValue(req.Query, "app", buf[:0])
+		if len(appID) > 0 && !proto.ValidAppID(appID) {
+			return errBadAppID
+		}
+		v, he := s.verify(tok, string(appID), true)
 		if he != nil {
 			return he
 		}
@@ -486,77 +467,168 @@ type verified struct {
 	rooms *roomClaims
 }
 
-// verify checks a token: HS256 only, signed with a current secret of the
-// app it names, app and sub well formed, exp required and in the future
-// (fractions allowed), nbf and iat honoured when present, all within the
-// node's leeway. Upgrade and refresh only: it allocates.
-func (s *Server) verify(tok []byte) (verified, *proto.HTTPError) {
+// verify checks a token for the app it names: its app claim, or appID when
+// the token has none (a provider's token). With agree, a token's claim
+// that differs from appID is refused (app= in the URL); without, the claim
+// wins (a refresh: the caller compares). HS256 signed with a current secret
+// of the app, or for an app with a public key RS256, ES256 or EdDSA as
+// the key's type says; the user well formed (sub, or the app's user
+// claim); exp required, in the future (fractions allowed) and within the
+// app's max token TTL; nbf and iat honoured when present, all within the
+// node's leeway; iss and aud as the app expects when it says. Upgrade and
+// refresh only: it allocates.
+func (s *Server) verify(tok []byte, appID string, agree bool) (verified, *proto.HTTPError) {
 	var cl proto.TokenClaims
 	var found *app
+	var cfg *appConfig
 	t, err := s.jwt.ParseWithClaims(string(tok), &cl, func(t *jwt.Token) (any, error) {
-		if cl.App == "" || cl.Subject == "" {
-			return nil, errKeyMissing
+		id := cl.App
+		switch {
+		case id == "":
+			id = appID
+		case agree && appID != "" && id != appID:
+			return nil, keyError{errAppMismatch}
 		}
-		if !proto.ValidAppID([]byte(cl.App)) {
-			return nil, errKeyClaims
+		if id == "" {
+			return nil, keyError{errClaims}
 		}
-		if !proto.ValidUser([]byte(cl.Subject)) {
-			return nil, errKeySub
+		if !proto.ValidAppID([]byte(id)) {
+			return nil, keyError{errBadClaims}
 		}
-		a := s.apps.lookup([]byte(cl.App))
-		var cfg *appConfig
+		a := s.apps.lookup([]byte(id))
 		if a != nil {
 			cfg = a.cfg.Load()
 		}
-		if cfg == nil || len(cfg.secrets) == 0 {
-			return nil, errKeyUnknown
+		if cfg == nil || len(cfg.Secrets) == 0 && cfg.keys == nil {
+			return nil, keyError{errUnknown}
 		}
 		found = a
-		if len(cfg.secrets) == 1 || time.Now().After(cfg.prevUntil) {
-			return cfg.secrets[0], nil
+		if cfg.keys != nil {
+			k, he := cfg.keys.key(t)
+			if he != nil {
+				return nil, keyError{he}
+			}
+			return k, nil
 		}
-		keys := jwt.VerificationKeySet{Keys: make([]jwt.VerificationKey, len(cfg.secrets))}
-		for i, k := range cfg.secrets {
+		if t.Method.Alg() != "HS256" {
+			return nil, keyError{errAlgSecret}
+		}
+		if cl.App == "" {
+			return nil, keyError{errClaims} // a secret's tokens name their app
+		}
+		valid := cfg.ValidSecrets(time.Now())
+		if len(valid) == 1 {
+			return valid[0], nil
+		}
+		keys := jwt.VerificationKeySet{Keys: make([]jwt.VerificationKey, len(valid))}
+		for i, k := range valid {
 			keys.Keys[i] = k
 		}
 		return keys, nil
 	})
+	var he *proto.HTTPError
+	var sub string
 	if err != nil {
-		he := tokenError(t, err)
+		he = tokenError(t, err, cfg)
+	} else {
+		sub, he = s.checkClaims(t, &cl, cfg)
+	}
+	if he != nil {
 		if found != nil && he != errUnknown {
 			found.refused[RefusedAuth].Add(1)
 		}
 		return verified{}, he
 	}
-	cfg := found.cfg.Load()
-	if cfg == nil {
-		return verified{}, errUnknown
-	}
-	if cfg.disabled {
+	if cfg.Disabled {
 		found.refused[RefusedDisabled].Add(1)
 		return verified{}, errDisabled
 	}
 	exp := cl.ExpiresAt.Time
-	return verified{app: found, sub: cl.Subject, exp: float64(exp.UnixNano()) / 1e9,
-		rooms: &roomClaims{patterns: cl.Rooms, all: cl.Rooms == nil, expMS: exp.Add(s.cfg.Leeway).UnixMilli()}}, nil
+	rc := &roomClaims{patterns: cl.Rooms, all: cl.Rooms == nil, tokExpMS: exp.Add(s.cfg.Leeway).UnixMilli()}
+	if cfg.keys == nil {
+		rc.signer = cfg.Secrets[0]
+		if len(cfg.Secrets) > 1 && !signedWith(t, cfg.Secrets[0]) {
+			rc.signer = cfg.Secrets[1]
+		}
+	}
+	rc.retire(cfg, time.Now().UnixMilli())
+	return verified{app: found, sub: sub, exp: float64(exp.UnixNano()) / 1e9, rooms: rc}, nil
+}
+
+// signedWith reports whether secret signed t (a rotation's tokens: which
+// of the two secrets ends them).
+func signedWith(t *jwt.Token, secret []byte) bool {
+	i := strings.LastIndexByte(t.Raw, '.')
+	return i > 0 && jwt.SigningMethodHS256.Verify(t.Raw[:i], t.Signature, secret) == nil
+}
+
+// checkClaims checks what a verified token says beyond its signature and
+// times, and returns its user.
+func (s *Server) checkClaims(t *jwt.Token, cl *proto.TokenClaims, cfg *appConfig) (string, *proto.HTTPError) {
+	if cfg.MaxTokenTTL > 0 {
+		if ahead := time.Until(cl.ExpiresAt.Time); ahead > cfg.MaxTokenTTL+s.cfg.Leeway {
+			return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token exp is %s ahead: the app's max token ttl is %s (--max-token-ttl)",
+				ahead.Round(time.Second), cfg.MaxTokenTTL)}
+		}
+	}
+	if cfg.Issuer != "" && cl.Issuer != cfg.Issuer {
+		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token iss %q is not the app's issuer %q", trim(cl.Issuer, 128), cfg.Issuer)}
+	}
+	if cfg.Audience != "" && !slices.Contains(cl.Audience, cfg.Audience) {
+		return "", &proto.HTTPError{Status: 401, Reason: fmt.Sprintf("token aud does not hold the app's audience %q", cfg.Audience)}
+	}
+	sub := cl.Subject
+	if cfg.UserClaim != "" {
+		sub = userClaim(t.Raw, cfg.UserClaim)
+		if !proto.ValidUser([]byte(sub)) {
+			return "", &proto.HTTPError{Status: 401, Reason: "token claim " + cfg.UserClaim + " (the app's user claim) must be a string of 1 to 128 characters of UTF-8, no control characters"}
+		}
+		return sub, nil
+	}
+	if sub == "" {
+		return "", errClaims
+	}
+	if !proto.ValidUser([]byte(sub)) {
+		return "", errBadSub
+	}
+	return sub, nil
+}
+
+// userClaim reads a string claim of a verified token's payload ("" when
+// absent or not a string).
+func userClaim(raw, name string) string {
+	parts := strings.Split(raw, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return ""
+	}
+	var m map[string]any
+	if json.Unmarshal(b, &m) != nil {
+		return ""
+	}
+	v, _ := m[name].(string)
+	return v
 }
 
 // tokenError names what is wrong with a token, most specific first.
-func tokenError(t *jwt.Token, err error) *proto.HTTPError {
+func tokenError(t *jwt.Token, err error, cfg *appConfig) *proto.HTTPError {
+	var ke keyError
 	switch {
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return errBadToken
-	case t != nil && t.Header["alg"] != "HS256":
+	case errors.As(err, &ke):
+		return ke.he
+	case t != nil && !validAlg(t.Header["alg"]):
 		return errAlg
-	case errors.Is(err, errKeyMissing), errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
 		return errClaims
-	case errors.Is(err, errKeyClaims):
-		return errBadClaims
-	case errors.Is(err, errKeySub):
-		return errBadSub
-	case errors.Is(err, errKeyUnknown):
-		return errUnknown
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		if cfg != nil && cfg.keys != nil {
+			return errBadKeySig
+		}
 		return errBadSig
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return errExpired
@@ -568,10 +640,20 @@ func tokenError(t *jwt.Token, err error) *proto.HTTPError {
 	return errBadToken
 }
 
-// newTokenParser accepts HS256 only: an HS512 or `none` token is refused
-// before its signature is looked at.
+// tokenAlgs are the algorithms any app accepts; which one an app takes is
+// bound in verify's key function (HS256 for a secret, the key's own for a
+// public key).
+var tokenAlgs = []string{"HS256", "RS256", "ES256", "EdDSA"}
+
+func validAlg(alg any) bool {
+	s, _ := alg.(string)
+	return slices.Contains(tokenAlgs, s)
+}
+
+// newTokenParser: an HS512 or `none` token is refused before its
+// signature is looked at.
 func newTokenParser(leeway time.Duration) *jwt.Parser {
-	return jwt.NewParser(jwt.WithValidMethods([]string{"HS256"}), jwt.WithLeeway(leeway),
+	return jwt.NewParser(jwt.WithValidMethods(tokenAlgs), jwt.WithLeeway(leeway),
 		jwt.WithExpirationRequired(), jwt.WithIssuedAt())
 }
 
@@ -585,7 +667,7 @@ func (c *conn) refresh(tok []byte) {
 		c.sendErr(nil, proto.CodeBadRequest, "auth needs a token")
 		return
 	}
-	v, he := s.verify(tok)
+	v, he := s.verify(tok, c.app.id, false)
 	var why string
 	switch {
 	case he != nil:
@@ -594,7 +676,7 @@ func (c *conn) refresh(tok []byte) {
 		why = "token is for another app"
 	case v.sub != c.user:
 		why = "token is for another user"
-	case c.rooms != nil && v.rooms.expMS <= c.rooms.expMS:
+	case c.rooms != nil && v.rooms.tokExpMS <= c.rooms.tokExpMS:
 		why = "token must expire later than the current one"
 	}
 	if why != "" {
@@ -612,13 +694,19 @@ func (c *conn) refresh(tok []byte) {
 
 // SetApps installs the registry's apps (any goroutine): new connections see
 // the change at once; the live connections of apps now disabled, or gone
-// from the registry, are closed with 1008.
+// from the registry, are closed with 1008; those of apps whose secrets
+// changed have their tokens looked at again (rekeyApp).
 func (s *Server) SetApps(reg []proto.App) {
-	gone := s.apps.set(reg)
+	gone, rekeyed := s.apps.set(reg)
+	n := int(s.nloops.Load())
 	for _, p := range gone {
-		n := int(s.nloops.Load())
 		for i := 0; i < n; i++ {
 			s.loops[i].Load().push(task{kind: tCloseApp, app: p.id})
+		}
+	}
+	for _, p := range rekeyed {
+		for i := 0; i < n; i++ {
+			s.loops[i].Load().push(task{kind: tRekeyApp, app: p.id})
 		}
 	}
 }
@@ -632,6 +720,26 @@ func (l *loopState) closeApp(id string) {
 		}
 		c.app.refused[RefusedDisabled].Add(1)
 		c.closeWith(proto.ClosePolicy, []byte("app disabled"))
+	}
+}
+
+// rekeyApp sets again when each connection of an app whose secrets
+// changed ends: a connection whose token a rotation's previous secret
+// signed ends when that secret expires, unless it refreshed with a current
+// one (op auth); the sweep closes it 1008 "token expired". Loop only.
+func (l *loopState) rekeyApp(id string) {
+	now := l.now()
+	for i := 0; i < len(l.conns); i++ {
+		c := l.conns[i]
+		if c.closed || c.state != stateOpen || c.app == nil || c.app.id != id || c.rooms == nil {
+			continue
+		}
+		cfg := c.app.cfg.Load()
+		if cfg == nil {
+			continue // gone: closeApp is on its way
+		}
+		c.rooms.retire(cfg, now)
+		l.due[c.pos] = c.dueAt()
 	}
 }
 
@@ -698,24 +806,24 @@ func (c *conn) admitPub(cmd *proto.Command) bool {
 	if cfg == nil {
 		return true // the app left the registry: its close is on its way
 	}
-	if cfg.maxMsg > 0 && int64(len(cmd.Body)) > cfg.maxMsg {
+	if cfg.MaxMsg > 0 && int64(len(cmd.Body)) > cfg.MaxMsg {
 		c.app.refused[RefusedTooLarge].Add(1)
 		c.l.refusedFlood = true
 		c.sendErr(cmd.ID, proto.CodeTooLarge, "message body larger than the app's max-msg")
 		return false
 	}
-	if cfg.userInterval == 0 && cfg.appInterval == 0 {
+	if cfg.UserRate.Unlimited() && cfg.AppRate.Unlimited() {
 		return true
 	}
-	now := int64(time.Since(monoEpoch))
+	now := tenancy.Now()
 	if c.au != nil {
-		if wait := take(&c.au.tat, now, cfg.userInterval, cfg.userTolerance); wait > 0 {
+		if wait := c.au.pub.Take(now, cfg.UserRate); wait > 0 {
 			c.app.refused[RefusedUserRate].Add(1)
 			c.sendRateLimited(cmd.ID, "publish rate of this user exceeded: retry after retry_after ms", wait)
 			return false
 		}
 	}
-	if wait := take(&c.app.pubTAT, now, cfg.appInterval, cfg.appTolerance); wait > 0 {
+	if wait := c.app.pub.Take(now, cfg.AppRate); wait > 0 {
 		c.app.refused[RefusedAppRate].Add(1)
 		c.sendRateLimited(cmd.ID, "publish rate of this app exceeded: retry after retry_after ms", wait)
 		return false
@@ -726,20 +834,5 @@ func (c *conn) admitPub(cmd *proto.Command) bool {
 func (c *conn) sendRateLimited(ref []byte, msg string, waitNS int64) {
 	c.l.refusedFlood = true
 	a := c.l.arena
-	c.send(a.Keep(proto.AppendRateLimitedFrame(a.Space(96+6*len(ref)+len(msg)), ref, msg, retryAfterMS(waitNS))))
-}
-
-// retryAfterMS rounds a wait up to whole milliseconds (at least 1).
-func retryAfterMS(ns int64) int64 {
-	return max(1, (ns+int64(time.Millisecond)-1)/int64(time.Millisecond))
-}
-
-// SignToken makes an HS256 token (tests and tools); it panics on a signing
-// error, which HS256 with a non-empty secret cannot produce.
-func SignToken(secret []byte, appID, sub string, exp time.Time, rooms []string) string {
-	tok, err := proto.SignToken(secret, appID, sub, exp, rooms)
-	if err != nil {
-		panic("BUG: cannot sign a token: " + err.Error())
-	}
-	return tok
+	c.send(a.Keep(proto.AppendRateLimitedFrame(a.Space(96+6*len(ref)+len(msg)), ref, msg, tenancy.RetryAfterMS(waitNS))))
 }

@@ -18,7 +18,7 @@ func TestTokenAuth(t *testing.T) {
 	})
 	exp := time.Now().Add(time.Hour)
 
-	good := n.dialQuery(t, "token="+SignToken(secret, "acme", "alice", exp, nil))
+	good := n.dialQuery(t, "token="+signToken(secret, "acme", "alice", exp, nil))
 	good.send(`{"op":"join","room":"lobby"}`)
 	good.expect(map[string]any{"op": "joined", "room": "lobby"})
 	good.send(`{"op":"pub","room":"lobby","id":"1","body":true}`)
@@ -33,7 +33,7 @@ func TestTokenAuth(t *testing.T) {
 		t.Fatalf("want ack, got %v", got)
 	}
 
-	limited := n.dialQuery(t, "token="+SignToken(secret, "acme", "bob", exp, []string{"team-*", "help"}))
+	limited := n.dialQuery(t, "token="+signToken(secret, "acme", "bob", exp, []string{"team-*", "help"}))
 	limited.send(`{"op":"join","room":"team-red"}`)
 	limited.expect(map[string]any{"op": "joined"})
 	limited.send(`{"op":"join","room":"help"}`)
@@ -47,9 +47,9 @@ func TestTokenAuth(t *testing.T) {
 		{"no token", "", "missing token"},
 		{"insecure params refused", "user=a&app=acme", "missing token"},
 		{"garbage", "token=abc", "malformed"},
-		{"wrong secret", "token=" + SignToken([]byte("nope"), "acme", "a", exp, nil), "signature"},
-		{"expired", "token=" + SignToken(secret, "acme", "a", time.Now().Add(-time.Minute), nil), "expired"},
-		{"unknown app", "token=" + SignToken(secret, "other", "a", exp, nil), "unknown app"},
+		{"wrong secret", "token=" + signToken([]byte("nope"), "acme", "a", exp, nil), "signature"},
+		{"expired", "token=" + signToken(secret, "acme", "a", time.Now().Add(-time.Minute), nil), "expired"},
+		{"unknown app", "token=" + signToken(secret, "other", "a", exp, nil), "unknown app"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -78,7 +78,7 @@ func TestTokenExpiryCloses(t *testing.T) {
 		c.Apps = map[string][]byte{"acme": secret}
 		c.Leeway = 0
 	})
-	c := n.dialQuery(t, "token="+SignToken(secret, "acme", "a", time.Now().Add(1500*time.Millisecond), nil))
+	c := n.dialQuery(t, "token="+signToken(secret, "acme", "a", time.Now().Add(1500*time.Millisecond), nil))
 	c.send(`{"op":"ping"}`)
 	c.expect(map[string]any{"op": "pong"})
 	if reason := c.expectClose(1008); reason != "token expired" {

@@ -50,6 +50,9 @@ type conn struct {
 	closed   bool
 	awaiting bool // the app's connect proxy has not answered yet: input stays unread (proxy.go)
 	proxyOK  bool // an SSE request the connect proxy allowed: read again, it is not asked twice
+	ppRead   bool // --proxy-protocol: the PROXY header has been read (realaddr.go)
+	realSet  bool // the client's address is settled and counted (realaddr.go)
+	head     bool // a HEAD request: its answer is GET's without the body
 }
 
 // linkOut makes c the owner of its outbound queue and hands the queue to
@@ -72,7 +75,9 @@ func (s *Server) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	}
 	var ip netip.Addr
 	if s.cfg.MaxConnsPerIP > 0 {
-		if ip = sourceAddr(gc); ip.IsValid() && !s.admitIP(ip) {
+		if ip = sourceAddr(gc); s.proxied(ip) {
+			ip = netip.Addr{} // a proxy's connection: counted under its client's address (realaddr.go)
+		} else if ip.IsValid() && !s.admitIP(ip) {
 			s.Stats.RefusedPerIP.Add(1)
 			return nil, gnet.Close
 		}
@@ -144,10 +149,15 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		delete(l.ips, c)
 		s.releaseIP(ip)
 	}
+	if l.peers != nil {
+		delete(l.peers, c)
+	}
 	if c.m.SSE() {
 		s.Stats.SSEConns.Add(-1)
-		c.app.release(c.user, c.au)
-		c.au = nil
+		if c.au != nil { // nil: released when closed over the app's limit (ShedNewest)
+			c.app.release(c.user, c.au)
+			c.au = nil
+		}
 	} else if c.state == stateUpgrading || c.app == nil {
 		// Never upgraded: refused, timed out, or a plain HTTP request.
 		s.Stats.Upgrading.Add(-1)
@@ -194,6 +204,9 @@ func (s *Server) OnTraffic(gc gnet.Conn) gnet.Action {
 	c.lastRead = c.l.now()
 	c.pinged = false
 	if c.state == stateUpgrading {
+		if s.cfg.ProxyProtocol && !c.ppRead && !c.proxyHeader() {
+			return gnet.None
+		}
 		if c.awaiting || !c.upgrade() {
 			return gnet.None
 		}
@@ -307,6 +320,10 @@ func (c *conn) upgrade() bool {
 	if n == 0 {
 		return false // wait for the rest of the head
 	}
+	if !c.realSet && s.realLater && !c.settleReal(buf[:n]) {
+		return false
+	}
+	c.head = req.Head
 	if string(req.Path) == "/sse" {
 		c.openSSE(&req)
 		return false
@@ -339,7 +356,7 @@ func (c *conn) upgrade() bool {
 	case cfg == nil: // left the registry since the token was checked
 		c.refuse(errUnknown)
 		return false
-	case cfg.disabled:
+	case cfg.Disabled:
 		c.app.refused[RefusedDisabled].Add(1)
 		c.refuse(errDisabled)
 		return false
@@ -370,7 +387,7 @@ func (c *conn) upgrade() bool {
 		// When each client came (and from where) is what a reconnect storm
 		// is read from; off by default, so the arguments are built only
 		// when asked for.
-		s.log.Debug("connection open", "app", c.app.id, "user", c.user, "remote", c.gc.RemoteAddr().String())
+		s.log.Debug("connection open", "app", c.app.id, "user", c.user, "remote", c.clientAddr())
 	}
 	if t := cfg.connectProxy; t != nil {
 		c.askConnect(t)
@@ -383,6 +400,9 @@ func (c *conn) refuse(he *proto.HTTPError) {
 	c.l.srv.Stats.UpgradeErrors.Add(1)
 	out := proto.AppendHTTPError(c.l.scratch[:0], he)
 	c.l.scratch = out[:0]
+	if c.head {
+		out = out[:len(out)-len(he.Reason)-1] // GET's head, without the reason after it
+	}
 	_, _ = c.gc.Write(out)
 	c.state = stateClosing
 	_ = c.gc.Close()
@@ -679,7 +699,7 @@ func (c *conn) join(cmd *proto.Command) {
 	if cmd.Presence {
 		rs.MaxPresence = int(l.srv.cfg.Limits.MaxPresence)
 		if cfg := c.app.cfg.Load(); cfg != nil {
-			rs.MaxPresence = cfg.maxPresence
+			rs.MaxPresence = cfg.MaxPresence
 		}
 	}
 	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), rs); err {

@@ -61,10 +61,18 @@ func (l *memLoop) Execute(_ context.Context, _ gnet.Runnable) error {
 // front of a publish path on a memory store (whose acks and store reads
 // come from fanout's goroutines).
 func fuzzNode(tb testing.TB) (*Server, *memLoop) {
+	return memNode(tb, func(cfg *Config) {
+		cfg.MaxFrame = 4096
+		cfg.OutboundLimit = 1 << 20
+	})
+}
+
+// memNode is a server in insecure mode with one in-memory loop, on a
+// memory store, with set's changes to the defaults.
+func memNode(tb testing.TB, set func(*Config)) (*Server, *memLoop) {
 	cfg := Defaults()
 	cfg.Insecure = true
-	cfg.MaxFrame = 4096
-	cfg.OutboundLimit = 1 << 20
+	set(&cfg)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	fan, err := fanout.New(cfg.Config, fanout.Parts{Store: persist.NewMemory(10), Log: log})
 	if err != nil {

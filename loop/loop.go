@@ -29,6 +29,8 @@ const (
 	tLinger                         // the linger timer: close handshakes out of time
 	tProxy                          // px: a proxy hook answered (proxy.go)
 	tPass                           // a pass's next slice may follow (passSlept)
+	tShed                           // shed: a pass of Server.ShedNewest (applimit.go)
+	tRekeyApp                       // app: this app's secrets changed: when its connections end (auth.go)
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -41,6 +43,7 @@ type task struct {
 	app   string      // tCloseApp, tDisconnect
 	disc  *disconnect // rare: allocated per call
 	px    *proxyWait  // tProxy
+	shed  *shedRound  // tShed
 }
 
 // connOut is a connection's outbound queue and outQueue the loop's: what
@@ -174,6 +177,7 @@ type loopState struct {
 	ringConns [uring.Batch]*conn
 	idle      idleState // the sweep's pings and held pongs on the ring (idle_linux.go)
 	interns   map[string]string
+	peers     map[*conn]netip.AddrPort // client addresses a proxy named (realaddr.go); not in conn, which stays small
 	draining  bool
 	stamps    []*pubStamp // free list of publish stamps (server.go)
 	// pubQueues are the connections with publishes waiting for their
@@ -268,6 +272,8 @@ func (l *loopState) run(t *task) {
 		t.drain.done()
 	case tCloseApp:
 		l.closeApp(t.app)
+	case tRekeyApp:
+		l.rekeyApp(t.app)
 	case tDisconnect:
 		l.disconnect(t.app, t.disc)
 	case tLinger:
@@ -278,6 +284,8 @@ func (l *loopState) run(t *task) {
 		l.proxied(t.px)
 	case tPass:
 		l.passFresh = false // the loop has polled its input since the slice: the drain's kick writes the next
+	case tShed:
+		l.shed(t.shed)
 	}
 }
 

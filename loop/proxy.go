@@ -55,14 +55,6 @@ func answered(call *proxy.Call) {
 	w.c.l.push(task{kind: tProxy, px: w})
 }
 
-// clientAddr is the connection's peer as host:port, for the backend.
-func (c *conn) clientAddr() string {
-	if a := c.gc.RemoteAddr(); a != nil {
-		return a.String()
-	}
-	return ""
-}
-
 // askConnect asks the app's connect proxy about c, which has just been
 // upgraded and admitted. Loop only.
 func (c *conn) askConnect(t *proxy.Target) {

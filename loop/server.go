@@ -15,7 +15,8 @@
 // write.go the socket writes (loop/internal/uring batches them); park.go
 // connections waiting for their transport, and closing handshakes;
 // sweep.go idle pings and timeouts (idle_linux.go: their pongs on the
-// ring); conn.go a connection's frames and commands.
+// ring); conn.go a connection's frames and commands; realaddr.go the
+// client's address behind a proxy (PROXY header, X-Forwarded-For).
 package loop
 
 import (
@@ -44,8 +45,10 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/proxy"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
+	"github.com/roost-chat/roost/realip"
 )
 
 // Config is the node's settings as main fills them from flags. It embeds
@@ -85,9 +88,13 @@ type Config struct {
 	// Limits are the defaults of every app's limits (the registry
 	// overrides them per app). MaxRooms is the ceiling of rooms per
 	// connection: an app's max_rooms can lower it, not raise it.
-	Limits Limits
+	Limits tenancy.Limits
 	// Leeway is the clock skew allowed on a token's exp, nbf and iat.
 	Leeway time.Duration
+	// JWKSRefresh is how often an app's JWKS is fetched again (0:
+	// DefaultJWKSRefresh); a token with a kid the set lacks asks for one
+	// fetch sooner.
+	JWKSRefresh time.Duration
 	// InsecureMaxApps caps the apps made on first use in insecure mode
 	// (each is a metric series and a map entry); 0: no cap.
 	InsecureMaxApps int
@@ -104,6 +111,12 @@ type Config struct {
 	// MaxConnsPerIP caps the connections of one source address (0: no
 	// cap), so that one host cannot take the whole budget.
 	MaxConnsPerIP int
+	// ProxyProtocol: every connection starts with a PROXY protocol
+	// header (v1 or v2) naming the client; one that does not is closed.
+	ProxyProtocol bool
+	// TrustedProxies are the peers whose X-Forwarded-For and X-Real-IP
+	// are believed on the upgrade request (empty: nobody's).
+	TrustedProxies realip.Trusted
 	// ReusePort lets several processes share the listen port
 	// (SO_REUSEPORT across processes). Off, a port already in use fails
 	// Start with "address already in use".
@@ -145,7 +158,7 @@ func Defaults() Config {
 		InboxLimit:      65536,
 		ProxyInFlight:   proxy.DefaultInFlight,
 		ProxyQueue:      proxy.DefaultQueue,
-		Limits:          DefaultLimits(),
+		Limits:          tenancy.DefaultLimits(),
 		Leeway:          5 * time.Second,
 		InsecureMaxApps: 100,
 		SignalRate:      DefaultSignalRate,
@@ -169,6 +182,10 @@ type Server struct {
 	nodeHeader []byte
 	// script and demo are the files of Config.ClientScript and DemoPage.
 	script, demo *staticFile
+	// realLater: a proxy may speak for clients (ProxyProtocol or
+	// TrustedProxies), so a connection's address is settled at its
+	// request head, not at accept (realaddr.go).
+	realLater bool
 
 	addr    string // resolved listen address
 	eng     gnet.Engine
@@ -225,7 +242,7 @@ type Stats struct {
 	InboxOverflow atomic.Uint64
 	UpgradeErrors atomic.Uint64
 	RefusedBudget atomic.Uint64 // connections closed at accept: MaxConns reached
-	RefusedPerIP  atomic.Uint64 // connections closed at accept: MaxConnsPerIP reached
+	RefusedPerIP  atomic.Uint64 // connections closed at accept (behind a proxy naming the client: at its request head): MaxConnsPerIP reached
 	InFlight      atomic.Int64  // publishes submitted and not yet answered
 	Disconnected  atomic.Uint64 // connections closed by Disconnect (the server API's disconnect, from any node)
 	// Ticks and Sweeps count the loops' timer wake-ups (flush ticks, idle
@@ -241,6 +258,10 @@ type Stats struct {
 	PongsHeld  atomic.Uint64
 	PongsTaken atomic.Uint64
 	Ring       uring.Stats // the loops' io_uring batches
+
+	// RefusedProxyHeader: connections closed because --proxy-protocol is
+	// set and they did not start with a valid PROXY header.
+	RefusedProxyHeader atomic.Uint64
 
 	// Histograms (Histograms given to New). Observe takes no lock and
 	// allocates nothing.
@@ -352,7 +373,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		cfg:     cfg,
 		log:     log,
 		fan:     fan,
-		apps:    newApps(&cfg),
+		apps:    newApps(&cfg, log),
 		jwt:     newTokenParser(cfg.Leeway),
 		booted:  make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -361,6 +382,7 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		gnetErrs: new(errLines),
 	}
 	s.perIP.n = make(map[netip.Addr]int32)
+	s.realLater = cfg.ProxyProtocol || cfg.TrustedProxies.Any()
 	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Latency: orNone(h.ProxyLatency), Log: log})
 	s.Stats.WriteFrames = orNone(h.WriteFrames)
 	s.Stats.AckLatency = orNone(h.AckLatency)
@@ -383,6 +405,12 @@ func (c *Config) Validate() []error {
 		bad("invalid --listen %q: want host:port", c.Listen)
 	} else if ip := net.ParseIP(host); c.Insecure && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		bad("invalid --listen %q with --insecure: insecure mode listens on loopback only (use 127.0.0.1:PORT or drop --insecure)", c.Listen)
+	}
+	if c.Limits.MaxTokenTTL < 0 {
+		bad("invalid --max-token-ttl %s: want 0 (no bound) or more", c.Limits.MaxTokenTTL)
+	}
+	if c.JWKSRefresh < 0 || c.JWKSRefresh > 0 && c.JWKSRefresh < time.Second {
+		bad("invalid --jwks-refresh %s: want at least 1s", c.JWKSRefresh)
 	}
 	if c.Leeway < 0 || c.Leeway > time.Hour {
 		bad("invalid --token-leeway %s: want 0 to 1h", c.Leeway)
@@ -869,6 +897,7 @@ func (s *Server) Stop(ctx context.Context) error {
 			s.loops[i].Load().stopTimers()
 		}
 		s.proxy.Close()
+		s.apps.jwks.stop()
 		s.wg.Wait()
 	})
 	return err
@@ -918,12 +947,21 @@ func (s *Server) retryMS() int {
 // Snapshot is a consistent-enough view for health endpoints.
 type Snapshot struct {
 	Conns, Rooms int64
-	Loops        int
+	Loops        int // the event loops running: every configured one once gnet has booted
 }
 
 // Snapshot returns counts for /healthz and metrics.
 func (s *Server) Snapshot() Snapshot {
-	return Snapshot{Conns: s.Stats.Conns.Load(), Loops: int(s.nloops.Load()), Rooms: int64(s.fan.Rooms())}
+	sn := Snapshot{Conns: s.Stats.Conns.Load(), Rooms: int64(s.fan.Rooms())}
+	// gnet starts every configured loop at boot; a loop's state here is made
+	// only at its first connection, so counting those would call an idle
+	// node's loops missing.
+	select {
+	case <-s.booted:
+		sn.Loops = s.cfg.Loops
+	default:
+	}
+	return sn
 }
 
 // gnetLogger routes gnet's log lines into slog. gnet logs one harmless

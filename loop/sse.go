@@ -43,7 +43,7 @@ type sseRoom struct {
 
 // openSSE answers GET /sse: it checks identity, rooms, position and
 // limits (an HTTP status with the reason when one fails), then opens the
-// stream and joins the rooms.
+// stream and joins the rooms. HEAD /sse stops before the limits (headSSE).
 func (c *conn) openSSE(req *proto.Request) {
 	l := c.l
 	s := l.srv
@@ -56,7 +56,7 @@ func (c *conn) openSSE(req *proto.Request) {
 	case cfg == nil:
 		c.refuseSSE(errUnknown)
 		return
-	case cfg.disabled:
+	case cfg.Disabled:
 		c.app.refused[RefusedDisabled].Add(1)
 		c.refuseSSE(errDisabled)
 		return
@@ -100,6 +100,10 @@ func (c *conn) openSSE(req *proto.Request) {
 	})
 	if err != nil {
 		c.refuseSSE(proto.ErrBadPosition)
+		return
+	}
+	if req.Head {
+		c.headSSE()
 		return
 	}
 	au, limited := c.app.admit(cfg, c.user)
@@ -151,7 +155,7 @@ func (c *conn) openSSE(req *proto.Request) {
 		}
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		s.log.Debug("sse stream open", "app", c.app.id, "user", c.user, "rooms", len(rooms), "remote", c.gc.RemoteAddr().String())
+		s.log.Debug("sse stream open", "app", c.app.id, "user", c.user, "rooms", len(rooms), "remote", c.clientAddr())
 	}
 	if !c.closed {
 		l.due[c.pos] = c.dueAt()

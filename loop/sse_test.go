@@ -421,7 +421,7 @@ func TestSSEToken(t *testing.T) {
 		c.Insecure = false
 		c.Apps = map[string][]byte{"app1": secret}
 	})
-	tok := SignToken(secret, "app1", "alice", time.Now().Add(time.Hour), []string{"ok*"})
+	tok := signToken(secret, "app1", "alice", time.Now().Add(time.Hour), []string{"ok*"})
 	if s := n.sse(t, "room=ok1"); s.status != 401 {
 		t.Fatalf("no token: %d", s.status)
 	}
@@ -450,7 +450,7 @@ func TestSSEToken(t *testing.T) {
 		c.Leeway = 0
 		c.UpgradeTimeout = 400 * time.Millisecond // a sweep every 100 ms
 	})
-	exp := short.sse(t, "room=ok1&token="+SignToken(secret, "app1", "alice", time.Now().Add(1500*time.Millisecond), nil))
+	exp := short.sse(t, "room=ok1&token="+signToken(secret, "app1", "alice", time.Now().Add(1500*time.Millisecond), nil))
 	exp.expect("joined")
 	start := time.Now()
 	if r := exp.expectEnd(); r < 500 || time.Since(start) > 4*time.Second {

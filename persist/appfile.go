@@ -76,6 +76,11 @@ func parseAppFile(path string, b []byte) ([]proto.App, error) {
 
 // edit runs fn on the registry under the file lock and writes the result.
 func (f *AppFile) edit(fn func([]proto.App) ([]proto.App, error)) error {
+	// The first `roost app create` on a fresh machine makes the directory
+	// (e.g. /var/lib/roost); only its owner may list it: it holds secrets.
+	if err := os.MkdirAll(filepath.Dir(f.path), 0o700); err != nil {
+		return fmt.Errorf("cannot make the app registry's directory: %w", err)
+	}
 	lock, err := os.OpenFile(f.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("cannot lock the app registry: %w", err)

@@ -46,7 +46,7 @@ var (
 )
 
 const appColumns = `id, secret, coalesce(previous_secret, ''), previous_until, disabled, limits,
-	coalesce((extract(epoch FROM max_age) * 1000)::int8, 0), coalesce(max_count, 0), created_at, settings`
+	coalesce((extract(epoch FROM max_age) * 1000)::int8, 0), coalesce(max_count, 0), created_at, settings, identity`
 
 // appSettings is the settings column: what an app configures beyond its
 // limits.
@@ -60,9 +60,15 @@ func scanApp(row pgx.Row) (proto.App, error) {
 	var until *time.Time
 	var limits []byte
 	var ageMS int64
-	var settings []byte
-	if err := row.Scan(&a.ID, &a.Secret, &a.PreviousSecret, &until, &a.Disabled, &limits, &ageMS, &a.KeepCount, &a.Created, &settings); err != nil {
+	var settings, identity []byte
+	if err := row.Scan(&a.ID, &a.Secret, &a.PreviousSecret, &until, &a.Disabled, &limits, &ageMS, &a.KeepCount, &a.Created, &settings, &identity); err != nil {
 		return a, err
+	}
+	if identity != nil {
+		a.Identity = new(proto.Identity)
+		if err := json.Unmarshal(identity, a.Identity); err != nil {
+			return a, fmt.Errorf("app %s: cannot read its identity settings: %w", a.ID, err)
+		}
 	}
 	var st appSettings
 	if err := json.Unmarshal(settings, &st); err != nil {
@@ -126,7 +132,13 @@ func appArgs(a *proto.App) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []any{a.ID, a.Secret, prev, until, a.Disabled, limits, age, count, settings}, nil
+	var identity []byte // NULL: none
+	if a.Identity != nil {
+		if identity, err = json.Marshal(a.Identity); err != nil {
+			return nil, err
+		}
+	}
+	return []any{a.ID, a.Secret, prev, until, a.Disabled, limits, age, count, settings, identity}, nil
 }
 
 // CreateApp registers a; an existing row without a secret (made on first
@@ -145,11 +157,11 @@ func (p *Postgres) CreateApp(ctx context.Context, a proto.App) error {
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after Commit
 	tag, err := tx.Exec(ctx, `
-INSERT INTO apps (id, secret, previous_secret, previous_until, disabled, limits, max_age, max_count, settings)
-VALUES ($1, $2, $3, $4, $5, $6, $7::interval, $8, $9)
+INSERT INTO apps (id, secret, previous_secret, previous_until, disabled, limits, max_age, max_count, settings, identity)
+VALUES ($1, $2, $3, $4, $5, $6, $7::interval, $8, $9, $10)
 ON CONFLICT (id) DO UPDATE SET secret = EXCLUDED.secret, previous_secret = EXCLUDED.previous_secret,
 	previous_until = EXCLUDED.previous_until, disabled = EXCLUDED.disabled, limits = EXCLUDED.limits,
-	max_age = EXCLUDED.max_age, max_count = EXCLUDED.max_count, settings = EXCLUDED.settings, updated_at = now()
+	max_age = EXCLUDED.max_age, max_count = EXCLUDED.max_count, settings = EXCLUDED.settings, identity = EXCLUDED.identity, updated_at = now()
 WHERE apps.secret IS NULL`, args...)
 	if err != nil {
 		return p.wrap("create app", err)
@@ -201,7 +213,7 @@ func (p *Postgres) UpdateApp(ctx context.Context, id string, fn func(*proto.App)
 	}
 	if _, err := tx.Exec(ctx, `
 UPDATE apps SET secret = $2, previous_secret = $3, previous_until = $4, disabled = $5, limits = $6,
-	max_age = $7::interval, max_count = $8, settings = $9, updated_at = now()
+	max_age = $7::interval, max_count = $8, settings = $9, identity = $10, updated_at = now()
 WHERE id = $1`, args...); err != nil {
 		return proto.App{}, p.wrap("update app", err)
 	}

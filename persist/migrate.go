@@ -66,53 +66,68 @@ func LatestSchema() int {
 // transaction under an advisory lock, so concurrent callers apply each
 // version once and a failure leaves the schema as it was.
 func Migrate(ctx context.Context, url string) error {
+	_, err := MigrateReport(ctx, url)
+	return err
+}
+
+// Migration is what one Migrate did, for the operator: the schema version
+// found, the one left, and the files applied in between, in order.
+type Migration struct {
+	From, To int
+	Applied  []string
+}
+
+// MigrateReport is Migrate, saying what it applied.
+func MigrateReport(ctx context.Context, url string) (Migration, error) {
 	ms, err := migrations()
 	if err != nil {
-		return err
+		return Migration{}, err
 	}
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		return fmt.Errorf("cannot connect to PostgreSQL to migrate (check --database-url): %w", err)
+		return Migration{}, fmt.Errorf("cannot connect to PostgreSQL to migrate (check --database-url): %w", err)
 	}
 	defer conn.Close(context.Background())
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("cannot begin migration: %w", err)
+		return Migration{}, fmt.Errorf("cannot begin migration: %w", err)
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // no-op after Commit
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLockID)); err != nil {
-		return fmt.Errorf("cannot take the migration lock: %w", err)
+		return Migration{}, fmt.Errorf("cannot take the migration lock: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 	version    integer PRIMARY KEY,
 	name       text NOT NULL,
 	applied_at timestamptz NOT NULL DEFAULT now()
 )`); err != nil {
-		return fmt.Errorf("cannot create schema_migrations: %w", err)
+		return Migration{}, fmt.Errorf("cannot create schema_migrations: %w", err)
 	}
 	var current int
 	if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return fmt.Errorf("cannot read the schema version: %w", err)
+		return Migration{}, fmt.Errorf("cannot read the schema version: %w", err)
 	}
 	if latest := ms[len(ms)-1].version; current > latest {
-		return fmt.Errorf("cannot migrate: the database schema is version %d, newer than this binary's %d", current, latest)
+		return Migration{}, fmt.Errorf("cannot migrate: the database schema is version %d, newer than this binary's %d", current, latest)
 	}
+	rep := Migration{From: current, To: current}
 	for _, m := range ms {
 		if m.version <= current {
 			continue
 		}
 		// The simple protocol runs a multi-statement file in one call.
 		if _, err := tx.Conn().PgConn().Exec(ctx, m.sql).ReadAll(); err != nil {
-			return fmt.Errorf("cannot apply migration %s: %w", m.name, err)
+			return Migration{}, fmt.Errorf("cannot apply migration %s: %w", m.name, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
-			return fmt.Errorf("cannot record migration %s: %w", m.name, err)
+			return Migration{}, fmt.Errorf("cannot record migration %s: %w", m.name, err)
 		}
+		rep.Applied, rep.To = append(rep.Applied, m.name), m.version
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("cannot commit migrations: %w", err)
+		return Migration{}, fmt.Errorf("cannot commit migrations: %w", err)
 	}
-	return nil
+	return rep, nil
 }
 
 // SchemaCurrent reports whether the database has exactly the schema this

@@ -35,6 +35,9 @@ type App struct {
 	// Proxy, when set, asks the app's backend before a connection or a
 	// publish is accepted (docs/protocol.md, Proxy hooks).
 	Proxy *Proxy `json:"proxy,omitempty"`
+	// Identity, when set, says how tokens are checked beyond the secret:
+	// a provider's public keys, the expected iss and aud, the user claim.
+	Identity *Identity `json:"identity,omitempty"`
 }
 
 // Proxy is where the node asks an app's backend whether to accept a
@@ -72,6 +75,9 @@ func (p *Proxy) validate() error {
 		pu, err := url.Parse(u)
 		if err != nil || pu.Scheme != "http" && pu.Scheme != "https" || pu.Host == "" {
 			return fmt.Errorf("proxy url %q: want an http:// or https:// URL", u)
+		}
+		if err := checkHookHost("proxy", pu); err != nil {
+			return err
 		}
 	}
 	if p.Timeout < 0 || time.Duration(p.Timeout) > MaxProxyTimeout {
@@ -120,6 +126,9 @@ func (w *Webhook) validate() error {
 	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return fmt.Errorf("webhook url %q: want an http:// or https:// URL", w.URL)
 	}
+	if err := checkHookHost("webhook", u); err != nil {
+		return err
+	}
 	if w.Timeout < 0 || time.Duration(w.Timeout) > time.Minute {
 		return fmt.Errorf("webhook timeout %s: want 0 (the default, 5s) to 1m", time.Duration(w.Timeout))
 	}
@@ -148,14 +157,15 @@ func (a *App) Secrets(now time.Time) []string {
 // AppLimits are an app's overrides of the node-wide defaults. A nil field
 // takes the node's default; 0 turns that limit off.
 type AppLimits struct {
-	MaxConns     *int64   `json:"max_conns,omitempty"`      // connections of the app, whole cluster
-	MaxUserConns *int64   `json:"max_user_conns,omitempty"` // connections of one user of the app
-	PubRate      *float64 `json:"pub_rate,omitempty"`       // publishes per second of one user
-	PubBurst     *int64   `json:"pub_burst,omitempty"`      // publishes one user may send at once
-	AppPubRate   *float64 `json:"app_pub_rate,omitempty"`   // publishes per second of the whole app, per node
-	MaxMsg       *int64   `json:"max_msg,omitempty"`        // bytes of one message body
-	MaxRooms     *int64   `json:"max_rooms,omitempty"`      // rooms one connection may join
-	MaxPresence  *int64   `json:"max_presence,omitempty"`   // presence subscribers of one room, per node
+	MaxConns     *int64    `json:"max_conns,omitempty"`      // connections of the app, whole cluster
+	MaxUserConns *int64    `json:"max_user_conns,omitempty"` // connections of one user of the app
+	PubRate      *float64  `json:"pub_rate,omitempty"`       // publishes per second of one user
+	PubBurst     *int64    `json:"pub_burst,omitempty"`      // publishes one user may send at once
+	AppPubRate   *float64  `json:"app_pub_rate,omitempty"`   // publishes per second of the whole app, per node
+	MaxMsg       *int64    `json:"max_msg,omitempty"`        // bytes of one message body
+	MaxRooms     *int64    `json:"max_rooms,omitempty"`      // rooms one connection may join
+	MaxPresence  *int64    `json:"max_presence,omitempty"`   // presence subscribers of one room, per node
+	MaxTokenTTL  *Duration `json:"max_token_ttl,omitempty"`  // how far ahead a token's exp may lie (0: no bound)
 }
 
 // Duration is a time.Duration that reads and writes as "1h30m" in JSON.
@@ -197,7 +207,15 @@ func (a *App) Validate() error {
 			return fmt.Errorf("app %s: %w", a.ID, err)
 		}
 	}
+	if a.Identity != nil {
+		if err := a.Identity.validate(); err != nil {
+			return fmt.Errorf("app %s: %w", a.ID, err)
+		}
+	}
 	l := &a.Limits
+	if l.MaxTokenTTL != nil && *l.MaxTokenTTL < 0 {
+		return fmt.Errorf("app %s: negative max token ttl", a.ID)
+	}
 	for _, p := range []*int64{l.MaxConns, l.MaxUserConns, l.PubBurst, l.MaxMsg, l.MaxRooms, l.MaxPresence} {
 		if p != nil && *p < 0 {
 			return fmt.Errorf("app %s: negative limit", a.ID)

@@ -77,7 +77,7 @@ func FuzzDecodeServer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var fr ServerFrame
 		err := DecodeServer(in, &fr)
-		if !utf8.Valid(in) || jsonDepth(in) > maxDepth-1 {
+		if !utf8.Valid(in) || jsonDepth(in) > MaxDepth-1 {
 			return
 		}
 		trimmed := bytes.TrimLeft(in, " \t\r\n")

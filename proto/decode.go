@@ -2,8 +2,9 @@ package proto
 
 import "errors"
 
-// ErrMalformed means a client payload is not valid JSON (RFC 8259, nesting
-// up to 4096) or not a JSON object. The connection is closed with 1007.
+// ErrMalformed means a client payload is not valid JSON (RFC 8259) or not a
+// JSON object. The connection is closed with 1007. (Valid JSON nested past
+// MaxDepth is ErrTooDeep instead.)
 var ErrMalformed = errors.New("proto: payload is not a JSON object")
 
 // Error is a client error: the command is answered with an `err` frame
@@ -222,8 +223,21 @@ const (
 // the string held escapes). On an *Error, Room and ID hold the valid values
 // seen (an invalid room or id is left empty) so the caller can build Ref.
 // Known fields are checked whatever the op; since and before are set for any
-// op, limit's default and minimum apply to history only.
+// op, limit's default and minimum apply to history only. Valid JSON nested
+// deeper than MaxDepth is ErrTooDeep (an *Error: the connection stays).
 func Decode(payload []byte, cmd *Command) error {
+	err := decode(payload, cmd)
+	if err != ErrMalformed {
+		return err
+	}
+	// Slow path, the frame refused anyway: was it the depth?
+	if i := skipWS(payload, 0); i < len(payload) && payload[i] == '{' && tooDeep(payload, i, 0) {
+		return ErrTooDeep
+	}
+	return err
+}
+
+func decode(payload []byte, cmd *Command) error {
 	cmd.reset()
 	b := payload
 	i, more, ok := objectOpen(b)

@@ -265,15 +265,44 @@ func TestDecodeDepth(t *testing.T) {
 		body := strings.Repeat(`[{"a":`, d/2) + strings.Repeat("[", d%2) + "1" + strings.Repeat("]", d%2) + strings.Repeat("}]", d/2)
 		in := `{"op":"pub","room":"r","id":"i","body":` + body + `}`
 		err := Decode([]byte(in), &cmd)
-		wantOK := d+1 <= maxDepth
-		if (err == nil) != wantOK {
+		wantOK := d+1 <= MaxDepth
+		if (err == nil) != wantOK || !wantOK && err != ErrTooDeep {
 			t.Errorf("depth %d: err = %v", d+1, err)
+		}
+		// The API checks a body on its own, inside its request object.
+		if err := CheckValue([]byte(" "+body+"\n"), 1); (err == nil) != wantOK || !wantOK && err != ErrTooDeep {
+			t.Errorf("depth %d: CheckValue = %v", d+1, err)
 		}
 		if err == nil && string(cmd.Body) != body {
 			t.Errorf("depth %d: body mismatch", d+1)
 		}
 		if sonic.Valid([]byte(in)) != wantOK {
 			t.Errorf("depth %d: sonic disagrees", d+1)
+		}
+	}
+}
+
+// TestDecodeTooDeep: too deep is a client error answered on the
+// connection, whatever else the frame holds after the point where the
+// limit was passed; bad syntax before it stays malformed.
+func TestDecodeTooDeep(t *testing.T) {
+	var cmd Command
+	deep := strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth)
+	for in, want := range map[string]error{
+		`{"op":"pub","room":"r","id":"i","body":` + deep + `}`:              ErrTooDeep,
+		`{"op":"pub","room":"r","id":"i","body":` + deep + `,"x":tru}`:      ErrTooDeep,
+		`{"op":"pub","room":"r","id":"i","body":` + deep[:MaxDepth+1] + `}`: ErrTooDeep, // unterminated past the limit
+		`{"op":"pub","room":"r","id":"i","x":tru,"body":` + deep + `}`:      ErrMalformed,
+		deep: ErrMalformed, // not an object
+		`{"op":"pub","room":"r","id":"i","body":` + deep[1:len(deep)-1] + `}`: nil,
+	} {
+		if err := Decode([]byte(in), &cmd); err != want {
+			t.Errorf("Decode(%.60q...) = %v, want %v", in, err, want)
+		}
+	}
+	for in, want := range map[string]error{"[1]": nil, " {} ": nil, "[1] x": ErrMalformed, "": ErrMalformed, deep: ErrTooDeep} {
+		if err := CheckValue([]byte(in), 1); err != want {
+			t.Errorf("CheckValue(%.30q) = %v, want %v", in, err, want)
 		}
 	}
 }
@@ -306,7 +335,7 @@ func checkDecodeOracle(t *testing.T, in []byte) {
 	t.Helper()
 	var cmd Command
 	err := Decode(in, &cmd)
-	if !utf8.Valid(in) || jsonDepth(in) > maxDepth-1 {
+	if !utf8.Valid(in) || jsonDepth(in) > MaxDepth-1 {
 		return // the caller rejects invalid UTF-8; depth limits differ
 	}
 	trimmed := bytes.TrimLeft(in, " \t\r\n")

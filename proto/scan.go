@@ -3,6 +3,7 @@ package proto
 import (
 	"encoding/binary"
 	"math/bits"
+	"strconv"
 )
 
 // This file holds the strict RFC 8259 scanner shared by Decode and
@@ -12,9 +13,39 @@ import (
 // accepts raw control characters and unknown escapes inside strings).
 // UTF-8 is not checked here: the caller has already validated the text frame.
 
-// maxDepth bounds nesting (the top-level object is depth 1), as sonic does.
-// RFC 8259 section 9 allows the limit; it keeps the container stack small.
-const maxDepth = 4096
+// MaxDepth bounds nesting (the top-level object is depth 1), as sonic does:
+// one limit for every edge that takes JSON (WebSocket frames, the server
+// API's requests), so that nothing stored is deeper than a socket takes
+// or sonic encodes. RFC 8259 section 9 allows the limit; it keeps the
+// container stack small.
+const MaxDepth = 4096
+
+// ErrTooDeep refuses JSON nested deeper than MaxDepth: an `err`
+// bad_request on a WebSocket (the connection stays), a 400 on the API.
+var ErrTooDeep = &Error{CodeBadRequest, "JSON nested deeper than " + strconv.Itoa(MaxDepth) + " levels (the outer object is the first)"}
+
+// CheckValue validates the JSON value b (surrounding whitespace allowed)
+// nested inside depth containers: nil, ErrTooDeep, or ErrMalformed.
+func CheckValue(b []byte, depth int) error {
+	i := skipWS(b, 0)
+	end, ok := skipValue(b, i, depth)
+	switch {
+	case ok && skipWS(b, end) == len(b):
+		return nil
+	case !ok && tooDeep(b, i, depth):
+		return ErrTooDeep
+	}
+	return ErrMalformed
+}
+
+// tooDeep reports whether the walk of the value at b[i] stops at the depth
+// limit rather than on bad syntax (the first problem met decides). Only
+// on the way to an error: it walks the value again.
+func tooDeep(b []byte, i, depth int) bool {
+	var big [MaxDepth / 64]uint64
+	_, res := walkValue(b, i, depth, big[:])
+	return res == walkDeep
+}
 
 // strStop marks bytes that end the fast path inside a string: the quote, the
 // backslash and the control characters RFC 8259 forbids unescaped.
@@ -200,13 +231,13 @@ func matchLit(b []byte, i int, lit string) (int, bool) {
 // skipValue validates the JSON value starting at b[i] (no leading space),
 // nested inside containers of the given depth, and returns the index after
 // it. Fast path: 64 levels of container bits in one word; deeper values are
-// walked again with a stack sized for maxDepth, so the common case does not
+// walked again with a stack sized for MaxDepth, so the common case does not
 // clear 512 bytes of stack on every call.
 func skipValue(b []byte, i, depth int) (int, bool) {
 	var small [1]uint64
 	end, res := walkValue(b, i, depth, small[:])
 	if res == walkTooDeep {
-		var big [maxDepth / 64]uint64
+		var big [MaxDepth / 64]uint64
 		end, res = walkValue(b, i, depth, big[:])
 	}
 	return end, res == walkOK
@@ -217,7 +248,8 @@ type walkResult uint8
 const (
 	walkOK walkResult = iota
 	walkBad
-	walkTooDeep // the stack given was too small, not maxDepth
+	walkTooDeep // the stack given was too small, not MaxDepth
+	walkDeep    // past MaxDepth
 )
 
 // walkValue is skipValue's iterative core. stk holds one bit per open
@@ -235,8 +267,8 @@ func walkValue(b []byte, i, depth int, stk []uint64) (int, walkResult) {
 			i, _, ok = scanString(b, i+1)
 			i++
 		case '{', '[':
-			if depth+lvl+1 > maxDepth {
-				return i, walkBad
+			if depth+lvl+1 > MaxDepth {
+				return i, walkDeep
 			}
 			if lvl >= len(stk)*64 {
 				return i, walkTooDeep

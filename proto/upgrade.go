@@ -51,6 +51,9 @@ type Request struct {
 	// LastEventID is the Last-Event-ID header: the position an SSE client
 	// (a browser's EventSource) resumes from.
 	LastEventID []byte
+	// Head is a HEAD request: answered as its GET would be, without the
+	// body, and never an upgrade.
+	Head bool
 }
 
 var crlfcrlf = []byte("\r\n\r\n")
@@ -179,10 +182,11 @@ func ParseRequest(b []byte, r *Request) (n int, err error) {
 			r.LastEventID = val
 		}
 	}
-	if string(r.Method) != "GET" {
+	r.Head = string(r.Method) == "HEAD"
+	if string(r.Method) != "GET" && !r.Head {
 		return 0, ErrMethod
 	}
-	r.Upgrade = upgradeWS && connUpgrade
+	r.Upgrade = upgradeWS && connUpgrade && !r.Head
 	if !r.Upgrade {
 		return n, nil
 	}

@@ -47,7 +47,9 @@ func TestParseRequest(t *testing.T) {
 		{"key 17 bytes", strings.Replace(upgradeRequest(""), sampleKey, "dGhlIHNhbXBsZSBub25jZQ==AA", 1), ErrWebSocketKey, true, "", ""},
 		{"upgrade on 1.0", strings.Replace(upgradeRequest(""), "HTTP/1.1", "HTTP/1.0", 1), ErrUpgradeHTTP10, true, "", ""},
 		{"POST", strings.Replace(upgradeRequest(""), "GET", "POST", 1), ErrMethod, false, "", ""},
-		{"HEAD", "HEAD / HTTP/1.1\r\n\r\n", ErrMethod, false, "", ""},
+		// HEAD is answered as GET without the body; it never upgrades.
+		{"HEAD", "HEAD /roost.js HTTP/1.1\r\n\r\n", nil, false, "/roost.js", ""},
+		{"HEAD upgrade", strings.Replace(upgradeRequest(""), "GET", "HEAD", 1), nil, false, "/ws", "user=alice&app=demo"},
 		{"lower get", "get / HTTP/1.1\r\n\r\n", ErrMethod, false, "", ""},
 		{"HTTP/2.0", "GET / HTTP/2.0\r\n\r\n", ErrVersion, false, "", ""},
 		{"HTTP/0.9", "GET / HTTP/0.9\r\n\r\n", ErrVersion, false, "", ""},
@@ -76,7 +78,7 @@ func TestParseRequest(t *testing.T) {
 			if err != tt.err || n != 0 {
 				t.Errorf("%s: n=%d err=%v, want %v", tt.name, n, err, tt.err)
 			}
-		} else if err != nil || n != len(tt.in) || r.Upgrade != tt.upgrade || string(r.Path) != tt.path || string(r.Query) != tt.query || string(r.Method) != "GET" {
+		} else if err != nil || n != len(tt.in) || r.Upgrade != tt.upgrade || string(r.Path) != tt.path || string(r.Query) != tt.query || string(r.Method) != "GET" && !r.Head {
 			t.Errorf("%s: n=%d/%d err=%v upgrade=%v path=%q query=%q", tt.name, n, len(tt.in), err, r.Upgrade, r.Path, r.Query)
 		}
 		if tt.err == nil && tt.upgrade && string(r.Key) != sampleKey {

@@ -37,7 +37,8 @@ type RedisPresenceConfig struct {
 //	P.pr.{key}.w         set: the nodes with presence subscribers in the room
 //
 // and per deployment P.pr.nodes (sorted set: node -> lease end, Unix ms)
-// and per node P.pr.rooms.NODE (set: the rooms NODE has users in). A
+// and per node P.pr.rooms.NODE (set: the rooms NODE has users or presence
+// subscribers in). A
 // user's count is HLEN of the room's hash: O(1). One tick's changes of a
 // room are one script call (O(1) work per change); every room's calls,
 // the lease renewal and the look for dead nodes go in one pipeline: one
@@ -45,14 +46,24 @@ type RedisPresenceConfig struct {
 // node's rooms are cleaned by whichever node sees its lease ended first;
 // the scripts make that idempotent (a node's set is the guard), so two
 // nodes doing it at once count nothing twice.
+//
+// Every key expires keep (presenceKeep) after it was last refreshed: the
+// nodes set and the node's room list at each lease renewal, a room's keys
+// when a change touches them and, for the rooms on the node's list, at
+// least every keep/4 (sweep). While a node lives its keys stay; a dead
+// node's are taken out by the first live node that sees its lease ended;
+// once every node has stopped, nobody refreshes anything and it all
+// expires, the room keys before the nodes set that would find them.
 type RedisPresence struct {
 	client  rueidis.Client
 	prefix  string // P.pr.
 	node    string
 	lease   time.Duration
 	grace   time.Duration
+	keep    time.Duration
 	renewed time.Time // last lease renewal (the Apply goroutine's)
 	started bool      // the lease was taken once: a lost one means we were taken for dead
+	swept   time.Time // the last sweep of this node's rooms began (the Apply goroutine's)
 
 	mu     sync.Mutex // loaded
 	loaded bool       // scripts loaded on every Redis node
@@ -69,20 +80,27 @@ func (r *Redis) NewPresence(cfg RedisPresenceConfig) *RedisPresence {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	return &RedisPresence{client: r.client, prefix: r.prefix + ".pr.", node: hex.EncodeToString(id[:]),
-		lease: cfg.Lease, grace: cfg.Grace}
+		lease: cfg.Lease, grace: cfg.Grace, keep: presenceKeep(cfg.Lease), swept: time.Now()}
 }
+
+// presenceKeep is how long a presence key outlives its last refresh: long
+// past a dead node's lease (its keys must wait for a live node to take its
+// users out), and long enough that refreshing every room's keys, a fourth
+// of it, costs little.
+func presenceKeep(lease time.Duration) time.Duration { return 8 * lease }
 
 // Node is this node's presence id (random per process).
 func (p *RedisPresence) Node() string { return p.node }
 
-// applyScript: KEYS users, node set, watchers; ARGV node, then ops
-// "+user", "-user", "w" (watch), "u" (unwatch). Returns {joined, left,
-// size of the node's set, or -1 when nothing left}; joined and left only
-// when the room is watched (asked only when there are some).
+// applyScript: KEYS users, node set, watchers; ARGV node, keep (ms), then
+// ops "+user", "-user", "w" (watch), "u" (unwatch). Returns {joined, left,
+// the node's users in the room plus 1 if it still watches it, or -1 when
+// nothing left or unwatched}; joined and left only when the room is
+// watched (asked only when there are some). The keys' expiry is renewed.
 var applyScript = script(`
 local joined, left = {}, {}
 local leaves = false
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local a = ARGV[i]
   local op, u = string.sub(a, 1, 1), string.sub(a, 2)
   if op == '+' then
@@ -98,15 +116,19 @@ for i = 2, #ARGV do
   elseif op == 'w' then
     redis.call('SADD', KEYS[3], ARGV[1])
   else
+    leaves = true
     redis.call('SREM', KEYS[3], ARGV[1])
   end
+end
+for k = 1, 3 do
+  redis.call('PEXPIRE', KEYS[k], ARGV[2])
 end
 if #joined + #left > 0 and redis.call('EXISTS', KEYS[3]) == 0 then
   joined, left = {}, {}
 end
 local size = -1
 if leaves then
-  size = redis.call('SCARD', KEYS[2])
+  size = redis.call('SCARD', KEYS[2]) + redis.call('SISMEMBER', KEYS[3], ARGV[1])
 end
 return {joined, left, size}
 `)
@@ -191,13 +213,14 @@ func (p *RedisPresence) Apply(ctx context.Context, changes []PresenceChange) ([]
 	}
 	var groups []group
 	at := make(map[string]int)
+	keepMS := strconv.FormatInt(p.keep.Milliseconds(), 10)
 	for i := range changes {
 		c := &changes[i]
 		g, ok := at[c.Key]
 		if !ok {
 			g = len(groups)
 			at[c.Key] = g
-			groups = append(groups, group{key: c.Key, args: []string{p.node}})
+			groups = append(groups, group{key: c.Key, args: []string{p.node, keepMS}})
 		}
 		gr := &groups[g]
 		switch c.Op {
@@ -208,6 +231,7 @@ func (p *RedisPresence) Apply(ctx context.Context, changes []PresenceChange) ([]
 			gr.args = append(gr.args, "-"+c.User)
 		case PresenceWatch:
 			gr.args = append(gr.args, "w")
+			gr.join = true // listed: its watcher entry is refreshed, and taken out if the node dies
 		case PresenceUnwatch:
 			gr.args = append(gr.args, "u")
 		}
@@ -233,7 +257,13 @@ func (p *RedisPresence) Apply(ctx context.Context, changes []PresenceChange) ([]
 		end := now.Add(p.lease).UnixMilli()
 		cmds = append(cmds, p.evalsha(renewScript, []string{p.nodesKey()}, p.node, strconv.FormatInt(end, 10)))
 		cmds = append(cmds, p.client.B().Zrangebyscore().Key(p.nodesKey()).Min("-inf").Max(strconv.FormatInt(now.UnixMilli(), 10)).Limit(0, 16).Build())
+		// Last, their answers unread (a failure shows in the renewal's):
+		// the nodes set and this node's room list live on.
+		keep := p.keep.Milliseconds()
+		cmds = append(cmds, p.client.B().Pexpire().Key(p.nodesKey()).Milliseconds(keep).Build(),
+			p.client.B().Pexpire().Key(p.roomsKey(p.node)).Milliseconds(keep).Build())
 	}
+
 	res := p.client.DoMulti(ctx, cmds...)
 	var diffs []PresenceDiff
 	var emptied []string
@@ -300,7 +330,40 @@ func (p *RedisPresence) Apply(ctx context.Context, changes []PresenceChange) ([]
 		}
 		diffs = append(diffs, left...)
 	}
+	if renew && now.Sub(p.swept) >= p.keep/4 {
+		firstErr = cmp(firstErr, p.sweep(ctx, now))
+	}
 	return diffs, firstErr
+}
+
+// sweep renews the expiry of the keys of every room on this node's list,
+// once a fourth of keep has passed since the last complete sweep (one
+// SSCAN page and one pipeline per 1,000 rooms). The Apply goroutine.
+func (p *RedisPresence) sweep(ctx context.Context, now time.Time) error {
+	c, keep := p.client, p.keep.Milliseconds()
+	var cursor uint64
+	for {
+		e, err := c.Do(ctx, c.B().Sscan().Key(p.roomsKey(p.node)).Cursor(cursor).Count(1000).Build()).AsScanEntry()
+		if err != nil {
+			return fmt.Errorf("cannot refresh the presence keys: %w", err)
+		}
+		cmds := make(rueidis.Commands, 0, 3*len(e.Elements))
+		for _, key := range e.Elements {
+			for _, k := range p.roomKeys(key, p.node) {
+				cmds = append(cmds, c.B().Pexpire().Key(k).Milliseconds(keep).Build())
+			}
+		}
+		for _, r := range c.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return fmt.Errorf("cannot refresh the presence keys: %w", err)
+			}
+		}
+		if e.Cursor == 0 {
+			p.swept = now
+			return nil
+		}
+		cursor = e.Cursor
+	}
 }
 
 // renewEvery: the lease is renewed once a fifth of it has passed, so that
@@ -405,5 +468,14 @@ func (p *RedisPresence) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	end := time.Now().Add(p.grace).UnixMilli()
-	return p.client.Do(ctx, p.client.B().Zadd().Key(p.nodesKey()).ScoreMember().ScoreMember(float64(end), p.node).Build()).Error()
+	for _, r := range p.client.DoMulti(ctx,
+		p.client.B().Zadd().Key(p.nodesKey()).ScoreMember().ScoreMember(float64(end), p.node).Build(),
+		// Past the room keys this node's last changes refreshed: the set
+		// that finds them must not expire first.
+		p.client.B().Pexpire().Key(p.nodesKey()).Milliseconds(p.keep.Milliseconds()).Build()) {
+		if err := r.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

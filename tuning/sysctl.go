@@ -117,19 +117,24 @@ func Check(root string, target Target) []Finding {
 	return out
 }
 
-// LogFindings logs one warning per setting that is too low for the target.
+// LogFindings logs one warning naming the settings that are too low for
+// the target, and nothing when none is: the node's start says there is
+// something to fix, `roost tune` says what and why.
 func LogFindings(log *slog.Logger, fs []Finding) {
 	if log == nil {
 		return
 	}
+	var low []string
 	for _, f := range fs {
-		if !f.TooLow {
-			continue
+		if f.TooLow {
+			low = append(low, f.Setting)
 		}
-		log.LogAttrs(context.Background(), slog.LevelWarn, "kernel setting too low for the connection target; see `roost tune` and docs/tuning.md",
-			slog.String("setting", f.Setting), slog.String("current", f.Current),
-			slog.String("recommended", f.Recommended), slog.String("why", f.Why))
 	}
+	if len(low) == 0 {
+		return
+	}
+	log.LogAttrs(context.Background(), slog.LevelWarn, "kernel settings too low for --conn-target connections: run `roost tune` for what to set and why (docs/tuning.md)",
+		slog.String("settings", strings.Join(low, ",")))
 }
 
 // readSysctl reads a dotted sysctl name under root as unsigned fields.

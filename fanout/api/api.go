@@ -7,7 +7,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"io"
@@ -20,9 +19,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/time/rate"
-
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
@@ -39,6 +37,13 @@ type Config struct {
 	MaxMsg int64
 	// Static are the apps of --app-secret: id -> secret.
 	Static map[string][]byte
+	// Edge budgets the listener (edge.go); zero fields take the defaults.
+	Edge Edge
+	// Dev admits requests without a secret from loopback peers, for any
+	// app, made on first use (at most DevMaxApps; 0: no cap): a node in
+	// development mode whose API listens on loopback (dev.go).
+	Dev        bool
+	DevMaxApps int
 }
 
 // envelope is what a publish request may hold beyond its body: the id,
@@ -113,18 +118,23 @@ type Server struct {
 	log   *slog.Logger
 	pubLa fanout.Observer
 
+	rate tenancy.Rate // of each app's requests, all routes together
+
 	mu   sync.RWMutex
 	apps map[string]*tenant
+	dev  map[string]*tenant // apps made on first use in development mode
 
-	mux   *http.ServeMux
-	Stats Stats
+	mux       *http.ServeMux
+	edge      edge
+	Stats     Stats
+	EdgeStats EdgeStats
 }
 
-// tenant is one app as the API knows it.
+// tenant is one app as the API knows it: the view the client edges read
+// too, and its request bucket.
 type tenant struct {
-	app    proto.App
-	maxMsg int64
-	lim    *rate.Limiter // nil: no rate limit
+	app *tenancy.View
+	req *tenancy.Bucket // kept across registry changes
 }
 
 type noObserver struct{}
@@ -133,13 +143,15 @@ func (noObserver) Observe(float64) {}
 
 // New builds the API. SetApps gives it the registry.
 func New(cfg Config, p Parts) *Server {
-	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{}}
+	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{}, dev: map[string]*tenant{},
+		rate: tenancy.NewRate(cfg.Rate, int64(max(1, cfg.Burst)))}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.pubLa == nil {
 		s.pubLa = noObserver{}
 	}
+	s.edge.init(cfg.Edge)
 	s.SetApps(nil)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/apps/{app}/rooms/{room}/messages", s.publish)
@@ -150,14 +162,14 @@ func New(cfg Config, p Parts) *Server {
 	mux.HandleFunc("PUT /v1/apps/{app}/users/{user}/read", s.markRead)
 	mux.HandleFunc("GET /v1/apps/{app}/users/{user}/unread", s.unread)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
+		s.refuseUnauthenticated(w, r, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
 	})
 	s.mux = mux
 	return s
 }
 
 // Handler is the API's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
 // SetApps installs the registry's apps (any goroutine), beside the static
 // ones. An app keeps its rate bucket across changes.
@@ -166,16 +178,7 @@ func (s *Server) SetApps(reg []proto.App) {
 	defer s.mu.Unlock()
 	next := make(map[string]*tenant, len(reg)+len(s.cfg.Static))
 	add := func(a proto.App) {
-		t := &tenant{app: a, maxMsg: s.cfg.MaxMsg}
-		if a.Limits.MaxMsg != nil {
-			t.maxMsg = *a.Limits.MaxMsg
-		}
-		if old := s.apps[a.ID]; old != nil {
-			t.lim = old.lim
-		} else if s.cfg.Rate > 0 {
-			t.lim = rate.NewLimiter(rate.Limit(s.cfg.Rate), max(1, s.cfg.Burst))
-		}
-		next[a.ID] = t
+		next[a.ID] = s.newTenant(a, s.apps[a.ID])
 	}
 	for id, sec := range s.cfg.Static {
 		add(proto.App{ID: id, Secret: string(sec)})
@@ -184,6 +187,15 @@ func (s *Server) SetApps(reg []proto.App) {
 		add(reg[i])
 	}
 	s.apps = next
+}
+
+// newTenant is a as the API serves it; it keeps old's rate bucket.
+func (s *Server) newTenant(a proto.App, old *tenant) *tenant {
+	t := &tenant{app: tenancy.Resolve(tenancy.Limits{MaxMsg: s.cfg.MaxMsg}, &a), req: new(tenancy.Bucket)}
+	if old != nil {
+		t.req = old.req // the request bucket outlives registry changes
+	}
+	return t
 }
 
 // apiError is the body of every error answer.
@@ -223,57 +235,51 @@ func (s *Server) ok(w http.ResponseWriter, route int, body []byte) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
-// admit checks the app in the path, the request's secret and the app's
-// rate; it answers the refusal itself.
+// admit checks the app in the path, the request's secret, the app's rate
+// and its budget on the listener (edge.go); it answers the refusal itself.
+// A request without a valid secret holds nothing past its answer.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tenant, bool) {
 	id := r.PathValue("app")
 	if !proto.ValidAppID([]byte(id)) {
-		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid app id: want [A-Za-z0-9_.-]{1,64}")
+		s.refuseUnauthenticated(w, r, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid app id: want [A-Za-z0-9_.-]{1,64}")
 		return nil, false
 	}
 	auth := r.Header.Get("Authorization")
-	scheme, secret, found := strings.Cut(auth, " ")
-	if !found || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
-		return nil, false
-	}
-	s.mu.RLock()
-	t := s.apps[id]
-	s.mu.RUnlock()
-	// One answer for an unknown app and a wrong secret: a caller without
-	// a secret learns nothing about which apps exist.
-	if t == nil || !secretMatches(&t.app, []byte(secret), time.Now()) {
-		s.fail(w, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
-		return nil, false
-	}
-	if t.app.Disabled {
-		s.fail(w, route, http.StatusForbidden, proto.CodeForbidden, "app disabled")
-		return nil, false
-	}
-	if t.lim != nil {
-		now := time.Now()
-		res := t.lim.ReserveN(now, 1)
-		if d := res.DelayFrom(now); !res.OK() || d > 0 {
-			res.CancelAt(now)
-			ms := max(1, d.Milliseconds())
-			s.failRetry(w, route, http.StatusTooManyRequests, proto.CodeRateLimited, "request rate of this app exceeded (--api-rate): retry after retry_after ms", ms)
+	var t *tenant
+	if auth == "" && s.cfg.Dev {
+		var ok bool
+		if t, ok = s.devTenant(w, r, id, route); !ok {
+			return nil, false
+		}
+	} else {
+		scheme, secret, found := strings.Cut(auth, " ")
+		if !found || !strings.EqualFold(scheme, "Bearer") || secret == "" {
+			s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "missing secret: send Authorization: Bearer SECRET with a current secret of the app")
+			return nil, false
+		}
+		s.mu.RLock()
+		t = s.apps[id]
+		s.mu.RUnlock()
+		// One answer for an unknown app and a wrong secret: a caller without
+		// a secret learns nothing about which apps exist.
+		if t == nil || !t.app.SecretMatches([]byte(secret), time.Now()) {
+			s.refuseUnauthenticated(w, r, route, http.StatusUnauthorized, proto.CodeForbidden, "unknown app or wrong secret")
 			return nil, false
 		}
 	}
-	return t, true
-}
-
-// secretMatches compares secret with every current secret of a in
-// constant time (the current one, and the previous one during a rotation),
-// without stopping at the first match.
-func secretMatches(a *proto.App, secret []byte, now time.Time) bool {
-	ok := 0
-	for _, s := range a.Secrets(now) {
-		if s != "" {
-			ok |= subtle.ConstantTimeCompare([]byte(s), secret)
-		}
+	if t.app.Disabled {
+		w.Header().Set("Connection", "close")
+		s.fail(w, route, http.StatusForbidden, proto.CodeForbidden, "app disabled")
+		return nil, false
 	}
-	return ok == 1
+	if wait := t.req.Take(tenancy.Now(), s.rate); wait > 0 {
+		s.failRetry(w, route, http.StatusTooManyRequests, proto.CodeRateLimited, "request rate of this app exceeded (--api-rate): retry after retry_after ms", tenancy.RetryAfterMS(wait))
+		return nil, false
+	}
+	if !s.hold(w, r, route, t.app.ID) {
+		return nil, false
+	}
+	return t, true
 }
 
 func (s *Server) roomOf(w http.ResponseWriter, r *http.Request, route int) (string, bool) {
@@ -332,8 +338,8 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	limit := int64(maxRequest)
-	if t.maxMsg > 0 {
-		limit = t.maxMsg + envelope
+	if t.app.MaxMsg > 0 {
+		limit = t.app.MaxMsg + envelope
 	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
@@ -351,6 +357,12 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body is not valid UTF-8")
 		return
 	}
+	// One depth limit with WebSocket frames (encoding/json alone takes
+	// 10,000 levels, which sockets would then be sent).
+	if proto.CheckValue(raw, 0) == proto.ErrTooDeep {
+		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body: "+proto.ErrTooDeep.Message)
+		return
+	}
 	var req pubRequest
 	if err := json.Unmarshal(raw, &req); err != nil {
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "request body is not a JSON object of id, from and body: "+err.Error())
@@ -366,7 +378,7 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	case len(req.Body) == 0:
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "missing body")
 		return
-	case t.maxMsg > 0 && int64(len(req.Body)) > t.maxMsg:
+	case t.app.MaxMsg > 0 && int64(len(req.Body)) > t.app.MaxMsg:
 		s.fail(w, route, http.StatusRequestEntityTooLarge, proto.CodeTooLarge, "message body larger than the app's max-msg")
 		return
 	}

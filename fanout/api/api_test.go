@@ -20,6 +20,10 @@ const testSecret = "api-test-secret-0123456789"
 
 // newTestAPI is the API on a memory store and a real publish path.
 func newTestAPI(tb testing.TB) (*Server, persist.Store) {
+	return newTestAPIWith(tb, Config{MaxMsg: 256, Static: map[string][]byte{"chat": []byte(testSecret)}})
+}
+
+func newTestAPIWith(tb testing.TB, cfg Config) (*Server, persist.Store) {
 	tb.Helper()
 	store := persist.NewMemory(1000)
 	fan, err := fanout.New(fanout.Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 256, Readers: 2, GapWindow: 250 * time.Millisecond},
@@ -28,7 +32,7 @@ func newTestAPI(tb testing.TB) (*Server, persist.Store) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { fan.Close(); store.Close() })
-	s := New(Config{MaxMsg: 256, Static: map[string][]byte{"chat": []byte(testSecret)}},
+	s := New(cfg,
 		Parts{Fan: fan, Store: store, Disconnect: func(string, string, time.Duration) int { return 0 }})
 	return s, store
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/bytedance/sonic"
 	"golang.org/x/sys/unix"
+
+	"github.com/roost-chat/roost/hooknet"
 )
 
 // beforeGive, when set, runs in handOff after the write and before the call
@@ -56,7 +58,11 @@ type worker struct {
 	given chan struct{}
 }
 
-func newWorker() *worker { return &worker{given: make(chan struct{}, 1)} }
+func newWorker() *worker {
+	w := &worker{given: make(chan struct{}, 1)}
+	w.d.dial.Control = hooknet.Default.Control // link-local and the node's own listeners are refused
+	return w
+}
 
 // give stores what the worker taken off the parked list is to do, and
 // wakes it if its read ended first. A token left from an earlier give

@@ -28,6 +28,7 @@ import (
 
 	"github.com/bytedance/sonic"
 
+	"github.com/roost-chat/roost/hooknet"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -203,6 +204,7 @@ func New(cfg Config) *Pool {
 	c := cfg.Client
 	if c == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DialContext = hooknet.Default.Dialer().DialContext
 		// Keep idle every connection the calls used at once (apps
 		// sharing a backend host, an app's own InFlight above Workers),
 		// so that a steady flow of calls reuses them instead of dialling;

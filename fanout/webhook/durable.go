@@ -44,8 +44,10 @@ type dstate struct {
 	dirty  []*room   // rooms whose cursor is to be written
 	wrote  time.Time // last cursor write
 	byID   map[int64]*room
-	held   int // pending events, all rooms: bounded by MaxQueue (the rest is read from the store)
 	body   []byte
+	// free gives back the bytes of pending events trimmed or dropped: they
+	// count in the app's Window and the node's MaxBytes while held.
+	free func(evs []event)
 
 	// The database work off the delivery goroutine (runIO).
 	jobs               chan func() func()
@@ -83,6 +85,16 @@ const keepEvery = time.Second
 func (d *Dispatcher) deliverDurable(t *target) {
 	defer close(t.done)
 	st := &dstate{rooms: map[string]*room{}, byID: map[int64]*room{}, jobs: make(chan func() func(), 2), wake: t.wake}
+	st.free = func(evs []event) {
+		var b int64
+		for i := range evs {
+			b += evs[i].size()
+		}
+		t.mu.Lock()
+		t.bytes -= b
+		t.mu.Unlock()
+		d.Stats.Held.Add(-b)
+	}
 	ioDone := make(chan struct{})
 	go st.runIO(ioDone)
 	tick := time.NewTicker(min(d.cfg.Sweep, d.cfg.CursorEvery, keepEvery, d.cfg.Lease/3))
@@ -94,12 +106,15 @@ func (d *Dispatcher) deliverDurable(t *target) {
 		<-ioDone
 		st.apply()
 		d.releaseAll(t, st)
-		// What is queued here is owed in the store: nothing is lost.
+		// What is held here is owed in the store: nothing is lost.
 		t.mu.Lock()
 		n := len(t.queue)
-		t.queue = nil
+		t.queue, t.spill = nil, nil
+		b := t.bytes
+		t.bytes = 0
 		t.mu.Unlock()
 		d.Stats.Owed.Add(-int64(n))
+		d.Stats.Held.Add(-b)
 	}()
 	for {
 		st.apply()
@@ -190,26 +205,35 @@ func (st *dstate) apply() {
 // gather moves what Committed queued into the rooms' pending events.
 func (d *Dispatcher) gather(t *target, st *dstate) {
 	t.mu.Lock()
-	q := t.queue
-	t.queue = nil
+	q, spill := t.queue, t.spill
+	t.queue, t.spill = nil, nil
 	t.mu.Unlock()
+	now := time.Now()
+	for key, seq := range spill {
+		// Not held: known owed, read from the store when its turn comes.
+		// Not "handed" either (fill would wait for it to arrive).
+		r := st.room(key, 0)
+		r.active = now
+		r.last = max(r.last, seq)
+	}
 	if len(q) == 0 {
 		return
 	}
 	d.Stats.Owed.Add(-int64(len(q)))
-	now := time.Now()
-	for _, ev := range q {
+	for i := range q {
+		ev := q[i]
 		r := st.room(ev.key, 0)
 		r.active, r.handed = now, now
 		r.last = max(r.last, ev.seq)
 		if r.leased && ev.seq <= r.delivered || now.Before(r.skip) {
+			st.free(q[i : i+1])
 			continue
 		}
-		if n := len(r.pending); n > 0 && ev.seq <= r.pending[n-1].seq || st.held >= d.cfg.MaxQueue {
+		if n := len(r.pending); n > 0 && ev.seq <= r.pending[n-1].seq {
+			st.free(q[i : i+1])
 			continue
 		}
 		r.pending = append(r.pending, ev)
-		st.held++
 	}
 }
 
@@ -243,7 +267,7 @@ func (st *dstate) forget(r *room) {
 }
 
 func (st *dstate) dropPending(r *room) {
-	st.held -= len(r.pending)
+	st.free(r.pending)
 	clear(r.pending)
 	r.pending = nil
 }
@@ -377,9 +401,8 @@ func (d *Dispatcher) cursor(t *target, st *dstate, rs []*room, release bool) {
 }
 
 // lost forgets a room another node took: what this node held of it is
-// owed in the store, and that node delivers it.
+// owed in the store, and that node delivers it, so nothing is dropped.
 func (d *Dispatcher) lost(st *dstate, r *room) {
-	d.Stats.Dropped.Add(uint64(len(r.pending)))
 	st.forget(r)
 }
 
@@ -430,7 +453,7 @@ func (d *Dispatcher) claim(t *target, st *dstate) {
 			// Another node delivers the room: it reads what this node
 			// committed from the store. This node asks again later, in
 			// case that node gives the room up with something left.
-			d.Stats.Dropped.Add(uint64(len(r.pending)))
+			// Nothing is lost: not counted as dropped.
 			st.dropPending(r)
 			r.skip = now.Add(keepEvery)
 			continue
@@ -449,7 +472,7 @@ func (st *dstate) trim(r *room) {
 		i++
 	}
 	if i > 0 {
-		st.held -= i
+		st.free(r.pending[:i])
 		clear(r.pending[:i])
 		r.pending = r.pending[i:]
 		if len(r.pending) == 0 {

@@ -14,7 +14,15 @@
 // are POSTed from memory (the bytes the commit encoded); anything else
 // owed (another node's publishes, a crashed node's rooms) is read from the
 // store. Without a database, what is owed lives in this process only, so a
-// restart (or a queue past its bound) loses it, and the docs say so.
+// restart loses it, and the docs say so.
+//
+// What is held in memory is bounded by bytes, not by count (a count lets
+// one app of 32 KB messages hold gigabytes): Config.MaxBytes for the node.
+// Without a database, past it the app holding the most loses its oldest
+// owed events (counted per app as dropped). With one, an app holds at most
+// Config.Window bytes and the node at most MaxBytes; the rest stays in the
+// store only and is read back in pages of one batch when its turn comes,
+// so nothing is lost and nothing is counted as dropped.
 package webhook
 
 import (
@@ -30,13 +38,21 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/roost-chat/roost/hooknet"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
 // Config bounds the dispatcher.
 type Config struct {
-	MaxQueue      int           // events owed per app before new ones are dropped (counted, logged)
+	// MaxBytes bounds the bytes of owed events held in memory, all apps
+	// of the node (each event counts its frame and eventOverhead). Without
+	// a Store, past it the app holding the most in its queue loses its
+	// oldest events (counted, logged); a batch in flight is not shed. With
+	// a Store, events past it are not held: they are read from the store.
+	MaxBytes int64
+	// Window bounds the bytes one app holds in memory with a Store.
+	Window        int64
 	MaxBatch      int           // events per POST at most
 	MaxBatchBytes int           // bytes of events per POST at most (one larger event still goes alone)
 	MaxAge        time.Duration // default for apps without their own: an event not delivered by then is dropped, or dead-lettered with a Store
@@ -69,7 +85,7 @@ type Config struct {
 
 // Defaults are the dispatcher's bounds unless told otherwise.
 func Defaults() Config {
-	return Config{MaxQueue: 100_000, MaxBatch: 500, MaxBatchBytes: 1 << 20, MaxAge: proto.DefaultWebhookMaxAge,
+	return Config{MaxBytes: 128 << 20, Window: 4 << 20, MaxBatch: 500, MaxBatchBytes: 1 << 20, MaxAge: proto.DefaultWebhookMaxAge,
 		RetryMin: 100 * time.Millisecond, RetryMax: time.Minute, Lease: 30 * time.Second, Sweep: 5 * time.Second, Idle: 2 * time.Second, CursorEvery: 100 * time.Millisecond}
 }
 
@@ -79,11 +95,18 @@ type Stats struct {
 	Delivered atomic.Uint64 // events a receiver answered 2xx for
 	Posts     atomic.Uint64 // POSTs answered 2xx
 	Failures  atomic.Uint64 // POSTs that failed (status, timeout, connection): each is retried
-	Dropped   atomic.Uint64 // events dropped: queue full, or past MaxAge (memory), or lost a lease before a POST (durable; the new owner delivers them)
+	Dropped   atomic.Uint64 // events lost (memory only): shed past MaxBytes, past MaxAge, or the webhook removed; per app: EachDropped
 	Dead      atomic.Uint64 // events past MaxAge recorded as dead letters (durable)
 	Read      atomic.Uint64 // events read back from the store (durable: owed but not committed here, or not in memory any more)
 	Owed      atomic.Int64  // events queued in memory and not yet delivered, all apps
+	Held      atomic.Int64  // bytes of owed events held in memory, all apps (bounded by MaxBytes, plus a batch in flight per app)
 }
+
+// eventOverhead is what one held event costs besides its frame: the event
+// itself and its share of the queue's backing array.
+const eventOverhead = 96
+
+func (ev *event) size() int64 { return int64(len(ev.frame)) + eventOverhead }
 
 // Dispatcher takes committed messages (Committed) and delivers them to
 // the apps' webhooks.
@@ -95,6 +118,12 @@ type Dispatcher struct {
 
 	mu   sync.RWMutex
 	apps map[string]*target
+	// dropped counts each app's dropped events; an app keeps its counter
+	// after its webhook goes (a counter does not go back), so this grows
+	// with the apps that ever had one. Under mu.
+	dropped map[string]*atomic.Uint64
+
+	shedMu sync.Mutex // one shed at a time: concurrent ones would shed twice
 
 	dropLogged atomic.Int64 // Unix ns of the last drop logged
 	Stats      Stats
@@ -105,8 +134,16 @@ type target struct {
 	id  string
 	cfg atomic.Pointer[hookCfg]
 
+	dropped *atomic.Uint64
+
 	mu    sync.Mutex
 	queue []event // owed, oldest first
+	bytes int64   // held: the queue's events, and with a Store the delivery goroutine's pending ones
+	// spill is, with a Store, the newest seq per room of the events not
+	// held (past Window or MaxBytes): the delivery goroutine reads them
+	// from the store.
+	spill map[string]uint64
+	arena []byte // the chunk frames are copied into while the app is behind (own)
 	wake  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -133,8 +170,11 @@ type event struct {
 // New returns a dispatcher; SetApps gives it the webhooks.
 func New(cfg Config) *Dispatcher {
 	d := Defaults()
-	if cfg.MaxQueue <= 0 {
-		cfg.MaxQueue = d.MaxQueue
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = d.MaxBytes
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = min(d.Window, cfg.MaxBytes)
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = d.MaxBatch
@@ -172,6 +212,7 @@ func New(cfg Config) *Dispatcher {
 	c := cfg.Client
 	if c == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DialContext = hooknet.Default.Dialer().DialContext // link-local and the node's own listeners are refused
 		tr.MaxIdleConnsPerHost = 4
 		// A redirect is the receiver's answer, not a delivery: followed, a
 		// 301-303 turns the POST into a GET of another URL whose 2xx would
@@ -180,7 +221,7 @@ func New(cfg Config) *Dispatcher {
 			return http.ErrUseLastResponse
 		}}
 	}
-	return &Dispatcher{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*target{}}
+	return &Dispatcher{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*target{}, dropped: map[string]*atomic.Uint64{}}
 }
 
 // Durable reports whether what is owed survives a restart (a Store).
@@ -209,7 +250,12 @@ func (d *Dispatcher) SetApps(reg []proto.App) {
 		}
 		t := d.apps[a.ID]
 		if t == nil {
-			t = &target{id: a.ID, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+			dc := d.dropped[a.ID]
+			if dc == nil {
+				dc = new(atomic.Uint64)
+				d.dropped[a.ID] = dc
+			}
+			t = &target{id: a.ID, dropped: dc, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 			t.cfg.Store(hc)
 			d.apps[a.ID] = t
 			if d.cfg.Store != nil {
@@ -296,20 +342,119 @@ func msgJSON(b []byte) []byte {
 }
 
 func (d *Dispatcher) push(t *target, ev event) {
+	d.Stats.Queued.Add(1)
+	sz := ev.size()
 	t.mu.Lock()
-	if len(t.queue) >= d.cfg.MaxQueue {
+	if d.cfg.Store != nil && (t.bytes+sz > d.cfg.Window || d.Stats.Held.Load()+sz > d.cfg.MaxBytes) {
+		// Stored already: not held, read back when its turn comes.
+		if t.spill == nil {
+			t.spill = map[string]uint64{}
+		}
+		t.spill[ev.key] = max(t.spill[ev.key], ev.seq)
 		t.mu.Unlock()
-		d.Stats.Dropped.Add(1)
-		d.logDrop(t.id, "queue full: the receiver is too far behind")
+		d.wake(t)
 		return
 	}
+	if t.bytes >= ownAbove && len(ev.frame) <= ownMax {
+		ev.frame = t.own(ev.frame)
+	} else if t.bytes < ownAbove/2 {
+		t.arena = nil // caught up: its chunk goes with the last frame in it
+	}
 	t.queue = append(t.queue, ev)
+	t.bytes += sz
 	t.mu.Unlock()
-	d.Stats.Queued.Add(1)
 	d.Stats.Owed.Add(1)
+	if d.Stats.Held.Add(sz) > d.cfg.MaxBytes && d.cfg.Store == nil {
+		d.shed()
+	}
+	d.wake(t)
+}
+
+// A small frame shares the commit's arena chunk with other apps' frames,
+// and holding it holds the whole chunk: once an app is behind (it holds
+// ownAbove bytes), its new frames up to ownMax are copied into chunks of
+// its own, so that what it holds is what is counted (a chunk of waste at
+// most). An app keeping up holds little and copies nothing.
+const (
+	ownAbove = 256 << 10
+	ownMax   = 16 << 10
+	ownChunk = 64 << 10
+)
+
+// own copies frame into t's own chunk (t.mu held).
+func (t *target) own(frame []byte) []byte {
+	if cap(t.arena)-len(t.arena) < len(frame) {
+		t.arena = make([]byte, 0, ownChunk)
+	}
+	start := len(t.arena)
+	t.arena = append(t.arena, frame...)
+	return t.arena[start:len(t.arena):len(t.arena)]
+}
+
+func (d *Dispatcher) wake(t *target) {
 	select {
 	case t.wake <- struct{}{}:
 	default:
+	}
+}
+
+// shed brings the bytes held back under MaxBytes (memory only): the app
+// holding the most in its queue loses its oldest events, then the next,
+// down to 1/64 under the bound, so that a node at its bound sheds once
+// every many publishes rather than on each (each shed looks at every app).
+func (d *Dispatcher) shed() {
+	d.shedMu.Lock()
+	defer d.shedMu.Unlock()
+	low := d.cfg.MaxBytes - d.cfg.MaxBytes/64
+	for d.Stats.Held.Load() > d.cfg.MaxBytes {
+		var big *target
+		var most int64
+		d.mu.RLock()
+		for _, t := range d.apps {
+			t.mu.Lock()
+			if t.bytes > most {
+				big, most = t, t.bytes
+			}
+			t.mu.Unlock()
+		}
+		d.mu.RUnlock()
+		if big == nil {
+			return // all of it in flight: bounded by a batch per app
+		}
+		over := d.Stats.Held.Load() - low
+		big.mu.Lock()
+		n, freed := 0, int64(0)
+		for n < len(big.queue) && freed < over {
+			freed += big.queue[n].size()
+			n++
+		}
+		clear(big.queue[:n])
+		big.queue = big.queue[n:]
+		big.bytes -= freed
+		big.mu.Unlock()
+		d.Stats.Held.Add(-freed)
+		d.Stats.Owed.Add(-int64(n))
+		d.drop(big, n, "past --webhook-backlog: this app held the most, its oldest owed events go")
+	}
+}
+
+// drop counts n events of t lost and logs it (at most once a second).
+func (d *Dispatcher) drop(t *target, n int, why string) {
+	if n <= 0 {
+		return
+	}
+	d.Stats.Dropped.Add(uint64(n))
+	t.dropped.Add(uint64(n))
+	d.logDrop(t.id, why)
+}
+
+// EachDropped calls f with each app that ever had a webhook on this node
+// and the events it lost, in no order.
+func (d *Dispatcher) EachDropped(f func(app string, n uint64)) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for app, c := range d.dropped {
+		f(app, c.Load())
 	}
 }
 
@@ -323,21 +468,19 @@ func (d *Dispatcher) logDrop(app, why string) {
 	d.log.Warn("webhook events dropped", "app", app, "why", why, "dropped_total", d.Stats.Dropped.Load())
 }
 
-// deliver is one app's delivery goroutine.
+// deliver is one app's delivery goroutine (memory). The batch it POSTs is
+// taken out of the queue, so that shedding (another goroutine) only ever
+// removes events nobody is sending; a failed batch is sent again as it is.
 func (d *Dispatcher) deliver(t *target) {
 	defer close(t.done)
 	failures := 0
 	var body []byte
+	var batch []event
 	for {
-		t.mu.Lock()
-		n, size := 0, 0
-		for n < len(t.queue) && n < d.cfg.MaxBatch && (n == 0 || size+len(t.queue[n].frame) <= d.cfg.MaxBatchBytes) {
-			size += len(t.queue[n].frame) + 1
-			n++
+		if len(batch) == 0 {
+			batch = d.takeBatch(t, batch)
 		}
-		batch := t.queue[:n:n]
-		t.mu.Unlock()
-		if n == 0 {
+		if len(batch) == 0 {
 			select {
 			case <-t.stop:
 				d.dropOwed(t)
@@ -347,10 +490,14 @@ func (d *Dispatcher) deliver(t *target) {
 			}
 		}
 		hc := t.cfg.Load()
-		if age := time.Since(batch[0].at); age > hc.maxAge {
-			d.take(t, 1)
-			d.Stats.Dropped.Add(1)
-			d.logDrop(t.id, "older than the maximum age: the receiver failed for too long")
+		old := 0
+		for old < len(batch) && time.Since(batch[old].at) > hc.maxAge {
+			old++
+		}
+		if old > 0 {
+			d.release(batch[:old])
+			batch = batch[old:]
+			d.drop(t, old, "older than the maximum age: the receiver failed for too long")
 			continue
 		}
 		body = appendBody(body[:0], t.id, batch)
@@ -358,26 +505,61 @@ func (d *Dispatcher) deliver(t *target) {
 		if err == nil {
 			d.observeLag(batch)
 			failures = 0
-			d.take(t, n)
+			d.release(batch)
 			d.Stats.Posts.Add(1)
-			d.Stats.Delivered.Add(uint64(n))
+			d.Stats.Delivered.Add(uint64(len(batch)))
+			batch = batch[:0]
 			continue
 		}
 		d.Stats.Failures.Add(1)
 		failures++
 		wait := backoff(d.cfg.RetryMin, d.cfg.RetryMax, failures)
 		if failures == 1 || failures%10 == 0 {
-			d.log.Warn("webhook POST failed; retrying", "app", t.id, "url", hc.hook.URL, "err", err, "failures", failures, "retry_in", wait, "owed", d.owed(t))
+			d.log.Warn("webhook POST failed; retrying", "app", t.id, "url", hc.hook.URL, "err", err, "failures", failures, "retry_in", wait, "owed", d.owed(t)+len(batch))
 		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-t.stop:
 			timer.Stop()
+			d.release(batch)
+			d.drop(t, len(batch), "webhook removed or node stopping")
 			d.dropOwed(t)
 			return
 		case <-timer.C:
 		}
 	}
+}
+
+// takeBatch moves the next batch (MaxBatch events, MaxBatchBytes) out of
+// t's queue into dst[:0]; the bytes stay counted in Held until release.
+func (d *Dispatcher) takeBatch(t *target, dst []event) []event {
+	clear(dst[:cap(dst)])
+	dst = dst[:0]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n, size := 0, 0
+	for n < len(t.queue) && n < d.cfg.MaxBatch && (n == 0 || size+len(t.queue[n].frame) <= d.cfg.MaxBatchBytes) {
+		size += len(t.queue[n].frame) + 1
+		t.bytes -= t.queue[n].size()
+		n++
+	}
+	dst = append(dst, t.queue[:n]...)
+	clear(t.queue[:n])
+	t.queue = t.queue[n:]
+	if len(t.queue) == 0 {
+		t.queue = nil // let the backing array go
+	}
+	return dst
+}
+
+// release forgets held events delivered or dropped (memory mode).
+func (d *Dispatcher) release(evs []event) {
+	var b int64
+	for i := range evs {
+		b += evs[i].size()
+	}
+	d.Stats.Held.Add(-b)
+	d.Stats.Owed.Add(-int64(len(evs)))
 }
 
 // observeLag reports the lag of a delivered batch's events (Config.Lag).
@@ -419,17 +601,6 @@ func backoff(lo, hi time.Duration, failures int) time.Duration {
 	return rand.N(d + 1)
 }
 
-func (d *Dispatcher) take(t *target, n int) {
-	t.mu.Lock()
-	clear(t.queue[:n])
-	t.queue = t.queue[n:]
-	if len(t.queue) == 0 {
-		t.queue = nil // let the backing array go
-	}
-	t.mu.Unlock()
-	d.Stats.Owed.Add(-int64(n))
-}
-
 func (d *Dispatcher) owed(t *target) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -440,10 +611,14 @@ func (d *Dispatcher) dropOwed(t *target) {
 	t.mu.Lock()
 	n := len(t.queue)
 	t.queue = nil
+	b := t.bytes
+	t.bytes = 0
 	t.mu.Unlock()
+	d.Stats.Held.Add(-b)
 	if n > 0 {
 		d.Stats.Owed.Add(-int64(n))
 		d.Stats.Dropped.Add(uint64(n))
+		t.dropped.Add(uint64(n))
 		d.log.Warn("webhook removed or node stopping: events owed are dropped", "app", t.id, "events", n)
 	}
 }
@@ -470,7 +645,9 @@ func Replay(ctx context.Context, a proto.App, events []byte) error {
 	}
 	body := append([]byte(`{"app":`+quote(a.ID)+`,"events":`), events...)
 	body = append(body, '}')
-	return post(ctx, http.DefaultClient, hc, body)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = hooknet.Default.Dialer().DialContext
+	return post(ctx, &http.Client{Transport: tr}, hc, body)
 }
 
 func post(ctx context.Context, client *http.Client, hc *hookCfg, body []byte) error {

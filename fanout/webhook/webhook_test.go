@@ -189,6 +189,14 @@ func TestBurstDeliveredInOrderSigned(t *testing.T) {
 	n := uint64(10_000/len(rooms) + 1)
 	prototest.WaitFor(t, 20*time.Second, func() error { return rc.check(rooms, n) })
 	took := time.Since(start)
+	// The receiver records a batch before its answer reaches the
+	// dispatcher, which then lets the batch go: owed reaches 0 just after.
+	prototest.WaitFor(t, 2*time.Second, func() error {
+		if o := d.Stats.Owed.Load(); o != 0 {
+			return fmt.Errorf("owed %d", o)
+		}
+		return nil
+	})
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if rc.sigCount[2] == 0 || rc.sigCount[1] != 0 {

@@ -8,6 +8,7 @@ package prototest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -59,6 +60,9 @@ type Options struct {
 	// NetDial, when set, opens the TCP connection (a chosen source
 	// address, say).
 	NetDial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TLSConfig is the TLS client configuration of wss:// URLs (a proxy
+	// in front of the node, with the test's own certificate authority).
+	TLSConfig *tls.Config
 }
 
 // Client is one WebSocket connection to a node. Send, Close and the
@@ -85,7 +89,7 @@ func Dial(ctx context.Context, url string, opt Options) (*Client, error) {
 	if opt.Buffer <= 0 {
 		opt.Buffer = 4096
 	}
-	conn, br, _, err := ws.Dialer{NetDial: opt.NetDial}.Dial(ctx, url)
+	conn, br, _, err := ws.Dialer{NetDial: opt.NetDial, TLSConfig: opt.TLSConfig}.Dial(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("cannot dial %s: %w", url, err)
 	}
