@@ -213,7 +213,7 @@ func TestInboxWithTokenRooms(t *testing.T) {
 		c.Insecure = false
 		c.Apps = map[string][]byte{"test": []byte("0123456789abcdef0123456789abcdef")}
 	})
-	tok := SignToken([]byte("0123456789abcdef0123456789abcdef"), "test", "alice", time.Now().Add(time.Hour), []string{"lobby"})
+	tok := signToken([]byte("0123456789abcdef0123456789abcdef"), "test", "alice", time.Now().Add(time.Hour), []string{"lobby"})
 	alice := n.dialQuery(t, "token="+tok)
 	alice.send(`{"op":"join","room":"@alice"}`)
 	alice.expect(map[string]any{"op": "joined", "room": "@alice"})
