@@ -12,8 +12,8 @@ import (
 // broker delivers before the sources are answered) or after it (Redis), so
 // the member remembers its recent publishes in such rooms by id until
 // their msg passes: by seq once the ack told it, by id and user before.
-// Only members that asked for it hold anything; for the others the fan-out
-// costs one nil check.
+// Only members that asked for it hold anything, and a room counts them:
+// for a room with none the fan-out costs one test per message.
 
 // maxOwnPubs bounds a member's remembered publishes: a client with more
 // publishes in flight than this in echo-off rooms may see some of its own
@@ -35,30 +35,43 @@ type ownPubs struct {
 	buf   [4*64 + 4*proto.MaxUser]byte
 }
 
-// SetEcho records whether m gets its own publishes in room key (a join's
-// "echo"). Loop only.
-func (m *Member) SetEcho(key string, echo bool) {
-	o := m.own
+// SetEcho records whether m gets its own publishes in room key, just
+// joined (a join's "echo"). Loop only.
+func (t *Table) SetEcho(m *Member, key string, echo bool) {
+	r := t.rooms[key]
 	if echo {
-		if o != nil {
-			o.forget(key)
+		if r != nil {
+			t.echoOn(m, r)
 		}
 		return
 	}
-	if o == nil {
-		o = &ownPubs{}
-		m.own = o
+	c := m.Chat()
+	if c.own == nil {
+		c.own = &ownPubs{}
 	}
-	for _, k := range o.rooms {
-		if k == key {
-			return
-		}
+	if r != nil {
+		r.noEcho++
 	}
-	o.rooms = append(o.rooms, key)
+	if !c.own.off(key) {
+		c.own.rooms = append(c.own.rooms, key)
+	}
+}
+
+// echoOn ends m's echo off in r (a leave, a join with echo).
+func (t *Table) echoOn(m *Member, r *Room) {
+	if m.chat == nil || m.chat.own == nil || !m.chat.own.off(r.key) {
+		return
+	}
+	if r.noEcho > 0 {
+		r.noEcho--
+	}
+	m.chat.own.forget(r.key)
 }
 
 // EchoOff reports whether m has a room joined with echo off. Loop only.
-func (m *Member) EchoOff() bool { return m.own != nil && len(m.own.rooms) > 0 }
+func (m *Member) EchoOff() bool {
+	return m.chat != nil && m.chat.own != nil && len(m.chat.own.rooms) > 0
+}
 
 // forget drops room key's echo-off state (a join with echo, a leave).
 func (o *ownPubs) forget(key string) {
@@ -80,7 +93,10 @@ func (o *ownPubs) forget(key string) {
 // Published tells m its connection published id in room key, so that the
 // msg of it is left out if the room is echo off. Loop only.
 func (m *Member) Published(key string, id []byte) {
-	o := m.own
+	if m.chat == nil {
+		return
+	}
+	o := m.chat.own
 	if o == nil || !o.off(key) {
 		return
 	}
@@ -93,7 +109,10 @@ func (m *Member) Published(key string, id []byte) {
 // Acked tells m the publish id in room key was answered: stored as seq,
 // or refused (seq 0). Loop only.
 func (m *Member) Acked(key string, id []byte, seq uint64) {
-	o := m.own
+	if m.chat == nil {
+		return
+	}
+	o := m.chat.own
 	if o == nil || len(o.pubs) == 0 {
 		return
 	}

@@ -13,6 +13,9 @@ import (
 type Room struct {
 	key     string
 	members []*Member
+	// noEcho counts the members joined with echo off (echo.go), at least:
+	// fan looks for them only when it is not 0.
+	noEcho int32
 	// watchers are the live members that subscribed to presence.
 	watchers []*Member
 	// last is the newest seq delivered to this loop's members (or the
@@ -211,9 +214,7 @@ func (t *Table) Leave(m *Member, key []byte) {
 	if r == nil {
 		return
 	}
-	if m.own != nil {
-		m.own.forget(r.key)
-	}
+	t.echoOn(m, r)
 	if m.chat != nil && len(m.chat.receipts) > 0 {
 		t.SetReceipts(m, r.key, false)
 	}
@@ -234,6 +235,14 @@ func (t *Table) Close(m *Member) {
 		t.removeUser(m)
 	}
 	t.dropReceipts(m)
+	if m.chat != nil && m.chat.own != nil {
+		for _, k := range m.chat.own.rooms {
+			if r := t.rooms[k]; r != nil && r.noEcho > 0 {
+				r.noEcho--
+			}
+		}
+		m.chat.own = nil
+	}
 	t.node.Stats.Joined.Add(-int64(m.Rooms()))
 	if m.reads != nil {
 		m.reads.gone.Store(true)

@@ -80,7 +80,7 @@ func TestEchoOffSkipsOwn(t *testing.T) {
 	me, other := member(&testOwner{}), member(&testOwner{})
 	tb.join(r, me)
 	tb.join(r, other)
-	me.SetEcho("app/r", false)
+	tb.SetEcho(me, "app/r", false)
 	me.Published("app/r", []byte("k1"))
 	me.Published("app/r", []byte("k2"))
 	me.Acked("app/r", []byte("k2"), 2)
@@ -90,8 +90,8 @@ func TestEchoOffSkipsOwn(t *testing.T) {
 	tb.fan(r, 1, frame(1, "k1", "u"), nil) // before its ack: by id
 	tb.fan(r, 2, frame(2, "k2", "u"), nil) // after: by seq
 	tb.fan(r, 3, frame(3, "k1", "v"), nil) // another user's k1
-	if me.Out.PendingBytes() != len(frame(3, "k1", "v")) || len(me.own.pubs) != 0 {
-		t.Fatalf("own member: %d pending, %d remembered", me.Out.PendingBytes(), len(me.own.pubs))
+	if me.Out.PendingBytes() != len(frame(3, "k1", "v")) || len(me.chat.own.pubs) != 0 {
+		t.Fatalf("own member: %d pending, %d remembered", me.Out.PendingBytes(), len(me.chat.own.pubs))
 	}
 	if len(other.Out.Pending()) != 3 {
 		t.Fatalf("other member got %d", len(other.Out.Pending()))

@@ -32,8 +32,7 @@ type Member struct {
 	joins []*joinState
 	reads *readQueue  // its store reads; nil until it makes one
 	sse   *sseMember  // nil for a WebSocket member
-	own   *ownPubs    // its echo-off rooms and publishes in them (echo.go); nil: none
-	chat  *memberChat // its user and signal state (AddUser); nil until then
+	chat  *memberChat // its user, signal, echo and receipts state; nil until first needed
 }
 
 // memberChat is what a WebSocket member holds for chat state, apart so
@@ -49,6 +48,7 @@ type memberChat struct {
 	// share one queue per node: one client's flood must not fill it.
 	ReadTAT  int64
 	receipts []string // keys of the rooms it gets receipts of
+	own      *ownPubs // its echo-off rooms and publishes in them (echo.go); nil: none
 }
 
 type slot struct {
@@ -231,7 +231,9 @@ func (t *Table) fan(r *Room, seq uint64, frame, event []byte) {
 		evLen = len(event) - sseIDLen(r, seq)
 	}
 	for _, m := range r.members {
-		if m.own != nil && m.own.skip(r, seq, frame, m.Out.Owner.User()) {
+		// Echo off: gated by the room's count, so that a room without
+		// such members pays nothing per member.
+		if r.noEcho > 0 && m.chat != nil && m.chat.own != nil && m.chat.own.skip(r, seq, frame, m.Out.Owner.User()) {
 			continue
 		}
 		if m.sse == nil {

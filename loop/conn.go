@@ -705,7 +705,7 @@ func (c *conn) join(cmd *proto.Command) {
 	switch err := l.table.Join(&c.m, l.roomKey(c, cmd.Room), rs); err {
 	case nil:
 		if cmd.NoEcho || c.m.EchoOff() {
-			c.m.SetEcho(l.intern(l.roomKey(c, cmd.Room)), !cmd.NoEcho)
+			l.table.SetEcho(&c.m, l.intern(l.roomKey(c, cmd.Room)), !cmd.NoEcho)
 		}
 		if cmd.Receipts {
 			l.table.SetReceipts(&c.m, l.intern(l.roomKey(c, cmd.Room)), true)
