@@ -167,7 +167,6 @@ func (p *positions) do(j posJob) {
 	seq, err := p.mark(ctx, k, j.seq)
 	if j.reply != nil {
 		j.reply <- posReply{seq: seq, err: err}
-		return
 	}
 	if m := j.m; m != nil {
 		p.n.tables[j.loop].Load().loop.Post(Event{kind: evReadDone, member: m, key: j.key, seq: seq, err: err})

@@ -452,3 +452,15 @@ func TestReadRequestRate(t *testing.T) {
 	bob.send(`{"op":"read","room":"r","seq":0}`)
 	bob.expect(map[string]any{"op": "read", "seq": 0})
 }
+
+// The Server API's read mark reaches the user's connections like a read.
+func TestReadAPIReachesTabs(t *testing.T) {
+	n := startNode(t, nil)
+	alice, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	publish(t, bob, "r", "m", 2)
+	seq, err := n.fan.MarkRead(context.Background(), "test/r", "alice", 2)
+	if err != nil || seq != 2 {
+		t.Fatal(seq, err)
+	}
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 2})
+}
