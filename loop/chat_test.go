@@ -464,3 +464,22 @@ func TestReadAPIReachesTabs(t *testing.T) {
 	}
 	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 2})
 }
+
+// Signals are not replayed: a resume from 0 gets the messages only.
+func TestSignalNotResumed(t *testing.T) {
+	n := startNode(t, nil)
+	a, bob := n.dial(t, "alice"), n.dial(t, "bob")
+	joinAll("r", a, bob)
+	a.send(`{"op":"signal","room":"r","body":1}`)
+	bob.expect(map[string]any{"op": "signal"})
+	a.send(`{"op":"pub","room":"r","id":"k","body":2}`)
+	bob.expect(map[string]any{"op": "msg", "seq": 1})
+	a.send(`{"op":"signal","room":"r","body":3}`)
+	bob.expect(map[string]any{"op": "signal"})
+	c := n.dial(t, "carol")
+	c.send(`{"op":"join","room":"r","since":0}`)
+	c.expect(map[string]any{"op": "joined"})
+	c.expect(map[string]any{"op": "msg", "seq": 1})
+	c.send(`{"op":"ping"}`)
+	c.expect(map[string]any{"op": "pong"})
+}
