@@ -7,7 +7,8 @@ import (
 	"github.com/roost-chat/roost/proto"
 )
 
-// Chat state on the client listener: signals (typing, cursors).
+// Chat state on the client listener: signals (typing, cursors), the
+// inboxes' rules, read positions, unread counts and receipts.
 
 // Defaults of a connection's signal rate: a typing indicator sends a few
 // a second, a burst covers a paste or a reconnect.
