@@ -26,7 +26,7 @@ import (
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/api"
 	"github.com/roost-chat/roost/fanout/webhook"
-	"github.com/roost-chat/roost/hooknet"
+	"github.com/roost-chat/roost/fanout/hooknet"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"

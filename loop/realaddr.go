@@ -5,7 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/realip"
+	"github.com/roost-chat/roost/loop/realip"
 )
 
 // A connection's client address behind a proxy. With --proxy-protocol the

@@ -48,7 +48,7 @@ import (
 	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/loop/internal/uring"
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/realip"
+	"github.com/roost-chat/roost/loop/realip"
 )
 
 // Config is the node's settings as main fills them from flags. It embeds

@@ -8,7 +8,7 @@ import (
 	"github.com/bytedance/sonic"
 	"golang.org/x/sys/unix"
 
-	"github.com/roost-chat/roost/hooknet"
+	"github.com/roost-chat/roost/fanout/hooknet"
 )
 
 // beforeGive, when set, runs in handOff after the write and before the call
