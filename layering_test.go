@@ -16,13 +16,13 @@ import (
 // listed.
 var layers = map[string][]string{
 	".":                   {"*"}, // main wires everything
-	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "fanout/tenancy", "loop/internal/uring", "proto", "realip"},
+	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "fanout/tenancy", "loop/internal/uring", "proto", "loop/realip"},
 	"loop/internal/uring": {},
-	"fanout/api":          {"fanout", "fanout/tenancy", "httpedge", "persist", "proto"},
+	"fanout/api":          {"fanout", "fanout/tenancy", "fanout/api/httpedge", "persist", "proto"},
 	"fanout/tenancy":      {"proto"},
-	"fanout/webhook":      {"hooknet", "persist", "proto"},
-	"fanout/proxy":        {"hooknet", "proto"},
-	"hooknet":             {"proto"},
+	"fanout/webhook":      {"fanout/hooknet", "persist", "proto"},
+	"fanout/proxy":        {"fanout/hooknet", "proto"},
+	"fanout/hooknet":      {"proto"},
 	"fanout/outq":         {},
 	"fanout":              {"fanout/outq", "persist", "pubsub", "proto"},
 	"persist":             {"proto"},
@@ -32,8 +32,8 @@ var layers = map[string][]string{
 	"proto":               {},
 	"proto/prototest":     {},
 	"tuning":              {},
-	"realip":              {},
-	"httpedge":            {},
+	"loop/realip":         {},
+	"fanout/api/httpedge": {},
 	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
 }
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/fanout/api"
-	"github.com/roost-chat/roost/httpedge"
+	"github.com/roost-chat/roost/fanout/api/httpedge"
 )
 
 // The admin listener's budget: adminMaxConns connections, of which those

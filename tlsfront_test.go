@@ -148,7 +148,8 @@ func startProxy(t testing.TB, name string, args ...string) *frontProxy {
 	p := &frontProxy{log: &syncBuffer{}}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	p.cmd.SysProcAttr = childAttr()
+	p.cmd.SysProcAttr.Setpgid = true // nginx's workers die with the group
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

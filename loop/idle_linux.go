@@ -10,7 +10,7 @@ import (
 
 // What an idle node does is ping: with 15,000 idle connections, 600 pings
 // a second and 600 pongs back, each ping a sendto(2) of its own and each
-// pong an epoll wake-up and a read(2) (docs/benchmarks.md, "What an idle
+// pong an epoll wake-up and a read(2) (docs/bench-notes/2026-12-01.md, "What an idle
 // node still woke for"). Both go through the loop's ring here instead.
 //
 // The sweep queues its pings on the ring and submits them in batches, one

@@ -4,8 +4,8 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/roost-chat/roost/loop/realip"
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/realip"
 )
 
 // A connection's client address behind a proxy. With --proxy-protocol the

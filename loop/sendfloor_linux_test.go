@@ -21,7 +21,7 @@ import (
 // for one frame written to each of many loopback TCP sockets whose peers
 // another process reads, the way a pass over a room writes them, so that
 // the node's CPU per frame in a pass can be set against the machine's
-// floor (docs/benchmarks.md, "one-channel: where a pass's CPU goes"). It
+// floor (docs/bench-notes/2026-12-04.md, "one-channel: where a pass's CPU goes"). It
 // runs only when asked:
 //
 //	ROOST_SENDFLOOR=6000 taskset -c 1 go test -count=1 -run TestSendFloor -v ./loop/

@@ -47,8 +47,8 @@ import (
 	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/loop/internal/uring"
+	"github.com/roost-chat/roost/loop/realip"
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/realip"
 )
 
 // Config is the node's settings as main fills them from flags. It embeds

@@ -153,7 +153,7 @@ func OpenPostgres(ctx context.Context, url string, cfg PGConfig) (*Postgres, err
 // its pages in anew. A chunk of a MiB, served by mmap and freed, raises
 // glibc's mmap threshold to its size and the trim threshold to twice that
 // (its dynamic threshold rule), so from then on a commit's memory stays in
-// the heap between commits (docs/benchmarks.md, "The backend keeps its
+// the heap between commits (docs/bench-notes/2026-12-04.md, "The backend keeps its
 // heap").
 func warmBackendHeap(ctx context.Context, c *pgx.Conn) error {
 	_, err := c.Exec(ctx, "SELECT length(repeat(repeat('x', 1024), 1024))")

@@ -43,7 +43,7 @@ for k in $(seq 0 $((nodes - 1))); do
   # GOGC 25: a node's heap is mostly its connections' state, ~0.9 KiB
   # each and long-lived, while the garbage comes from the publish path at
   # a few KB per publish; Go's default 100 lets the heap grow to twice the
-  # connections' state between collections (docs/benchmarks.md, "Memory
+  # connections' state between collections (docs/bench-notes/2026-12-01.md, "Memory
   # per connection under a chat load").
   GOGC=${NODE_GOGC:-25} start_node "n$k" "${ports[$k]}" --loops 1 --publish-workers 2 --database-url "$db_url" \
     --redis-url "redis://127.0.0.1:$redis_port" --connections $((rooms * size / nodes + 100))

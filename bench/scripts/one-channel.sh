@@ -15,7 +15,7 @@
 #     at a real network's far end. On one loopback the kernel runs the
 #     receiver's side of every send in the sender's context: nearly half
 #     of the node's CPU per frame is then the bench's receive
-#     (docs/benchmarks.md, "one-channel: where a pass's CPU goes"). The
+#     (docs/bench-notes/2026-12-04.md, "one-channel: where a pass's CPU goes"). The
 #     machine's own loopback is not touched. Needs root (unshare, a sysfs
 #     mount in the namespace) and ip (iproute2); the reports say
 #     "steered": true.

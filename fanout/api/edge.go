@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/roost-chat/roost/httpedge"
+	"github.com/roost-chat/roost/fanout/api/httpedge"
 	"github.com/roost-chat/roost/proto"
 )
 

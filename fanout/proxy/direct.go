@@ -24,7 +24,7 @@ import (
 // goroutine hand-offs per call on top of the network's wake-up. On a node
 // whose event loops hold the CPU each hand-off waits for a loop to yield,
 // and those waits are most of what a hooked publish spends in the node
-// (docs/benchmarks.md, What the node adds to a proxy call). The worker
+// (docs/bench-notes/2026-12-01.md, What the node adds to a proxy call). The worker
 // here writes the request and reads the answer on its own goroutine: the
 // answer's arrival is the only wake-up. A worker makes one call at a time,
 // so each keeps its own connections (one per backend host:port), which is

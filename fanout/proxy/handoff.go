@@ -8,7 +8,7 @@ import (
 	"github.com/bytedance/sonic"
 	"golang.org/x/sys/unix"
 
-	"github.com/roost-chat/roost/hooknet"
+	"github.com/roost-chat/roost/fanout/hooknet"
 )
 
 // beforeGive, when set, runs in handOff after the write and before the call
@@ -27,7 +27,7 @@ var beforeGive func()
 // and it hands the verdict to Done as any worker does. Through the queue
 // a call waited for a worker to be scheduled before its request even
 // left, a goroutine wake-up that on a node whose loops hold the CPU costs
-// about what the loop's own turn does (docs/benchmarks.md, What the node
+// about what the loop's own turn does (docs/bench-notes/2026-12-01.md, What the node
 // adds to a proxy call); now the request leaves with the loop's turn, and
 // the answer's arrival is the call's only wake-up besides the loop's.
 //

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/roost-chat/roost/hooknet"
+	"github.com/roost-chat/roost/fanout/hooknet"
 )
 
 // A proxy hook never calls a link-local address nor one of the node's own

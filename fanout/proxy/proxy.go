@@ -28,7 +28,7 @@ import (
 
 	"github.com/bytedance/sonic"
 
-	"github.com/roost-chat/roost/hooknet"
+	"github.com/roost-chat/roost/fanout/hooknet"
 	"github.com/roost-chat/roost/proto"
 )
 

@@ -38,7 +38,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/roost-chat/roost/hooknet"
+	"github.com/roost-chat/roost/fanout/hooknet"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )

@@ -10,7 +10,7 @@
 // send is most of a frame's CPU, and of the rest the largest part is the
 // syscall's own entry and exit, which on a machine with page-table
 // isolation costs about a microsecond: in a batch it is paid once per
-// Batch operations (docs/benchmarks.md, "One frame per write: the sends in
+// Batch operations (docs/bench-notes/2026-12-01.md, "One frame per write: the sends in
 // batches").
 //
 // A library was considered. github.com/iceber/iouring-go runs a goroutine
