@@ -67,11 +67,7 @@ func (c *conn) signal(cmd *proto.Command) {
 // once the positions goroutine has it). Loop only.
 func (c *conn) markRead(cmd *proto.Command) {
 	l := c.l
-	if msg := c.mayRead(cmd.Room); msg != "" {
-		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
-		return
-	}
-	if !c.admitRead(cmd.Room) {
+	if !c.mayAsk(cmd.Room) {
 		return
 	}
 	if !l.table.MarkRead(&c.m, l.intern(l.roomKey(c, cmd.Room)), c.user, cmd.Seq) {
@@ -111,17 +107,23 @@ func (c *conn) unread(cmd *proto.Command) {
 // fanout).
 func (c *conn) receipts(cmd *proto.Command) {
 	l := c.l
-	if msg := c.mayRead(cmd.Room); msg != "" {
-		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
-		return
-	}
-	if !c.admitRead(cmd.Room) {
+	if !c.mayAsk(cmd.Room) {
 		return
 	}
 	if !l.table.Receipts(&c.m, l.intern(l.roomKey(c, cmd.Room))) {
 		l.srv.Stats.Overloaded.Add(1)
 		c.sendErr(cmd.Room, proto.CodeOverloaded, "read positions are behind: retry")
 	}
+}
+
+// mayAsk checks a read or receipts request of room: the room's read
+// permission, then the connection's rate. It answers a refusal itself.
+func (c *conn) mayAsk(room []byte) bool {
+	if msg := c.mayRead(room); msg != "" {
+		c.sendErr(room, proto.CodeForbidden, msg)
+		return false
+	}
+	return c.admitRead(room)
 }
 
 // admitRead applies the connection's rate to read, unread and receipts

@@ -357,41 +357,18 @@ func decode(payload []byte, cmd *Command) error {
 			if len(raw) <= MaxEpoch {
 				epoch, cmd.Epoch = valid, raw
 			}
-		case fieldPresence:
+		case fieldPresence, fieldReceipts, fieldEcho:
 			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
 			}
-			switch string(b[vs:i]) {
-			case "true":
-				pres, cmd.Presence = valid, true
-			case "false":
-				pres, cmd.Presence = valid, false
+			p, v := boolValue(b[vs:i])
+			switch f {
+			case fieldPresence:
+				pres, cmd.Presence = p, v
+			case fieldReceipts:
+				rcpt, cmd.Receipts = p, v
 			default:
-				pres, cmd.Presence = invalid, false
-			}
-		case fieldReceipts:
-			if i, ok = skipValue(b, i, 1); !ok {
-				return ErrMalformed
-			}
-			switch string(b[vs:i]) {
-			case "true":
-				rcpt, cmd.Receipts = valid, true
-			case "false":
-				rcpt, cmd.Receipts = valid, false
-			default:
-				rcpt, cmd.Receipts = invalid, false
-			}
-		case fieldEcho:
-			if i, ok = skipValue(b, i, 1); !ok {
-				return ErrMalformed
-			}
-			switch string(b[vs:i]) {
-			case "true":
-				echo, cmd.NoEcho = valid, false
-			case "false":
-				echo, cmd.NoEcho = valid, true
-			default:
-				echo, cmd.NoEcho = invalid, false
+				echo, cmd.NoEcho = p, p == valid && !v
 			}
 		case fieldBody:
 			if i, ok = skipValue(b, i, 1); !ok {
@@ -512,6 +489,17 @@ func decode(payload []byte, cmd *Command) error {
 		}
 	}
 	return nil
+}
+
+// boolValue reads a JSON true or false; anything else is invalid.
+func boolValue(raw []byte) (presence, bool) {
+	switch string(raw) {
+	case "true":
+		return valid, true
+	case "false":
+		return valid, false
+	}
+	return invalid, false
 }
 
 // reset clears the decoded fields but not the scratch arrays: clearing
