@@ -108,3 +108,21 @@ func TestEchoOffSkipsOwn(t *testing.T) {
 		t.Fatalf("echo-off fan-out allocates %.1f per round", n)
 	}
 }
+
+// Sending a signal allocates nothing once warm: the frame is carved from
+// the loop's arena and the job is a value on a bounded queue.
+func TestSignalSendAllocationFree(t *testing.T) {
+	tb := newTable(1<<20, 1<<20)
+	tb.node = &Node{signals: make(chan signalJob, 8), sigNode: signalNode()}
+	m := member(&testOwner{})
+	body := []byte(`{"typing":true}`)
+	room := []byte("room")
+	round := func() {
+		tb.Signal(m, "app/room", room, "alice", body)
+		<-tb.node.signals
+	}
+	round()
+	if n := leastAllocs(1000, round); n != 0 {
+		t.Fatalf("sending a signal allocates %.2f per signal", n)
+	}
+}
