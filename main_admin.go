@@ -362,6 +362,7 @@ func writeMetrics(w io.Writer, a *admin) error {
 		c("roost_webhook_posts_total", ws.Posts.Load())
 		c("roost_webhook_failures_total", ws.Failures.Load())
 		writeDropped(m, a.hooks)
+		writeBacklog(m, a.hooks)
 		c("roost_webhook_dead_total", ws.Dead.Load())
 		c("roost_webhook_read_total", ws.Read.Load())
 		g("roost_webhook_owed", ws.Owed.Load())

@@ -152,3 +152,27 @@ func writeDropped(m *expo, hooks *webhook.Dispatcher) {
 		m.line(`roost_webhook_dropped_total{app="`+r.app+`"}`, float64(r.n))
 	}
 }
+
+// writeBacklog writes each app's webhook backlog: events and bytes held,
+// rooms left in the store, and the age of the oldest event held.
+func writeBacklog(m *expo, hooks *webhook.Dispatcher) {
+	var rows []webhook.Backlog
+	hooks.EachBacklog(time.Now(), func(b webhook.Backlog) { rows = append(rows, b) })
+	slices.SortFunc(rows, func(a, b webhook.Backlog) int { return strings.Compare(a.App, b.App) })
+	m.family("roost_webhook_app_owed", "gauge")
+	for _, r := range rows {
+		m.line(`roost_webhook_app_owed{app="`+labelValue(r.App)+`"}`, float64(r.Owed))
+	}
+	m.family("roost_webhook_app_held_bytes", "gauge")
+	for _, r := range rows {
+		m.line(`roost_webhook_app_held_bytes{app="`+labelValue(r.App)+`"}`, float64(r.Bytes))
+	}
+	m.family("roost_webhook_app_spilled_rooms", "gauge")
+	for _, r := range rows {
+		m.line(`roost_webhook_app_spilled_rooms{app="`+labelValue(r.App)+`"}`, float64(r.Spill))
+	}
+	m.family("roost_webhook_app_lag_seconds", "gauge")
+	for _, r := range rows {
+		m.line(`roost_webhook_app_lag_seconds{app="`+labelValue(r.App)+`"}`, r.Oldest.Seconds())
+	}
+}

@@ -458,6 +458,36 @@ func (d *Dispatcher) EachDropped(f func(app string, n uint64)) {
 	}
 }
 
+// Backlog is one app's owed events as this node holds them.
+type Backlog struct {
+	App    string
+	Owed   int           // events waiting in memory behind the batch being posted
+	Bytes  int64         // what they hold
+	Oldest time.Duration // age of the oldest of them (0: none)
+	Spill  int           // rooms with owed events left in the store (PostgreSQL), read back in pages
+}
+
+// EachBacklog calls f with each app that has a webhook on this node, in
+// no order: what its delivery still owes and how late it is (the admin
+// page's backlog and lag per app, and their metrics).
+func (d *Dispatcher) EachBacklog(now time.Time, f func(Backlog)) {
+	d.mu.RLock()
+	targets := make([]*target, 0, len(d.apps))
+	for _, t := range d.apps {
+		targets = append(targets, t)
+	}
+	d.mu.RUnlock()
+	for _, t := range targets {
+		t.mu.Lock()
+		b := Backlog{App: t.id, Owed: len(t.queue), Bytes: t.bytes, Spill: len(t.spill)}
+		if len(t.queue) > 0 {
+			b.Oldest = now.Sub(t.queue[0].at)
+		}
+		t.mu.Unlock()
+		f(b)
+	}
+}
+
 // logDrop logs dropped events at most once a second.
 func (d *Dispatcher) logDrop(app, why string) {
 	now := time.Now().UnixNano()

@@ -237,6 +237,12 @@ func TestReceiverDownThenBack(t *testing.T) {
 	if o := d.Stats.Owed.Load(); o != 500 {
 		t.Fatalf("owed %d while down, want 500", o)
 	}
+	// The app's own backlog and lag, as the admin page and metrics read it.
+	var backlogs []Backlog
+	d.EachBacklog(time.Now(), func(b Backlog) { backlogs = append(backlogs, b) })
+	if len(backlogs) != 1 || backlogs[0].Owed <= 0 || backlogs[0].Owed > 500 || backlogs[0].Bytes <= 0 || backlogs[0].Oldest < time.Second {
+		t.Fatalf("backlog while down: %+v, want one app with events waiting for over a second", backlogs)
+	}
 	rc := newReceiver(t, "current-secret-0123456789")
 	ln, err = net.Listen("tcp", addr)
 	if err != nil {
