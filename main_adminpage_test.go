@@ -125,7 +125,7 @@ func adminGet(t *testing.T, admin, path string) string {
 }
 
 // The page is read-only and self-contained: it loads nothing from
-// elsewhere, and a node nobody watches samples nothing.
+// elsewhere, and its status route takes no writes.
 func TestAdminPageServed(t *testing.T) {
 	_, admin := inProcessNode(t)
 	res, err := http.Get("http://" + admin + "/")
