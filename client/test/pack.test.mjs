@@ -89,8 +89,10 @@ const chat = (importWS, room) => `
 import { Roost } from "roost-client";
 ${importWS}
 const client = new Roost("ws://127.0.0.1:" + process.env.PORT + "/ws", { user: "alice", app: "packed", WebSocket });
-let room;
-const got = new Promise((resolve) => (room = client.room(${JSON.stringify(room)}, { onMessage: resolve })));
+let room, joined;
+const isJoined = new Promise((resolve) => (joined = resolve));
+const got = new Promise((resolve) => (room = client.room(${JSON.stringify(room)}, { onMessage: resolve, onJoined: joined })));
+await isJoined; // published before the join is served, the message would come before the member's join point
 const ack = await room.publish({ text: "hi" });
 const msg = await got;
 client.close();
