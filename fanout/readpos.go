@@ -394,43 +394,27 @@ func (n *Node) receivedRead(b []byte) {
 	}
 }
 
-// AddUser records m as a connection of user of app, so that the user's
-// read positions reach it. Loop only, once per member.
-func (t *Table) AddUser(m *Member, app, user string) {
-	c := m.Chat()
-	c.userKey = app + "/" + user
-	if t.users == nil {
-		t.users = map[string][]*Member{}
-	}
-	t.users[c.userKey] = append(t.users[c.userKey], m)
-}
-
-func (t *Table) removeUser(m *Member) {
-	key := m.chat.userKey
-	ms := t.users[key]
-	for i, x := range ms {
-		if x == m {
-			ms[i] = ms[len(ms)-1]
-			ms[len(ms)-1] = nil
-			ms = ms[:len(ms)-1]
-			break
-		}
-	}
-	if len(ms) == 0 {
-		delete(t.users, key)
-	} else {
-		t.users[key] = ms
-	}
-}
+// SetUsers gives the table the loop's index of its users' connections:
+// f appends to dst the members of user "app/user" on this loop. A read
+// position reaches a user's connections through it (userFrame). The loop
+// keeps that index beside its per-user counts (one pointer per
+// connection), so an idle connection costs no per-loop map entry, key
+// string or chat state for it. Once, before the loop runs events.
+func (t *Table) SetUsers(f func(userKey string, dst []*Member) []*Member) { t.usersOf = f }
 
 // userFrame queues frame for the connections of a user on this loop but
 // the one tagged tag.
 func (t *Table) userFrame(userKey string, tag uint64, frame []byte) {
-	for _, m := range t.users[userKey] {
-		if tag == 0 || m.chat.sig != tag {
+	if t.usersOf == nil {
+		return
+	}
+	t.userBuf = t.usersOf(userKey, t.userBuf[:0])
+	for _, m := range t.userBuf {
+		if tag == 0 || m.chat == nil || m.chat.sig != tag {
 			t.enqueue(m, frame)
 		}
 	}
+	clear(t.userBuf)
 }
 
 // readDone answers a client's read mark.
