@@ -72,6 +72,10 @@ func (d *localDriver) level(rate float64, verify bool, start time.Time, mark fun
 	we := ws.Add(d.p.duration)
 	e.winStart.Store(ws.UnixNano())
 	e.winEnd.Store(we.UnixNano())
+	if d.p.burst > 0 {
+		e.burstOver.Store(int64(d.p.burstOver))
+		e.burstStart.Store(ws.Add(d.p.burstOffset()).UnixNano())
+	}
 	e.setRate(rate)
 	e.pubOn.Store(true)
 
@@ -231,7 +235,8 @@ type Report struct {
 	ConnectTime float64       `json:"connect_s"`
 	Levels      []LevelResult `json:"levels,omitempty"`
 	// the highest offered rate of a --step run that met the sustained rule
-	HighestSustained float64 `json:"highest_sustained_per_s,omitempty"`
+	HighestSustained float64      `json:"highest_sustained_per_s,omitempty"`
+	Burst            *BurstResult `json:"burst,omitempty"`
 
 	// publishes sent and text frames received since connect, over every
 	// level and warm-up: what the node's own counters should say
@@ -420,6 +425,7 @@ func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) er
 		}
 		r := p.result(st, rate, pl.publishers, benchCPU, s0, s1)
 		rep.Levels = append(rep.Levels, r)
+		rep.Burst = p.burstResult(st, start)
 		if p.reconnect != "" || p.scenario == "soak" || p.verdict {
 			rep.Verdict = verdict(r)
 		}
