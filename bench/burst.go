@@ -37,6 +37,9 @@ type BurstResult struct {
 	// During is the series from the burst's start to its last ack (with
 	// --series): the others' ack percentiles, everyone's receipt p99.
 	During *EventWindow `json:"during,omitempty"`
+	// Before is the series from the window's start to the burst's: the
+	// steady load alone (with --series).
+	Before *EventWindow `json:"before,omitempty"`
 }
 
 func (p *params) validateBurst() error {
@@ -127,6 +130,13 @@ func (p *params) burstResult(st *levelStats, start time.Time) *BurstResult {
 	at := start.Add(p.warmup + p.burstOffset())
 	b := &BurstResult{Offered: p.burst, AtS: p.burstOffset().Seconds(), OverS: p.burstOver.Seconds(),
 		Sent: st.BurstSent, Acked: st.BurstAcked}
+	if p.series > 0 && p.burstOffset() > 0 {
+		w := windows(st.Series, p.series, []Event{
+			{T: p.warmup.Seconds(), At: start.Add(p.warmup).UnixNano(), Name: "steady"},
+			{T: at.Sub(start).Seconds(), At: at.UnixNano(), Name: "burst"},
+		})
+		b.Before = &w[0]
+	}
 	if b.Acked == uint64(p.burst) && st.BurstLastAck > 0 {
 		b.BacklogGoneS = float64(st.BurstLastAck-at.UnixNano()) / 1e9
 		if p.series > 0 {
@@ -143,7 +153,11 @@ func (p *params) burstResult(st *levelStats, start time.Time) *BurstResult {
 
 // burstLine is the table's line for a burst.
 func burstLine(b *BurstResult) string {
-	s := fmt.Sprintf("burst: %d offered over %.1fs at %.1fs; %d sent, %d acked", b.Offered, b.OverS, b.AtS, b.Sent, b.Acked)
+	s := ""
+	if d := b.Before; d != nil {
+		s = fmt.Sprintf("before the burst: ack p50 %.2fms p95 %.2fms p99 %.2fms, receipt p99 %.2fms\n", d.AckP50, d.AckP95, d.AckP99, d.LatP99)
+	}
+	s += fmt.Sprintf("burst: %d offered over %.1fs at %.1fs; %d sent, %d acked", b.Offered, b.OverS, b.AtS, b.Sent, b.Acked)
 	if b.BacklogGoneS > 0 {
 		s += fmt.Sprintf("; backlog gone %.2fs after its start", b.BacklogGoneS)
 	} else {

@@ -85,6 +85,9 @@ func TestPublishBurst(t *testing.T) {
 	if b == nil || b.Offered != 1000 || b.Sent != 1000 || b.Acked != 1000 || b.BacklogGoneS <= 0 || b.During == nil {
 		t.Fatalf("burst %+v", b)
 	}
+	if b.Before == nil || b.Before.Acked == 0 || b.Before.AckP95 <= 0 {
+		t.Errorf("no steady window before the burst: %+v", b.Before)
+	}
 	if b.During.Acked == 0 || b.During.AckP99 <= 0 {
 		t.Errorf("no others' acks during the burst: %+v", b.During)
 	}
