@@ -3,9 +3,12 @@
 package bench
 
 import (
+	"bytes"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/gobwas/ws"
 )
 
 func TestBurstSpreadAndValidate(t *testing.T) {
@@ -99,4 +102,58 @@ func TestPublishBurst(t *testing.T) {
 		t.Fatalf("sent %d acked %d, ack latencies %d (the burst's 1000 left out)", r.Sent, r.Acked, r.AckLatency.Count)
 	}
 	checkNodeCounters(t, n, rep)
+}
+
+// --read-marks: a receiver answers each fresh message with a read mark of
+// its seq; the node's read answers are counted, not taken for errors.
+func TestReadMarkSent(t *testing.T) {
+	l, c := testLoop(t)
+	l.e.readMarks = true
+	c.spec.publish = false
+	now := time.Now().UnixNano()
+	l.frames(c, serverStream(1, 2, now-1000), now)
+	if l.st.ReadMarks != 2 {
+		t.Fatalf("read marks %d, out %d bytes", l.st.ReadMarks, len(c.out))
+	}
+	f, err := readClientFrames(c.out)
+	if err != nil || len(f) != 2 || f[0] != `{"op":"read","room":"r0","seq":1}` || f[1] != `{"op":"read","room":"r0","seq":2}` {
+		t.Fatalf("frames %q (%v)", f, err)
+	}
+	l.frames(c, appendServerText(nil, []byte(`{"op":"read","room":"r0","seq":2}`)), now)
+	if l.st.ReadAnswers != 1 || len(l.st.Errors) != 0 {
+		t.Fatalf("answers %d, errors %v", l.st.ReadAnswers, l.st.Errors)
+	}
+}
+
+// readClientFrames decodes the masked text frames a bench connection
+// queued.
+func readClientFrames(b []byte) ([]string, error) {
+	var out []string
+	r := bytes.NewReader(b)
+	for r.Len() > 0 {
+		f, err := ws.ReadFrame(r)
+		if err != nil {
+			return out, err
+		}
+		f = ws.UnmaskFrameInPlace(f)
+		out = append(out, string(f.Payload))
+	}
+	return out, nil
+}
+
+// --read-marks through a real node: every received message marked, every
+// mark answered, the node writing the positions.
+func TestPublishReadMarks(t *testing.T) {
+	n := startNode(t)
+	rep := runBench(t, "publish", "--url", n.url, "--rooms=20", "--rate=100", "--read-marks", "--drain=5s")
+	r := rep.Levels[0]
+	if r.ReadMarks == 0 || r.ReadMarks < r.Delivered*9/10 || len(r.Errors) != 0 {
+		t.Fatalf("read marks %d for %d delivered, errors %v", r.ReadMarks, r.Delivered, r.Errors)
+	}
+	if r.ReadAnswers < r.ReadMarks*9/10 {
+		t.Errorf("answers %d for %d marks", r.ReadAnswers, r.ReadMarks)
+	}
+	if w := n.metric(t, "roost_read_marks_written_total") + n.metric(t, "roost_read_marks_coalesced_total"); w == 0 {
+		t.Errorf("the node wrote and coalesced no read mark")
+	}
 }

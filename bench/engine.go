@@ -197,6 +197,10 @@ type levelStats struct {
 	BurstSent    uint64 `json:"burst_sent"`
 	BurstAcked   uint64 `json:"burst_acked"`
 	BurstLastAck int64  `json:"burst_last_ack_ns"`
+
+	// --read-marks: marks sent in the window, and answers received
+	ReadMarks   uint64 `json:"read_marks"`
+	ReadAnswers uint64 `json:"read_answers"`
 }
 
 func newLevelStats() *levelStats {
@@ -234,6 +238,8 @@ func (s *levelStats) merge(o *levelStats) {
 	s.BurstSent += o.BurstSent
 	s.BurstAcked += o.BurstAcked
 	s.BurstLastAck = max(s.BurstLastAck, o.BurstLastAck)
+	s.ReadMarks += o.ReadMarks
+	s.ReadAnswers += o.ReadAnswers
 	for r, v := range o.AckMax {
 		if s.AckMax == nil {
 			s.AckMax = map[int32]uint64{}
@@ -297,6 +303,8 @@ type engine struct {
 	stop                  atomic.Bool
 
 	sizeFn func(rng *uint64) int // body size of the next publish
+
+	readMarks bool // --read-marks: receivers mark each message read
 
 	reconnect          int
 	placed             int   // targets[:placed] are --url, the rest --reconnect-url
@@ -1185,6 +1193,9 @@ func (l *loop) onMsg(c *conn, seq uint64, stamp int64, now int64) {
 	if !fresh || stamp == 0 {
 		return
 	}
+	if l.e.readMarks && !c.spec.publish {
+		l.markRead(c, seq, now)
+	}
 	live := stamp >= c.joinSent
 	if s != nil {
 		if live {
@@ -1279,6 +1290,10 @@ func (l *loop) onFrame(c *conn, f *proto.ServerFrame, payload []byte, now int64)
 			return
 		}
 		l.pubFailed(c, f)
+	case "read":
+		if l.inWindow(now) {
+			l.st.ReadAnswers++
+		}
 	case "pong", "left":
 	default:
 		l.st.Errors["unexpected_op"]++
