@@ -35,6 +35,7 @@ var layers = map[string][]string{
 	"loop/realip":         {},
 	"fanout/api/httpedge": {},
 	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
+	"test":                {},                  // black-box tests: the binary, over the wire
 }
 
 // never are the edges the design rules out whatever layers says: the wire

@@ -1,7 +1,7 @@
-// Package main_test holds the system tests: they build the roost binary,
+// Package test holds the system tests: they build the roost binary,
 // run and kill real `roost serve` processes, and talk to them only over
 // the wire, so they live apart from package main's in-process tests.
-package main_test
+package test
 
 // The multi-node harness: the roost binary built once, real `roost serve`
 // processes sharing one PostgreSQL database and one Redis (or a Redis
@@ -71,7 +71,7 @@ func roostBinary(t testing.TB) string {
 		binPath = filepath.Join(binDir, "roost")
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.CommandContext(ctx, "go", "build", "-o", binPath, "github.com/roost-chat/roost").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("cannot build roost: %v\n%s", err, out)
 		}

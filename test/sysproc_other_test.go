@@ -1,6 +1,6 @@
 //go:build !linux
 
-package main_test
+package test
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // The browser client's own tests, run as part of `go test ./...`: the unit
 // tests of its state machine with Node's test runner, and the end-to-end
@@ -41,7 +41,7 @@ func runNode(t *testing.T, timeout time.Duration, env []string, files ...string)
 	defer cancel()
 	args := append([]string{"--test", "--test-reporter=spec"}, files...)
 	cmd := exec.CommandContext(ctx, node, args...)
-	cmd.Dir = "client"
+	cmd.Dir = filepath.Join("..", "client")
 	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -68,7 +68,7 @@ func TestClientUnit(t *testing.T) {
 // 200 clients reconnecting after a kill and a drain.
 func TestClientBrowser(t *testing.T) {
 	chromium := needTool(t, "chromium", "apt-get install -y chromium")
-	if _, err := os.Stat(filepath.Join("client", "node_modules", "playwright-core", "package.json")); err != nil {
+	if _, err := os.Stat(filepath.Join("..", "client", "node_modules", "playwright-core", "package.json")); err != nil {
 		msg := "playwright-core not installed: run `npm ci` in client/"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
@@ -87,7 +87,7 @@ func TestClientBrowser(t *testing.T) {
 func TestClientPacked(t *testing.T) {
 	needTool(t, "npm", "apt-get install -y npm")
 	for _, dep := range []string{"ws", "undici"} {
-		if _, err := os.Stat(filepath.Join("client", "node_modules", dep, "package.json")); err != nil {
+		if _, err := os.Stat(filepath.Join("..", "client", "node_modules", dep, "package.json")); err != nil {
 			msg := dep + " not installed: run `npm ci` in client/"
 			if os.Getenv("CI") == "true" {
 				t.Fatal(msg)

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // Many nodes, end to end: real `roost serve` processes sharing one
 // PostgreSQL database and one Redis (single or a three-shard Cluster), real

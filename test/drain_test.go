@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // The drain contract of the real binary under SIGTERM.
 

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // The HTTP edges of the real binary under the load an attacker or a greedy
 // backend brings: idle sockets that never prove a secret, floods of wrong

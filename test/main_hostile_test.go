@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // Tests of the real binary under hostile input and bad luck: descriptor
 // exhaustion, a second instance on the port, bad identities, a memory

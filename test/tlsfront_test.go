@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // TLS in front of the node: Debian's HAProxy and nginx terminate TLS with a
 // certificate the test makes, run the configurations docs/operations.md
@@ -98,7 +98,7 @@ func selfSigned(t testing.TB, dir string) tlsFiles {
 // string is lang.
 func docConfig(t testing.TB, lang string) string {
 	t.Helper()
-	b, err := os.ReadFile("docs/operations.md")
+	b, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // Tests of token lifetimes on the real binary: a rotation's previous
 // secret ends the connections it signed, and --max-token-ttl bounds how
