@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // needTool finds a program or skips (fails with CI=true).
@@ -76,7 +77,7 @@ func TestClientBrowser(t *testing.T) {
 		t.Skip(msg)
 	}
 	db := pgtest.NewDB(t)
-	bin := roostBinary(t)
+	bin := harness.Binary(t)
 	runNode(t, 6*time.Minute, []string{"ROOST_BIN=" + bin, "ROOST_DATABASE_URL=" + db, "CHROMIUM=" + chromium}, "test/browser.test.mjs")
 }
 
@@ -95,5 +96,5 @@ func TestClientPacked(t *testing.T) {
 			t.Skip(msg)
 		}
 	}
-	runNode(t, 3*time.Minute, []string{"ROOST_BIN=" + roostBinary(t)}, "test/pack.test.mjs")
+	runNode(t, 3*time.Minute, []string{"ROOST_BIN=" + harness.Binary(t)}, "test/pack.test.mjs")
 }

@@ -1,11 +1,11 @@
 //go:build linux
 
-package test
+package harness
 
 import "syscall"
 
-// childAttr makes a node started by a test die with the test process
+// ChildAttr makes a process a test starts die with the test process
 // (Linux's parent-death signal), so a killed test run leaves no node behind.
-func childAttr() *syscall.SysProcAttr {
+func ChildAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
