@@ -50,6 +50,16 @@ func dialOpsWith(t testing.TB, addr, query string, netDial func(ctx context.Cont
 	return c, nil
 }
 
+// dialOps is dialOpsWith the default dialer; it fails t when it cannot.
+func dialOps(t testing.TB, addr, query string) *opsClient {
+	t.Helper()
+	c, err := dialOpsWith(t, addr, query, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func (c *opsClient) send(s string) error { return c.Send(s) }
 
 // expect reads the next frame, within 5s, and checks that it is a text

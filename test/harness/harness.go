@@ -265,8 +265,8 @@ func cpuGroup(t testing.TB, s Spec) *cpuShare {
 
 var httpClient = &http.Client{Timeout: 2 * time.Second}
 
-// PID is the node's process ID (that of the shell before its exec, for
-// the moment between Start and the exec under Spec.NoFile or CPUQuota).
+// PID is the node's process ID (under Spec.NoFile or CPUQuota, a shell
+// sets the limit and execs the node in the same process).
 func (n *Node) PID() int { return n.Cmd.Process.Pid }
 
 // WaitReady waits up to d until /readyz answers 200.
