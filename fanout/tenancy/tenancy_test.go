@@ -53,7 +53,7 @@ func TestBucketTakeN(t *testing.T) {
 	if w := b.TakeN(int64(200*time.Millisecond), r, 2); w != 0 {
 		t.Fatalf("2 after 200 ms wait %d (a refused TakeN spent something)", w)
 	}
-	if !r.Fits(5) || r.Fits(6) || !(Rate{}).Fits(1 << 40) {
+	if !r.Fits(5) || r.Fits(6) || !(Rate{}).Fits(1<<40) {
 		t.Fatal("Fits")
 	}
 	if w := b.TakeN(0, Rate{}, 1000); w != 0 {
