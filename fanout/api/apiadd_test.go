@@ -426,3 +426,75 @@ func TestPresenceAPI(t *testing.T) {
 		}
 	})
 }
+
+// benchStores runs f on the memory store and on PostgreSQL.
+func benchStores(b *testing.B, f func(b *testing.B, st persist.Store)) {
+	b.Run("memory", func(b *testing.B) {
+		st := persist.NewMemory(100)
+		b.Cleanup(st.Close)
+		f(b, st)
+	})
+	b.Run("postgres", func(b *testing.B) {
+		url := pgtest.NewDB(b)
+		ctx := context.Background()
+		if err := persist.Migrate(ctx, url); err != nil {
+			b.Fatal(err)
+		}
+		st, err := persist.OpenPostgres(ctx, url, persist.PGConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(st.Close)
+		f(b, st)
+	})
+}
+
+// BenchmarkBroadcast1000: one broadcast of a small body to 1,000 rooms
+// per op, each a new message (a new id per op), through the real publish
+// pool (its default 10 ms window); rooms/s is the commits per second.
+func BenchmarkBroadcast1000(b *testing.B) {
+	benchStores(b, func(b *testing.B, st persist.Store) {
+		s, fan := apiOn(b, st, Config{MaxMsg: 1024}, fanout.Parts{Pool: fanout.PoolConfig{Window: 10 * time.Millisecond}})
+		rooms := make([]string, MaxBroadcastRooms)
+		for i := range rooms {
+			rooms[i] = fmt.Sprintf("room-%04d", i)
+		}
+		list, _ := json.Marshal(rooms)
+		batches := fan.PoolStats().Batches
+		b.ResetTimer()
+		for i := range b.N {
+			rec := call(s, http.MethodPost, "/v1/apps/chat/broadcast", `{"rooms":`+string(list)+`,"id":"b-`+fmt.Sprint(i)+`","from":"bot","body":{"text":"hello"}}`)
+			if rec.Code != 200 {
+				b.Fatal(rec.Body)
+			}
+		}
+		b.ReportMetric(float64(b.N*len(rooms))/b.Elapsed().Seconds(), "rooms/s")
+		b.ReportMetric(float64(fan.PoolStats().Batches-batches)/float64(b.N), "commits/op")
+	})
+}
+
+// BenchmarkListRooms1000: one page of 1,000 rooms (of 20,000) per op,
+// with their presence counts.
+func BenchmarkListRooms1000(b *testing.B) {
+	benchStores(b, func(b *testing.B, st persist.Store) {
+		s, _ := apiOn(b, st, Config{}, fanout.Parts{})
+		ctx := context.Background()
+		var batch []*persist.Row
+		for i := range 20_000 {
+			batch = append(batch, &persist.Row{Key: proto.RoomKey("chat", fmt.Sprintf("room-%05d", i)), From: "u", ID: []byte("a"), Body: []byte(`1`)})
+			if len(batch) == 1000 {
+				if err := st.CommitBatch(ctx, batch); err != nil {
+					b.Fatal(err)
+				}
+				batch = batch[:0]
+			}
+		}
+		b.ResetTimer()
+		for i := range b.N {
+			rec := call(s, http.MethodGet, fmt.Sprintf("/v1/apps/chat/rooms?limit=1000&after=room-%05d", (i*1000)%19_000), "")
+			if rec.Code != 200 {
+				b.Fatal(rec.Body)
+			}
+		}
+	})
+}
