@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	vm "github.com/VictoriaMetrics/metrics"
+
 	"github.com/roost-chat/roost/bench"
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/api"
@@ -148,6 +150,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		return fatal(err)
 	}
 
+	// Every part registers its own series on the node's set as it is
+	// built; the admin listener's /metrics writes the set.
+	set := vm.NewSet()
+	nodeInfo(set, c.node.NodeID)
+
 	// 1. The store.
 	ctx := context.Background()
 	t0 = time.Now()
@@ -155,6 +162,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if err != nil {
 		return fatal(err)
 	}
+	store.RegisterMetrics(set)
 	if pg != nil {
 		log.Info("store: postgresql", "took", time.Since(t0))
 	} else {
@@ -164,6 +172,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	// 2. The webhooks: they take each committed batch before its acks;
 	// with no app having one, that costs one atomic load per batch.
 	hists := newHistograms()
+	hists.RegisterMetrics(set)
 	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe, MaxBytes: c.webhookBacklogN}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
@@ -176,6 +185,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	hooknet.Default.SetLog(log)
 	hooks := webhook.New(hcfg)
+	hooks.RegisterMetrics(set)
 	stops.add("webhooks", func() {
 		if owed := hooks.Stats.Owed.Load(); owed > 0 && !hooks.Durable() {
 			// In memory only: what the receivers have not taken is lost.
@@ -229,6 +239,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if err != nil {
 		return fatal(err)
 	}
+	fan.RegisterMetrics(set)
+	if redis != nil {
+		redis.RegisterMetrics(set)
+	}
 	// What is queued is committed and answered, then the readers, the
 	// rebroadcaster and the broker stop.
 	stops.add("publish path and broker", func() {
@@ -249,6 +263,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		return fatal(err)
 	}
 	loops.Store(srv)
+	srv.RegisterMetrics(set)
 	var releaseClientAddr func()
 	stops.add("loops", func() {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -271,6 +286,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight},
 			Dev:  c.node.Insecure && loopbackAddr(c.api), DevMaxApps: c.node.InsecureMaxApps},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
+		apiSrv.RegisterMetrics(set)
 	}
 
 	// 6. The app registry, read once and then watched; the node's
@@ -295,7 +311,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
 		release := hooknet.Default.Own("admin", ln.Addr()) // hooks may not call it
-		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks, token: c.adminToken}
+		adm := &admin{srv: srv, fan: fan, metrics: set, redis: redis, ready: &ready, token: c.adminToken}
 		adm.board = newStatusBoard(adm, log)
 		go adm.board.run(bg)
 		adminSrv, ln := newAdminServer(ln, adm, log)
