@@ -6,12 +6,14 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/fanout/api"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/loop"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
+// registryName says where the registry is, for the log.
 func registryName(c *config) string {
 	if c.appsFile != "" {
 		return "file " + c.appsFile
@@ -34,9 +36,19 @@ func registryRetention(apps []proto.App) map[string]persist.Retention {
 // startRegistry reads the app registry (the --apps file, or PostgreSQL's
 // apps table) once, hands it to every part that serves apps, and watches
 // it until ctx ends: changes reach this node within 2 s (LISTEN/NOTIFY or
-// the file's mtime at once, the periodic re-read at worst). Without a
-// registry it returns nil: the apps are --app-secret's, or none.
+// the file's mtime at once, the periodic re-read at worst). Each reading
+// is resolved once, into one tenancy.Snapshot that the loops (WebSocket,
+// SSE) and the server API are both handed: the two edges hold the same
+// views of every app. Without a registry the snapshot holds the
+// --app-secret apps alone, and it returns a nil Registry.
 func startRegistry(ctx context.Context, c *config, log *slog.Logger, store persist.Store, pg *persist.Postgres, srv *loop.Server, hooks *webhook.Dispatcher, apiSrv *api.Server) (persist.Registry, error) {
+	share := func(apps []proto.App) {
+		snap := tenancy.NewSnapshot(c.node.Limits, c.node.Apps, apps)
+		srv.SetApps(snap)
+		if apiSrv != nil {
+			apiSrv.SetApps(snap)
+		}
+	}
 	var reg persist.Registry
 	switch {
 	case c.appsFile != "":
@@ -44,6 +56,7 @@ func startRegistry(ctx context.Context, c *config, log *slog.Logger, store persi
 	case pg != nil:
 		reg = pg
 	default:
+		share(nil)
 		return nil, nil
 	}
 	// A registry in PostgreSQL keeps the apps' retention in the columns the
@@ -57,11 +70,8 @@ func startRegistry(ctx context.Context, c *config, log *slog.Logger, store persi
 	regLog := newRegistryLog(log)
 	setApps := func(apps []proto.App) {
 		regLog.applied(apps)
-		srv.SetApps(apps)
+		share(apps)
 		hooks.SetApps(apps)
-		if apiSrv != nil {
-			apiSrv.SetApps(apps)
-		}
 		if fileRetention != nil {
 			fileRetention.SetAppRetention(registryRetention(apps))
 		}
