@@ -1,6 +1,15 @@
 // Command roost is a chat node: WebSocket clients on gnet event loops,
 // messages committed to PostgreSQL (or memory) and fanned out through Redis
 // (or in process). `roost` alone runs `roost serve` on embedded defaults.
+//
+// The root package owns no part of the node's work, only its wiring: the
+// command line and its settings (main_config.go), the dispatch of the
+// commands (main.go), serve's script that builds the parts in dependency
+// order and stops them in reverse through one stop list (main.go,
+// main_stop.go), the registry's readings handed to the edges
+// (main_registry.go), the admin listener with the node's metrics set and
+// histograms (main_admin*.go, main_metrics.go), and the CLIs of the app
+// registry, tokens, webhooks and migrations.
 package main
 
 import (
