@@ -35,7 +35,8 @@ type Config struct {
 	// MaxMsg is the default largest message body in bytes; an app's
 	// max_msg in the registry overrides it (0: no bound but MaxRequest).
 	MaxMsg int64
-	// Static are the apps of --app-secret: id -> secret.
+	// Static are the apps of --app-secret: id -> secret, served until
+	// SetApps hands over the node's snapshot (which holds them too).
 	Static map[string][]byte
 	// Edge budgets the listener (edge.go); zero fields take the defaults.
 	Edge Edge
