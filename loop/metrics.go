@@ -26,20 +26,22 @@ func (s *Server) writeMetrics(w io.Writer) {
 		vm.WriteMetadataIfNeeded(w, name, "gauge")
 		fmt.Fprintf(w, "%s %d\n", name, v)
 	}
-	// App ids are [A-Za-z0-9_.-] (proto.ValidAppID): no label escaping.
+	// App ids are [A-Za-z0-9_.-] (proto.ValidAppID), which %q writes as
+	// they are; it escapes a quote, backslash or newline as the text format
+	// wants, should a registry row hold one.
 	// A family's series follow its metadata together: one pass each.
 	vm.WriteMetadataIfNeeded(w, "roost_connections", "gauge")
 	s.AppStats(func(id string, st *AppStat) {
-		fmt.Fprintf(w, "roost_connections{app=\"%s\"} %d\n", id, st.Conns)
+		fmt.Fprintf(w, "roost_connections{app=%q} %d\n", id, st.Conns)
 	})
 	vm.WriteMetadataIfNeeded(w, "roost_app_remote_connections", "gauge")
 	s.AppStats(func(id string, st *AppStat) {
-		fmt.Fprintf(w, "roost_app_remote_connections{app=\"%s\"} %d\n", id, st.Remote)
+		fmt.Fprintf(w, "roost_app_remote_connections{app=%q} %d\n", id, st.Remote)
 	})
 	vm.WriteMetadataIfNeeded(w, "roost_app_refusals_total", "counter")
 	s.AppStats(func(id string, st *AppStat) {
 		for i, name := range RefusalNames {
-			fmt.Fprintf(w, "roost_app_refusals_total{app=\"%s\",reason=\"%s\"} %d\n", id, name, st.Refused[i])
+			fmt.Fprintf(w, "roost_app_refusals_total{app=%q,reason=\"%s\"} %d\n", id, name, st.Refused[i])
 		}
 	})
 	g("roost_connections_total_open", st.Conns.Load())

@@ -52,14 +52,14 @@ func (s *Server) writeMetrics(w io.Writer) {
 	} {
 		fmt.Fprintf(w, "roost_api_refused_total{reason=\"%s\"} %d\n", r.reason, r.n)
 	}
-	// App ids are [A-Za-z0-9_.-] (proto.ValidAppID): no label escaping. A
-	// family's series follow its metadata together: one pass each.
+	// App ids are [A-Za-z0-9_.-] (proto.ValidAppID), which %q writes as
+	// they are. A family's series follow its metadata together: one pass each.
 	vm.WriteMetadataIfNeeded(w, "roost_api_app_connections", "gauge")
 	s.AppBudgets(func(app string, conns, _ int64) {
-		fmt.Fprintf(w, "roost_api_app_connections{app=\"%s\"} %d\n", app, conns)
+		fmt.Fprintf(w, "roost_api_app_connections{app=%q} %d\n", app, conns)
 	})
 	vm.WriteMetadataIfNeeded(w, "roost_api_app_inflight", "gauge")
 	s.AppBudgets(func(app string, _, inflight int64) {
-		fmt.Fprintf(w, "roost_api_app_inflight{app=\"%s\"} %d\n", app, inflight)
+		fmt.Fprintf(w, "roost_api_app_inflight{app=%q} %d\n", app, inflight)
 	})
 }

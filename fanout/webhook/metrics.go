@@ -40,8 +40,7 @@ func (d *Dispatcher) writeMetrics(w io.Writer) {
 
 // writeDropped writes roost_webhook_dropped_total per app: the events each
 // app lost on this node (memory only; with PostgreSQL nothing owed is
-// lost). Every app that had a webhook on this node has its series. App
-// ids are [A-Za-z0-9_.-] (proto.ValidAppID): no label escaping.
+// lost). Every app that had a webhook on this node has its series.
 func (d *Dispatcher) writeDropped(w io.Writer) {
 	type row struct {
 		app string
@@ -52,7 +51,7 @@ func (d *Dispatcher) writeDropped(w io.Writer) {
 	vm.WriteMetadataIfNeeded(w, "roost_webhook_dropped_total", "counter")
 	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.app, b.app) })
 	for _, r := range rows {
-		fmt.Fprintf(w, "roost_webhook_dropped_total{app=\"%s\"} %d\n", r.app, r.n)
+		fmt.Fprintf(w, "roost_webhook_dropped_total{app=%q} %d\n", r.app, r.n)
 	}
 }
 
@@ -64,19 +63,19 @@ func (d *Dispatcher) writeBacklog(w io.Writer) {
 	slices.SortFunc(rows, func(a, b Backlog) int { return strings.Compare(a.App, b.App) })
 	vm.WriteMetadataIfNeeded(w, "roost_webhook_app_owed", "gauge")
 	for _, r := range rows {
-		fmt.Fprintf(w, "roost_webhook_app_owed{app=\"%s\"} %d\n", r.App, r.Owed)
+		fmt.Fprintf(w, "roost_webhook_app_owed{app=%q} %d\n", r.App, r.Owed)
 	}
 	vm.WriteMetadataIfNeeded(w, "roost_webhook_app_held_bytes", "gauge")
 	for _, r := range rows {
-		fmt.Fprintf(w, "roost_webhook_app_held_bytes{app=\"%s\"} %d\n", r.App, r.Bytes)
+		fmt.Fprintf(w, "roost_webhook_app_held_bytes{app=%q} %d\n", r.App, r.Bytes)
 	}
 	vm.WriteMetadataIfNeeded(w, "roost_webhook_app_spilled_rooms", "gauge")
 	for _, r := range rows {
-		fmt.Fprintf(w, "roost_webhook_app_spilled_rooms{app=\"%s\"} %d\n", r.App, r.Spill)
+		fmt.Fprintf(w, "roost_webhook_app_spilled_rooms{app=%q} %d\n", r.App, r.Spill)
 	}
 	vm.WriteMetadataIfNeeded(w, "roost_webhook_app_lag_seconds", "gauge")
 	for _, r := range rows {
-		fmt.Fprintf(w, "roost_webhook_app_lag_seconds{app=\"%s\"} %s\n", r.App, formatSeconds(r.Oldest))
+		fmt.Fprintf(w, "roost_webhook_app_lag_seconds{app=%q} %s\n", r.App, formatSeconds(r.Oldest))
 	}
 }
 
