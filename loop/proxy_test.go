@@ -132,7 +132,7 @@ func TestProxyConnectAllowDeny(t *testing.T) {
 	if got := refusedOf(n.srv, "a", RefusedProxy); got != 1 {
 		t.Fatalf("proxy refusals %d, want 1", got)
 	}
-	st := n.srv.ProxyStats()
+	st := &n.srv.proxy.Stats
 	if a, d := st.Calls[0][0].Load(), st.Calls[0][1].Load(); a != 1 || d != 1 {
 		t.Fatalf("connect calls allowed %d denied %d, want 1 and 1", a, d)
 	}
@@ -310,7 +310,7 @@ func TestProxyHungBackendCostsOnlyItsApp(t *testing.T) {
 		}
 		as = append(as, c)
 	}
-	checkFor(t, 5*time.Second, func() bool { return n.srv.ProxyStats().Calls[1][4].Load() > 0 }) // a's queue is full
+	checkFor(t, 5*time.Second, func() bool { return n.srv.proxy.Stats.Calls[1][4].Load() > 0 }) // a's queue is full
 	// b publishes steadily meanwhile.
 	worst := worstOf(100)
 	if worst > time.Second {
