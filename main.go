@@ -146,6 +146,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	start := time.Now()
 
+	// 1. Tuning: the runtime fitted to the cgroup, the connection budget.
 	t0 := time.Now()
 	rep := tuning.Apply(tuning.ApplyOptions{MemLimit: c.memLimitN}, log)
 	tuning.LogFindings(log, tuning.Check("/proc/sys", tuning.Target{Connections: c.connTarget, NoFile: rep.NoFileSoft}))
@@ -160,11 +161,14 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 
 	// Every part registers its own series on the node's set as it is
-	// built; the admin listener's /metrics writes the set.
+	// built; the admin listener's /metrics writes the set. The latency
+	// histograms are the node's, observed by the parts.
 	set := vm.NewSet()
 	nodeInfo(set, c.node.NodeID)
+	hists := newHistograms()
+	hists.RegisterMetrics(set)
 
-	// 1. The store.
+	// 2. The store.
 	ctx := context.Background()
 	t0 = time.Now()
 	store, pg, err := openStore(ctx, &c, log, stops)
@@ -178,10 +182,8 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Info("store: memory (no --database-url)", "keep", c.keep, "max_bytes", c.memStoreMax, "max_rooms_per_app", c.maxAppRooms, "took", time.Since(t0))
 	}
 
-	// 2. The webhooks: they take each committed batch before its acks;
+	// 3. The webhooks: they take each committed batch before its acks;
 	// with no app having one, that costs one atomic load per batch.
-	hists := newHistograms()
-	hists.RegisterMetrics(set)
 	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe, MaxBytes: c.webhookBacklogN}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
@@ -203,7 +205,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		hooks.Close() // gives the rooms' leases up; with PostgreSQL what is owed stays owed
 	})
 
-	// 3. The publish path on the store, which builds its broker (the
+	// 4. The publish path on the store, which builds its broker (the
 	// broker delivers to it). A group commit waits --batch-window for
 	// company only where a commit costs a round trip; a memory commit
 	// costs nothing, so waiting would only add latency. (The pool reads
@@ -265,7 +267,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Info("broker: in-process (no --redis-url)", "took", time.Since(t0))
 	}
 
-	// 4. The loops in front of it (their listener opens at step 8).
+	// 5. The loops in front of it (their listener opens at step 9).
 	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
 	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency, ProxyLatency: hists.proxyCall})
 	if err != nil {
@@ -288,7 +290,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	// and its acks handed to them.
 	stops.add("publish pool", fan.ClosePublishes)
 
-	// 5. The server API's handler: a second source of publishes.
+	// 6. The server API's handler: a second source of publishes.
 	var apiSrv *api.Server
 	if c.api != "off" && c.api != "" {
 		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
@@ -298,7 +300,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		apiSrv.RegisterMetrics(set)
 	}
 
-	// 6. The app registry, read once and then watched; the node's
+	// 7. The app registry, read once and then watched; the node's
 	// background work (the registry's watch, SIGHUP, sharing connection
 	// counts, the admin page's samples) ends with bg.
 	bg, stopBG := context.WithCancel(ctx)
@@ -311,7 +313,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		go shareConns(bg, redis, srv, log)
 	}
 
-	// 7. The listeners of operators and backends.
+	// 8. The listeners of operators and backends.
 	var ready atomic.Bool
 	if c.admin != "off" && c.admin != "" {
 		t0 = time.Now()
@@ -360,7 +362,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		log.Info("server API listening", "addr", apiAddr, "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
-	// 8. The clients' listener, last: the node is ready.
+	// 9. The clients' listener, last: the node is ready.
 	t0 = time.Now()
 	if err := srv.Start(); err != nil {
 		return fatal(err)
