@@ -1,0 +1,160 @@
+package main
+
+// The demo page's chat state in Chromium across two nodes sharing
+// PostgreSQL and Redis: alice's page on one node, bob's on the other. Who
+// is typing, an unread count per room that clears when the room is looked
+// at (and comes back from the node after a reload), and a read tick on
+// one's own message once the other has read it.
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/pubsub/redistest"
+)
+
+// twoChatNodes starts two nodes (in development mode, for the demo page)
+// on one PostgreSQL database and one Redis prefix, and returns their
+// client addresses.
+func twoChatNodes(t *testing.T) (a, b string) {
+	t.Helper()
+	redistest.Require(t)
+	db := pgtest.NewDB(t)
+	redisURL := "redis://" + redistest.Addr + "?prefix=" + redistest.Prefix(t)
+	a, _ = inProcessNode(t, "--database-url", db, "--migrate", "--redis-url", redisURL, "--node-id", "a", "--loops", "1")
+	b, _ = inProcessNode(t, "--database-url", db, "--redis-url", redisURL, "--node-id", "b", "--loops", "1")
+	return a, b
+}
+
+// chatPage opens the demo page of user on the node at addr, joined to
+// lobby (looked at) and side, and waits until both are joined.
+func chatPage(b *browser, addr, user string) string {
+	b.t.Helper()
+	p := b.openWindow("http://" + addr + "/?" + url.Values{"user": {user}, "app": {"demo"}, "room": {"lobby"}, "autojoin": {"1"}}.Encode())
+	b.waitTrue(p, user+" joined lobby", `window.demo !== undefined && demo.client !== null && demo.client.rooms.get("lobby") !== undefined && demo.client.rooms.get("lobby").joined`)
+	b.run(p, `demo.join("side")`)
+	b.waitTrue(p, user+" joined side", `demo.client.rooms.get("side") !== undefined && demo.client.rooms.get("side").joined`)
+	b.waitTrue(p, user+"'s page is visible", `document.visibilityState === "visible"`)
+	return p
+}
+
+// run evaluates a statement in a page, failing the test on an exception.
+func (b *browser) run(session, stmt string) {
+	b.t.Helper()
+	if _, err := b.eval(session, "("+stmt+", true)"); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// await evaluates an expression in a page, waiting for its promise, and
+// returns its JSON value.
+func (b *browser) await(session, expr string) any {
+	b.t.Helper()
+	res, err := b.call(session, "Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true, "awaitPromise": true})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var r struct {
+		Result struct {
+			Value any `json:"value"`
+		} `json:"result"`
+		Exception *struct {
+			Text      string `json:"text"`
+			Exception struct {
+				Description string `json:"description"`
+			} `json:"exception"`
+		} `json:"exceptionDetails"`
+	}
+	if err := json.Unmarshal(res, &r); err != nil {
+		b.t.Fatal(err)
+	}
+	if r.Exception != nil {
+		b.t.Fatalf("%s: %s %s", expr, r.Exception.Text, r.Exception.Exception.Description)
+	}
+	return r.Result.Value
+}
+
+// Expressions on the demo page: a room's badge as shown ("" when hidden),
+// the typing line, the tick of a message.
+func badge(room string) string {
+	return `(() => { const b = document.querySelector('#rooms li[data-room="` + room + `"] .badge'); return b === null ? "none" : b.hidden ? "" : b.textContent; })()`
+}
+
+const typingLine = `document.getElementById("typing").textContent`
+
+func tickOf(room string, seq int) string {
+	return `(() => { const t = document.querySelector('#messages li[data-room="` + room + `"][data-seq="` + strconv.Itoa(seq) + `"] .tick'); return t === null ? "none" : t.textContent + "|" + (t.getAttribute("aria-label") || ""); })()`
+}
+
+func TestDemoPageChatStateAcrossNodes(t *testing.T) {
+	b := startBrowser(t)
+	nodeA, nodeB := twoChatNodes(t)
+	alice := chatPage(b, nodeA, "alice")
+	bob := chatPage(b, nodeB, "bob")
+	for _, p := range []string{alice, bob} {
+		b.waitTrue(p, "the page looks at lobby, no unread", `document.querySelector('#rooms li[data-room="lobby"] button').getAttribute("aria-current") === "true"`+
+			` && `+badge("lobby")+` === "" && `+badge("side")+` === ""`)
+	}
+
+	// Typing: bob types into the message field (real key input); alice,
+	// on the other node, sees him typing, and no longer once he has sent.
+	b.run(bob, `document.getElementById("body").focus()`)
+	if _, err := b.call(bob, "Input.insertText", map[string]any{"text": "hello al"}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTrue(alice, "alice sees bob typing", typingLine+` === "bob is typing…"`)
+	b.waitTrue(bob, "bob does not see himself typing", typingLine+` === ""`)
+	if _, err := b.call(bob, "Input.insertText", map[string]any{"text": "ice"}); err != nil {
+		t.Fatal(err)
+	}
+	b.run(bob, `document.getElementById("publish").click()`)
+	b.waitTrue(alice, "bob's message shown, his typing gone", pageMessages+` === "1 #1 lobby bob: hello alice" && `+typingLine+` === ""`)
+	// Signals are not stored: bob's message is the room's first.
+	b.waitTrue(bob, "bob's message is seq 1", `Object.values(demo.acks).join() === "1" && document.getElementById("body").value === ""`)
+
+	// Read ticks: bob looks at side; alice's message in lobby is stored
+	// (one tick) and unread for bob (his badge); once bob looks at lobby
+	// his page marks it read, and alice's tick says so.
+	b.run(bob, `document.querySelector('#rooms li[data-room="side"] button').click()`)
+	b.waitTrue(bob, "bob looks at side", `demo.current === "side" && document.getElementById("current").textContent === " in side"`)
+	b.run(alice, `demo.publish("hi bob", "lobby")`)
+	b.waitTrue(alice, "alice's message stored, not read", tickOf("lobby", 2)+` === "✓|stored, not read yet"`)
+	b.waitTrue(bob, "bob's lobby badge counts alice's message", badge("lobby")+` === "1"`)
+	// Bob's own message needs no tick on alice's page, nor does it count.
+	b.waitTrue(alice, "no tick on bob's message", tickOf("lobby", 1)+` === "|"`)
+	b.run(bob, `document.querySelector('#rooms li[data-room="lobby"] button').click()`)
+	b.waitTrue(bob, "bob's lobby badge cleared", badge("lobby")+` === "" && demo.client.rooms.get("lobby").read === 2`)
+	b.waitTrue(alice, "alice's message read by bob", tickOf("lobby", 2)+` === "✓✓|read by bob"`)
+
+	// Unread badges: alice looks at lobby while bob writes twice in side,
+	// through the other node; looking at side clears it, on the node too.
+	b.run(bob, `demo.publish("side one", "side"), demo.publish("side two", "side")`)
+	b.waitTrue(alice, "alice's side badge counts both", badge("side")+` === "2" && `+badge("lobby")+` === ""`)
+	b.run(alice, `document.querySelector('#rooms li[data-room="side"] button').click()`)
+	b.waitTrue(alice, "alice's side badge cleared, side's messages shown",
+		badge("side")+` === "" && [...document.querySelectorAll("#messages li")].filter(li => !li.hidden).map(li => li.dataset.seq).join() === "1,2"`)
+	// The mark reached the node: a fresh query counts nothing.
+	redistest.WaitFor(t, 10*time.Second, func() error {
+		u := b.await(alice, `demo.client.unread(["side", "lobby"])`)
+		if m, _ := u.(map[string]any); fmt.Sprint(m["side"]) != "map[count:0 read:2 seq:2]" || fmt.Sprint(m["lobby"]) != "map[count:0 read:2 seq:2]" {
+			return fmt.Errorf("unread from the node %v", u)
+		}
+		return nil
+	})
+	// And the node's count is what a reloaded page shows: one more in side
+	// while alice looks at lobby, then a reload.
+	b.run(alice, `demo.select("lobby")`)
+	b.run(bob, `demo.publish("side three", "side")`)
+	b.waitTrue(alice, "alice's side badge counts the new one", badge("side")+` === "1"`)
+	b.run(alice, `location.reload()`)
+	b.waitTrue(alice, "the reloaded page has its rooms back with the node's counts",
+		`window.demo !== undefined && demo.client !== null && demo.client.rooms.get("side") !== undefined && demo.client.rooms.get("side").joined`+
+			` && `+badge("side")+` === "1" && `+badge("lobby")+` === ""`)
+	// The tick survives the reload too (from the room's receipts).
+	b.waitTrue(alice, "alice's message still read by bob", tickOf("lobby", 2)+` === "✓✓|read by bob"`)
+}
