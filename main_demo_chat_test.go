@@ -158,3 +158,83 @@ func TestDemoPageChatStateAcrossNodes(t *testing.T) {
 	// The tick survives the reload too (from the room's receipts).
 	b.waitTrue(alice, "alice's message still read by bob", tickOf("lobby", 2)+` === "✓✓|read by bob"`)
 }
+
+// itemOf is the page's item of message seq in room.
+func itemOf(room string, seq int) string {
+	return `document.querySelector('#messages li[data-room="` + room + `"][data-seq="` + strconv.Itoa(seq) + `"]')`
+}
+
+// reactionsOf is a message's reactions as shown: "👍 2*" for each, * when
+// the reaction is the page user's own (its button pressed).
+func reactionsOf(room string, seq int) string {
+	return `[...` + itemOf(room, seq) + `.querySelectorAll(".reactions > *")].map(b => b.textContent + (b.getAttribute("aria-pressed") === "true" ? "*" : "")).join(" ")`
+}
+
+// click clicks the button of message seq matched by sel.
+func (b *browser) click(session, room string, seq int, sel string) {
+	b.t.Helper()
+	b.waitTrue(session, "button "+sel+" on #"+strconv.Itoa(seq), itemOf(room, seq)+` !== null && `+itemOf(room, seq)+`.querySelector('`+sel+`') !== null`)
+	b.run(session, itemOf(room, seq)+`.querySelector('`+sel+`').click()`)
+}
+
+// Edits, deletes and reactions made with the page's controls on one node
+// appear on the page of the other, applied in order as their frames
+// arrive; a reload shows each message as it stands (folded history), and
+// the changes are never items of their own.
+func TestDemoPageChangesAcrossNodes(t *testing.T) {
+	t.Skip("needs kinds: the node's edit, delete, react and unreact (issue 27, branch h/kinds) are not on this branch yet")
+	b := startBrowser(t)
+	nodeA, nodeB := twoChatNodes(t)
+	alice := chatPage(b, nodeA, "alice")
+	bob := chatPage(b, nodeB, "bob")
+	both := []string{alice, bob}
+
+	b.run(bob, `demo.publish("helo", "lobby")`)
+	for _, p := range both {
+		b.waitTrue(p, "bob's message shown", pageMessages+` === "1 #1 lobby bob: helo"`)
+	}
+	// Only the sender may edit or delete: alice's page offers neither.
+	b.waitTrue(alice, "no edit or delete on another's message",
+		itemOf("lobby", 1)+`.querySelector('button[data-act="edit"], button[data-act="delete"]') === null`+
+			` && `+itemOf("lobby", 1)+`.querySelector('.actions button[data-act="react"]') !== null`)
+
+	// bob fixes his message with the editor (Enter saves).
+	b.click(bob, "lobby", 1, `button[data-act="edit"]`)
+	b.run(bob, `(() => { const i = `+itemOf("lobby", 1)+`.querySelector("input.editor"); i.value = "hello"; i.dispatchEvent(new KeyboardEvent("keydown", {key: "Enter", bubbles: true})); })()`)
+	for _, p := range both {
+		b.waitTrue(p, "the edit shown", pageMessages+` === "1 #1 lobby bob: hello" && `+itemOf("lobby", 1)+`.querySelector(".edited").textContent === " (edited)"`)
+	}
+
+	// Reactions: alice 👍, bob too (on her chip), alice takes hers back.
+	b.click(alice, "lobby", 1, `.actions button[data-r="👍"]`)
+	b.waitTrue(bob, "alice's reaction reaches bob", reactionsOf("lobby", 1)+` === "👍 1"`)
+	b.waitTrue(alice, "alice's own reaction pressed", reactionsOf("lobby", 1)+` === "👍 1*"`)
+	b.click(bob, "lobby", 1, `.reactions button[data-r="👍"]`)
+	b.waitTrue(alice, "bob's reaction counted", reactionsOf("lobby", 1)+` === "👍 2*"`)
+	b.waitTrue(bob, "bob's reaction pressed", reactionsOf("lobby", 1)+` === "👍 2*"`)
+	b.click(alice, "lobby", 1, `.reactions button[data-r="👍"]`)
+	b.waitTrue(bob, "alice's reaction taken back", reactionsOf("lobby", 1)+` === "👍 1*"`)
+	b.waitTrue(alice, "alice's chip no longer pressed", reactionsOf("lobby", 1)+` === "👍 1"`)
+
+	// bob deletes it: gone on both pages, without controls.
+	b.click(bob, "lobby", 1, `button[data-act="delete"]`)
+	for _, p := range both {
+		b.waitTrue(p, "the delete shown", pageMessages+` === "1 #1 lobby bob: message deleted"`+
+			` && `+itemOf("lobby", 1)+`.classList.contains("deleted") && `+itemOf("lobby", 1)+`.querySelector("button") === null`)
+	}
+
+	// Changes in a row apply in order: two edits, the last one stands.
+	b.run(bob, `demo.publish("second", "lobby")`)
+	b.waitTrue(alice, "bob's second message shown", pageMessages+` === "1 #1 lobby bob: message deleted\n7 #7 lobby bob: second"`)
+	b.run(bob, `demo.client.rooms.get("lobby").edit(7, "second, edited once"), demo.client.rooms.get("lobby").edit(7, "second, edited twice")`)
+	b.click(alice, "lobby", 7, `.actions button[data-r="🎉"]`)
+	b.waitTrue(alice, "both edits and the reaction applied", pageMessages+` === "1 #1 lobby bob: message deleted\n7 #7 lobby bob: second, edited twice"`+
+		` && `+reactionsOf("lobby", 7)+` === "🎉 1*"`)
+
+	// A reload shows each message as it stands, from folded history.
+	b.run(alice, `location.reload()`)
+	b.waitTrue(alice, "the reloaded page shows the messages as they stand",
+		`window.demo !== undefined && demo.client !== null && demo.client.rooms.get("lobby") !== undefined && demo.client.rooms.get("lobby").joined`+
+			` && `+pageMessages+` === "1 #1 lobby bob: message deleted\n7 #7 lobby bob: second, edited twice"`+
+			` && `+itemOf("lobby", 7)+`.querySelector(".edited").textContent === " (edited)" && `+reactionsOf("lobby", 7)+` === "🎉 1"`)
+}
