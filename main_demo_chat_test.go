@@ -134,7 +134,8 @@ func TestDemoPageChatStateAcrossNodes(t *testing.T) {
 	// Unread badges: alice looks at lobby while bob writes twice in side,
 	// through the other node; looking at side clears it, on the node too.
 	b.run(bob, `demo.publish("side one", "side"), demo.publish("side two", "side")`)
-	b.waitTrue(alice, "alice's side badge counts both", badge("side")+` === "2" && `+badge("lobby")+` === ""`)
+	b.waitTrue(alice, "alice's side badge counts both", badge("side")+` === "2" && `+badge("lobby")+` === ""`+
+		` && document.querySelector('#rooms li[data-room="side"] button').getAttribute("aria-label") === "side, 2 unread"`)
 	b.run(alice, `document.querySelector('#rooms li[data-room="side"] button').click()`)
 	b.waitTrue(alice, "alice's side badge cleared, side's messages shown",
 		badge("side")+` === "" && [...document.querySelectorAll("#messages li")].filter(li => !li.hidden).map(li => li.dataset.seq).join() === "1,2"`)
