@@ -3,8 +3,9 @@ package main
 // The demo page's chat state in Chromium across two nodes sharing
 // PostgreSQL and Redis: alice's page on one node, bob's on the other. Who
 // is typing, an unread count per room that clears when the room is looked
-// at (and comes back from the node after a reload), and a read tick on
-// one's own message once the other has read it.
+// at while the page is visible (and comes back from the node after a
+// reload), and a read tick on one's own message once the other has read
+// it. Then edits, deletes and reactions made with the page's controls.
 
 import (
 	"encoding/json"
@@ -158,6 +159,37 @@ func TestDemoPageChatStateAcrossNodes(t *testing.T) {
 			` && `+badge("side")+` === "1" && `+badge("lobby")+` === ""`)
 	// The tick survives the reload too (from the room's receipts).
 	b.waitTrue(alice, "alice's message still read by bob", tickOf("lobby", 2)+` === "✓✓|read by bob"`)
+
+	// A page out of sight marks nothing read: with alice's window
+	// minimized, bob's new message in the room she looks at counts as
+	// unread and his tick stays single, until the window is back.
+	b.windowState(alice, "minimized")
+	b.waitTrue(alice, "alice's page is hidden", `document.visibilityState === "hidden"`)
+	b.run(bob, `demo.publish("are you there?", "lobby")`)
+	b.waitTrue(alice, "alice's lobby badge counts it", badge("lobby")+` === "1"`)
+	b.waitTrue(bob, "bob's message stored, not read", tickOf("lobby", 3)+` === "✓|stored, not read yet"`)
+	b.windowState(alice, "normal")
+	b.waitTrue(alice, "alice's lobby badge cleared", badge("lobby")+` === ""`)
+	b.waitTrue(bob, "bob's message read by alice", tickOf("lobby", 3)+` === "✓✓|read by alice"`)
+}
+
+// windowState minimizes ("minimized") or restores ("normal") the window
+// of a page.
+func (b *browser) windowState(session, state string) {
+	b.t.Helper()
+	res, err := b.call(session, "Browser.getWindowForTarget", nil)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var w struct {
+		WindowID int `json:"windowId"`
+	}
+	if err := json.Unmarshal(res, &w); err != nil {
+		b.t.Fatal(err)
+	}
+	if _, err := b.call("", "Browser.setWindowBounds", map[string]any{"windowId": w.WindowID, "bounds": map[string]any{"windowState": state}}); err != nil {
+		b.t.Fatal(err)
+	}
 }
 
 // itemOf is the page's item of message seq in room.
