@@ -215,7 +215,6 @@ func (b *browser) click(session, room string, seq int, sel string) {
 // arrive; a reload shows each message as it stands (folded history), and
 // the changes are never items of their own.
 func TestDemoPageChangesAcrossNodes(t *testing.T) {
-	t.Skip("needs kinds: the node's edit, delete, react and unreact (issue 27, branch h/kinds) are not on this branch yet")
 	b := startBrowser(t)
 	nodeA, nodeB := twoChatNodes(t)
 	alice := chatPage(b, nodeA, "alice")
