@@ -211,18 +211,22 @@ func (b *browser) click(session, room string, seq int, sel string) {
 }
 
 // Edits, deletes and reactions made with the page's controls on one node
-// appear on the page of the other, applied in order as their frames
-// arrive; a reload shows each message as it stands (folded history), and
-// the changes are never items of their own.
+// appear on the page of the other (and on a listen-only SSE page),
+// applied in order as their frames arrive; a reload shows each message as
+// it stands (folded history), and the changes are never items of their
+// own.
 func TestDemoPageChangesAcrossNodes(t *testing.T) {
 	b := startBrowser(t)
 	nodeA, nodeB := twoChatNodes(t)
 	alice := chatPage(b, nodeA, "alice")
 	bob := chatPage(b, nodeB, "bob")
 	both := []string{alice, bob}
+	// carol listens over SSE (the browser's EventSource) on alice's node.
+	carol := b.openWindow("http://" + nodeA + "/?" + url.Values{"user": {"carol"}, "app": {"demo"}, "room": {"lobby"}, "autojoin": {"1"}, "sse": {"1"}}.Encode())
+	b.waitTrue(carol, "carol listens over SSE", `window.demo !== undefined && demo.sseState.es !== null && demo.rooms.get("lobby").joined === true`)
 
 	b.run(bob, `demo.publish("helo", "lobby")`)
-	for _, p := range both {
+	for _, p := range append(both, carol) {
 		b.waitTrue(p, "bob's message shown", pageMessages+` === "1 #1 lobby bob: helo"`)
 	}
 	// Only the sender may edit or delete: alice's page offers neither.
@@ -233,7 +237,7 @@ func TestDemoPageChangesAcrossNodes(t *testing.T) {
 	// bob fixes his message with the editor (Enter saves).
 	b.click(bob, "lobby", 1, `button[data-act="edit"]`)
 	b.run(bob, `(() => { const i = `+itemOf("lobby", 1)+`.querySelector("input.editor"); i.value = "hello"; i.dispatchEvent(new KeyboardEvent("keydown", {key: "Enter", bubbles: true})); })()`)
-	for _, p := range both {
+	for _, p := range append(both, carol) {
 		b.waitTrue(p, "the edit shown", pageMessages+` === "1 #1 lobby bob: hello" && `+itemOf("lobby", 1)+`.querySelector(".edited").textContent === " (edited)"`)
 	}
 
@@ -247,10 +251,11 @@ func TestDemoPageChangesAcrossNodes(t *testing.T) {
 	b.click(alice, "lobby", 1, `.reactions button[data-r="👍"]`)
 	b.waitTrue(bob, "alice's reaction taken back", reactionsOf("lobby", 1)+` === "👍 1*"`)
 	b.waitTrue(alice, "alice's chip no longer pressed", reactionsOf("lobby", 1)+` === "👍 1"`)
+	b.waitTrue(carol, "the reactions reach the SSE page, without controls", reactionsOf("lobby", 1)+` === "👍 1" && `+itemOf("lobby", 1)+`.querySelector("button") === null`)
 
 	// bob deletes it: gone on both pages, without controls.
 	b.click(bob, "lobby", 1, `button[data-act="delete"]`)
-	for _, p := range both {
+	for _, p := range append(both, carol) {
 		b.waitTrue(p, "the delete shown", pageMessages+` === "1 #1 lobby bob: message deleted"`+
 			` && `+itemOf("lobby", 1)+`.classList.contains("deleted") && `+itemOf("lobby", 1)+`.querySelector("button") === null`)
 	}
