@@ -117,6 +117,15 @@ func TestDemoPageChatStateAcrossNodes(t *testing.T) {
 	b.waitTrue(alice, "bob's message shown, his typing gone", pageMessages+` === "1 #1 lobby bob: hello alice" && `+typingLine+` === ""`)
 	// Signals are not stored: bob's message is the room's first.
 	b.waitTrue(bob, "bob's message is seq 1", `Object.values(demo.acks).join() === "1" && document.getElementById("body").value === ""`)
+	// Typing again, then clearing the field: alice sees him start and stop.
+	if _, err := b.call(bob, "Input.insertText", map[string]any{"text": "and"}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTrue(alice, "alice sees bob typing again", typingLine+` === "bob is typing…"`)
+	b.run(bob, `(() => { const i = document.getElementById("body"); i.value = ""; i.dispatchEvent(new Event("input")); })()`)
+	// (Repeats while he types are dropped: one goes out every 2 s.)
+	b.waitTrue(alice, "alice sees bob stop (his signal, not the line's expiry)",
+		typingLine+` === "" && JSON.stringify(demo.signals.map(s => s.from + ":" + s.body.typing).filter((x, i, all) => i === 0 || x !== all[i-1])) === '["bob:true","bob:false","bob:true","bob:false"]'`)
 
 	// Read ticks: bob looks at side; alice's message in lobby is stored
 	// (one tick) and unread for bob (his badge); once bob looks at lobby
