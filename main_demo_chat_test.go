@@ -283,4 +283,12 @@ func TestDemoPageChangesAcrossNodes(t *testing.T) {
 		`window.demo !== undefined && demo.client !== null && demo.client.rooms.get("lobby") !== undefined && demo.client.rooms.get("lobby").joined`+
 			` && `+pageMessages+` === "1 #1 lobby bob: message deleted\n7 #7 lobby bob: second, edited twice"`+
 			` && `+itemOf("lobby", 7)+`.querySelector(".edited").textContent === " (edited)" && `+reactionsOf("lobby", 7)+` === "🎉 1"`)
+	// Folded history does not say whose a reaction is: alice's click
+	// reacts again, which the node acks without storing a second one, and
+	// the page then knows it as hers; the next click takes it back.
+	b.click(alice, "lobby", 7, `.reactions button[data-r="🎉"]`)
+	b.waitTrue(alice, "alice's reaction known as hers, counted once", reactionsOf("lobby", 7)+` === "🎉 1*"`)
+	b.click(alice, "lobby", 7, `.reactions button[data-r="🎉"]`)
+	b.waitTrue(bob, "alice's reaction taken back", reactionsOf("lobby", 7)+` === "" && `+itemOf("lobby", 7)+`.querySelector('.actions button[data-r="🎉"]') !== null`)
+	b.waitTrue(alice, "alice's page offers it again", reactionsOf("lobby", 7)+` === "" && `+itemOf("lobby", 7)+`.querySelector('.actions button[data-r="🎉"]') !== null`)
 }
