@@ -162,6 +162,17 @@ func TestDemoPageChatStateAcrossNodes(t *testing.T) {
 	b.run(alice, `demo.select("lobby")`)
 	b.run(bob, `demo.publish("side three", "side")`)
 	b.waitTrue(alice, "alice's side badge counts the new one", badge("side")+` === "1"`)
+	// A receipts query answers the store's positions and the answering
+	// node's own unwritten ones: bob's mark, made on the other node, is in
+	// it once that node has written it (positions are written once a
+	// second), which the reloaded page needs for its tick.
+	redistest.WaitFor(t, 10*time.Second, func() error {
+		r := b.await(alice, `demo.client.rooms.get("lobby").receipts().then(r => r.read)`)
+		if m, _ := r.(map[string]any); m["bob"] != float64(2) {
+			return fmt.Errorf("lobby's receipts from alice's node %v", r)
+		}
+		return nil
+	})
 	b.run(alice, `location.reload()`)
 	b.waitTrue(alice, "the reloaded page has its rooms back with the node's counts",
 		`window.demo !== undefined && demo.client !== null && demo.client.rooms.get("side") !== undefined && demo.client.rooms.get("side").joined`+
