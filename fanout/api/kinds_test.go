@@ -31,8 +31,8 @@ func TestPublishKinds(t *testing.T) {
 		{`{"id":"m1","from":"alice","body":"hi"}`, 200, `"seq":1`},
 		{`{"id":"e1","from":"backend","kind":"edit","ref":1,"body":"moderated"}`, 200, `"seq":2`},
 		{`{"id":"r1","from":"bob","kind":"react","ref":1,"body":"👍"}`, 200, `"seq":3`},
-		{`{"id":"r2","from":"bob","kind":"react","ref":1,"body":"👍"}`, 200, `"seq":3`}, // stands already
-		{`{"id":"x1","from":"bob","kind":"edit","ref":2,"body":"x"}`, 404, `"not_found"`},  // an edit of an edit
+		{`{"id":"r2","from":"bob","kind":"react","ref":1,"body":"👍"}`, 200, `"seq":3`},    // stands already
+		{`{"id":"x1","from":"bob","kind":"edit","ref":2,"body":"x"}`, 404, `"not_found"`}, // an edit of an edit
 		{`{"id":"x2","from":"bob","kind":"edit","ref":99,"body":"x"}`, 404, `"not_found"`},
 		{`{"id":"x3","from":"bob","kind":"shout","ref":1,"body":"x"}`, 400, `kind must be`},
 		{`{"id":"x4","from":"bob","ref":1,"body":"x"}`, 400, `ref is only for`},
