@@ -131,3 +131,43 @@ func testKindsWire(t *testing.T, a, b *node) {
 		t.Fatal(got)
 	}
 }
+
+// SSE carries the changes as the WebSocket does, byte for byte, and a
+// stream resumed with Last-Event-ID replays them in order.
+func TestKindsSSE(t *testing.T) {
+	n := startNode(t, nil)
+	ws := n.dial(t, "alice")
+	ws.send(`{"op":"join","room":"k"}`)
+	ws.expect(map[string]any{"op": "joined"})
+	s := n.sse(t, "user=bob&app=test&room=k")
+	s.expect("joined")
+	pub := n.dial(t, "carol")
+	for _, f := range []string{
+		`{"op":"pub","room":"k","id":"m","body":"hi"}`,
+		`{"op":"pub","room":"k","id":"e","kind":"edit","ref":1,"body":"hi!"}`,
+		`{"op":"pub","room":"k","id":"r","kind":"react","ref":1,"body":"👍"}`,
+		`{"op":"pub","room":"k","id":"d","kind":"delete","ref":1}`,
+	} {
+		pub.send(f)
+		pub.skipTo("ack")
+	}
+	var frames []string
+	for range 4 {
+		want := string(ws.recvRaw())
+		ev := s.expect("msg")
+		if ev.data != want {
+			t.Fatalf("sse data %q, want the websocket frame %q", ev.data, want)
+		}
+		frames = append(frames, want)
+	}
+	if !strings.Contains(frames[1], `"kind":"edit","ref":1,"body":"hi!"}`) || !strings.Contains(frames[3], `"kind":"delete","ref":1,"body":null}`) {
+		t.Fatalf("frames %q", frames)
+	}
+	r := n.sse(t, "user=bob&app=test&room=k", "Last-Event-ID: k:1")
+	r.expect("joined")
+	for i := 1; i < 4; i++ {
+		if ev := r.expect("msg"); ev.data != frames[i] {
+			t.Fatalf("resumed %q, want %q", ev.data, frames[i])
+		}
+	}
+}
