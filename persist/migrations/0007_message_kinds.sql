@@ -78,6 +78,12 @@ DECLARE
 	x_entry int8;
 	x_ts timestamptz;
 	x_active bool;
+	-- Reaction counts change once per message and batch, at the end: a hot
+	-- message's state row updated once, not once per reaction.
+	d_room int8[] := '{}';
+	d_seq int8[] := '{}';
+	d_text text[] := '{}';
+	d_delta int4[] := '{}';
 BEGIN
 	SELECT array_agg(l.id ORDER BY l.id), array_agg(l.last_seq ORDER BY l.id), array_agg(l.msgs ORDER BY l.id)
 		INTO rids, lasts, counts
@@ -138,20 +144,34 @@ BEGIN
 			INSERT INTO reactions AS x (room_id, seq, sender, reaction, entry, ts, active)
 				VALUES (p_room[i], p_ref[i], p_sender[i], p_text[i], s, now_ts, k = 3)
 				ON CONFLICT (room_id, seq, sender, reaction) DO UPDATE SET entry = EXCLUDED.entry, ts = EXCLUDED.ts, active = EXCLUDED.active;
-			IF k = 3 THEN
-				INSERT INTO message_state AS st (room_id, seq, reactions) VALUES (p_room[i], p_ref[i], jsonb_build_object(p_text[i], 1))
-					ON CONFLICT (room_id, seq) DO UPDATE
-					SET reactions = jsonb_set(st.reactions, ARRAY[p_text[i]], to_jsonb(coalesce((st.reactions ->> p_text[i])::int, 0) + 1));
-			ELSE
-				UPDATE message_state st SET reactions = CASE WHEN (st.reactions ->> p_text[i])::int > 1
-					THEN jsonb_set(st.reactions, ARRAY[p_text[i]], to_jsonb((st.reactions ->> p_text[i])::int - 1))
-					ELSE st.reactions - p_text[i] END
-					WHERE st.room_id = p_room[i] AND st.seq = p_ref[i];
-			END IF;
+			d_room := d_room || p_room[i];
+			d_seq := d_seq || p_ref[i];
+			d_text := d_text || p_text[i];
+			d_delta := d_delta || CASE WHEN k = 3 THEN 1 ELSE -1 END;
 		END IF;
 		status := 0; seq := s; ts := now_ts;
 		RETURN NEXT;
 	END LOOP;
+	IF cardinality(d_room) > 0 THEN
+		-- The rooms are locked: no other commit writes their state rows.
+		INSERT INTO message_state AS st (room_id, seq, reactions)
+		SELECT a.room_id, a.seq, '{}' FROM (SELECT DISTINCT room_id, seq FROM unnest(d_room, d_seq) AS u (room_id, seq)) a
+		ON CONFLICT (room_id, seq) DO NOTHING;
+		UPDATE message_state st SET reactions = n.reactions
+		FROM (
+			SELECT c.room_id, c.seq, coalesce(jsonb_object_agg(c.t, c.n) FILTER (WHERE c.n > 0), '{}') AS reactions
+			FROM (
+				SELECT x.room_id, x.seq, x.t, sum(x.n) AS n FROM (
+					SELECT s.room_id, s.seq, e.key AS t, e.value::int AS n
+					FROM message_state s, jsonb_each_text(s.reactions) e
+					WHERE (s.room_id, s.seq) IN (SELECT * FROM unnest(d_room, d_seq))
+					UNION ALL
+					SELECT * FROM unnest(d_room, d_seq, d_text, d_delta)
+				) x GROUP BY 1, 2, 3
+			) c GROUP BY 1, 2
+		) n
+		WHERE st.room_id = n.room_id AND st.seq = n.seq;
+	END IF;
 	UPDATE rooms r SET last_seq = u.l, msgs = u.c
 		FROM unnest(rids, lasts, counts) AS u (id, l, c)
 		WHERE r.id = u.id AND r.last_seq <> u.l;
