@@ -87,8 +87,13 @@ func TestMigrateListsWhatItApplied(t *testing.T) {
 	if !strings.Contains(errs, "roost migrate: applied 0001_") || !strings.Contains(errs, "from version 0 to "+strconv.Itoa(latest)) {
 		t.Fatalf("first migrate does not list what it applied:\n%s", errs)
 	}
-	if n := strings.Count(errs, "roost migrate: applied "); n != latest {
-		t.Errorf("%d files listed, want %d:\n%s", n, latest, errs)
+	// Versions may skip numbers (branches take numbers apart): count the files.
+	files, err := filepath.Glob("persist/migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migration files: %v %v", files, err)
+	}
+	if n := strings.Count(errs, "roost migrate: applied "); n != len(files) {
+		t.Errorf("%d files listed, want %d:\n%s", n, len(files), errs)
 	}
 	code, _, errs = roost(t, "migrate", "--database-url", url)
 	if code != 0 || strings.Contains(errs, "applied") || !strings.Contains(errs, "nothing to apply: the schema is at version "+strconv.Itoa(latest)) {

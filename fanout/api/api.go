@@ -79,13 +79,16 @@ const (
 	RouteHistory
 	RouteRoom
 	RouteDisconnect
-	RouteChat  // a user's read positions and unread counts
-	RouteOther // no such route
+	RouteChat      // a user's read positions and unread counts
+	RouteRooms     // an app's rooms listed (rooms.go)
+	RoutePresence  // a room's users (rooms.go)
+	RouteBroadcast // one message to many rooms (broadcast.go)
+	RouteOther     // no such route
 	numRoutes
 )
 
 // RouteNames label the routes in metrics.
-var RouteNames = [numRoutes]string{"publish", "history", "room", "disconnect", "chat", "other"}
+var RouteNames = [numRoutes]string{"publish", "history", "room", "disconnect", "chat", "rooms", "presence", "broadcast", "other"}
 
 // Answer codes counted per route: 0 is a 2xx answer, the others are the
 // error codes (proto.Code values).
@@ -161,6 +164,9 @@ func New(cfg Config, p Parts) *Server {
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/messages", s.publish) // into the user's inbox, "@user"
 	mux.HandleFunc("PUT /v1/apps/{app}/users/{user}/read", s.markRead)
 	mux.HandleFunc("GET /v1/apps/{app}/users/{user}/unread", s.unread)
+	mux.HandleFunc("GET /v1/apps/{app}/rooms", s.listRooms)
+	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}/presence", s.presence)
+	mux.HandleFunc("POST /v1/apps/{app}/broadcast", s.broadcast)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.refuseUnauthenticated(w, r, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
 	})

@@ -179,6 +179,31 @@ func (b *Bucket) Take(now int64, r Rate) int64 {
 	}
 }
 
+// TakeN spends n events at once at now (n >= 1): 0 if all of them are
+// allowed, else the ns to wait before they would be; nothing is spent
+// then. n above the rate's burst is never allowed (Fits tells).
+func (b *Bucket) TakeN(now int64, r Rate, n int64) int64 {
+	if r.interval == 0 || n <= 0 {
+		return 0
+	}
+	for {
+		old := b.tat.Load()
+		t := max(old, now)
+		if wait := t + (n-1)*r.interval - now - r.tolerance; wait > 0 {
+			return wait
+		}
+		if b.tat.CompareAndSwap(old, t+n*r.interval) {
+			return 0
+		}
+	}
+}
+
+// Fits reports whether n events at once can ever be allowed: n is within
+// the burst.
+func (r Rate) Fits(n int64) bool {
+	return r.interval == 0 || (n-1)*r.interval <= r.tolerance
+}
+
 // Full reports whether the bucket has refilled by now: nothing to keep.
 func (b *Bucket) Full(now int64) bool { return b.tat.Load() <= now }
 

@@ -36,6 +36,31 @@ func TestBucketExact(t *testing.T) {
 	}
 }
 
+// TakeN spends n at once or nothing: with burst 5 at 10/s, 1 then 4 pass,
+// 2 more wait 200 ms and spend nothing, 6 never fit.
+func TestBucketTakeN(t *testing.T) {
+	var b Bucket
+	r := NewRate(10, 5)
+	if w := b.Take(0, r); w != 0 {
+		t.Fatal(w)
+	}
+	if w := b.TakeN(0, r, 4); w != 0 {
+		t.Fatalf("4 more of burst 5 wait %d", w)
+	}
+	if w := b.TakeN(0, r, 2); w != int64(200*time.Millisecond) {
+		t.Fatalf("2 over the burst wait %d", w)
+	}
+	if w := b.TakeN(int64(200*time.Millisecond), r, 2); w != 0 {
+		t.Fatalf("2 after 200 ms wait %d (a refused TakeN spent something)", w)
+	}
+	if !r.Fits(5) || r.Fits(6) || !(Rate{}).Fits(1<<40) {
+		t.Fatal("Fits")
+	}
+	if w := b.TakeN(0, Rate{}, 1000); w != 0 {
+		t.Fatal("the zero Rate limits")
+	}
+}
+
 func TestBucketTakeAllocatesNothing(t *testing.T) {
 	var b Bucket
 	r := NewRate(1e9, 1<<40)
