@@ -90,7 +90,7 @@ func BenchmarkPGCommitKinds(b *testing.B) {
 func BenchmarkPGFold(b *testing.B) {
 	ctx := context.Background()
 	url := newTestDB(b)
-	st := openTestPG(b, url, PGConfig{})
+	st := openTestPG(b, url, PGConfig{StatementTimeout: 10 * time.Minute})
 	defer st.Close()
 	const key, entries = "a/big", 1000000
 	if err := st.CommitBatch(ctx, []*Row{{Key: key, From: "u", ID: []byte("first"), Body: []byte(`1`)}}); err != nil {
