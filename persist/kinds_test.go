@@ -492,3 +492,67 @@ func TestPostgresRetentionRemovesChanges(t *testing.T) {
 	commitRows(t, st, again)
 	wantErr(t, again, proto.ErrRefNotFound)
 }
+
+// TestPostgresChangesTwoStores: two stores (two nodes) on one database
+// react to the same message at once, the same users on both: each user's
+// reaction is stored once, the other answered with its seq, and the count
+// is the number of users.
+func TestPostgresChangesTwoStores(t *testing.T) {
+	url := newTestDB(t)
+	a, b := openTestPG(t, url, PGConfig{}), openTestPG(t, url, PGConfig{})
+	defer a.Close()
+	defer b.Close()
+	const key, users = "a/hot", 60
+	m := req(key, "author", "m", `"hi"`)
+	commitRows(t, a, m)
+	errs := make(chan error, 2)
+	answers := make([][]*Row, 2)
+	for i, st := range []*Postgres{a, b} {
+		go func() {
+			var all []*Row
+			for start := 0; start < users; start += 7 {
+				var batch []*Row
+				for u := start; u < min(start+7, users); u++ {
+					batch = append(batch, change(key, fmt.Sprint("u", u), fmt.Sprint("r", i, "-", u), proto.KindReact, m.Seq, `"👍"`))
+				}
+				if err := st.CommitBatch(context.Background(), batch); err != nil {
+					errs <- err
+					return
+				}
+				all = append(all, batch...)
+			}
+			answers[i] = all
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := map[string]uint64{}
+	for i := range answers {
+		for _, r := range answers[i] {
+			if r.Err != nil {
+				t.Fatalf("%s: %v", r.ID, r.Err)
+			}
+			if !r.Duplicate {
+				if _, twice := stored[r.From]; twice {
+					t.Fatalf("%s's reaction stored twice", r.From)
+				}
+				stored[r.From] = r.Seq
+			}
+		}
+	}
+	for i := range answers {
+		for _, r := range answers[i] {
+			if r.Duplicate && r.Seq != stored[r.From] {
+				t.Fatalf("%s answered %d, its reaction is %d", r.ID, r.Seq, stored[r.From])
+			}
+		}
+	}
+	folded, _, err := a.Fold(context.Background(), key, FoldQuery{}, Bounds{Limit: 5})
+	if err != nil || len(stored) != users || len(folded) != 1 || len(folded[0].Reactions) != 1 || folded[0].Reactions[0].Count != users {
+		t.Fatalf("%d stored, folded %+v, %v", len(stored), folded, err)
+	}
+}

@@ -750,11 +750,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	var rows pgx.Rows
 	var err error
 	if sql == changesSQL {
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uKind, s.uRef, s.uText, s.uAny, token)
-		if err != nil {
-			return err
-		}
-		return p.readChanges(rows, s, rs)
+		return p.runChanges(ctx, conn, s, rs, token)
 	}
 	if sql == freshSQL {
 		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token)
@@ -787,42 +783,10 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	return nil
 }
 
-// changesSQL commits a batch holding changes (edits, deletes, reactions)
-// through roost_commit_changes (migrations/0007_message_kinds.sql): one
-// statement, one round trip, one transaction, the rules checked inside it
-// row after row. Batches of messages alone keep commitSQL and freshSQL.
-const changesSQL = `SELECT ord, status, seq, ts FROM roost_commit_changes($1, $2, $3, $4, $5, $6, $7, $8, $9)`
-
-// readChanges reads changesSQL's answer: one row per distinct publish.
-func (p *Postgres) readChanges(rows pgx.Rows, s *pgScratch, rs []*Row) error {
-	defer rows.Close()
-	for rows.Next() {
-		var ord, status int32
-		var seq int64
-		var ts time.Time
-		if err := rows.Scan(&ord, &status, &seq, &ts); err != nil {
-			return err
-		}
-		if ord < 0 || int(ord) >= len(s.uOrd) {
-			return fmt.Errorf("cannot commit batch: BUG: answer for publish %d of %d", ord, len(s.uOrd))
-		}
-		r := rs[s.uOrd[ord]]
-		switch status {
-		case 0:
-			r.Stored = Stored{Seq: uint64(seq), TS: ts.UnixMilli()}
-		case 1:
-			r.Stored = Stored{Seq: uint64(seq), TS: ts.UnixMilli(), Duplicate: true}
-		case 2:
-			r.Stored = Stored{Err: proto.ErrRefNotFound}
-		case 3:
-			r.Stored = Stored{Err: proto.ErrRefForbidden}
-		default:
-			return fmt.Errorf("cannot commit batch: BUG: status %d", status)
-		}
-	}
-	rows.Close()
-	return rows.Err()
-}
+// changesSQL stands for the commit of a batch holding changes (edits,
+// deletes, reactions): runChanges (changes.go). Batches of messages alone
+// keep commitSQL and freshSQL.
+const changesSQL = "changes"
 
 // readCommit reads the commit statement's answer (old reports stored keys
 // met); rows.Err after Close reports a failure up to the end of the
