@@ -231,7 +231,8 @@ func (b *browser) click(session, room string, seq int, sel string) {
 }
 
 // Edits, deletes and reactions made with the page's controls on one node
-// appear on the page of the other (and on a listen-only SSE page),
+// appear on the page of the other (and, with who is typing, on a
+// listen-only SSE page),
 // applied in order as their frames arrive; a reload shows each message as
 // it stands (folded history), and the changes are never items of their
 // own.
@@ -244,6 +245,14 @@ func TestDemoPageChangesAcrossNodes(t *testing.T) {
 	// carol listens over SSE (the browser's EventSource) on alice's node.
 	carol := b.openWindow("http://" + nodeA + "/?" + url.Values{"user": {"carol"}, "app": {"demo"}, "room": {"lobby"}, "autojoin": {"1"}, "sse": {"1"}}.Encode())
 	b.waitTrue(carol, "carol listens over SSE", `window.demo !== undefined && demo.sseState.es !== null && demo.rooms.get("lobby").joined === true`)
+	// Typing reaches an SSE page too (event: signal).
+	b.run(bob, `document.getElementById("body").focus()`)
+	if _, err := b.call(bob, "Input.insertText", map[string]any{"text": "helo"}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitTrue(carol, "carol sees bob typing over SSE", typingLine+` === "bob is typing…"`)
+	b.run(bob, `(() => { const i = document.getElementById("body"); i.value = ""; i.dispatchEvent(new Event("input")); })()`)
+	b.waitTrue(carol, "carol sees bob stop", typingLine+` === "" && demo.signals.length === 2`)
 
 	b.run(bob, `demo.publish("helo", "lobby")`)
 	for _, p := range append(both, carol) {
