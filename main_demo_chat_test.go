@@ -232,10 +232,9 @@ func (b *browser) click(session, room string, seq int, sel string) {
 
 // Edits, deletes and reactions made with the page's controls on one node
 // appear on the page of the other (and, with who is typing, on a
-// listen-only SSE page),
-// applied in order as their frames arrive; a reload shows each message as
-// it stands (folded history), and the changes are never items of their
-// own.
+// listen-only SSE page), applied in order as their frames arrive; a
+// reload shows each message as it stands (folded history), and the
+// changes are never items of their own.
 func TestDemoPageChangesAcrossNodes(t *testing.T) {
 	b := startBrowser(t)
 	nodeA, nodeB := twoChatNodes(t)
