@@ -62,7 +62,8 @@ jq -r '.burst as $b | .levels[0] as $l | def r(x): (x // 0) * 100 | round / 100;
   "BURST capacity: before the burst ack p50 \(r($b.before.ack_p50_ms)) p95 \(r($b.before.ack_p95_ms)) p99 \(r($b.before.ack_p99_ms)) ms (target p95 <= 10 ms: \(if ($b.before.ack_p95_ms // 1e9) <= 10 then "met" else "MISSED" end)); " +
   "burst \($b.offered) offered over \($b.over_s)s: \($b.sent) sent, \($b.acked) acked; " +
   "refusals \($l.errors_by_code.overloaded // 0) overloaded, \($l.resent // 0) sent again; " +
-  "backlog gone \(r($b.backlog_gone_s)) s after the burst began; meanwhile others ack p50 \(r($b.during.ack_p50_ms)) p95 \(r($b.during.ack_p95_ms)) p99 \(r($b.during.ack_p99_ms)) ms, every receipt p99 \(r($b.during.p99_ms)) ms"' \
+  (if ($b.backlog_gone_s // 0) > 0 then "backlog gone \(r($b.backlog_gone_s)) s after the burst began; meanwhile others ack p50 \(r($b.during.ack_p50_ms)) p95 \(r($b.during.ack_p95_ms)) p99 \(r($b.during.ack_p99_ms)) ms, every receipt p99 \(r($b.during.p99_ms)) ms"
+   else "backlog NOT gone: \($b.acked) of \($b.offered) acked when the drain ended" end)' \
   "$OUT/capacity.json" || true
 summary capacity "$OUT/capacity.json"
 [ $rc = 0 ] || die "roost bench publish exited $rc (a publish lost, or a failed run: see above)"
