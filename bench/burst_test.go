@@ -4,6 +4,7 @@ package bench
 
 import (
 	"bytes"
+	"io"
 	"strconv"
 	"testing"
 	"time"
@@ -131,12 +132,16 @@ func readClientFrames(b []byte) ([]string, error) {
 	var out []string
 	r := bytes.NewReader(b)
 	for r.Len() > 0 {
-		f, err := ws.ReadFrame(r)
+		h, err := ws.ReadHeader(r)
 		if err != nil {
 			return out, err
 		}
-		f = ws.UnmaskFrameInPlace(f)
-		out = append(out, string(f.Payload))
+		p := make([]byte, h.Length)
+		if _, err := io.ReadFull(r, p); err != nil {
+			return out, err
+		}
+		ws.Cipher(p, h.Mask, 0)
+		out = append(out, string(p))
 	}
 	return out, nil
 }
