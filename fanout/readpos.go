@@ -392,12 +392,26 @@ func (n *Node) receivedRead(b []byte) {
 			}
 		}
 	}
+	mask := ^uint64(0)
+	if f := n.userLoops.Load(); f != nil {
+		mask = (*f)(userKey)
+	}
 	for i := 0; i < n.cfg.Loops; i++ {
+		if mask&(1<<i) == 0 {
+			continue
+		}
 		if t := n.tables[i].Load(); t != nil {
 			t.loop.Post(Event{kind: evUserFrame, key: userKey, seq: tag, frame: frame})
 		}
 	}
 }
+
+// SetUserLoops gives the node the loops' index of users: f returns the
+// set of loop indexes (bit i: loop i) holding a connection of user
+// "app/user". A read position from the broker is then posted to those
+// loops only, one lookup per position instead of one per loop; without
+// it, to every loop. Any goroutine; f is called on the broker's.
+func (n *Node) SetUserLoops(f func(userKey string) uint64) { n.userLoops.Store(&f) }
 
 // SetUsers gives the table the loop's index of its users' connections:
 // f appends to dst the members of user "app/user" on this loop. A read

@@ -95,6 +95,34 @@ func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Me
 	return dst
 }
 
+// loopsOf is the set of loops (bit i: loop i) holding an open WebSocket
+// connection of user "app/user": the node posts a read position to those
+// only (fanout.Node.SetUserLoops). Any goroutine.
+func (s *Server) loopsOf(userKey string) uint64 {
+	id, user, _ := strings.Cut(userKey, "/")
+	a := s.apps
+	a.mu.RLock()
+	p := a.byID[id]
+	a.mu.RUnlock()
+	if p == nil {
+		return 0
+	}
+	var mask uint64
+	p.mu.Lock()
+	if u := p.users[user]; u != nil {
+		if u.ws != nil {
+			mask |= 1 << u.ws.l.idx
+		}
+		if u.more != nil {
+			for _, c := range *u.more {
+				mask |= 1 << c.l.idx
+			}
+		}
+	}
+	p.mu.Unlock()
+	return mask
+}
+
 // OnOpen registers a new connection with its loop, or closes it at once
 // when it is past the connection budget or its address's cap: a refused
 // connection costs its descriptor for this call only, and the kernel's

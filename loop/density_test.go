@@ -69,8 +69,21 @@ func TestIdleConnNoChatState(t *testing.T) {
 		}
 		return alice, true
 	}
-	if got, _ := users(); len(got) != 3 {
+	got, _ := users()
+	if len(got) != 3 {
 		t.Fatalf("alice's index holds %d connections, want 3", len(got))
+	}
+	// The node posts alice's read positions to the loops holding her
+	// tabs, and to those only.
+	var want uint64
+	for _, c := range got {
+		want |= 1 << c.l.idx
+	}
+	if m := n.srv.loopsOf("test/alice"); m != want {
+		t.Fatalf("alice's loops %b, want %b", m, want)
+	}
+	if m := n.srv.loopsOf("test/nobody") | n.srv.loopsOf("other/alice"); m != 0 {
+		t.Fatalf("loops of unknown users %b", m)
 	}
 	// A read mark from one tab reaches the other two, and makes the
 	// marking tab's chat state (its read bucket).
