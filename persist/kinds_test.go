@@ -449,6 +449,36 @@ func TestMemoryRetentionRemovesChanges(t *testing.T) {
 	}
 }
 
+// TestMemoryChangesAccounted: a message's state counts against the byte
+// budget and leaves it with the message.
+func TestMemoryChangesAccounted(t *testing.T) {
+	st := NewMemory(10)
+	const key = "a/r"
+	commitRows(t, st, req(key, "alice", "m", `1`))
+	before := st.Stats().Bytes
+	var rows []*Row
+	for i := range 5 {
+		rows = append(rows, change(key, fmt.Sprint("u", i), fmt.Sprint("r", i), proto.KindReact, 1, `"👍"`))
+	}
+	commitRows(t, st, rows...)
+	grown := st.Stats().Bytes
+	if grown <= before+5*msgCost {
+		t.Fatalf("5 reactions grew the store from %d to %d bytes: the state is not counted", before, grown)
+	}
+	for i := range 10 {
+		commitRows(t, st, req(key, "alice", fmt.Sprint("n", i), `1`))
+	}
+	// The ring holds the 10 newest messages, none of them changed: what
+	// the reactions and their state held is given back.
+	plain := NewMemory(10)
+	for i := range 10 {
+		commitRows(t, plain, req(key, "alice", fmt.Sprint("n", i), `1`))
+	}
+	if got, want := st.Stats().Bytes, plain.Stats().Bytes; got != want {
+		t.Fatalf("after the changed message left: %d bytes, a store that never had it %d", got, want)
+	}
+}
+
 func TestPostgresKinds(t *testing.T) {
 	testKindsContract(t, func(t *testing.T) Store { return newPG(t) })
 }
