@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // /healthz counts the loops the node runs, not the ones that happen to
@@ -171,4 +173,9 @@ func TestDevBannerJSON(t *testing.T) {
 	if strings.Contains(buf.String(), "curl") || !strings.Contains(buf.String(), "demo page   http://127.0.0.1:8080/") {
 		t.Fatalf("banner without a loopback API:\n%s", buf.String())
 	}
+}
+
+// freeLoopback is a loopback address with a port free a moment ago.
+func freeLoopback(t *testing.T) string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t, false)))
 }

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"fmt"
@@ -73,8 +73,8 @@ func TestRedisKeysExpireWithNodes(t *testing.T) {
 		t.Fatalf("10 s after the joins %d keys, want the %d there were: %v", len(left), len(keys), left)
 	}
 	stopped := time.Now()
-	nodes[0].stop()
-	nodes[1].kill()
+	nodes[0].Stop()
+	nodes[1].Kill()
 	redistest.WaitFor(t, 8*time.Second+3*time.Second, func() error {
 		if left := redisKeys(t, e.prefix); len(left) > 0 {
 			return fmt.Errorf("%d keys left %v after the nodes stopped: %v", len(left), time.Since(stopped), left)

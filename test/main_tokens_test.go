@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // Tests of token lifetimes on the real binary: a rotation's previous
 // secret ends the connections it signed, and --max-token-ttl bounds how
@@ -18,12 +18,12 @@ import (
 	"github.com/gobwas/ws"
 
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 func cli(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(roostBinary(t), args...).Output()
+	out, err := exec.Command(harness.Binary(t), args...).Output()
 	if err != nil {
 		t.Fatalf("roost %s: %v", strings.Join(args, " "), err)
 	}
@@ -50,13 +50,11 @@ func TestRetiredSecretEndsConnections(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli(t, "app", "create", "rot", "--apps", apps)), &created); err != nil {
 		t.Fatal(err)
 	}
-	n := startPlain(t, &roostNode{name: "rot", addr: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		admin: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)), logf: filepath.Join(t.TempDir(), "rot.log"),
-		exited: make(chan struct{}), tokenMode: true}, roostBinary(t), 0, false, []string{"--apps", apps})
+	n := startPlain(t, harness.Spec{Name: "rot", Args: []string{"--apps", apps}}, true)
 
 	dial := func(query string) *opsClient {
 		t.Helper()
-		c, err := dialOpsWith(t, n.addr, query, nil)
+		c, err := dialOpsWith(t, n.Addr, query, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +71,7 @@ func TestRetiredSecretEndsConnections(t *testing.T) {
 	kept := dial("token=" + old("kept"))
 	kept.send(`{"op":"ping"}`)
 	kept.expect("pong")
-	sse, err := http.Get("http://" + n.addr + "/sse?room=r&token=" + old("sse"))
+	sse, err := http.Get("http://" + n.Addr + "/sse?room=r&token=" + old("sse"))
 	if err != nil || sse.StatusCode != 200 {
 		t.Fatalf("sse: %v %v", sse, err)
 	}
@@ -108,7 +106,7 @@ func TestRetiredSecretEndsConnections(t *testing.T) {
 	}
 	t.Logf("refreshed %v after the rotation", time.Since(rotated))
 	// A token of the new secret is accepted; one ten years ahead is not.
-	if code, body := upgradeStatus(t, n.addr, "/ws?token="+tokenFor(t, secret, "rot", "x", 10*365*24*time.Hour), nil); code != 401 || !strings.Contains(body, "max token ttl") {
+	if code, body := upgradeStatus(t, n.Addr, "/ws?token="+tokenFor(t, secret, "rot", "x", 10*365*24*time.Hour), nil); code != 401 || !strings.Contains(body, "max token ttl") {
 		t.Fatalf("10-year token: %d %q, want 401 naming the max token ttl", code, body)
 	}
 

@@ -1,4 +1,4 @@
-package main
+package test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // .ci/release.sh builds static linux/amd64 and linux/arm64 binaries with
@@ -42,7 +43,7 @@ func TestReleaseBinaries(t *testing.T) {
 	const ver = "v0.0.0-releasetest"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	build := exec.CommandContext(ctx, "./.ci/release.sh", ver, out)
+	build := exec.CommandContext(ctx, filepath.Join(harness.Root(t), ".ci", "release.sh"), ver, out)
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf(".ci/release.sh: %v\n%s", err, b)
 	}
@@ -65,12 +66,12 @@ func TestReleaseBinaries(t *testing.T) {
 	}
 
 	// The arm64 smoke test: a node under emulation, a chat through it.
-	listen, admin := freeLoopback(t), freeLoopback(t)
+	listen, admin := harness.FreeAddr(t), harness.FreeAddr(t)
 	logs := &syncBuffer{}
 	node := exec.Command(qemu, filepath.Join(out, "roost-linux-arm64"), "--listen", listen, "--admin", admin, "--api", "off", "--loops", "1")
 	node.Env = []string{"PATH=" + os.Getenv("PATH")}
 	node.Stdout, node.Stderr = logs, logs
-	node.SysProcAttr = demoAttr()
+	node.SysProcAttr = harness.GroupAttr()
 	if err := node.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func containerImage(t *testing.T, dist string) {
 	}
 	ctxDir := t.TempDir()
 	for _, f := range []string{"Dockerfile", ".dockerignore"} {
-		b, err := os.ReadFile(f)
+		b, err := os.ReadFile(filepath.Join(harness.Root(t), f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +156,7 @@ func containerImage(t *testing.T, dist string) {
 		t.Fatalf("podman build: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { _, _ = pm("rmi", "-f", image) })
-	port := freeLoopback(t)
+	port := harness.FreeAddr(t)
 	const secret = "container-test-secret-0123456789ab"
 	if out, err := pm("run", "-d", "--name", name, "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
 		"-e", "ROOST_APP_SECRET=chat="+secret, "-p", port+":8080", image); err != nil {
@@ -231,7 +232,7 @@ func composeTopology(t *testing.T, image string, pm func(...string) (string, err
 	var addrs []string
 	for i := range 2 {
 		name := fmt.Sprintf("%s-node%d", strings.TrimPrefix(image, "localhost/"), i+1)
-		listen, admin := freeLoopback(t), freeLoopback(t)
+		listen, admin := harness.FreeAddr(t), harness.FreeAddr(t)
 		if out, err := podRun([]string{"-d", "--name", name, "-e", "ROOST_REDIS_URL=" + redisURL, "-e", "ROOST_NODE_ID=" + name,
 			"-e", "ROOST_LISTEN=" + listen, "-e", "ROOST_ADMIN=" + admin, "-e", "ROOST_API=off"}); err != nil {
 			t.Fatalf("podman run %s: %v\n%s", name, err, out)

@@ -1,13 +1,10 @@
-package main_test
+package test
 
 // The drain contract of the real binary under SIGTERM.
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
-	"os/exec"
 	"regexp"
 	"sync"
 	"syscall"
@@ -20,7 +17,7 @@ import (
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/proto/prototest"
-	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // TestDrainOnSIGTERM runs the real binary on PostgreSQL with members
@@ -30,38 +27,10 @@ import (
 // acknowledged publishes exactly the stored ones.
 func TestDrainOnSIGTERM(t *testing.T) {
 	dbURL := pgtest.NewDB(t)
-	bin := roostBinary(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
-	admin := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	const window = 2 * time.Second
-	logs := &syncBuffer{}
-	cmd := exec.Command(bin, "serve", "--insecure", "--listen", addr, "--admin", admin, "--api", "off", "--database-url", dbURL, "--migrate",
-		"--loops", "2", "--drain", window.String(), "--flush", "1ms", "--log-format", "json")
-	cmd.Env = nodeEnv()
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if t.Failed() {
-			t.Logf("node log:\n%s", logs)
-		}
-	})
-	redistest.WaitFor(t, 15*time.Second, func() error {
-		resp, err := http.Get("http://" + admin + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return errors.New(resp.Status)
-		}
-		return nil
-	})
+	n := harness.Start(t, harness.Spec{Args: []string{"--insecure", "--api", "off", "--database-url", dbURL, "--migrate",
+		"--loops", "2", "--drain", window.String(), "--flush", "1ms", "--log-format", "json"}})
+	addr := n.Addr
 
 	// Members join, then publish with up to 4 publishes outstanding each.
 	const members = 12
@@ -137,13 +106,13 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	}
 	acks.Wait()
 	sigAt := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := n.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("roost exited with %v, want 0", err)
+	case <-n.Done():
+		if st := n.Cmd.ProcessState; !st.Success() {
+			t.Fatalf("roost exited with %v, want 0", st)
 		}
 	case <-time.After(window + 10*time.Second):
 		t.Fatalf("roost did not exit within %s of SIGTERM", window+10*time.Second)

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // Many nodes, end to end: real `roost serve` processes sharing one
 // PostgreSQL database and one Redis (single or a three-shard Cluster), real
@@ -127,7 +127,7 @@ func (f *fleet) waitComplete(t *testing.T, n map[string]uint64, d time.Duration,
 				if err := checkSeqs(s, n[r]); err != nil {
 					// A fault in what arrived is final; only "not yet" may wait.
 					if !strings.HasPrefix(err.Error(), "received") {
-						t.Fatalf("member %s on %s, room %s: %v", c.user, f.nodes[f.homes[i]].name, r, err)
+						t.Fatalf("member %s on %s, room %s: %v", c.user, f.nodes[f.homes[i]].Name, r, err)
 					}
 					return fmt.Errorf("member %s room %s: %v", c.user, r, err)
 				}
@@ -166,8 +166,8 @@ func (f *fleet) roomSeq(t *testing.T, n *roostNode, room string) uint64 {
 func (f *fleet) counters(t *testing.T, names ...string) []float64 {
 	sums := make([]float64, len(names))
 	for _, n := range f.nodes {
-		if n.alive() {
-			m := n.metrics(t)
+		if n.Alive() {
+			m := n.Metrics(t)
 			for i, name := range names {
 				sums[i] += m[name]
 			}
@@ -194,8 +194,8 @@ func fanOutOrder(t *testing.T, e *env, subscribers func(room string) (int, error
 	// members and publishers and every room.
 	redistest.WaitFor(t, 5*time.Second, func() error {
 		for _, n := range nodes {
-			if h := n.health(t); h.conns != perNode+2 || h.rooms != nrooms {
-				return fmt.Errorf("%s /healthz: conns=%d rooms=%d, want %d and %d", n.name, h.conns, h.rooms, perNode+2, nrooms)
+			if h := n.Health(t); h.Conns != perNode+2 || h.Rooms != nrooms {
+				return fmt.Errorf("%s /healthz: conns=%d rooms=%d, want %d and %d", n.Name, h.Conns, h.Rooms, perNode+2, nrooms)
 			}
 		}
 		return nil
@@ -203,9 +203,9 @@ func fanOutOrder(t *testing.T, e *env, subscribers func(room string) (int, error
 	// ... how many members it holds and what it subscribed on Redis.
 	redistest.WaitFor(t, 5*time.Second, func() error {
 		for _, n := range nodes {
-			m := n.metrics(t)
+			m := n.Metrics(t)
 			if m["roost_room_memberships"] != perNode*roomsEach || m["roost_redis_subscribed_rooms"] != nrooms || m["roost_redis_pending_rooms"] != 0 {
-				return fmt.Errorf("%s: memberships %v subscribed %v pending %v, want %d, %d, 0", n.name,
+				return fmt.Errorf("%s: memberships %v subscribed %v pending %v, want %d, %d, 0", n.Name,
 					m["roost_room_memberships"], m["roost_redis_subscribed_rooms"], m["roost_redis_pending_rooms"], perNode*roomsEach, nrooms)
 			}
 		}
@@ -243,8 +243,8 @@ func fanOutOrder(t *testing.T, e *env, subscribers func(room string) (int, error
 		}
 	}
 	redistest.WaitFor(t, 5*time.Second, func() error {
-		if h := nodes[0].health(t); h.rooms != 0 {
-			return fmt.Errorf("node0 still holds %d rooms", h.rooms)
+		if h := nodes[0].Health(t); h.Rooms != 0 {
+			return fmt.Errorf("node0 still holds %d rooms", h.Rooms)
 		}
 		for _, r := range f.rooms {
 			if got, err := subscribers(r); err != nil || got != len(nodes)-1 {
@@ -339,9 +339,9 @@ func TestMultiNodeRedisRestart(t *testing.T) {
 	}
 	// Each node resubscribed by itself and reports nothing pending.
 	for _, n := range nodes {
-		m := n.metrics(t)
+		m := n.Metrics(t)
 		if m["roost_redis_resubscribes_total"] < 1 || m["roost_redis_pending_rooms"] != 0 {
-			t.Fatalf("%s after the restart: resubscribes %v pending %v", n.name, m["roost_redis_resubscribes_total"], m["roost_redis_pending_rooms"])
+			t.Fatalf("%s after the restart: resubscribes %v pending %v", n.Name, m["roost_redis_resubscribes_total"], m["roost_redis_pending_rooms"])
 		}
 	}
 	for _, r := range f.rooms {
@@ -366,7 +366,7 @@ func TestMultiNodeKillNode(t *testing.T) {
 	var wg sync.WaitGroup
 	rejoinErrs := make(chan error, len(f.members))
 	f.burst(t, 100, 8, 3*time.Millisecond, 400*time.Millisecond, func() {
-		nodes[victim].kill()
+		nodes[victim].Kill()
 		for i, c := range f.members {
 			if f.homes[i] != victim {
 				continue
@@ -439,8 +439,8 @@ func TestRedisRestartManyRooms(t *testing.T) {
 			m.waitJoined(t, r)
 		}
 	}
-	if h := nodes[0].health(t); h.rooms != nrooms {
-		t.Fatalf("node holds %d rooms, want %d", h.rooms, nrooms)
+	if h := nodes[0].Health(t); h.Rooms != nrooms {
+		t.Fatalf("node holds %d rooms, want %d", h.Rooms, nrooms)
 	}
 
 	rp.Kill()
@@ -531,7 +531,7 @@ func BenchmarkCrossNodeLatency(b *testing.B) {
 		if !marked && time.Now().UnixNano() >= from {
 			marked = true
 			for k, n := range nodes {
-				cpu0[k] = n.cpuTime()
+				cpu0[k] = n.CPUTime()
 			}
 		}
 		p := pubs[sent%len(pubs)]
@@ -542,7 +542,7 @@ func BenchmarkCrossNodeLatency(b *testing.B) {
 	}
 	var share [2]float64
 	for k, n := range nodes {
-		share[k] = (n.cpuTime() - cpu0[k]).Seconds() / time.Since(time.Unix(0, from)).Seconds()
+		share[k] = (n.CPUTime() - cpu0[k]).Seconds() / time.Since(time.Unix(0, from)).Seconds()
 	}
 	// Every member gets every message: 1..sent, no gap, no duplicate.
 	redistest.WaitFor(b, 30*time.Second, func() error {

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"context"
@@ -30,10 +30,10 @@ func TestClusterConnLimitConverges(t *testing.T) {
 			defer wg.Done()
 			for j := 0; j < each; j++ {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				c, err := prototest.Dial(ctx, "ws://"+n.addr+"/ws?user=u"+fmt.Sprint(j)+"&app="+testApp, prototest.Options{})
+				c, err := prototest.Dial(ctx, "ws://"+n.Addr+"/ws?user=u"+fmt.Sprint(j)+"&app="+testApp, prototest.Options{})
 				cancel()
 				if err != nil {
-					t.Errorf("%s: dial %d: %v", n.name, j, err)
+					t.Errorf("%s: dial %d: %v", n.Name, j, err)
 					return
 				}
 				clients[i] = append(clients[i], c)
@@ -90,17 +90,17 @@ func TestClusterConnLimitConverges(t *testing.T) {
 			closed++
 			newest = min(newest, j)
 			if err := c.Err(); err == nil || !strings.Contains(err.Error(), `1008 "connection limit"`) {
-				t.Errorf("%s: connection %d ended with %v, want 1008 connection limit", nodes[i].name, j, err)
+				t.Errorf("%s: connection %d ended with %v, want 1008 connection limit", nodes[i].Name, j, err)
 			}
 		}
 		// Newest first: the closed ones are the last opened (the node
 		// orders by the millisecond it accepted them, then by accept
 		// order on its loop).
 		if newest < len(cs)-closed {
-			t.Errorf("%s: closed %d, the oldest of them opened %dth of %d: not the newest", nodes[i].name, closed, newest+1, len(cs))
+			t.Errorf("%s: closed %d, the oldest of them opened %dth of %d: not the newest", nodes[i].Name, closed, newest+1, len(cs))
 		}
-		if c := nodes[i].metrics(t)[`roost_app_refusals_total{app="`+testApp+`",reason="conn_limit"}`]; int(c) < closed {
-			t.Errorf("%s: conn_limit refusals %v, want at least the %d closed", nodes[i].name, c, closed)
+		if c := nodes[i].Metrics(t)[`roost_app_refusals_total{app="`+testApp+`",reason="conn_limit"}`]; int(c) < closed {
+			t.Errorf("%s: conn_limit refusals %v, want at least the %d closed", nodes[i].Name, c, closed)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // TLS in front of the node: Debian's HAProxy and nginx terminate TLS with a
 // certificate the test makes, run the configurations docs/operations.md
@@ -32,6 +32,7 @@ import (
 
 	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // sbinTool finds a daemon of a Debian package, which lives in /usr/sbin
@@ -98,7 +99,7 @@ func selfSigned(t testing.TB, dir string) tlsFiles {
 // string is lang.
 func docConfig(t testing.TB, lang string) string {
 	t.Helper()
-	b, err := os.ReadFile("docs/operations.md")
+	b, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func startProxy(t testing.TB, name string, args ...string) *frontProxy {
 	p := &frontProxy{log: &syncBuffer{}}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	p.cmd.SysProcAttr = childAttr()
+	p.cmd.SysProcAttr = harness.ChildAttr()
 	p.cmd.SysProcAttr.Setpgid = true // nginx's workers die with the group
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -270,18 +271,18 @@ func TestTLSProxyInFront(t *testing.T) {
 			dir := t.TempDir()
 			f := selfSigned(t, dir)
 			n := plainNode(t, 0, false, append([]string{"--log-level", "debug"}, tc.nodeFlag...)...)
-			p := tc.start(t, n.addr, f, dir)
+			p := tc.start(t, n.Addr, f, dir)
 			throughProxy(t, n, p, f, tc.withPort)
 			if tc.nodeFlag[0] == "--proxy-protocol" {
 				// Past the proxy, straight to the node: refused and counted.
-				resp, err := httpClient.Get("http://" + n.addr + "/roost.js")
+				resp, err := httpClient.Get("http://" + n.Addr + "/roost.js")
 				if err == nil {
 					if resp.StatusCode != 400 {
 						t.Errorf("direct request: %s, want 400", resp.Status)
 					}
 					resp.Body.Close()
 				}
-				if v := n.metrics(t)[`roost_connections_refused_total{reason="proxy_header"}`]; v < 1 {
+				if v := n.Metrics(t)[`roost_connections_refused_total{reason="proxy_header"}`]; v < 1 {
 					t.Errorf("direct request not counted: refused proxy_header %v", v)
 				}
 			}
@@ -351,7 +352,7 @@ func throughProxy(t *testing.T, n *roostNode, p *frontProxy, f tlsFiles, withPor
 		wsFrom += ":" + fmt.Sprint(ws.Conn().LocalAddr().(*net.TCPAddr).Port)
 	}
 	prototest.WaitFor(t, 5*time.Second, func() error {
-		log := n.logTail(200)
+		log := n.LogTail(200)
 		for _, want := range []*regexp.Regexp{
 			regexp.MustCompile(`msg="connection open".* ` + regexp.QuoteMeta(wsFrom) + `(\s|$)`),
 			regexp.MustCompile(`msg="sse stream open".* remote=127\.0\.0\.2[:\s]`),
@@ -411,11 +412,11 @@ func BenchmarkProxyPathMemory(b *testing.B) {
 			dir := b.TempDir()
 			f := selfSigned(b, dir)
 			n := plainNode(b, 0, false, path.flags...)
-			url := "ws://" + n.addr
+			url := "ws://" + n.Addr
 			opt := prototest.Options{Buffer: 4, ReadTimeout: 10 * time.Minute}
 			var p *frontProxy
 			if path.start != nil {
-				p = path.start(b, n.addr, f, dir)
+				p = path.start(b, n.Addr, f, dir)
 				url = "wss://" + p.addr
 				opt.TLSConfig = &tls.Config{RootCAs: f.pool, ServerName: "127.0.0.1"}
 			}
@@ -430,10 +431,10 @@ func BenchmarkProxyPathMemory(b *testing.B) {
 			// a per-connection cost.
 			warm := dialMany(b, url, opt, 0, 20)
 			time.Sleep(time.Second)
-			node0, proxy0 := pathRSS(b, n.cmd.Process.Pid), proxyRSS()
+			node0, proxy0 := pathRSS(b, n.Cmd.Process.Pid), proxyRSS()
 			clients := dialMany(b, url, opt, 20, conns)
 			time.Sleep(2 * time.Second) // let the last joins and the proxies' buffers settle
-			node1, proxy1 := pathRSS(b, n.cmd.Process.Pid), proxyRSS()
+			node1, proxy1 := pathRSS(b, n.Cmd.Process.Pid), proxyRSS()
 			nodePer, proxyPer := (node1-node0)/float64(conns), (proxy1-proxy0)/float64(conns)
 			b.ReportMetric(nodePer, "node-B/conn")
 			b.ReportMetric(proxyPer, "proxy-B/conn")

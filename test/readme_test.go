@@ -1,4 +1,4 @@
-package main
+package test
 
 import (
 	"bufio"
@@ -9,13 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // readmeBlock is a fenced sh block of README.md marked for this test:
@@ -32,7 +31,7 @@ type readmeBlock struct {
 var readmeMark = regexp.MustCompile("(?m)^<!-- readme-test(: background)? -->\n```sh\n((?:.*\n)*?)```")
 
 func readmeBlocks(t *testing.T) []readmeBlock {
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile(filepath.Join(harness.Root(t), "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,12 +65,9 @@ func TestREADMECommands(t *testing.T) {
 	if len(blocks) < 6 {
 		t.Fatalf("README.md has %d blocks marked readme-test, want the first screen's 6 or more", len(blocks))
 	}
-	repo, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
+	repo := harness.Root(t)
 	dir := t.TempDir()
-	listen, api, admin := freeLoopback(t), freeLoopback(t), freeLoopback(t)
+	listen, api, admin := harness.FreeAddr(t), harness.FreeAddr(t), harness.FreeAddr(t)
 	rewrite := strings.NewReplacer(
 		"127.0.0.1:8080", listen, "0.0.0.0:8080", listen,
 		"127.0.0.1:8090", api,
@@ -124,7 +120,7 @@ func TestREADMECommands(t *testing.T) {
 			nodeLog = &syncBuffer{}
 			node = exec.Command("bash", "-euo", "pipefail", "-c", text)
 			node.Dir, node.Env, node.Stdout, node.Stderr = cwd, env, nodeLog, nodeLog
-			node.SysProcAttr = demoAttr() // its own group, which stopNode kills
+			node.SysProcAttr = harness.GroupAttr() // its own group, which stopNode kills
 			if err := node.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -202,11 +198,6 @@ func devBannerWorks(t *testing.T, dir string, env []string, log *syncBuffer) {
 	if err != nil || !strings.Contains(string(out), `"seq":`) {
 		t.Fatalf("the printed call %s: %v %s", curl, err, out)
 	}
-}
-
-// freeLoopback is a loopback address with a port free a moment ago.
-func freeLoopback(t *testing.T) string {
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t, false)))
 }
 
 func waitPort(t *testing.T, addr string, log *syncBuffer) {

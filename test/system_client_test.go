@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"context"
@@ -48,6 +48,16 @@ func dialOpsWith(t testing.TB, addr, query string, netDial func(ctx context.Cont
 	}()
 	t.Cleanup(cl.Close)
 	return c, nil
+}
+
+// dialOps is dialOpsWith the default dialer; it fails t when it cannot.
+func dialOps(t testing.TB, addr, query string) *opsClient {
+	t.Helper()
+	c, err := dialOpsWith(t, addr, query, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func (c *opsClient) send(s string) error { return c.Send(s) }

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // The browser client's own tests, run as part of `go test ./...`: the unit
 // tests of its state machine with Node's test runner, and the end-to-end
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // needTool finds a program or skips (fails with CI=true).
@@ -41,7 +42,7 @@ func runNode(t *testing.T, timeout time.Duration, env []string, files ...string)
 	defer cancel()
 	args := append([]string{"--test", "--test-reporter=spec"}, files...)
 	cmd := exec.CommandContext(ctx, node, args...)
-	cmd.Dir = "client"
+	cmd.Dir = filepath.Join("..", "client")
 	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -68,7 +69,7 @@ func TestClientUnit(t *testing.T) {
 // 200 clients reconnecting after a kill and a drain.
 func TestClientBrowser(t *testing.T) {
 	chromium := needTool(t, "chromium", "apt-get install -y chromium")
-	if _, err := os.Stat(filepath.Join("client", "node_modules", "playwright-core", "package.json")); err != nil {
+	if _, err := os.Stat(filepath.Join("..", "client", "node_modules", "playwright-core", "package.json")); err != nil {
 		msg := "playwright-core not installed: run `npm ci` in client/"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
@@ -76,7 +77,7 @@ func TestClientBrowser(t *testing.T) {
 		t.Skip(msg)
 	}
 	db := pgtest.NewDB(t)
-	bin := roostBinary(t)
+	bin := harness.Binary(t)
 	runNode(t, 6*time.Minute, []string{"ROOST_BIN=" + bin, "ROOST_DATABASE_URL=" + db, "CHROMIUM=" + chromium}, "test/browser.test.mjs")
 }
 
@@ -87,7 +88,7 @@ func TestClientBrowser(t *testing.T) {
 func TestClientPacked(t *testing.T) {
 	needTool(t, "npm", "apt-get install -y npm")
 	for _, dep := range []string{"ws", "undici"} {
-		if _, err := os.Stat(filepath.Join("client", "node_modules", dep, "package.json")); err != nil {
+		if _, err := os.Stat(filepath.Join("..", "client", "node_modules", dep, "package.json")); err != nil {
 			msg := dep + " not installed: run `npm ci` in client/"
 			if os.Getenv("CI") == "true" {
 				t.Fatal(msg)
@@ -95,5 +96,5 @@ func TestClientPacked(t *testing.T) {
 			t.Skip(msg)
 		}
 	}
-	runNode(t, 3*time.Minute, []string{"ROOST_BIN=" + roostBinary(t)}, "test/pack.test.mjs")
+	runNode(t, 3*time.Minute, []string{"ROOST_BIN=" + harness.Binary(t)}, "test/pack.test.mjs")
 }

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // and waits for joined.
 func presenceClient(t *testing.T, n *roostNode, user, room string, watch bool) *prototest.Client {
 	t.Helper()
-	c := prototest.DialT(t, "ws://"+n.addr+"/ws?user="+user+"&app="+testApp, prototest.Options{})
+	c := prototest.DialT(t, "ws://"+n.Addr+"/ws?user="+user+"&app="+testApp, prototest.Options{})
 	join := `{"op":"join","room":"` + room + `"}`
 	if watch {
 		join = `{"op":"join","room":"` + room + `","presence":true}`
@@ -77,7 +77,7 @@ func TestPresenceNodeKilled(t *testing.T) {
 		t.Fatalf("joined %v", joined)
 	}
 	killed := time.Now()
-	a.kill()
+	a.Kill()
 	j, l := nextDiff(t, w, 10*time.Second)
 	took := time.Since(killed)
 	if len(j) != 0 || !slices.Equal(l, []string{"a0", "a1", "a2"}) {

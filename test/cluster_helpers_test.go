@@ -1,33 +1,22 @@
-// Package main_test holds the system tests: they build the roost binary,
-// run and kill real `roost serve` processes, and talk to them only over
-// the wire, so they live apart from package main's in-process tests.
-package main_test
+package test
 
-// The multi-node harness: the roost binary built once, real `roost serve`
-// processes sharing one PostgreSQL database and one Redis (or a Redis
-// Cluster of child redis-server processes), and a roost protocol client on
-// the shared wire client of proto/prototest. Everything listens on
-// 127.0.0.1; every wait is bounded.
+// The helpers the tests share: nodes of one test on one PostgreSQL
+// database and one Redis (or a Redis Cluster of child redis-server
+// processes), started through test/harness, which builds the binary once;
+// and a roost protocol client on the shared wire client of
+// proto/prototest. Everything listens on 127.0.0.1; every wait is bounded.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,62 +25,18 @@ import (
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 const (
 	testApp = "ct"
 )
 
-var (
-	binDir    string // holds the roost binary; removed by TestMain
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// TestMain only owns the temporary directory of the binary: the binary is
-// built lazily, by the first test that starts a node, so tests of package
-// main that need no process do not pay for the build.
+// TestMain removes the binary the harness built, if a test built it.
 func TestMain(m *testing.M) {
-	d, err := os.MkdirTemp("", "roost-clustertest-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cannot create temp dir:", err)
-		os.Exit(1)
-	}
-	binDir = d
 	code := m.Run()
-	os.RemoveAll(d)
+	harness.Cleanup()
 	os.Exit(code)
-}
-
-// roostBinary builds the roost binary of this tree once per test run.
-func roostBinary(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		binPath = filepath.Join(binDir, "roost")
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("cannot build roost: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
-
-// nodeEnv is this process's environment without ROOST_* and the URLs a
-// node reads from it: only the flags a test gives may configure its node.
-func nodeEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ROOST_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 // syncBuffer collects a node's log while it runs.
@@ -137,19 +82,8 @@ func newEnv(t testing.TB, redisAddrs string) *env {
 // channel is the Redis channel of a room of testApp (pubsub: Prefix.{key}).
 func (e *env) channel(room string) string { return e.prefix + ".{" + testApp + "/" + room + "}" }
 
-// roostNode is one `roost serve` child process.
-type roostNode struct {
-	name   string
-	addr   string // client listener
-	admin  string
-	cmd    *exec.Cmd
-	logf   string
-	exited chan struct{}
-	// env is added to the node's environment, and tokenMode leaves out
-	// --insecure (plainNode and startPlain only).
-	env       []string
-	tokenMode bool
-}
+// roostNode is one `roost serve` child process, started by the harness.
+type roostNode = harness.Node
 
 // startNodes starts n nodes in parallel and waits until each is ready.
 func startNodes(t testing.TB, e *env, n int, extra ...string) []*roostNode {
@@ -173,238 +107,18 @@ func startNodes(t testing.TB, e *env, n int, extra ...string) []*roostNode {
 	return nodes
 }
 
-// launchNode starts one node on free ports, retrying when a port was taken
-// between choosing it and binding it. It registers the stop and, on
-// failure, the dump of the node's log.
+// launchNode starts one node of e on free ports (the harness retries
+// when a port was taken between choosing it and binding it). The harness
+// stops it when t ends and, on failure, dumps its log.
 func launchNode(t testing.TB, e *env, name string, extra []string) (*roostNode, error) {
-	bin := roostBinary(t)
-	dir := t.TempDir()
-	var lastErr error
-	for attempt := range 3 {
-		n := &roostNode{
-			name:   name,
-			addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-			admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-			logf:   filepath.Join(dir, fmt.Sprintf("%s-%d.log", name, attempt)),
-			exited: make(chan struct{}),
-		}
-		args := append([]string{"serve",
-			"--database-url", e.dbURL, "--redis-url", e.redisURL, "--migrate", "--insecure",
-			"--listen", n.addr, "--admin", n.admin, "--api", "off",
-			"--loops", "1", "--publish-workers", "2", "--drain", "200ms", "--flush", "1ms",
-		}, extra...)
-		lf, err := os.Create(n.logf)
-		if err != nil {
-			return nil, err
-		}
-		cmd := exec.Command(bin, args...)
-		if cg := cpuGroup(t, name); cg != nil {
-			// Enter the group before exec, so the node's runtime sees its
-			// quota and CPU set from its first instruction.
-			cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && c=$1 b=$2 && shift 2 && exec taskset -c "$c" "$b" "$@"`, cg.dir, cg.cpu, bin}, args...)...)
-		}
-		cmd.Env = nodeEnv()
-		cmd.Stdout, cmd.Stderr = lf, lf
-		cmd.SysProcAttr = childAttr()
-		if err := cmd.Start(); err != nil {
-			lf.Close()
-			return nil, fmt.Errorf("cannot start %s: %w", name, err)
-		}
-		n.cmd = cmd
-		go func() {
-			_ = cmd.Wait()
-			lf.Close()
-			close(n.exited)
-		}()
-		if err := n.waitReady(15 * time.Second); err != nil {
-			n.kill()
-			lastErr = fmt.Errorf("%s not ready: %w\n%s", name, err, n.logTail(40))
-			if strings.Contains(n.logTail(40), "address already in use") {
-				continue
-			}
-			return nil, lastErr
-		}
-		t.Cleanup(func() {
-			n.stop()
-			if t.Failed() {
-				t.Logf("--- log of %s (%s) ---\n%s", n.name, n.addr, n.logTail(60))
-			}
-		})
-		return n, nil
-	}
-	return nil, lastErr
+	args := append([]string{
+		"--database-url", e.dbURL, "--redis-url", e.redisURL, "--migrate", "--insecure", "--api", "off",
+		"--loops", "1", "--publish-workers", "2", "--drain", "200ms", "--flush", "1ms",
+	}, extra...)
+	return harness.Launch(t, harness.Spec{Name: name, Args: args, CPUQuota: true})
 }
 
 var httpClient = &http.Client{Timeout: 2 * time.Second}
-
-// cpuShare is a node's CPU limit for figures: ROOST_NODE_CPU_QUOTA=PCT
-// puts every node in a cgroup v1 cpu group of its own, capped at PCT% of
-// one CPU (10 ms period, so throttling adds at most ~10 ms), and pins it
-// with taskset to CPU k mod NumCPU. Unset, nodes run unconstrained.
-type cpuShare struct{ dir, cpu string }
-
-var cpuSeq struct {
-	sync.Mutex
-	n int
-}
-
-func cpuGroup(t testing.TB, name string) *cpuShare {
-	pct, err := strconv.Atoi(os.Getenv("ROOST_NODE_CPU_QUOTA"))
-	if err != nil || pct <= 0 {
-		return nil
-	}
-	cpuSeq.Lock()
-	k := cpuSeq.n
-	cpuSeq.n++
-	cpuSeq.Unlock()
-	dir := fmt.Sprintf("/sys/fs/cgroup/cpu/roost-test-%d-%s-%d", os.Getpid(), name, k)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatalf("ROOST_NODE_CPU_QUOTA needs a writable cgroup v1 cpu hierarchy: %v", err)
-	}
-	t.Cleanup(func() { _ = os.Remove(dir) }) // after the node stopped (registered before it)
-	for f, v := range map[string]int{"cpu.cfs_period_us": 10000, "cpu.cfs_quota_us": pct * 100} {
-		if err := os.WriteFile(filepath.Join(dir, f), []byte(strconv.Itoa(v)), 0o644); err != nil {
-			t.Fatalf("cannot set %s: %v", f, err)
-		}
-	}
-	return &cpuShare{dir: dir, cpu: strconv.Itoa(k % runtime.NumCPU())}
-}
-
-// cpuTime is the node's user+system CPU so far (Linux /proc).
-func (n *roostNode) cpuTime() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the parenthesised command name; utime and stime are
-	// fields 14 and 15, in clock ticks (100 per second on Linux).
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+st) * 10 * time.Millisecond
-}
-
-func (n *roostNode) waitReady(d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for {
-		select {
-		case <-n.exited:
-			return errors.New("process exited")
-		default:
-		}
-		resp, err := httpClient.Get("http://" + n.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("readyz: %s", resp.Status)
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (n *roostNode) alive() bool {
-	select {
-	case <-n.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop is SIGTERM (drain), then SIGKILL if the node does not exit in time.
-func (n *roostNode) stop() {
-	if !n.alive() {
-		return
-	}
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-n.exited:
-	case <-time.After(5 * time.Second):
-		n.kill()
-	}
-}
-
-// kill is SIGKILL: the node dies with whatever it had in flight.
-func (n *roostNode) kill() {
-	_ = n.cmd.Process.Kill()
-	<-n.exited
-}
-
-func (n *roostNode) logTail(lines int) string {
-	b, err := os.ReadFile(n.logf)
-	if err != nil {
-		return err.Error()
-	}
-	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(ls) > lines {
-		ls = ls[len(ls)-lines:]
-	}
-	return strings.Join(ls, "\n")
-}
-
-// health is what /healthz reports.
-type health struct{ conns, rooms, loops int }
-
-func (n *roostNode) health(t testing.TB) health {
-	t.Helper()
-	resp, err := httpClient.Get("http://" + n.admin + "/healthz")
-	if err != nil {
-		t.Fatalf("%s /healthz: %v", n.name, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var h health
-	for _, f := range strings.Fields(string(b)) {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok {
-			continue
-		}
-		x, _ := strconv.Atoi(v)
-		switch k {
-		case "conns":
-			h.conns = x
-		case "rooms":
-			h.rooms = x
-		case "loops":
-			h.loops = x
-		}
-	}
-	return h
-}
-
-// metrics reads /metrics into name -> value.
-func (n *roostNode) metrics(t testing.TB) map[string]float64 {
-	t.Helper()
-	resp, err := httpClient.Get("http://" + n.admin + "/metrics")
-	if err != nil {
-		t.Fatalf("%s /metrics: %v", n.name, err)
-	}
-	defer resp.Body.Close()
-	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, " ")
-		if !ok {
-			continue
-		}
-		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
-			m[k] = f
-		}
-	}
-	return m
-}
 
 // wsClient is a roost protocol client over the shared wire client
 // (prototest): its reader records what arrives; the test inspects it under
@@ -460,9 +174,9 @@ func dialClient(t testing.TB, n *roostNode, user string) *wsClient {
 func (c *wsClient) dial(n *roostNode) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cl, err := prototest.Dial(ctx, "ws://"+n.addr+"/ws?user="+c.user+"&app="+testApp, prototest.Options{OnFrame: c.onFrame})
+	cl, err := prototest.Dial(ctx, "ws://"+n.Addr+"/ws?user="+c.user+"&app="+testApp, prototest.Options{OnFrame: c.onFrame})
 	if err != nil {
-		return fmt.Errorf("%s cannot dial %s: %w", c.user, n.name, err)
+		return fmt.Errorf("%s cannot dial %s: %w", c.user, n.Name, err)
 	}
 	done := make(chan struct{})
 	c.wmu.Lock()
@@ -652,7 +366,7 @@ func (c *wsClient) rejoinErr(n *roostNode) error {
 				break
 			}
 			if rerr != nil || len(errs) > 0 || time.Now().After(deadline) {
-				return fmt.Errorf("%s cannot rejoin %s on %s: read %v, errs %v", c.user, r, n.name, rerr, errs)
+				return fmt.Errorf("%s cannot rejoin %s on %s: read %v, errs %v", c.user, r, n.Name, rerr, errs)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -711,7 +425,7 @@ func (c *wsClient) publishAll(jobs []pubJob, window int, pace time.Duration, dea
 		if c.dead() {
 			var to *roostNode
 			for _, n := range failover {
-				if n.alive() {
+				if n.Alive() {
 					to = n
 					break
 				}

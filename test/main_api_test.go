@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"bytes"
@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // The server API's test app: its current secret, and the previous one,
@@ -303,7 +304,7 @@ func TestServerAPI(t *testing.T) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if c.closeCode != 1008 || !c.dead() {
-				return fmt.Errorf("carol on %s: close code %d", c.node.name, c.closeCode)
+				return fmt.Errorf("carol on %s: close code %d", c.node.Name, c.closeCode)
 			}
 			return nil
 		})
@@ -315,11 +316,11 @@ func TestServerAPI(t *testing.T) {
 	if a.status != 200 || string(a.body) != `{"closed":0}`+"\n" {
 		t.Fatalf("second disconnect answered %d %s", a.status, a.body)
 	}
-	m := n1.metrics(t)
+	m := n1.Metrics(t)
 	if m["roost_disconnected_total"] != 1 {
 		t.Fatalf("node1 roost_disconnected_total = %v, want 1", m["roost_disconnected_total"])
 	}
-	m = n0.metrics(t)
+	m = n0.Metrics(t)
 	if m[`roost_api_requests_total{route="publish",code="ok"}`] < 2 || m[`roost_api_requests_total{route="publish",code="too_large"}`] != 2 || m["roost_api_published_total"] != 2 {
 		t.Fatalf("node0 API metrics: publish ok %v, too_large %v, published %v", m[`roost_api_requests_total{route="publish",code="ok"}`],
 			m[`roost_api_requests_total{route="publish",code="too_large"}`], m["roost_api_published_total"])
@@ -391,7 +392,7 @@ func TestWebhooksFromNode(t *testing.T) {
 
 	e := newEnv(t, redistest.Addr)
 	apps := writeAPIApps(t)
-	set := exec.Command(roostBinary(t), "app", "set", testApp, "--apps", apps, "--webhook-url", recv.URL+"/hook", "--webhook-rooms", "r*", "--webhook-timeout", "2s")
+	set := exec.Command(harness.Binary(t), "app", "set", testApp, "--apps", apps, "--webhook-url", recv.URL+"/hook", "--webhook-rooms", "r*", "--webhook-timeout", "2s")
 	if out, err := set.CombinedOutput(); err != nil || !strings.Contains(string(out), `"webhook"`) {
 		t.Fatalf("roost app set --webhook-url: %v\n%s", err, out)
 	}
@@ -430,7 +431,7 @@ func TestWebhooksFromNode(t *testing.T) {
 		}
 		return nil
 	})
-	m := n0.metrics(t)
+	m := n0.Metrics(t)
 	dropped := `roost_webhook_dropped_total{app="` + testApp + `"}`
 	if v, ok := m[dropped]; m["roost_webhook_delivered_total"] < total || !ok || v != 0 {
 		t.Fatalf("webhook metrics: delivered %v, dropped %v (exposed %v)", m["roost_webhook_delivered_total"], v, ok)
@@ -537,7 +538,7 @@ func benchWebhookNode(b *testing.B, rate int) {
 	// The node's own part: from the commit's hand-off to the webhooks to
 	// the POST's 2xx (roost_webhook_lag_seconds), as the bucket bound
 	// under which 99 % of the events fall.
-	m := node.metrics(b)
+	m := node.Metrics(b)
 	if total := m["roost_webhook_lag_seconds_count"]; total > 0 {
 		for _, le := range []string{"0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5"} {
 			if m[`roost_webhook_lag_seconds_bucket{le="`+le+`"}`] >= 0.99*total {

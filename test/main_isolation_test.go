@@ -1,19 +1,15 @@
-package main_test
+package test
 
 import (
-	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +18,7 @@ import (
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/proto/prototest"
-	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // Isolation between tenants, on the real binary: app X publishes at 10x its
@@ -61,29 +57,8 @@ func TestAppIsolation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t, false))
-	admin := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t, false))
-	cmd := exec.Command(roostBinary(t), "serve", "--apps", f, "--listen", addr, "--admin", admin, "--api", "off", "--log-level", "error")
-	cmd.Env = nodeEnv()
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("node log:\n%s", logs.String())
-		}
-	})
-	prototest.WaitFor(t, 10*time.Second, func() error {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
+	node := harness.Start(t, harness.Spec{Args: []string{"--apps", f, "--api", "off", "--log-level", "error"}})
+	addr, admin := node.Addr, node.Admin
 	token := func(secret, app, user string) string {
 		s, err := proto.SignToken([]byte(secret), app, user, time.Now().Add(time.Hour), nil)
 		if err != nil {

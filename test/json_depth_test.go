@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"bufio"
@@ -38,14 +38,14 @@ func TestJSONDepthOneLimit(t *testing.T) {
 	deepest, over := nested(proto.MaxDepth-1), nested(proto.MaxDepth)
 
 	// A listener on each transport.
-	sub := prototest.DialT(t, "ws://"+n.addr+"/ws?user=sub&app="+testApp, prototest.Options{})
+	sub := prototest.DialT(t, "ws://"+n.Addr+"/ws?user=sub&app="+testApp, prototest.Options{})
 	if err := sub.Send(`{"op":"join","room":"r"}`); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := sub.Expect("joined", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequest("GET", "http://"+n.addr+"/sse?room=r&user=listener&app="+testApp, nil)
+	req, _ := http.NewRequest("GET", "http://"+n.Addr+"/sse?room=r&user=listener&app="+testApp, nil)
 	resp, err := (&http.Client{}).Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func TestJSONDepthOneLimit(t *testing.T) {
 	apiCall(t, "POST", pubURL, apiSecret, `{"id":"ok","from":"backend","body":`+deepest+`}`).want(t, "publish at the depth limit", 200, "")
 
 	// WebSocket: an err frame, and the connection goes on.
-	p := prototest.DialT(t, "ws://"+n.addr+"/ws?user=pub&app="+testApp, prototest.Options{})
+	p := prototest.DialT(t, "ws://"+n.Addr+"/ws?user=pub&app="+testApp, prototest.Options{})
 	if err := p.Send(`{"op":"pub","room":"r","id":"deep","body":` + over + `}`); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // Tests of the real binary under hostile input and bad luck: descriptor
 // exhaustion, a second instance on the port, bad identities, a memory
@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 func pgtestDB(t *testing.T) string { return pgtest.NewDB(t) }
@@ -43,80 +43,20 @@ func signToken(secret, app, sub string) string {
 // shell that execs it. It waits until /readyz answers unless noWait.
 func plainNode(t testing.TB, nofile int, noWait bool, extra ...string) *roostNode {
 	t.Helper()
-	bin := roostBinary(t)
-	n := &roostNode{
-		name:   "node",
-		addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		logf:   filepath.Join(t.TempDir(), "node.log"),
-		exited: make(chan struct{}),
-	}
-	return startPlain(t, n, bin, nofile, noWait, extra)
+	return startPlain(t, harness.Spec{NoFile: nofile, NoWait: noWait, Args: extra}, false)
 }
 
-func startPlain(t testing.TB, n *roostNode, bin string, nofile int, noWait bool, extra []string) *roostNode {
+// startPlain starts the node s on the memory store and the in-process
+// broker, in insecure mode unless token; s.Args come after the plain
+// flags, so they win.
+func startPlain(t testing.TB, s harness.Spec, token bool) *roostNode {
 	t.Helper()
-	args := append([]string{"serve", "--listen", n.addr, "--admin", n.admin, "--api", "off",
-		"--loops", "1", "--drain", "200ms", "--flush", "1ms"}, extra...)
-	if !n.tokenMode {
-		args = append(args[:1], append([]string{"--insecure"}, args[1:]...)...)
+	args := []string{"--api", "off", "--loops", "1", "--drain", "200ms", "--flush", "1ms"}
+	if !token {
+		args = append([]string{"--insecure"}, args...)
 	}
-	lf, err := os.Create(n.logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	if nofile > 0 {
-		// ulimit in the shell that execs the node: the limit is the
-		// node's from its first instruction, as under systemd's LimitNOFILE.
-		cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$1" && shift && exec "$0" "$@"`, bin, strconv.Itoa(nofile)}, args...)...)
-	}
-	cmd.Env = append(nodeEnv(), n.env...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	n.cmd = cmd
-	go func() {
-		_ = cmd.Wait()
-		lf.Close()
-		close(n.exited)
-	}()
-	t.Cleanup(func() {
-		n.stop()
-		if t.Failed() {
-			t.Logf("--- log of %s (%s) ---\n%s", n.name, n.addr, n.logTail(60))
-		}
-	})
-	if !noWait {
-		if err := n.waitReady(15 * time.Second); err != nil {
-			t.Fatalf("node not ready: %v\n%s", err, n.logTail(40))
-		}
-	}
-	return n
-}
-
-// exitCode waits up to d for the node to exit and returns its code.
-func (n *roostNode) exitCode(t *testing.T, d time.Duration) int {
-	t.Helper()
-	select {
-	case <-n.exited:
-		return n.cmd.ProcessState.ExitCode()
-	case <-time.After(d):
-		t.Fatalf("node still running after %s\n%s", d, n.logTail(30))
-		return 0
-	}
-}
-
-// readyz is the /readyz status (0 when the admin listener does not answer).
-func (n *roostNode) readyz() int {
-	resp, err := httpClient.Get("http://" + n.admin + "/readyz")
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
+	s.Args = append(args, s.Args...)
+	return harness.Start(t, s)
 }
 
 // dialFrom is dialOps from a chosen source address.
@@ -262,25 +202,25 @@ func idleConns(t *testing.T, src, addr string, n int) (conns []net.Conn, refused
 // drains and exits 0.
 func TestDescriptorExhaustionUnderUlimit(t *testing.T) {
 	n := plainNode(t, 1100, false, "--upgrade-timeout", "60s")
-	by := newBystanders(t, "127.0.0.2", n.addr)
-	budget := int(n.metrics(t)["roost_connection_budget"])
+	by := newBystanders(t, "127.0.0.2", n.Addr)
+	budget := int(n.Metrics(t)["roost_connection_budget"])
 	if budget <= 0 || budget >= 1100 {
 		t.Fatalf("connection budget %d, want between 0 and the limit 1100", budget)
 	}
-	conns, refused := idleConns(t, "127.0.0.1", n.addr, 1150)
+	conns, refused := idleConns(t, "127.0.0.1", n.Addr, 1150)
 	if want := 1150 + 3 - budget; refused < want-2 || refused > want+2 {
 		t.Errorf("%d of 1150 idle connections refused, want about %d (budget %d, 3 bystanders)", refused, want, budget)
 	}
-	if code := n.readyz(); code != http.StatusOK {
-		t.Fatalf("/readyz %d under the attack, want 200\n%s", code, n.logTail(20))
+	if code := n.Readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz %d under the attack, want 200\n%s", code, n.LogTail(20))
 	}
 	by.check("under 1150 idle connections", max(10*by.baseline, 250*time.Millisecond))
-	m := n.metrics(t)
+	m := n.Metrics(t)
 	if got := m[`roost_connections_refused_total{reason="budget"}`]; int(got) < refused {
 		t.Errorf("roost_connections_refused_total{reason=\"budget\"} = %v, want at least %d", got, refused)
 	}
 	// A newcomer while the budget is full is closed at once, not queued.
-	if _, err := dialFrom(t, "127.0.0.3", n.addr, "user=late&app=demo"); err == nil {
+	if _, err := dialFrom(t, "127.0.0.3", n.Addr, "user=late&app=demo"); err == nil {
 		t.Errorf("a client got in past a full budget")
 	}
 	for _, c := range conns {
@@ -288,7 +228,7 @@ func TestDescriptorExhaustionUnderUlimit(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c, err := dialFrom(t, "127.0.0.3", n.addr, "user=late&app=demo")
+		c, err := dialFrom(t, "127.0.0.3", n.Addr, "user=late&app=demo")
 		if err == nil {
 			c.conn.Close()
 			break
@@ -299,24 +239,24 @@ func TestDescriptorExhaustionUnderUlimit(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	by.check("after the attack", max(10*by.baseline, 250*time.Millisecond))
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	if code := n.exitCode(t, 10*time.Second); code != 0 {
-		t.Fatalf("exit %d after SIGTERM, want 0\n%s", code, n.logTail(20))
+	_ = n.Cmd.Process.Signal(syscall.SIGTERM)
+	if code := n.ExitCode(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM, want 0\n%s", code, n.LogTail(20))
 	}
 }
 
 // The per-address cap: one address cannot take the budget, others connect.
 func TestPerAddressConnectionCap(t *testing.T) {
 	n := plainNode(t, 0, false, "--upgrade-timeout", "60s", "--max-conns-per-ip", "40")
-	by := newBystanders(t, "127.0.0.2", n.addr)
-	_, refused := idleConns(t, "127.0.0.1", n.addr, 100)
+	by := newBystanders(t, "127.0.0.2", n.Addr)
+	_, refused := idleConns(t, "127.0.0.1", n.Addr, 100)
 	if refused != 60 {
 		t.Errorf("%d of 100 connections of one address refused, want 60 (cap 40)", refused)
 	}
-	if got := n.metrics(t)[`roost_connections_refused_total{reason="per_ip"}`]; got != 60 {
+	if got := n.Metrics(t)[`roost_connections_refused_total{reason="per_ip"}`]; got != 60 {
 		t.Errorf("roost_connections_refused_total{reason=\"per_ip\"} = %v, want 60", got)
 	}
-	c, err := dialFrom(t, "127.0.0.3", n.addr, "user=other&app=demo")
+	c, err := dialFrom(t, "127.0.0.3", n.Addr, "user=other&app=demo")
 	if err != nil {
 		t.Fatalf("a client of another address was refused: %v", err)
 	}
@@ -337,17 +277,17 @@ func TestListenerDeathExitsNonZero(t *testing.T) {
 	}()
 	d := net.Dialer{Timeout: time.Second}
 	for i := 0; i < 300; i++ {
-		c, err := d.Dial("tcp", n.addr)
+		c, err := d.Dial("tcp", n.Addr)
 		if err != nil {
 			break // the listener is gone
 		}
 		conns = append(conns, c)
 	}
-	code := n.exitCode(t, 15*time.Second)
+	code := n.ExitCode(t, 15*time.Second)
 	if code == 0 {
 		t.Fatalf("node exited 0 after its listener died")
 	}
-	log := n.logTail(40)
+	log := n.LogTail(40)
 	if !strings.Contains(log, "client listener stopped") || !strings.Contains(log, "too many open files") {
 		t.Errorf("log does not say why the node exits:\n%s", log)
 	}
@@ -357,19 +297,14 @@ func TestListenerDeathExitsNonZero(t *testing.T) {
 // use"; with --reuse-port on both, sharing is the operator's choice.
 func TestSecondInstanceOnPortRefused(t *testing.T) {
 	a := plainNode(t, 0, false)
-	b := &roostNode{name: "second", addr: a.addr,
-		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		logf:   filepath.Join(t.TempDir(), "second.log"),
-		exited: make(chan struct{}),
+	b := startPlain(t, harness.Spec{Name: "second", Addr: a.Addr, NoWait: true}, false)
+	if code := b.ExitCode(t, 15*time.Second); code == 0 {
+		t.Fatalf("second node on %s exited 0", a.Addr)
 	}
-	startPlain(t, b, roostBinary(t), 0, true, nil)
-	if code := b.exitCode(t, 15*time.Second); code == 0 {
-		t.Fatalf("second node on %s exited 0", a.addr)
-	}
-	if log := b.logTail(10); !strings.Contains(log, "address already in use") {
+	if log := b.LogTail(10); !strings.Contains(log, "address already in use") {
 		t.Errorf("second node's log does not say the address is in use:\n%s", log)
 	}
-	if code := a.readyz(); code != http.StatusOK {
+	if code := a.Readyz(); code != http.StatusOK {
 		t.Errorf("first node /readyz %d after the second one failed", code)
 	}
 
@@ -377,57 +312,43 @@ func TestSecondInstanceOnPortRefused(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		p := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 		pair := make([]*roostNode, 2)
-		for i := range pair {
-			pair[i] = &roostNode{name: fmt.Sprintf("race%d-%d", round, i), addr: p,
-				admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-				logf:   filepath.Join(t.TempDir(), "race.log"),
-				exited: make(chan struct{}),
-			}
-		}
 		var wg sync.WaitGroup
-		for _, n := range pair {
+		for i := range pair {
 			wg.Add(1)
-			go func() { defer wg.Done(); startPlain(t, n, roostBinary(t), 0, true, nil) }()
+			go func() {
+				defer wg.Done()
+				pair[i] = startPlain(t, harness.Spec{Name: fmt.Sprintf("race%d-%d", round, i), Addr: p, NoWait: true}, false)
+			}()
 		}
 		wg.Wait()
 		time.Sleep(1500 * time.Millisecond)
 		serving := 0
 		for _, n := range pair {
-			if n.alive() && n.readyz() == http.StatusOK {
+			if n.Alive() && n.Readyz() == http.StatusOK {
 				serving++
-			} else if n.alive() {
-				t.Errorf("%s neither serving nor exited", n.name)
-			} else if l := n.logTail(10); !strings.Contains(l, "address already in use") {
-				t.Errorf("%s exited without saying the address is in use:\n%s", n.name, l)
+			} else if n.Alive() {
+				t.Errorf("%s neither serving nor exited", n.Name)
+			} else if l := n.LogTail(10); !strings.Contains(l, "address already in use") {
+				t.Errorf("%s exited without saying the address is in use:\n%s", n.Name, l)
 			} else if strings.Contains(l, "listens on port") {
-				t.Logf("%s found the other's listener after binding", n.name)
+				t.Logf("%s found the other's listener after binding", n.Name)
 			}
 		}
 		if serving > 1 {
 			t.Fatalf("round %d: two nodes serve port %s", round, p)
 		}
 		for _, n := range pair {
-			n.stop()
+			n.Stop()
 		}
 	}
 
 	// The same port on another address is another listener: both serve.
-	other := &roostNode{name: "other-address", addr: strings.Replace(a.addr, "127.0.0.1", "127.0.0.2", 1),
-		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		logf:   filepath.Join(t.TempDir(), "other.log"),
-		exited: make(chan struct{}),
-	}
-	startPlain(t, other, roostBinary(t), 0, false, nil)
+	startPlain(t, harness.Spec{Name: "other-address", Addr: strings.Replace(a.Addr, "127.0.0.1", "127.0.0.2", 1)}, false)
 
 	// Sharing on purpose: both with --reuse-port start.
 	p := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false))
 	for i := 0; i < 2; i++ {
-		n := &roostNode{name: fmt.Sprintf("shared%d", i), addr: p,
-			admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-			logf:   filepath.Join(t.TempDir(), "shared.log"),
-			exited: make(chan struct{}),
-		}
-		startPlain(t, n, roostBinary(t), 0, false, []string{"--reuse-port"})
+		startPlain(t, harness.Spec{Name: fmt.Sprintf("shared%d", i), Addr: p, Args: []string{"--reuse-port"}}, false)
 	}
 }
 
@@ -467,7 +388,7 @@ func TestBadUserIDsRefusedAtTheDoor(t *testing.T) {
 	tok := func(sub string) string { return signToken(secret, "ct", sub) }
 	by := make([]*opsClient, 3)
 	for i := range by {
-		c, err := dialFrom(t, "127.0.0.1", n.addr, "token="+tok(fmt.Sprint("by", i)))
+		c, err := dialFrom(t, "127.0.0.1", n.Addr, "token="+tok(fmt.Sprint("by", i)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -503,7 +424,7 @@ func TestBadUserIDsRefusedAtTheDoor(t *testing.T) {
 		}()
 	}
 	for _, sub := range []string{"ev\x00il", "bad\x01ctl", "del\x7f", strings.Repeat("x", 129)} {
-		code, body := upgradeStatus(t, n.addr, "/ws?token="+tok(sub), nil)
+		code, body := upgradeStatus(t, n.Addr, "/ws?token="+tok(sub), nil)
 		if code != http.StatusUnauthorized || !strings.Contains(body, "token sub must be 1 to 128 characters") {
 			t.Errorf("token sub %q: %d %q, want 401 with the reason", sub, code, body)
 		}
@@ -514,7 +435,7 @@ func TestBadUserIDsRefusedAtTheDoor(t *testing.T) {
 			t.Errorf("bystander %d: %d of 100 publishes acknowledged", i, a)
 		}
 	}
-	if m := n.metrics(t); m["roost_store_errors_total"] != 0 {
+	if m := n.Metrics(t); m["roost_store_errors_total"] != 0 {
 		t.Errorf("roost_store_errors_total = %v, want 0: nothing bad reached the store", m["roost_store_errors_total"])
 	}
 
@@ -522,13 +443,13 @@ func TestBadUserIDsRefusedAtTheDoor(t *testing.T) {
 	// control character.
 	dev := plainNode(t, 0, false)
 	for _, q := range []string{"user=ev%00il", "user=%ff%fe", "user=tab%09", "user=" + strings.Repeat("%C3%A9", 129)} {
-		code, body := upgradeStatus(t, dev.addr, "/ws?"+q, nil)
+		code, body := upgradeStatus(t, dev.Addr, "/ws?"+q, nil)
 		if code != http.StatusBadRequest || !strings.Contains(body, "1 to 128 characters") {
 			t.Errorf("?%s: %d %q, want 400 with the reason", q, code, body)
 		}
 	}
 	// 128 characters of two bytes each is a valid user.
-	c, err := dialFrom(t, "127.0.0.1", dev.addr, "user="+strings.Repeat("%C3%A9", 128))
+	c, err := dialFrom(t, "127.0.0.1", dev.Addr, "user="+strings.Repeat("%C3%A9", 128))
 	if err != nil {
 		t.Fatalf("128 two-byte characters refused: %v", err)
 	}
@@ -540,7 +461,7 @@ func TestBadUserIDsRefusedAtTheDoor(t *testing.T) {
 // not "no bound".
 func TestPubIDCharactersAndHistoryBeforeZero(t *testing.T) {
 	n := plainNode(t, 0, false)
-	c, err := dialFrom(t, "127.0.0.1", n.addr, "user=alice")
+	c, err := dialFrom(t, "127.0.0.1", n.Addr, "user=alice")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -582,30 +503,23 @@ func TestSecretsFromFileEnvAndCmdline(t *testing.T) {
 	if err := os.WriteFile(file, []byte("# app secrets\nchat=file-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	newNode := func(name string, env ...string) *roostNode {
-		return &roostNode{name: name, addr: fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-			admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-			logf:   filepath.Join(t.TempDir(), name+".log"),
-			exited: make(chan struct{}), env: env, tokenMode: true}
-	}
-	a := startPlain(t, newNode("file-env", "ROOST_APP_SECRET=web=env-secret"), roostBinary(t), 0, false, []string{"--app-secret-file", file})
+	a := startPlain(t, harness.Spec{Name: "file-env", Env: []string{"ROOST_APP_SECRET=web=env-secret"}, Args: []string{"--app-secret-file", file}}, true)
 	for app, secret := range map[string]string{"chat": "file-secret", "web": "env-secret"} {
-		c, err := dialFrom(t, "127.0.0.1", a.addr, "token="+signToken(secret, app, "u"))
+		c, err := dialFrom(t, "127.0.0.1", a.Addr, "token="+signToken(secret, app, "u"))
 		if err != nil {
 			t.Fatalf("app %s with its secret from the %s: %v", app, map[string]string{"chat": "file", "web": "environment"}[app], err)
 		}
 		c.conn.Close()
-		if code, body := upgradeStatus(t, a.addr, "/ws?token="+signToken("wrong", app, "u"), nil); code != http.StatusUnauthorized {
+		if code, body := upgradeStatus(t, a.Addr, "/ws?token="+signToken("wrong", app, "u"), nil); code != http.StatusUnauthorized {
 			t.Errorf("app %s, wrong secret: %d %q, want 401", app, code, body)
 		}
 	}
-	if code, _ := upgradeStatus(t, a.addr, "/ws?user=u&app=chat", nil); code == http.StatusSwitchingProtocols {
+	if code, _ := upgradeStatus(t, a.Addr, "/ws?user=u&app=chat", nil); code == http.StatusSwitchingProtocols {
 		t.Errorf("a node with secrets let a client in without a token")
 	}
 
-	b := startPlain(t, newNode("cmdline"), roostBinary(t), 0, false,
-		[]string{"--app-secret", "cli=topsecret-one,two=topsecret-two"})
-	resp, err := httpClient.Get("http://" + b.admin + "/debug/pprof/cmdline")
+	b := startPlain(t, harness.Spec{Name: "cmdline", Args: []string{"--app-secret", "cli=topsecret-one,two=topsecret-two"}}, true)
+	resp, err := httpClient.Get("http://" + b.Admin + "/debug/pprof/cmdline")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,28 +528,11 @@ func TestSecretsFromFileEnvAndCmdline(t *testing.T) {
 	if strings.Contains(string(body), "topsecret") || !strings.Contains(string(body), "cli=*****,two=*****") {
 		t.Errorf("/debug/pprof/cmdline shows %q", body)
 	}
-	c, err := dialFrom(t, "127.0.0.1", b.addr, "token="+signToken("topsecret-one", "cli", "u"))
+	c, err := dialFrom(t, "127.0.0.1", b.Addr, "token="+signToken("topsecret-one", "cli", "u"))
 	if err != nil {
 		t.Fatalf("the secret given on the command line does not verify: %v", err)
 	}
 	c.conn.Close()
-}
-
-// rss is the node's resident set in bytes (Linux /proc).
-func (n *roostNode) rss(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", n.cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
 }
 
 // Case 4: one connection storing 2,000 new rooms × 60 KB (120 MB) in the
@@ -647,9 +544,9 @@ func (n *roostNode) rss(t *testing.T) int64 {
 func TestMemoryStoreFloodStaysInBudget(t *testing.T) {
 	const budget = 16 << 20
 	n := plainNode(t, 0, false, "--memory-store-max", "16MiB", "--max-rooms-per-app", "1500", "--keep", "1000")
-	by := newBystanders(t, "127.0.0.2", n.addr)
-	base := n.rss(t)
-	c, err := dialFrom(t, "127.0.0.1", n.addr, "user=mallory&app=flood")
+	by := newBystanders(t, "127.0.0.2", n.Addr)
+	base := n.RSS(t)
+	c, err := dialFrom(t, "127.0.0.1", n.Addr, "user=mallory&app=flood")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -681,13 +578,13 @@ func TestMemoryStoreFloodStaysInBudget(t *testing.T) {
 			t.Fatalf("flood stalled at %d answers", acked+forbidden)
 		}
 		if (acked+forbidden)%200 == 0 {
-			peak = max(peak, n.rss(t))
+			peak = max(peak, n.RSS(t))
 		}
 	}
 	if acked != 1500 || forbidden != 500 {
 		t.Errorf("flood: %d acked, %d forbidden; want 1500 and 500 (--max-rooms-per-app 1500)", acked, forbidden)
 	}
-	m := n.metrics(t)
+	m := n.Metrics(t)
 	if b := m["roost_memory_store_bytes"]; b > budget || b < budget/2 {
 		t.Errorf("roost_memory_store_bytes = %v after the flood, want just under the budget %d", b, budget)
 	}
@@ -700,22 +597,22 @@ func TestMemoryStoreFloodStaysInBudget(t *testing.T) {
 	// budgets, and the RSS must come back under it.
 	bound := base + 4*budget
 	deadline := time.Now().Add(20 * time.Second)
-	for n.rss(t) > bound {
+	for n.RSS(t) > bound {
 		if time.Now().After(deadline) {
-			t.Fatalf("RSS %d MiB 20 s after the flood, bound %d MiB (baseline %d MiB, peak %d MiB)", n.rss(t)>>20, bound>>20, base>>20, peak>>20)
+			t.Fatalf("RSS %d MiB 20 s after the flood, bound %d MiB (baseline %d MiB, peak %d MiB)", n.RSS(t)>>20, bound>>20, base>>20, peak>>20)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("RSS baseline %d MiB, peak %d MiB, after %d MiB; 120 MB written, budget 16 MiB", base>>20, peak>>20, n.rss(t)>>20)
-	if code := n.readyz(); code != http.StatusOK {
+	t.Logf("RSS baseline %d MiB, peak %d MiB, after %d MiB; 120 MB written, budget 16 MiB", base>>20, peak>>20, n.RSS(t)>>20)
+	if code := n.Readyz(); code != http.StatusOK {
 		t.Errorf("/readyz %d after the flood", code)
 	}
 
 	// The same flood without a budget (and without a room bound): what the
 	// budget saves, and proof that the bound above means something.
 	free := plainNode(t, 0, false, "--memory-store-max", "0", "--max-rooms-per-app", "0")
-	fbase := free.rss(t)
-	fc, err := dialFrom(t, "127.0.0.1", free.addr, "user=mallory&app=flood")
+	fbase := free.RSS(t)
+	fc, err := dialFrom(t, "127.0.0.1", free.Addr, "user=mallory&app=flood")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -729,7 +626,7 @@ func TestMemoryStoreFloodStaysInBudget(t *testing.T) {
 			t.Fatal(f.data)
 		}
 	}
-	if r := free.rss(t); r <= fbase+4*budget {
+	if r := free.RSS(t); r <= fbase+4*budget {
 		t.Errorf("without a budget the flood left RSS at %d MiB (baseline %d MiB): the budgeted bound proves nothing", r>>20, fbase>>20)
 	} else {
 		t.Logf("without a budget: RSS baseline %d MiB, after the flood %d MiB", fbase>>20, r>>20)

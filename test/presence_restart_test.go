@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"fmt"
@@ -9,29 +9,22 @@ import (
 
 	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // restartable starts a node with the memory store (no database) that can
 // be stopped and started again on the same ports.
 func restartable(t *testing.T, name string, extra ...string) *roostNode {
 	t.Helper()
-	n := &roostNode{
-		name:   name,
-		addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		logf:   t.TempDir() + "/" + name + ".log",
-		exited: make(chan struct{}),
-	}
-	return startPlain(t, n, roostBinary(t), 0, false, extra)
+	return startPlain(t, harness.Spec{Name: name, Args: extra}, false)
 }
 
 // restart stops n (SIGTERM: it drains) and starts it again with the same
 // ports and flags; it returns the new process and when it was ready.
 func restart(t *testing.T, n *roostNode, extra ...string) (*roostNode, time.Time) {
 	t.Helper()
-	n.stop()
-	m := &roostNode{name: n.name, addr: n.addr, admin: n.admin, logf: n.logf + ".2", exited: make(chan struct{})}
-	startPlain(t, m, roostBinary(t), 0, false, extra)
+	n.Stop()
+	m := startPlain(t, harness.Spec{Name: n.Name, Addr: n.Addr, Admin: n.Admin, Args: extra}, false)
 	return m, time.Now()
 }
 
@@ -59,7 +52,7 @@ func (u *presenceUser) expect(op string) (map[string]any, error) {
 
 func (u *presenceUser) join(t *testing.T, n *roostNode) {
 	t.Helper()
-	u.c = prototest.DialT(t, "ws://"+n.addr+"/ws?user="+u.name+"&app="+testApp, prototest.Options{})
+	u.c = prototest.DialT(t, "ws://"+n.Addr+"/ws?user="+u.name+"&app="+testApp, prototest.Options{})
 	join := `{"op":"join","room":"r","presence":true}`
 	if u.seq > 0 {
 		join = fmt.Sprintf(`{"op":"join","room":"r","presence":true,"since":%d}`, u.seq)

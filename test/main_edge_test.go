@@ -1,4 +1,4 @@
-package main_test
+package test
 
 // The HTTP edges of the real binary under the load an attacker or a greedy
 // backend brings: idle sockets that never prove a secret, floods of wrong
@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // Two apps of the edge tests, with their secrets.
@@ -186,7 +187,7 @@ func TestAPIIdleUnauthenticatedDoNotStarve(t *testing.T) {
 	if refused.Load() == 0 {
 		t.Errorf("a flood of %d wrong secrets from one address was never refused 429", flood.Load())
 	}
-	if n.readyz() != 200 {
+	if n.Readyz() != 200 {
 		t.Error("node not ready after the flood")
 	}
 }
@@ -243,7 +244,7 @@ func TestAPIAppBudgetDoesNotStarveOthers(t *testing.T) {
 			conns, ok.Load(), limited.Load(), retryMissing.Load(), other.Load(), edgeBudget)
 	}
 	// Its kept connections hold its budget, no more.
-	m := n.metrics(t)
+	m := n.Metrics(t)
 	if held := m[`roost_api_app_connections{app="`+greedyApp+`"}`]; held != edgeBudget {
 		t.Errorf("the greedy app holds %v connections, want its budget %d", held, edgeBudget)
 	}
@@ -300,7 +301,7 @@ func TestAPIUnauthenticatedRateLimited(t *testing.T) {
 func TestAdminIdleConnectionsDoNotBlockProbes(t *testing.T) {
 	n := plainNode(t, 0, false)
 	for i := 0; i < 100; i++ {
-		rawConn(t, "127.0.0.1", n.admin, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		rawConn(t, "127.0.0.1", n.Admin, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 	}
 	time.Sleep(200 * time.Millisecond) // those admitted answered, now idle
 	var worst time.Duration
@@ -308,7 +309,7 @@ func TestAdminIdleConnectionsDoNotBlockProbes(t *testing.T) {
 		for _, path := range []string{"/readyz", "/healthz"} {
 			c := clientFrom("127.0.0.1", 1)
 			t0 := time.Now()
-			resp, err := c.Get("http://" + n.admin + path)
+			resp, err := c.Get("http://" + n.Admin + path)
 			d := time.Since(t0)
 			if err != nil || resp.StatusCode != 200 {
 				t.Fatalf("%s with 100 idle admin connections: %v %v after %s", path, resp, err, d)
@@ -329,17 +330,9 @@ func TestAdminIdleConnectionsDoNotBlockProbes(t *testing.T) {
 // balancers, and the page itself for browsers.
 func TestAdminToken(t *testing.T) {
 	const token = "admin-token-0123456789"
-	node := &roostNode{
-		name:   "node",
-		addr:   fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		admin:  fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, false)),
-		logf:   filepath.Join(t.TempDir(), "node.log"),
-		exited: make(chan struct{}),
-		env:    []string{"ROOST_ADMIN_TOKEN=" + token},
-	}
-	n := startPlain(t, node, roostBinary(t), 0, false, nil)
+	n := startPlain(t, harness.Spec{Env: []string{"ROOST_ADMIN_TOKEN=" + token}}, false)
 	get := func(path, auth string) int {
-		req, _ := http.NewRequest("GET", "http://"+n.admin+path, nil)
+		req, _ := http.NewRequest("GET", "http://"+n.Admin+path, nil)
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
@@ -394,11 +387,11 @@ func TestHeadWhereGetWorks(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	if r := head("http://"+n.addr+"/roost.js", ""); r.StatusCode != 200 || r.ContentLength <= 0 || r.Header.Get("ETag") == "" {
+	if r := head("http://"+n.Addr+"/roost.js", ""); r.StatusCode != 200 || r.ContentLength <= 0 || r.Header.Get("ETag") == "" {
 		t.Errorf("HEAD /roost.js: %d, length %d, ETag %q", r.StatusCode, r.ContentLength, r.Header.Get("ETag"))
 	}
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
-		if r := head("http://"+n.admin+p, ""); r.StatusCode != 200 {
+		if r := head("http://"+n.Admin+p, ""); r.StatusCode != 200 {
 			t.Errorf("HEAD %s: %d", p, r.StatusCode)
 		}
 	}

@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"context"
@@ -116,7 +116,7 @@ func TestWebhookSurvivesSIGKILL(t *testing.T) {
 		}
 		return nil
 	})
-	n0.kill()
+	n0.Kill()
 	close(stop)
 	wg.Wait()
 	mu.Lock()
@@ -383,7 +383,7 @@ func TestWebhookTwoNodesShare(t *testing.T) {
 	mu.Unlock()
 	var posts [2]float64
 	for i, n := range nodes {
-		posts[i] = n.metrics(t)["roost_webhook_posts_total"]
+		posts[i] = n.Metrics(t)["roost_webhook_posts_total"]
 	}
 	t.Logf("POSTs by node: %v", posts)
 	if posts[0] == 0 || posts[1] == 0 {

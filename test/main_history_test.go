@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"bufio"
@@ -57,9 +57,9 @@ func rssBytes(t testing.TB, pid int) int64 {
 // their latency and every acked message, the node ready throughout.
 func TestHistoryMemoryBounded(t *testing.T) {
 	n := plainNode(t, 0, false, "--keep", "1000")
-	pid := n.cmd.Process.Pid
-	by := newBystanders(t, "127.0.0.2", n.addr)
-	p := mustDial(t, n.addr, "user=p&app=hm")
+	pid := n.Cmd.Process.Pid
+	by := newBystanders(t, "127.0.0.2", n.Addr)
+	p := mustDial(t, n.Addr, "user=p&app=hm")
 	body := strings.Repeat("x", 60<<10)
 	const msgs = 1000
 	for i := 0; i < msgs; i += 50 {
@@ -96,7 +96,7 @@ func TestHistoryMemoryBounded(t *testing.T) {
 	answers := make([]int, conns)
 	bytesIn := make([]int, conns)
 	for c := 0; c < conns; c++ {
-		cl := mustDial(t, n.addr, fmt.Sprintf("user=h%d&app=hm", c))
+		cl := mustDial(t, n.Addr, fmt.Sprintf("user=h%d&app=hm", c))
 		for i := 0; i < each; i++ {
 			if err := cl.send(`{"op":"history","room":"big","limit":1000}`); err != nil {
 				t.Fatal(err)
@@ -123,14 +123,14 @@ func TestHistoryMemoryBounded(t *testing.T) {
 	// Connections that ask as much and are gone at once: nothing is built
 	// for them.
 	for c := 0; c < 20; c++ {
-		cl := mustDial(t, n.addr, fmt.Sprintf("user=gone%d&app=hm", c))
+		cl := mustDial(t, n.Addr, fmt.Sprintf("user=gone%d&app=hm", c))
 		if _, err := cl.conn.Write(historyBurst(each, `{"op":"history","room":"big","limit":1000}`)); err != nil {
 			t.Fatal(err)
 		}
 		cl.conn.Close()
 	}
 	by.check("while 23 connections pipeline history", max(10*by.baseline, 250*time.Millisecond))
-	if code := n.readyz(); code != 200 {
+	if code := n.Readyz(); code != 200 {
 		t.Errorf("/readyz %d after the history requests", code)
 	}
 	close(stop)
@@ -149,7 +149,7 @@ func TestHistoryMemoryBounded(t *testing.T) {
 
 	// 300 requests in one write: one is read at once, 64 wait, the other
 	// 235 are refused with the reason, each answered, in order.
-	q := mustDial(t, n.addr, "user=greedy&app=hm")
+	q := mustDial(t, n.Addr, "user=greedy&app=hm")
 	if _, err := q.conn.Write(historyBurst(300, `{"op":"history","room":"big","limit":1}`)); err != nil {
 		t.Fatal(err)
 	}

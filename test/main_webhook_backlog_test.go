@@ -1,4 +1,4 @@
-package main_test
+package test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // hangingReceiver is a real HTTP server that accepts every webhook POST
@@ -159,7 +160,7 @@ func backlogCase(t *testing.T, pg bool) {
 		// The memory store's budget 64 MiB, so the backlog's default is 16 MiB.
 		n = plainNode(t, 0, false, append(extra, "--memory-store-max", "64MiB")...)
 	}
-	pid := n.cmd.Process.Pid
+	pid := n.Cmd.Process.Pid
 	before := rss(t, pid)
 
 	payload := `"` + strings.Repeat("x", 32<<10) + `"`
@@ -222,7 +223,7 @@ func backlogCase(t *testing.T, pg bool) {
 	}
 
 	recv.open()
-	dropped := func() uint64 { return uint64(n.metrics(t)[`roost_webhook_dropped_total{app="`+testApp+`"}`]) }
+	dropped := func() uint64 { return uint64(n.Metrics(t)[`roost_webhook_dropped_total{app="`+testApp+`"}`]) }
 	missing := func() (miss uint64, first string) {
 		recv.mu.Lock()
 		defer recv.mu.Unlock()
@@ -241,7 +242,7 @@ func backlogCase(t *testing.T, pg bool) {
 		return miss, first
 	}
 	prototest.WaitFor(t, 4*time.Minute, func() error {
-		m := n.metrics(t)
+		m := n.Metrics(t)
 		if pg {
 			if miss, first := missing(); miss > 0 {
 				return fmt.Errorf("%d acknowledged messages not delivered yet (first %s)", miss, first)
@@ -278,10 +279,10 @@ func backlogCase(t *testing.T, pg bool) {
 func TestHookURLRefused(t *testing.T) {
 	redistest.Require(t)
 	e := newEnv(t, redistest.Addr)
-	bin := roostBinary(t)
+	bin := harness.Binary(t)
 	run := func(args ...string) (int, string) {
 		cmd := exec.Command(bin, append(args, "--database-url", e.dbURL)...)
-		cmd.Env = nodeEnv()
+		cmd.Env = harness.Env()
 		out, err := cmd.CombinedOutput()
 		code := 0
 		if err != nil {
@@ -311,7 +312,7 @@ func TestHookURLRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A webhook aimed at the node's own admin listener (its pprof).
-	self := "http://" + n.admin + "/debug/pprof/profile?seconds=1"
+	self := "http://" + n.Admin + "/debug/pprof/profile?seconds=1"
 	if code, out := run("app", "set", testApp, "--webhook-url", self, "--webhook-timeout", "2s"); code != 0 {
 		t.Fatalf("app set (own admin port): %d %s", code, out)
 	}
@@ -324,7 +325,7 @@ func TestHookURLRefused(t *testing.T) {
 	}
 	prototest.WaitFor(t, 20*time.Second, func() error {
 		pub() // until the registry's change has reached the node, a message owes nothing
-		m := n.metrics(t)
+		m := n.Metrics(t)
 		if m["roost_webhook_delivered_total"] != 0 {
 			t.Fatalf("the node POSTed to its own admin listener: %v delivered", m["roost_webhook_delivered_total"])
 		}
@@ -333,7 +334,7 @@ func TestHookURLRefused(t *testing.T) {
 		}
 		return nil
 	})
-	log := n.logTail(400)
+	log := n.LogTail(400)
 	if got := strings.Count(log, "hook call refused"); got != 1 || !strings.Contains(log, "own admin listener") {
 		t.Errorf("want one log line refusing the call to the node's own admin listener, got %d:\n%s", got, log)
 	}
@@ -350,7 +351,7 @@ func TestHookURLRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	prototest.WaitFor(t, 30*time.Second, func() error {
-		if l := n.logTail(400); !strings.Contains(l, `hook call refused (counted as a failure; change the app's URL)" addr=169.254.169.254:80 why="a link-local address`) {
+		if l := n.LogTail(400); !strings.Contains(l, `hook call refused (counted as a failure; change the app's URL)" addr=169.254.169.254:80 why="a link-local address`) {
 			pub()
 			return fmt.Errorf("no refusal of 169.254.169.254 logged yet")
 		}
