@@ -55,10 +55,10 @@ else
   prooms=1000 prate=10000 pwarm=3s pdur=15s
   bound=240
 fi
-figs=(d${rates[0]} d${rates[1]} density pg)
+figs=(rate${rates[0]} rate${rates[1]} density pg)
 label() {
   case $1 in
-    d*) printf 'node µs per delivered frame, room of %d, %s msg/s' $((members + pubs)) "${1#d}" ;;
+    rate*) printf 'node µs per delivered frame, room of %d, %s msg/s' $((members + pubs)) "${1#rate}" ;;
     density) printf 'node RSS bytes per idle joined connection (%d in %d rooms)' $conns $drooms ;;
     pg) printf 'PostgreSQL µs per publish, %d/s over %d rooms' $prate $prooms ;;
   esac
@@ -73,6 +73,16 @@ commit() { git -C "$repo" rev-parse --verify --quiet "$1^{commit}" || die "no su
 before_c=$(commit "${revs[0]}")
 after_c=$(commit "${revs[1]}")
 machine start
+
+ab_cleanup() {
+  local rc=$?
+  rm -f "$work/roost-before" "$work/roost-after"
+  rm -rf "$work/src-before" "$work/src-after"
+  set +e
+  (exit $rc) # cleanup exits with the status it finds
+  cleanup
+}
+trap ab_cleanup EXIT
 
 # build_side SIDE COMMIT: $work/roost-SIDE from the revision's tree alone.
 build_side() {
@@ -91,13 +101,6 @@ else
   build_side before "$before_c"
 fi
 bench_bin=$work/roost-after
-
-ab_cleanup() {
-  rm -f "$work/roost-before" "$work/roost-after"
-  rm -rf "$work/src-before" "$work/src-after"
-  cleanup
-}
-trap ab_cleanup EXIT
 
 # forget PID: a process stopped here; the exit trap must not kill its PID,
 # which may be someone else's by then.
@@ -157,7 +160,7 @@ run() {
   else
     local url=ws://127.0.0.1:$port/ws args
     case $fig in
-      d*) args=(delivery --members $members --publishers $pubs --size 100 --rate "${fig#d}" --warmup $warmup --duration $dur) ;;
+      rate*) args=(delivery --members $members --publishers $pubs --size 100 --rate "${fig#rate}" --warmup $warmup --duration $dur) ;;
       # one bench process holds the 15,000 connections, under the
       # 20,000 open files a process may have (density's --procs would
       # split them); two source addresses keep the ephemeral ports of
@@ -174,7 +177,7 @@ run() {
       note="bench exited $rc (see $name.txt)"
     else
       case $fig in
-        d*) v=$(json_num "$rep" node_cpu_us_per_frame)
+        rate*) v=$(json_num "$rep" node_cpu_us_per_frame)
             grep -q '"sustained": true' "$rep" || note="not sustained" ;;
         density) local r0 r1 n
           r0=$(json_num "$rep" node_rss_before_bytes); r1=$(json_num "$rep" node_rss_after_bytes)
@@ -231,7 +234,7 @@ table() {
         note[c[3], c[2], c[1]] = c[7]
         lb[c[3], c[2], c[1]] = c[5]; la[c[3], c[2], c[1]] = c[6]
       }
-      printf "before = %s, after = %s; %d pair(s), pair 2 and every even pair after first.\n\n", before, after, pairs
+      printf "before = %s, after = %s; %d pair(s): odd pairs ran before first, even pairs after first.\n\n", before, after, pairs
       printf "| figure |"; for (i = 1; i <= pairs; i++) printf " pair %d before / after |", i
       print " median before | median after | change | within 3 % or better |"
       printf "|---|"; for (i = 1; i <= pairs; i++) printf "---|"; print "---|---|---|---|"
