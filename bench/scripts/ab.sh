@@ -15,7 +15,7 @@
 # and after every run: figures of a loaded machine say little.
 #
 # Usage: bench/scripts/ab.sh BEFORE_REV AFTER_REV [--pairs N] [--short]
-#   --pairs N: pairs of runs (default 3; a pair takes ~5 minutes).
+#   --pairs N: pairs of runs (default 3; a pair takes ~4 minutes).
 #   --short: one pair of tiny loads, a few seconds each (the CI form).
 # Prints a markdown table: each figure, each pair's before / after, the
 # medians, the change in % (after against before; lower is better for all
