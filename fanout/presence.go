@@ -95,28 +95,38 @@ type presShard struct {
 }
 
 // presRoom is one room's presence on this node.
+//
+// users holds its records by value, not a pointer each: an idle joined
+// connection costs its map slot only (density: docs/bench-notes/2026-12-06.md,
+// "density2"). The time a user's last membership ended is needed only
+// during its grace period, in zero, made for a room when a user is in it.
 type presRoom struct {
 	key      string
-	users    map[string]*presUser
-	watchers int  // live presence subscribers on this node's loops
-	unrep    int  // users with a live membership whose Join is not applied yet
-	watched  bool // Watch applied
-	wqueued  bool // in rdirt
+	users    map[string]presUser
+	zero     map[string]int64 // ms: when conns fell to 0, users in their grace period
+	watchers int              // live presence subscribers on this node's loops
+	unrep    int              // users with a live membership whose Join is not applied yet
+	watched  bool             // Watch applied
+	wqueued  bool             // in rdirt
 }
 
-// presUser is one user of a room on this node.
+// presUser is one user of a room on this node (8 bytes: the map slot
+// stays as small as a pointer's).
 type presUser struct {
 	conns    int32 // live memberships, every loop
 	reported bool  // Join applied (and no Leave since)
 	queued   bool  // in dirty
-	zeroAt   int64 // ms: when conns fell to 0
 }
 
 type presRef struct {
 	room *presRoom
 	user string
-	u    *presUser
 }
+
+// presDirtyKeep is the capacity of a shard's dirty list (and of the
+// goroutine's changes) kept once emptied: what a burst of joins grew
+// beyond it is given back rather than held by an idle node.
+const presDirtyKeep = 64
 
 type presAnswer struct {
 	frame []byte // immutable, shared by every connection asking
@@ -258,7 +268,7 @@ func (pr *presence) shard(key string) *presShard {
 func (s *presShard) roomLocked(key string) *presRoom {
 	r := s.rooms[key]
 	if r == nil {
-		r = &presRoom{key: key, users: make(map[string]*presUser)}
+		r = &presRoom{key: key, users: make(map[string]presUser)}
 		s.rooms[key] = r
 	}
 	return r
@@ -270,19 +280,19 @@ func (pr *presence) join(key, user string, watch bool) {
 	s.mu.Lock()
 	r := s.roomLocked(key)
 	u := r.users[user]
-	if u == nil {
-		u = &presUser{}
-		r.users[user] = u
-	}
 	u.conns++
 	if u.conns == 1 && !u.reported {
 		r.unrep++
 	}
+	if u.conns == 1 && r.zero != nil {
+		delete(r.zero, user)
+	}
 	queued := false
 	if u.conns == 1 && !u.queued {
 		u.queued, queued = true, true
-		s.dirty = append(s.dirty, presRef{room: r, user: user, u: u})
+		s.dirty = append(s.dirty, presRef{room: r, user: user})
 	}
+	r.users[user] = u
 	if watch {
 		r.watchers++
 		if !r.wqueued {
@@ -317,19 +327,23 @@ func (pr *presence) leave(key, user string, watch bool, now int64) {
 		panic("BUG: fanout: presence leave of a room never joined")
 	}
 	queued := false
-	if u := r.users[user]; u != nil {
+	if u, ok := r.users[user]; ok {
 		if u.conns--; u.conns == 0 {
 			if !u.reported {
 				r.unrep--
 			}
-			u.zeroAt = now
+			if r.zero == nil {
+				r.zero = make(map[string]int64)
+			}
+			r.zero[user] = now
 			if !u.queued {
 				u.queued, queued = true, true
-				s.dirty = append(s.dirty, presRef{room: r, user: user, u: u})
+				s.dirty = append(s.dirty, presRef{room: r, user: user})
 			}
 			// Already queued: the goroutine holds a deadline for it at
 			// or before the new end of its grace, and looks again then.
 		}
+		r.users[user] = u
 	}
 	if watch {
 		r.watchers--
@@ -381,29 +395,40 @@ func (pr *presence) collect(now int64) (next int64) {
 		s.rdirt = s.rdirt[:0]
 		keep := s.dirty[:0]
 		for _, ref := range s.dirty {
-			u := ref.u
+			r := ref.room
+			u := r.users[ref.user]
 			switch {
 			case u.conns > 0 && !u.reported:
 				u.reported = true
-				ref.room.unrep--
-				pr.changes = append(pr.changes, pubsub.PresenceChange{Op: pubsub.PresenceJoin, Key: ref.room.key, User: ref.user})
+				r.unrep--
+				pr.changes = append(pr.changes, pubsub.PresenceChange{Op: pubsub.PresenceJoin, Key: r.key, User: ref.user})
 			case u.conns > 0:
 				// Back within the grace period: nothing changed anywhere.
-			case u.reported && now-u.zeroAt < pr.grace:
+			case u.reported && now-r.zero[ref.user] < pr.grace:
 				keep = append(keep, ref) // still in its grace period
-				next = earliest(next, u.zeroAt+pr.grace)
+				next = earliest(next, r.zero[ref.user]+pr.grace)
 				continue
 			default:
 				if u.reported {
-					pr.changes = append(pr.changes, pubsub.PresenceChange{Op: pubsub.PresenceLeave, Key: ref.room.key, User: ref.user})
+					pr.changes = append(pr.changes, pubsub.PresenceChange{Op: pubsub.PresenceLeave, Key: r.key, User: ref.user})
 				}
-				delete(ref.room.users, ref.user)
-				s.dropIfIdleLocked(ref.room)
+				delete(r.users, ref.user)
+				if r.zero != nil {
+					if delete(r.zero, ref.user); len(r.zero) == 0 {
+						r.zero = nil
+					}
+				}
+				s.dropIfIdleLocked(r)
+				continue
 			}
 			u.queued = false
+			r.users[ref.user] = u
 		}
 		clear(s.dirty[len(keep):])
 		s.dirty = keep
+		if len(keep) == 0 && cap(keep) > presDirtyKeep {
+			s.dirty = nil // a burst's list: not held by an idle node
+		}
 		s.mu.Unlock()
 	}
 	return next
@@ -536,6 +561,9 @@ func (pr *presence) apply(now int64) {
 	}
 	clear(pr.changes)
 	pr.changes = pr.changes[:0]
+	if cap(pr.changes) > presDirtyKeep {
+		pr.changes = nil // a burst's changes: not held by an idle node
+	}
 	if len(diffs) == 0 {
 		return
 	}

@@ -233,3 +233,47 @@ func TestPresenceReceivedDuringFlush(t *testing.T) {
 	}
 	t.Logf("%d messages, %d flushes", i-1, passes.Load())
 }
+
+// An idle joined user costs its room's map slot only: the end of a user's
+// last membership is kept (zero) only while it waits out its grace, and a
+// burst's dirty list is given back once collected (density2).
+func TestPresenceIdleUserLazy(t *testing.T) {
+	n, _, _ := testNode(t, persist.NewMemory(10))
+	pr := newPresence(n, pubsub.NewMemoryPresence(), time.Second)
+	now := int64(1_000_000)
+	const users = 500
+	for i := range users {
+		pr.join("a/r", "u"+strconv.Itoa(i), false)
+	}
+	pr.collect(now)
+	s := pr.shard("a/r")
+	r := s.rooms["a/r"]
+	if r.zero != nil || s.dirty != nil {
+		t.Fatalf("idle room holds zero %v, dirty cap %d", r.zero, cap(s.dirty))
+	}
+	if u := r.users["u7"]; u.conns != 1 || !u.reported || u.queued {
+		t.Fatalf("u7 %+v", u)
+	}
+	pr.leave("a/r", "u7", false, now)
+	pr.leave("a/r", "u8", false, now)
+	if r.zero["u7"] != now || len(r.zero) != 2 {
+		t.Fatalf("zero %v", r.zero)
+	}
+	pr.join("a/r", "u8", false) // back within the grace
+	if _, ok := r.zero["u8"]; ok {
+		t.Fatal("a returning user's end kept")
+	}
+	if next := pr.collect(now + 10); next != now+1000 {
+		t.Fatalf("next %d", next)
+	}
+	pr.collect(now + 1000)
+	if _, ok := r.users["u7"]; ok || r.zero != nil {
+		t.Fatalf("after the grace: u7 kept, zero %v", r.zero)
+	}
+	if u := r.users["u8"]; u.conns != 1 || !u.reported || u.queued {
+		t.Fatalf("u8 %+v", u)
+	}
+	if len(r.users) != users-1 || r.unrep != 0 {
+		t.Fatalf("users %d unrep %d", len(r.users), r.unrep)
+	}
+}
