@@ -61,7 +61,7 @@ type Parts struct {
 	// runs on a publish worker: it must not block.
 	OnCommitted func(key string, seq uint64, ts int64, frame []byte)
 	// NewPresence builds the node's presence over bus (the broker New
-	// built); nil means the in-process one.
+	// built); nil means the node's own counts (localPresence: one node).
 	NewPresence func(bus pubsub.Broker) (pubsub.Presence, error)
 	// PresenceGrace: a user is left only after this long with no
 	// connection in the room (0: DefaultPresenceGrace).
@@ -295,7 +295,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 			}
 		})
 	}
-	var pr pubsub.Presence = pubsub.NewMemoryPresence()
+	var pr pubsub.Presence
 	if p.NewPresence != nil {
 		var err error
 		if pr, err = p.NewPresence(n.bus); err != nil {
@@ -307,6 +307,10 @@ func New(cfg Config, p Parts) (*Node, error) {
 		p.PresenceGrace = DefaultPresenceGrace
 	}
 	n.pres = newPresence(n, pr, p.PresenceGrace)
+	if pr == nil {
+		// No shared Presence: the node's own counts answer.
+		n.pres.p = localPresence{n.pres}
+	}
 	// Node-wide and never unsubscribed, like the control messages.
 	n.bus.Subscribe(proto.PresenceKey, func(err error) {
 		if err != nil {

@@ -106,6 +106,7 @@ type presRoom struct {
 	zero     map[string]int64 // ms: when conns fell to 0, users in their grace period
 	watchers int              // live presence subscribers on this node's loops
 	unrep    int              // users with a live membership whose Join is not applied yet
+	present  int              // users whose Join is applied (reported): localPresence's count
 	watched  bool             // Watch applied
 	wqueued  bool             // in rdirt
 }
@@ -401,6 +402,7 @@ func (pr *presence) collect(now int64) (next int64) {
 			case u.conns > 0 && !u.reported:
 				u.reported = true
 				r.unrep--
+				r.present++
 				pr.changes = append(pr.changes, pubsub.PresenceChange{Op: pubsub.PresenceJoin, Key: r.key, User: ref.user})
 			case u.conns > 0:
 				// Back within the grace period: nothing changed anywhere.
@@ -410,6 +412,7 @@ func (pr *presence) collect(now int64) (next int64) {
 				continue
 			default:
 				if u.reported {
+					r.present--
 					pr.changes = append(pr.changes, pubsub.PresenceChange{Op: pubsub.PresenceLeave, Key: r.key, User: ref.user})
 				}
 				delete(r.users, ref.user)

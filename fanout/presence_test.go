@@ -2,7 +2,11 @@ package fanout
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -276,4 +280,86 @@ func TestPresenceIdleUserLazy(t *testing.T) {
 	if len(r.users) != users-1 || r.unrep != 0 {
 		t.Fatalf("users %d unrep %d", len(r.users), r.unrep)
 	}
+}
+
+// Without a shared Presence the node's own counts answer (localPresence):
+// given the same joins, leaves and ticks, it answers and diffs as the
+// in-process store fed the node's changes does (pubsub.MemoryPresence).
+func TestPresenceLocalMatchesMemory(t *testing.T) {
+	n, _, _ := testNode(t, persist.NewMemory(10))
+	mem := newPresence(n, pubsub.NewMemoryPresence(), time.Second)
+	loc := newPresence(n, nil, time.Second)
+	loc.p = localPresence{loc}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	type live struct {
+		key, user string
+		watch     bool
+	}
+	var lives [2][]live // the same memberships in each
+	keys := []string{"a/r0", "a/r1", "a/r2", "b/r0"}
+	tickDiffs := func(pr *presence, now int64) map[string]string {
+		pr.collect(now)
+		diffs, err := pr.p.Apply(ctx, pr.changes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pr.changes = pr.changes[:0]
+		m := map[string]string{}
+		for _, d := range diffs {
+			m[d.Key] = fmt.Sprint(d.Joined, d.Left)
+		}
+		return m
+	}
+	now := int64(1_000_000)
+	diffed := 0
+	for step := range 400 {
+		for range rng.IntN(6) {
+			if len(lives[0]) > 0 && rng.IntN(3) == 0 {
+				i := rng.IntN(len(lives[0]))
+				for j, pr := range []*presence{mem, loc} {
+					l := lives[j][i]
+					pr.leave(l.key, l.user, l.watch, now)
+					lives[j] = slices.Delete(lives[j], i, i+1)
+				}
+				continue
+			}
+			l := live{keys[rng.IntN(len(keys))], "u" + strconv.Itoa(rng.IntN(8)), rng.IntN(4) == 0}
+			for j, pr := range []*presence{mem, loc} {
+				pr.join(l.key, l.user, l.watch)
+				lives[j] = append(lives[j], l)
+			}
+		}
+		now += int64(rng.IntN(600))
+		dm, dl := tickDiffs(mem, now), tickDiffs(loc, now)
+		if !maps.Equal(dm, dl) {
+			t.Fatalf("step %d: diffs %v, local %v", step, dm, dl)
+		}
+		diffed += len(dm)
+		for _, key := range keys {
+			cm, um, _ := mem.p.Query(ctx, key, 100)
+			cl, ul, _ := loc.p.Query(ctx, key, 100)
+			slices.Sort(um)
+			slices.Sort(ul)
+			if cm != cl || !slices.Equal(um, ul) {
+				t.Fatalf("step %d %s: %d %v, local %d %v", step, key, cm, um, cl, ul)
+			}
+			if c, _ := loc.p.Count(ctx, key); c != cm {
+				t.Fatalf("step %d %s: count %d, want %d", step, key, c, cm)
+			}
+		}
+		counts := make([]int, len(keys))
+		if err := loc.p.Counts(ctx, keys, counts); err != nil {
+			t.Fatal(err)
+		}
+		for i, key := range keys {
+			if c, _ := mem.p.Count(ctx, key); c != counts[i] {
+				t.Fatalf("step %d %s: counts %d, want %d", step, key, counts[i], c)
+			}
+		}
+	}
+	if diffed == 0 {
+		t.Fatal("no diff compared")
+	}
+	t.Logf("%d room diffs compared", diffed)
 }
