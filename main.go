@@ -312,6 +312,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if redis != nil {
 		go shareConns(bg, redis, srv, log)
 	}
+	// What a burst of connections left in the heap goes back to the OS
+	// once the node is quiet again (tuning/release.go).
+	go tuning.ReleaseAfterBursts(bg, time.Second, log)
 
 	// 8. The listeners of operators and backends.
 	var ready atomic.Bool
