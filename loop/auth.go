@@ -53,6 +53,9 @@ type app struct {
 
 	mu    sync.Mutex
 	users map[string]*appUser // users with a connection on this node, or a spent bucket
+	// more: the WebSocket connections past the first (appUser.ws) of the
+	// users with more than one; nil while there is none.
+	more map[*appUser][]*conn
 	// spent: users whose last connection ended with their bucket spent,
 	// kept until it refills; pruneUsers visits these only, not every user
 	// (15,000 idle users cost a map walk a second otherwise).
@@ -67,16 +70,15 @@ type appUser struct {
 	conns int32
 	spent bool // in app.spent
 	pub   tenancy.Bucket
-	// ws and more are the user's open WebSocket connections on this node
-	// (any loop; under app.mu): the index a read position reaches the
-	// user's connections by (loopState.membersOf). ws is the first, more
-	// the others, allocated only for a user with more than one. They live
-	// here, in the record every admitted connection has anyway, so that an
-	// idle connection costs no per-loop map entry of its user (density:
-	// docs/bench-notes/2026-12-06.md, "Density"); the struct stays in the
-	// 32-byte size class.
-	ws   *conn
-	more *[]*conn
+	// ws is the user's first open WebSocket connection on this node (any
+	// loop; under app.mu), the others in app.more: the index a read
+	// position reaches the user's connections by (loopState.membersOf).
+	// It lives here, in the record every admitted connection has anyway,
+	// so that an idle connection costs no per-loop map entry of its user
+	// (density: docs/bench-notes/2026-12-06.md, "Density"); the others,
+	// rare, live in the app so that the struct is 24 bytes, not 32
+	// ("density2").
+	ws *conn
 }
 
 // appConfig is an app's view (tenancy.View, the same the server API reads)
@@ -300,7 +302,7 @@ func (p *app) releaseConn(c *conn) {
 	c.au = nil
 	p.conns.Add(-1)
 	p.mu.Lock()
-	u.unlink(c)
+	p.unlink(u, c)
 	p.releaseLocked(c.user, u)
 	p.mu.Unlock()
 }
@@ -329,41 +331,45 @@ func (p *app) linkWS(c *conn) {
 	switch {
 	case u.ws == nil:
 		u.ws = c
-	case u.more == nil:
-		u.more = &[]*conn{c}
 	default:
-		*u.more = append(*u.more, c)
+		if p.more == nil {
+			p.more = make(map[*appUser][]*conn)
+		}
+		p.more[u] = append(p.more[u], c)
 	}
 	p.mu.Unlock()
 }
 
 // unlink takes c out of u's WebSocket connections, if there. Under
-// app.mu.
-func (u *appUser) unlink(c *conn) {
+// p.mu.
+func (p *app) unlink(u *appUser, c *conn) {
+	m := p.more[u]
 	if u.ws == c {
 		u.ws = nil
-		if u.more == nil {
+		if len(m) == 0 {
 			return
 		}
-		m := *u.more
 		u.ws, m[len(m)-1] = m[len(m)-1], nil
-		*u.more = m[:len(m)-1]
+		m = m[:len(m)-1]
 	} else {
-		if u.more == nil {
-			return
-		}
-		m := *u.more
 		i := slices.Index(m, c)
 		if i < 0 {
 			return
 		}
 		m[i], m[len(m)-1] = m[len(m)-1], nil
-		*u.more = m[:len(m)-1]
+		m = m[:len(m)-1]
 	}
-	if len(*u.more) == 0 {
-		u.more = nil
+	if len(m) == 0 {
+		if delete(p.more, u); len(p.more) == 0 {
+			p.more = nil
+		}
+	} else {
+		p.more[u] = m
 	}
 }
+
+// moreOf is u's WebSocket connections past u.ws. Under p.mu.
+func (p *app) moreOf(u *appUser) []*conn { return p.more[u] }
 
 // maybePrune runs pruneUsers at most once a second, from whichever loop's
 // sweep comes first. now is Unix ms.

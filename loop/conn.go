@@ -85,10 +85,8 @@ func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Me
 		if u.ws != nil {
 			add(u.ws)
 		}
-		if u.more != nil {
-			for _, c := range *u.more {
-				add(c)
-			}
+		for _, c := range p.moreOf(u) {
+			add(c)
 		}
 	}
 	p.mu.Unlock()
@@ -113,10 +111,8 @@ func (s *Server) loopsOf(userKey string) uint64 {
 		if u.ws != nil {
 			mask |= 1 << u.ws.l.idx
 		}
-		if u.more != nil {
-			for _, c := range *u.more {
-				mask |= 1 << c.l.idx
-			}
+		for _, c := range p.moreOf(u) {
+			mask |= 1 << c.l.idx
 		}
 	}
 	p.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
 )
@@ -64,8 +65,8 @@ func TestIdleConnNoChatState(t *testing.T) {
 		if u.ws != nil {
 			alice = append(alice, u.ws)
 		}
-		if u.more != nil {
-			alice = append(alice, *u.more...)
+		if m := p.moreOf(u); m != nil {
+			alice = append(alice, m...)
 		}
 		return alice, true
 	}
@@ -110,5 +111,21 @@ func TestIdleConnNoChatState(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+	// The app's list of users' further connections is gone with them.
+	p.mu.Lock()
+	more := len(p.more)
+	p.mu.Unlock()
+	if more != 0 {
+		t.Fatalf("the app lists further connections of %d users, none left", more)
+	}
+}
+
+// The per-user record every admitted connection has is 24 bytes (its size
+// class): a user's connections past the first are listed in the app, only
+// for users with more than one (density2).
+func TestAppUserSmall(t *testing.T) {
+	if n := unsafe.Sizeof(appUser{}); n != 24 {
+		t.Fatalf("appUser is %d bytes, want 24", n)
 	}
 }
