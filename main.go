@@ -244,6 +244,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	hooks := webhook.New(hcfg)
 	defer hooks.Close() // after the explicit Close below: a no-op
 	parts.OnCommitted = hooks.Committed
+	parts.ConnEvents = hooks.WantsEvent // connection events: the apps' --webhook-events
 	if c.redisURL != "" {
 		rc, err := pubsub.ParseRedisURL(c.redisURL)
 		if err != nil {

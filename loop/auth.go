@@ -59,14 +59,17 @@ type app struct {
 	spent []string
 
 	refused [numRefusals]atomic.Uint64
+
+	reg *apps // for its online hook; nil in tests that make an app alone
 }
 
 // appUser is one user of an app on this node: its connections (under
 // app.mu) and its publish bucket, shared by its connections on every loop.
 type appUser struct {
-	conns int64
-	spent bool // in app.spent
-	pub   tenancy.Bucket
+	conns  int64
+	spent  bool // in app.spent
+	online bool // counted in the app's presence (apps.online): the app wants connection events
+	pub    tenancy.Bucket
 }
 
 // appConfig is an app's view (tenancy.View, the same the server API reads)
@@ -132,6 +135,12 @@ type apps struct {
 	byID     map[string]*app
 	firstUse int
 	pruned   atomic.Int64 // Unix ms of the last pruneUsers
+
+	// online counts a user's first connection to an app on this node
+	// (on) and the end of its last one, for apps whose webhook wants
+	// connection events (fanout.Node.Online). Set once, before the loops
+	// run; called under app.mu (it takes a presence shard lock, a leaf).
+	online func(app, user string, on bool)
 }
 
 func newApps(cfg *Config, log *slog.Logger) *apps {
@@ -171,7 +180,7 @@ func (a *apps) firstUseApp(id []byte) (*app, *proto.HTTPError) {
 		return nil, errTooManyApps
 	}
 	a.firstUse++
-	p := &app{id: string(id), users: make(map[string]*appUser)}
+	p := &app{id: string(id), users: make(map[string]*appUser), reg: a}
 	p.cfg.Store(resolve(a.lim, a.maxRooms, &proto.App{ID: p.id}))
 	a.byID[p.id] = p
 	return p, nil
@@ -198,7 +207,7 @@ func (a *apps) set(reg []proto.App) (gone, rekeyed []*app) {
 	for id, cfg := range merged {
 		p := a.byID[id]
 		if p == nil {
-			p = &app{id: id, users: make(map[string]*appUser)}
+			p = &app{id: id, users: make(map[string]*appUser), reg: a}
 			a.byID[id] = p
 		}
 		old := p.cfg.Swap(cfg)
@@ -264,6 +273,10 @@ func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 		return nil, "connection limit"
 	}
 	u.conns++
+	if u.conns == 1 && cfg.Online && p.reg != nil && p.reg.online != nil {
+		u.online = true
+		p.reg.online(p.id, user, true)
+	}
 	p.mu.Unlock()
 	return u, ""
 }
@@ -274,6 +287,12 @@ func (p *app) release(user string, u *appUser) {
 	p.mu.Lock()
 	u.conns--
 	if u.conns == 0 {
+		if u.online {
+			// Counted when it came: ended however the app's settings
+			// changed since.
+			u.online = false
+			p.reg.online(p.id, user, false)
+		}
 		if u.pub.Full(tenancy.Now()) {
 			// Its bucket is full again: nothing to remember.
 			delete(p.users, user)
