@@ -369,6 +369,8 @@ func writeMetrics(w io.Writer, a *admin) error {
 		g("roost_webhook_held_bytes", ws.Held.Load())
 	}
 
+	writeConnEvents(m, a.fan, a.hooks)
+
 	if sn.Loops > 0 {
 		m.family("roost_loop_inbox_depth", "gauge")
 	}

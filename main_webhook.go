@@ -11,8 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/proto"
 )
 
 const webhookUsage = `roost webhook: webhook dead letters (PostgreSQL only).
@@ -174,5 +176,23 @@ func writeBacklog(m *expo, hooks *webhook.Dispatcher) {
 	m.family("roost_webhook_app_lag_seconds", "gauge")
 	for _, r := range rows {
 		m.line(`roost_webhook_app_lag_seconds{app="`+labelValue(r.App)+`"}`, r.Oldest.Seconds())
+	}
+}
+
+// writeConnEvents writes the connection events' metrics: transitions made
+// per type (for apps that want them), committed, dropped, commits failed,
+// owed (made and not committed yet), and delivered by the webhooks.
+func writeConnEvents(m *expo, fan *fanout.Node, hooks *webhook.Dispatcher) {
+	cs := fan.ConnEventStats()
+	m.family("roost_conn_events_total", "counter")
+	for _, e := range []proto.ConnEvent{proto.EventOnline, proto.EventJoined, proto.EventLeft, proto.EventOffline} {
+		m.line(`roost_conn_events_total{type="`+e.String()+`"}`, float64(cs.Made[e].Load()))
+	}
+	m.counter("roost_conn_events_committed_total", cs.Committed.Load())
+	m.counter("roost_conn_events_dropped_total", cs.Dropped.Load())
+	m.counter("roost_conn_events_commit_errors_total", cs.Errors.Load())
+	m.gauge("roost_conn_events_owed", cs.Owed.Load())
+	if hooks != nil {
+		m.counter("roost_conn_events_delivered_total", hooks.Stats.ConnSent.Load())
 	}
 }
