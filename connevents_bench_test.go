@@ -114,6 +114,7 @@ func BenchmarkConnEvents(b *testing.B) {
 	}()
 	hist := map[float64]float64{} // the node's webhook lag histogram over the ev rounds: le -> count
 	k := 0                        // each round goes on where the last left off: a room comes back only every rooms steps
+	warm := true
 	round := func(app string) (time.Duration, int) {
 		mu.Lock()
 		lags, got = lags[:0], 0
@@ -189,13 +190,16 @@ func BenchmarkConnEvents(b *testing.B) {
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if app == "ev" && got != want {
+		if app == "ev" && got != want && !warm {
+			// (Warming, a join may still wait for its new room's first
+			// read when its leave comes: never in the room, no event.)
 			b.Errorf("%s: %d events, want %d", app, got, want)
 		}
 		return cpu, want
 	}
 	round("ev") // warm the rooms, the statements and the presence keys
 	round("noev")
+	warm = false
 	b.ResetTimer()
 	var on, off time.Duration
 	var all []time.Duration
