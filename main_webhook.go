@@ -6,15 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/persist"
-	"github.com/roost-chat/roost/proto"
 )
 
 const webhookUsage = `roost webhook: webhook dead letters (PostgreSQL only).
@@ -136,63 +132,4 @@ func webhookMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "roost webhook replay: app %s of dead letter %d is not registered\n", dl.App, id)
 	return 1
-}
-
-// writeDropped writes roost_webhook_dropped_total per app: the events each
-// app lost on this node (memory only; with PostgreSQL nothing owed is
-// lost). Every app that had a webhook on this node has its series.
-func writeDropped(m *expo, hooks *webhook.Dispatcher) {
-	type row struct {
-		app string
-		n   uint64
-	}
-	var rows []row
-	hooks.EachDropped(func(app string, n uint64) { rows = append(rows, row{app, n}) })
-	m.family("roost_webhook_dropped_total", "counter")
-	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.app, b.app) })
-	for _, r := range rows {
-		m.line(`roost_webhook_dropped_total{app="`+r.app+`"}`, float64(r.n))
-	}
-}
-
-// writeBacklog writes each app's webhook backlog: events and bytes held,
-// rooms left in the store, and the age of the oldest event held.
-func writeBacklog(m *expo, hooks *webhook.Dispatcher) {
-	var rows []webhook.Backlog
-	hooks.EachBacklog(time.Now(), func(b webhook.Backlog) { rows = append(rows, b) })
-	slices.SortFunc(rows, func(a, b webhook.Backlog) int { return strings.Compare(a.App, b.App) })
-	m.family("roost_webhook_app_owed", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_owed{app="`+labelValue(r.App)+`"}`, float64(r.Owed))
-	}
-	m.family("roost_webhook_app_held_bytes", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_held_bytes{app="`+labelValue(r.App)+`"}`, float64(r.Bytes))
-	}
-	m.family("roost_webhook_app_spilled_rooms", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_spilled_rooms{app="`+labelValue(r.App)+`"}`, float64(r.Spill))
-	}
-	m.family("roost_webhook_app_lag_seconds", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_lag_seconds{app="`+labelValue(r.App)+`"}`, r.Oldest.Seconds())
-	}
-}
-
-// writeConnEvents writes the connection events' metrics: transitions made
-// per type (for apps that want them), committed, dropped, commits failed,
-// owed (made and not committed yet), and delivered by the webhooks.
-func writeConnEvents(m *expo, fan *fanout.Node, hooks *webhook.Dispatcher) {
-	cs := fan.ConnEventStats()
-	m.family("roost_conn_events_total", "counter")
-	for _, e := range []proto.ConnEvent{proto.EventOnline, proto.EventJoined, proto.EventLeft, proto.EventOffline} {
-		m.line(`roost_conn_events_total{type="`+e.String()+`"}`, float64(cs.Made[e].Load()))
-	}
-	m.counter("roost_conn_events_committed_total", cs.Committed.Load())
-	m.counter("roost_conn_events_dropped_total", cs.Dropped.Load())
-	m.counter("roost_conn_events_commit_errors_total", cs.Errors.Load())
-	m.gauge("roost_conn_events_owed", cs.Owed.Load())
-	if hooks != nil {
-		m.counter("roost_conn_events_delivered_total", hooks.Stats.ConnSent.Load())
-	}
 }

@@ -5,10 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"io"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	vm "github.com/VictoriaMetrics/metrics"
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -296,3 +300,18 @@ func (n *Node) Online(app, user string, on bool) {
 
 // ConnEventStats are the counters of connection events (metrics).
 func (n *Node) ConnEventStats() *ConnEventStats { return &n.events.Stats }
+
+// writeMetrics writes the connection events' series: transitions an app
+// wanted, per type, on the node that found them; events committed,
+// dropped and owed (found, not committed yet); commits failed.
+func (ce *connEvents) writeMetrics(w io.Writer) {
+	vm.WriteMetadataIfNeeded(w, "roost_conn_events_total", "counter")
+	for _, e := range [...]proto.ConnEvent{proto.EventOnline, proto.EventJoined, proto.EventLeft, proto.EventOffline} {
+		fmt.Fprintf(w, "roost_conn_events_total{type=%q} %d\n", e.String(), ce.Stats.Made[e].Load())
+	}
+	vm.WriteCounterUint64(w, "roost_conn_events_committed_total", ce.Stats.Committed.Load())
+	vm.WriteCounterUint64(w, "roost_conn_events_dropped_total", ce.Stats.Dropped.Load())
+	vm.WriteCounterUint64(w, "roost_conn_events_commit_errors_total", ce.Stats.Errors.Load())
+	vm.WriteMetadataIfNeeded(w, "roost_conn_events_owed", "gauge")
+	fmt.Fprintf(w, "roost_conn_events_owed %d\n", ce.Stats.Owed.Load())
+}
