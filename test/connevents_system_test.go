@@ -16,6 +16,7 @@ import (
 
 	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // Connection events (docs/protocol.md, Connection events) against real
@@ -298,4 +299,24 @@ func TestConnEventsReceiverDown(t *testing.T) {
 			wantEvents(t, recv, fmt.Sprintf("d%03d", i), "online", "joined:room")
 		}
 	}
+}
+
+// Without PostgreSQL nor Redis: one node, the events in its memory (best
+// effort), the same rules: a reload makes none, each user's come in order.
+func TestConnEventsMemory(t *testing.T) {
+	recv := newEventReceiver(t)
+	f := filepath.Join(t.TempDir(), "apps.json")
+	body := fmt.Sprintf(`{"apps":[{"id":%q,"secret":%q,"webhook":{"url":%q,"events":["presence","connection"]}}]}`, testApp, apiSecret, recv.srv.URL)
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := harness.Start(t, harness.Spec{Name: "memory", Args: []string{"--insecure", "--apps", f, "--api", "off", "--loops", "1", "--presence-grace", "500ms"}})
+	c := eventUser(t, n, "bob", "r")
+	c.Close()
+	c = eventUser(t, n, "bob", "r") // a reload
+	time.Sleep(time.Second)
+	c.Close()
+	recv.waitCount(t, 4, 10*time.Second)
+	time.Sleep(time.Second)
+	wantEvents(t, recv, "bob", "online", "joined:r", "left:r", "offline")
 }
