@@ -281,6 +281,24 @@ func TestConnEventsReceiverDown(t *testing.T) {
 	for _, c := range cs[:users/2] {
 		c.Close()
 	}
+	// The others stay: they speak now and then, as live clients do, or
+	// the node closes them as idle while the test waits.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		tk := time.NewTicker(5 * time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			for _, c := range cs[users/2:] {
+				_ = c.Send(`{"op":"ping"}`)
+			}
+		}
+	}()
 	time.Sleep(28 * time.Second)
 	if n := recv.count(); n != 0 {
 		t.Fatalf("%d events while down", n)
