@@ -39,7 +39,7 @@ import (
 // its app: the difference per transition is what the events add (joins'
 // room reads and the presence work are in both).
 //
-//	go test -run XXX -bench ConnEvents -benchtime 1x .
+//	go test -run XXX -bench ConnEvents -benchtime 1x ./test/
 func BenchmarkConnEvents(b *testing.B) {
 	redistest.Require(b)
 	var mu sync.Mutex
