@@ -17,7 +17,9 @@ import (
 //
 // Apply runs on the presence goroutine after collect, which has already
 // set reported and watched for the tick's changes: it only turns them into
-// diffs for the watched rooms.
+// diffs, each room's marked Watched as the tick left it (every transition
+// is one: collect reports a Join only when not reported, a Leave only when
+// reported; connection events want the unwatched rooms' too).
 type localPresence struct{ pr *presence }
 
 var _ pubsub.Presence = localPresence{}
@@ -31,14 +33,6 @@ func (l localPresence) Apply(_ context.Context, changes []pubsub.PresenceChange)
 		if c.Op != pubsub.PresenceJoin && c.Op != pubsub.PresenceLeave {
 			continue
 		}
-		s := l.pr.shard(c.Key)
-		s.mu.Lock()
-		r := s.rooms[c.Key]
-		watched := r != nil && r.watched
-		s.mu.Unlock()
-		if !watched {
-			continue
-		}
 		k, ok := at[c.Key]
 		if !ok {
 			if at == nil {
@@ -46,7 +40,12 @@ func (l localPresence) Apply(_ context.Context, changes []pubsub.PresenceChange)
 			}
 			k = len(diffs)
 			at[c.Key] = k
-			diffs = append(diffs, pubsub.PresenceDiff{Key: c.Key})
+			s := l.pr.shard(c.Key)
+			s.mu.Lock()
+			r := s.rooms[c.Key] // nil: dropped, so not watched
+			watched := r != nil && r.watched
+			s.mu.Unlock()
+			diffs = append(diffs, pubsub.PresenceDiff{Key: c.Key, Watched: watched})
 		}
 		if c.Op == pubsub.PresenceJoin {
 			diffs[k].Joined = append(diffs[k].Joined, c.User)

@@ -307,7 +307,7 @@ func TestPresenceLocalMatchesMemory(t *testing.T) {
 		pr.changes = pr.changes[:0]
 		m := map[string]string{}
 		for _, d := range diffs {
-			m[d.Key] = fmt.Sprint(d.Joined, d.Left)
+			m[d.Key] = fmt.Sprint(d.Joined, d.Left, d.Watched)
 		}
 		return m
 	}
