@@ -222,6 +222,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		PublishLatency: hists.publishLatency,
 		BrokerLatency:  hists.brokerLatency,
 		DeliveryLag:    hists.deliveryLag,
+		AckPhases:      hists.fanoutAckPhases(),
 		PresenceGrace:  c.presenceGrace,
 	}
 	// Control messages (a server API disconnect, from any node) reach the
@@ -278,7 +279,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		}
 	}
 	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
-	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency, ProxyLatency: hists.proxyCall})
+	ackInbox, ackWrite := hists.loopAckPhases()
+	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency,
+		AckInbox: ackInbox, AckWrite: ackWrite, ProxyLatency: hists.proxyCall})
 	if err != nil {
 		closeFan()
 		closeStore()

@@ -164,6 +164,7 @@ type worker struct {
 	lastHand time.Time  // the previous hand-off
 	seen     arrivals   // publishes per hand-off interval, for the rate
 	timer    *time.Timer
+	idleAt   time.Duration // when the gatherer last took the idle token (Stamp)
 
 	// The pipeline: todo carries a gathered batch to the committer, which
 	// passes it on through committed to the answerer. idle holds a token
@@ -323,7 +324,7 @@ func (w *worker) gather() {
 		if !idle {
 			select {
 			case <-w.idle:
-				idle = true
+				idle, w.idleAt = true, Stamp()
 			default:
 			}
 		}
@@ -376,7 +377,7 @@ func (w *worker) gather() {
 		case r := <-qc:
 			w.add(r)
 		case <-ic:
-			idle = true
+			idle, w.idleAt = true, Stamp()
 		case next = <-fc:
 		case <-tc:
 		case <-stop:
@@ -395,6 +396,7 @@ func (w *worker) add(r *PubRequest) {
 	w.cur.batch = append(w.cur.batch, r)
 	w.cur.rows = append(w.cur.rows, &r.Row)
 	w.held.Add(1)
+	r.Taken = Stamp()
 }
 
 // commitAt returns when the gathered batch is due for commit, given that
@@ -488,6 +490,10 @@ func (w *worker) handOff(now time.Time) {
 		w.seen.handOff(len(w.cur.batch), now.Sub(w.lastHand))
 	}
 	w.lastHand = now
+	for h, i := now.Sub(monoEpoch), 0; i < len(w.cur.batch); i++ {
+		r := w.cur.batch[i] // the ack's time split (AckPhases)
+		r.Idle, r.Handed = max(w.idleAt, r.Taken), h
+	}
 	w.todo <- w.cur
 }
 
@@ -503,6 +509,9 @@ func (w *worker) commitLoop() {
 	timer.Stop()
 	for sl := range w.todo {
 		w.commit(sl)
+		for t, i := Stamp(), 0; i < len(sl.batch); i++ {
+			sl.batch[i].CommitEnd = t // the ack's time split (AckPhases)
+		}
 		w.committed <- sl
 		if sl.ok {
 			backoff = 0

@@ -45,6 +45,9 @@ type Parts struct {
 	// Histograms; nil ones are not observed.
 	PublishLatency Observer // seconds from a publish entering to its commit
 	BrokerLatency  Observer // seconds one broker Publish of a committed message takes
+	// AckPhases split each publish's time in the publish path (seconds,
+	// one observation per publish answered).
+	AckPhases AckPhases
 	// DeliveryLag is seconds from a message's commit (its ts) to its
 	// arrival at this node from the broker, sampled one message in 64.
 	// Across nodes it includes their clock offset.
@@ -66,6 +69,26 @@ type Parts struct {
 	// PresenceGrace: a user is left only after this long with no
 	// connection in the room (0: DefaultPresenceGrace).
 	PresenceGrace time.Duration
+}
+
+// AckPhases are the histograms of the publish path's share of an ack's
+// time, one observation per publish answered (committed, duplicate or
+// failed); nil ones are not observed. Together with the source's share
+// (a loop's inbox and write-out) they add up to the time from Publish to
+// the ack on the socket.
+type AckPhases struct {
+	Queue    Observer // Publish until its worker's gatherer takes it (the worker's queue)
+	Pipeline Observer // taken until no commit is in flight (the previous batch's commit)
+	Window   Observer // from then until its batch is handed to the committer (the batch window: company awaited)
+	Commit   Observer // the batch's CommitBatch (PostgreSQL: the transaction and its WAL flush)
+	Answer   Observer // the commit's end until the batch's broker publish begins (encoding, the previous batch's answer)
+	Broker   Observer // the batch's broker publish (Redis: one pipelined round trip) and the OnCommitted hook
+}
+
+func (a *AckPhases) orNone() {
+	for _, o := range []*Observer{&a.Queue, &a.Pipeline, &a.Window, &a.Commit, &a.Answer, &a.Broker} {
+		*o = orNone(*o)
+	}
 }
 
 // Stats are fanout's counters, updated without locks.
@@ -107,6 +130,7 @@ type Stats struct {
 	PublishLatency Observer
 	BrokerLatency  Observer
 	DeliveryLag    Observer
+	AckPhases      AckPhases
 }
 
 // Loop is an event loop as fanout reaches it. A loop's Table runs on the
@@ -270,6 +294,8 @@ func New(cfg Config, p Parts) (*Node, error) {
 	n.Stats.PublishLatency = orNone(p.PublishLatency)
 	n.Stats.BrokerLatency = orNone(p.BrokerLatency)
 	n.Stats.DeliveryLag = orNone(p.DeliveryLag)
+	n.Stats.AckPhases = p.AckPhases
+	n.Stats.AckPhases.orNone()
 	n.hub = newHub(n, cfg.Loops)
 	if p.NewBroker == nil {
 		n.bus = pubsub.NewMemory(n)
@@ -368,6 +394,7 @@ func (n *Node) committed(batch []*PubRequest) {
 	now := time.Since(monoEpoch)
 	sc := brokerBatchPool.Get().(*brokerBatch)
 	for _, req := range batch {
+		req.BrokerAt = now
 		n.Stats.PublishLatency.Observe((now - req.Entered).Seconds())
 		if req.Err == nil && !req.Duplicate {
 			sc.pubs = append(sc.pubs, pubsub.Publication{Key: req.Key, Seq: req.Seq, Frame: req.Frame})
@@ -405,8 +432,28 @@ func (n *Node) committed(batch []*PubRequest) {
 			}
 		}
 	}
+	n.observePhases(batch)
 	for _, req := range batch {
 		req.Origin.Published(req)
+	}
+}
+
+// observePhases stamps the batch answered and observes each publish's
+// phases in the publish path (AckPhases).
+func (n *Node) observePhases(batch []*PubRequest) {
+	now := time.Since(monoEpoch)
+	a := &n.Stats.AckPhases
+	for _, req := range batch {
+		req.Answered = now
+		if req.CommitEnd == 0 {
+			continue // not from the pool (a test's hand-made batch)
+		}
+		a.Queue.Observe((req.Taken - req.Entered).Seconds())
+		a.Pipeline.Observe((req.Idle - req.Taken).Seconds())
+		a.Window.Observe((req.Handed - req.Idle).Seconds())
+		a.Commit.Observe((req.CommitEnd - req.Handed).Seconds())
+		a.Answer.Observe((req.BrokerAt - req.CommitEnd).Seconds())
+		a.Broker.Observe((now - req.BrokerAt).Seconds())
 	}
 }
 

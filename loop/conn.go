@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -824,7 +825,40 @@ func (l *loopState) ack(ps *pubStamp) {
 	c.m.Acked(req.Key, req.ID, seq)
 	l.srv.Stats.Acks.Add(1)
 	l.srv.Stats.AckLatency.Observe(waited.Seconds())
+	now := fanout.Stamp()
+	if req.Answered != 0 {
+		l.srv.Stats.AckInbox.Observe((now - req.Answered).Seconds())
+	}
 	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, seq)))
+	l.acksOut = append(l.acksOut, ackOut{c: c, at: now})
+}
+
+// ackOut is an ack queued on c at (fanout.Stamp) and not written yet.
+type ackOut struct {
+	c  *conn
+	at time.Duration
+}
+
+// ackWritten observes the write-out of the acks whose connections have
+// nothing pending any more (written, or closed) and forgets them. Loop
+// only; after each round of writes.
+func (l *loopState) ackWritten() {
+	if len(l.acksOut) == 0 {
+		return
+	}
+	now := fanout.Stamp()
+	keep := l.acksOut[:0]
+	for _, a := range l.acksOut {
+		switch {
+		case a.c.closed:
+		case a.c.out.PendingBytes() == 0:
+			l.srv.Stats.AckWrite.Observe((now - a.at).Seconds())
+		default:
+			keep = append(keep, a)
+		}
+	}
+	clear(l.acksOut[len(keep):])
+	l.acksOut = keep
 }
 
 func (c *conn) history(cmd *proto.Command) {
