@@ -10,9 +10,11 @@
 # Usage: bench/scripts/acksplit.sh [--short]
 #   --short: 2 x 500 connections, 250 publishes/s, 10 s (CI).
 #   CONNS (per node, default 3000), RATE (publishes/s over both nodes,
-#   default 1500), DURATION (seconds, default 60) and NODE_FLAGS (more
-#   `roost serve` flags, e.g. "--batch-window 2ms") in the environment
-#   shape the run.
+#   default 1500), DURATION (seconds, default 60), NODE_FLAGS (more
+#   `roost serve` flags, e.g. "--batch-window 2ms") and PG_PARAMS
+#   (PostgreSQL settings of the nodes' sessions, added to their database
+#   URL, e.g. "synchronous_commit=off"; the server's own configuration is
+#   not changed) in the environment shape the run.
 # Needs: Go, PostgreSQL (ROOST_TEST_DATABASE_URL), psql, redis-server, curl.
 # Loopback only, bounded, cleans up. Writes $OUT/acksplit.{json,txt} (the
 # bench's report and table), $OUT/acksplit-split.txt (the split) and the
@@ -46,14 +48,18 @@ psql "$pg_admin" -qtAc "SELECT name || '=' || setting || coalesce(unit, '') FROM
    'wal_writer_flush_after', 'full_page_writes', 'wal_level') ORDER BY name" > "$OUT/pg-settings.txt" 2>&1 || true
 log "PostgreSQL: $(tr '\n' ' ' < "$OUT/pg-settings.txt")"
 
+node_db_url=$db_url
+if [ -n "${PG_PARAMS:-}" ]; then
+  case $db_url in *\?*) node_db_url="$db_url&$PG_PARAMS" ;; *) node_db_url="$db_url?$PG_PARAMS" ;; esac
+fi
 ports=($(free_ports 2))
 # shellcheck disable=SC2206 # NODE_FLAGS is a list of flags
-node_flags=(--loops 1 --publish-workers 2 --database-url "$db_url" --redis-url "redis://127.0.0.1:$redis_port"
+node_flags=(--loops 1 --publish-workers 2 --database-url "$node_db_url" --redis-url "redis://127.0.0.1:$redis_port"
   --connections $((conns + 100)) ${NODE_FLAGS:-})
 start_node n0 "${ports[0]}" "${node_flags[@]}"
 start_node n1 "${ports[1]}" "${node_flags[@]}"
 urls="ws://127.0.0.1:${ports[0]}/ws,ws://127.0.0.1:${ports[1]}/ws"
-log "2 nodes up (${NODE_FLAGS:-default flags}); $((2 * conns)) connections in $rooms rooms of $size; $rate publishes/s for ${duration}s"
+log "2 nodes up (${NODE_FLAGS:-default flags}${PG_PARAMS:+; PostgreSQL sessions: $PG_PARAMS}); $((2 * conns)) connections in $rooms rooms of $size; $rate publishes/s for ${duration}s"
 
 GOMAXPROCS=2 "$bin" bench chat --url "$urls" --src "$(sources 2)" --procs 2 \
   --rooms $rooms --room-size $size --active "$active" --interval 1s --sizes 100:90,2048:10 \
@@ -67,6 +73,27 @@ scrape() {
   local p
   for p in "${ports[@]}"; do curl -s "http://127.0.0.1:$((p + 1000))/metrics"; done | grep -E '^roost_ack_(phase|latency)_seconds' > "$1"
 }
+# sched NAME PID...: NAME, then the time the processes' threads ran and
+# waited runnable for a CPU (ns, /proc/PID/task/*/schedstat): the
+# scheduler's share of their latency.
+sched() {
+  local name=$1
+  shift
+  cat $(for p in "$@"; do echo /proc/"$p"/task/*/schedstat; done) 2>/dev/null |
+    awk -v n="$name" '{ r += $1; w += $2 } END { printf "%s %d %d\n", n, r, w }'
+}
+# schedall FILE: the nodes', Redis', the run's PostgreSQL backends' and the
+# machine's CPU pressure (PSI: µs some task waited for a CPU), now.
+schedall() {
+  {
+    sched nodes "$(node_pid n0)" "$(node_pid n1)"
+    sched redis "$(cat "$work/redis.pid")"
+    # shellcheck disable=SC2046 # a list of PIDs
+    sched postgres $(psql "$pg_admin" -qtAc "SELECT pid FROM pg_stat_activity WHERE datname = '$db'" 2>/dev/null)
+    echo "psi $(awk '/^some/ { sub("total=", "", $5); print $5 }' /proc/pressure/cpu 2>/dev/null || echo 0) 0"
+    echo "clock $(date +%s%N) 0"
+  } > "$1"
+}
 # The window starts once every connection is in and the bench's warmup is
 # over (its warmup counts from then too).
 for _ in $(seq 1 1200); do
@@ -78,11 +105,13 @@ for _ in $(seq 1 1200); do
 done
 sleep "${warmup%s}"
 scrape "$OUT/metrics.before"
+schedall "$OUT/sched.before"
 set +e
 wait "$bench"
 rc=$?
 set -e
 scrape "$OUT/metrics.after"
+schedall "$OUT/sched.after"
 cat "$OUT/acksplit.txt"
 [ -s "$OUT/acksplit.json" ] || die "the bench wrote no report (exit $rc)"
 stop_nodes n0 n1
@@ -129,6 +158,17 @@ awk '
       printf "\n"
     }
   }' "$OUT/metrics.before" "$OUT/metrics.after" > "$OUT/acksplit-split.txt"
+# The scheduler: per second of the window (the bench's drain included),
+# how long each group's threads ran and waited runnable, and the share of
+# it some task of the machine waited for a CPU.
+awk 'FNR == 1 { f++ } { r[$1] += (f == 1 ? -$2 : $2); w[$1] += (f == 1 ? -$3 : $3) }
+  END {
+    secs = r["clock"] / 1e9
+    printf "scheduler over %.1fs:", secs
+    for (k in r) if (k != "clock" && k != "psi") printf " %s ran %.1f ms/s waited %.1f ms/s for a CPU;", k, r[k] / 1e6 / secs, w[k] / 1e6 / secs
+    if (r["psi"] > 0) printf " machine: some task waiting for a CPU %.0f%% of the time", 100 * r["psi"] / 1e6 / secs
+    printf "\n"
+  }' "$OUT/sched.before" "$OUT/sched.after" >> "$OUT/acksplit-split.txt"
 log "the ack's time split over the window (both nodes; read-to-queued is roost_ack_latency_seconds):"
 cat "$OUT/acksplit-split.txt" >&2
 summary acksplit "$OUT/acksplit.json"
