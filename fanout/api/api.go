@@ -35,7 +35,8 @@ type Config struct {
 	// MaxMsg is the default largest message body in bytes; an app's
 	// max_msg in the registry overrides it (0: no bound but MaxRequest).
 	MaxMsg int64
-	// Static are the apps of --app-secret: id -> secret.
+	// Static are the apps of --app-secret: id -> secret, served until
+	// SetApps hands over the node's snapshot (which holds them too).
 	Static map[string][]byte
 	// Edge budgets the listener (edge.go); zero fields take the defaults.
 	Edge Edge
@@ -155,7 +156,9 @@ func New(cfg Config, p Parts) *Server {
 		s.pubLa = noObserver{}
 	}
 	s.edge.init(cfg.Edge)
-	s.SetApps(nil)
+	// The static apps until the node hands its registry's snapshot over
+	// (SetApps); a node without a registry hands the same one.
+	s.SetApps(tenancy.NewSnapshot(tenancy.Limits{MaxMsg: cfg.MaxMsg}, cfg.Static, nil))
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/apps/{app}/rooms/{room}/messages", s.publish)
 	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}/messages", s.history)
@@ -177,27 +180,22 @@ func New(cfg Config, p Parts) *Server {
 // Handler is the API's HTTP handler.
 func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
-// SetApps installs the registry's apps (any goroutine), beside the static
-// ones. An app keeps its rate bucket across changes.
-func (s *Server) SetApps(reg []proto.App) {
+// SetApps installs a snapshot of the registry (any goroutine): the same
+// one the client edges are handed, so an app's view here is theirs. An app
+// keeps its rate bucket across changes.
+func (s *Server) SetApps(snap *tenancy.Snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next := make(map[string]*tenant, len(reg)+len(s.cfg.Static))
-	add := func(a proto.App) {
-		next[a.ID] = s.newTenant(a, s.apps[a.ID])
-	}
-	for id, sec := range s.cfg.Static {
-		add(proto.App{ID: id, Secret: string(sec)})
-	}
-	for i := range reg {
-		add(reg[i])
+	next := make(map[string]*tenant, len(snap.Entries))
+	for _, e := range snap.Entries {
+		next[e.App.ID] = newTenant(e.View, s.apps[e.App.ID])
 	}
 	s.apps = next
 }
 
-// newTenant is a as the API serves it; it keeps old's rate bucket.
-func (s *Server) newTenant(a proto.App, old *tenant) *tenant {
-	t := &tenant{app: tenancy.Resolve(tenancy.Limits{MaxMsg: s.cfg.MaxMsg}, &a), req: new(tenancy.Bucket)}
+// newTenant is an app as the API serves it; it keeps old's rate bucket.
+func newTenant(v *tenancy.View, old *tenant) *tenant {
+	t := &tenant{app: v, req: new(tenancy.Bucket)}
 	if old != nil {
 		t.req = old.req // the request bucket outlives registry changes
 	}
@@ -322,6 +320,11 @@ type pubRequest struct {
 	ID   *string         `json:"id"`
 	From *string         `json:"from"`
 	Body json.RawMessage `json:"body"`
+	// Kind and Ref: an edit, delete, react or unreact of the message Ref
+	// (docs/protocol.md, "Messages that change"); the API may edit or
+	// delete any message.
+	Kind *string `json:"kind"`
+	Ref  *uint64 `json:"ref"`
 }
 
 // waiter is the fanout.Origin of one API publish: the publish worker hands
@@ -381,11 +384,31 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	case req.From == nil || !proto.ValidUser([]byte(*req.From)):
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "from must be a user id: 1 to 128 characters without control characters")
 		return
-	case len(req.Body) == 0:
+	case len(req.Body) == 0 && (req.Kind == nil || *req.Kind == "msg"):
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "missing body")
 		return
 	case t.app.MaxMsg > 0 && int64(len(req.Body)) > t.app.MaxMsg:
 		s.fail(w, route, http.StatusRequestEntityTooLarge, proto.CodeTooLarge, "message body larger than the app's max-msg")
+		return
+	}
+	kind := proto.KindMsg
+	if req.Kind != nil {
+		k, ok := proto.ParseKind(*req.Kind)
+		if !ok {
+			s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, proto.ErrBadKind.Message)
+			return
+		}
+		kind = k
+	}
+	var ref uint64
+	if req.Ref != nil {
+		ref = *req.Ref
+	}
+	if kind == proto.KindDelete && string(req.Body) == "null" {
+		req.Body = nil // a delete's body, if named, is null
+	}
+	if e := proto.CheckKind(kind, req.Ref != nil, ref, len(req.Body) > 0, req.Body); e != nil {
+		s.fail(w, route, http.StatusBadRequest, e.Code, e.Message)
 		return
 	}
 	done := make(waiter, 1)
@@ -395,6 +418,9 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 			From: *req.From,
 			ID:   []byte(*req.ID),
 			Body: req.Body, // aliases raw, which nothing else holds
+			Kind: kind,
+			Ref:  ref,
+			Any:  true,
 		},
 		Origin: done,
 	}
@@ -415,6 +441,18 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Err != nil {
+		var pe *proto.Error
+		if errors.As(res.Err, &pe) {
+			status := http.StatusBadRequest
+			switch pe.Code {
+			case proto.CodeNotFound:
+				status = http.StatusNotFound
+			case proto.CodeForbidden:
+				status = http.StatusForbidden
+			}
+			s.fail(w, route, status, pe.Code, pe.Message)
+			return
+		}
 		s.storeFail(w, route, res.Err)
 		return
 	}
@@ -484,7 +522,25 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 	}
 	var msgs []proto.Message
 	var more bool
+	fold := false
+	if q := r.URL.Query(); q.Has("fold") {
+		switch q.Get("fold") {
+		case "true", "1":
+			fold = true
+		case "false", "0":
+		default:
+			s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "fold must be true or false")
+			return
+		}
+	}
+	folder, _ := s.store.(persist.Folder)
 	switch {
+	case fold && folder == nil:
+		s.fail(w, route, http.StatusNotImplemented, proto.CodeInternal, "this store cannot fold history")
+		return
+	case fold && hasBefore && before <= 1:
+	case fold:
+		msgs, more, err = folder.Fold(ctx, key, persist.FoldQuery{Before: before, After: after, Forward: hasAfter}, b)
 	case hasAfter:
 		msgs, more, err = s.store.Range(ctx, key, after, head.Last, b)
 	case hasBefore && before <= 1:

@@ -1,14 +1,17 @@
 // Package tenancy owns what every edge of a node knows of an app: its
-// registry entry resolved against the node's defaults (View), and the one
+// registry entry resolved against the node's defaults (View), one reading
+// of the registry resolved once for every edge (Snapshot), and the one
 // rate limiter its buckets are spent from (Bucket). The WebSocket and SSE
-// edges (loop) and the server API (fanout/api) read the same View type,
-// built by the same Resolve, and spend the same kind of Bucket, so a limit
-// or a secret means one thing wherever a client comes in.
+// edges (loop) and the server API (fanout/api) are handed the same
+// Snapshot, so they hold the very same Views, and spend the same kind of
+// Bucket: a limit or a secret means one thing wherever a client comes in.
 package tenancy
 
 import (
 	"crypto/subtle"
 	"math"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -108,6 +111,41 @@ func Resolve(lim Limits, a *proto.App) *View {
 	ar := f64(o.AppPubRate, lim.AppPubRate)
 	v.AppRate = NewRate(ar, int64(math.Ceil(ar)))
 	return v
+}
+
+// Snapshot is one reading of the app registry resolved once for every
+// edge: the registry's apps, with the node's static apps (--app-secret)
+// filling in the ids the registry does not hold, each with its View.
+// Immutable once built: the node builds one per registry read and hands
+// the same one to the loops and the server API.
+type Snapshot struct {
+	// Entries are in id order.
+	Entries []Entry
+}
+
+// Entry is one app of a Snapshot.
+type Entry struct {
+	App  *proto.App // the entry as read (a static app: its id and secret)
+	View *View      // App resolved against the node's defaults
+}
+
+// NewSnapshot resolves the registry's apps reg, and the static apps
+// (id -> secret) it does not hold, against lim.
+func NewSnapshot(lim Limits, static map[string][]byte, reg []proto.App) *Snapshot {
+	byID := make(map[string]*proto.App, len(reg)+len(static))
+	for id, sec := range static {
+		byID[id] = &proto.App{ID: id, Secret: string(sec)}
+	}
+	for i := range reg {
+		a := reg[i]
+		byID[a.ID] = &a
+	}
+	s := &Snapshot{Entries: make([]Entry, 0, len(byID))}
+	for _, a := range byID {
+		s.Entries = append(s.Entries, Entry{App: a, View: Resolve(lim, a)})
+	}
+	slices.SortFunc(s.Entries, func(x, y Entry) int { return strings.Compare(x.App.ID, y.App.ID) })
+	return s
 }
 
 // ValidSecrets are the secrets valid at now: the current one, and the
