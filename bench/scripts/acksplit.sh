@@ -16,9 +16,10 @@
 #   URL, e.g. "synchronous_commit=off"; the server's own configuration is
 #   not changed) in the environment shape the run.
 # Needs: Go, PostgreSQL (ROOST_TEST_DATABASE_URL), psql, redis-server, curl.
-# Loopback only, bounded, cleans up. Writes $OUT/acksplit.{json,txt} (the
-# bench's report and table), $OUT/acksplit-split.txt (the split) and the
-# nodes' metrics before and after the window; ends with a SUMMARY line.
+# Loopback only, bounded, cleans up. Writes $OUT/acksplit.{json,txt,svg}
+# (the bench's report, table and per-second plot), $OUT/acksplit-split.txt
+# (the split and the scheduler's line), and the nodes' metrics and threads'
+# scheduling before and after the window; ends with a SUMMARY line.
 . "$(dirname "$0")/lib.sh"
 
 short=0
@@ -65,7 +66,7 @@ GOMAXPROCS=2 "$bin" bench chat --url "$urls" --src "$(sources 2)" --procs 2 \
   --rooms $rooms --room-size $size --active "$active" --interval 1s --sizes 100:90,2048:10 \
   --warmup $warmup --duration ${duration}s --drain 5s --connect-timeout 2m \
   --pid "n0=@$work/n0.pid,n1=@$work/n1.pid" --watch "redis=@$work/redis.pid" --pg-db "$db" \
-  --report "$OUT/acksplit.json" > "$OUT/acksplit.txt" 2>&1 &
+  --series 1s --report "$OUT/acksplit.json" --plot "$OUT/acksplit.svg" > "$OUT/acksplit.txt" 2>&1 &
 bench=$!
 started+=("$bench")
 
