@@ -835,8 +835,16 @@ func (l *loopState) ack(ps *pubStamp) {
 		l.srv.Stats.AckInbox.Observe((now - req.Answered).Seconds())
 	}
 	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, seq)))
-	l.acksOut = append(l.acksOut, ackOut{c: c, at: now})
+	if len(l.acksOut) < maxAcksOut {
+		l.acksOut = append(l.acksOut, ackOut{c: c, at: now})
+	}
 }
+
+// maxAcksOut bounds the acks a loop tracks until written (writeAcks,
+// ackWritten walk them after every round of writes): publishers that do
+// not read their socket must not make every flush slower. Past it an ack
+// leaves with its connection's next write, unobserved.
+const maxAcksOut = 4096
 
 // ackOut is an ack queued on c at (fanout.Stamp) and not written yet.
 type ackOut struct {
