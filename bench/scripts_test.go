@@ -26,7 +26,11 @@ func runScript(t *testing.T, name string, args ...string) (string, string) {
 		t.Skip("the scripts take 30-60 s each")
 	}
 	need := []string{"bash", "taskset", "curl"}
-	if name != "one-channel.sh" {
+	switch name {
+	case "one-channel.sh":
+	case "ab.sh": // PostgreSQL, no Redis; it builds from git
+		need = append(need, "psql", "git")
+	default:
 		need = append(need, "psql", "redis-server")
 		redistest.RequireBinaries(t)
 	}
@@ -222,6 +226,78 @@ func TestScriptSoakClusterShort(t *testing.T) {
 	// than the short run, and its end then falls after the last window.
 	if rep.Verdict == nil || !rep.Verdict.OK || len(rep.Windows) < 8 && !(len(rep.Windows) == 7 && strings.Contains(log, "event: slots moved")) || !strings.Contains(log, "soak verdict: ok") {
 		t.Fatalf("soak --cluster: verdict %+v windows %d\n%s", rep.Verdict, len(rep.Windows), log)
+	}
+}
+
+// TestScriptABShort: ab.sh builds both sides from git (the same revision
+// here, built once), runs one pair of tiny loads and prints the before/after
+// table: the four figures, a number on each side, the medians, the change
+// and its verdict, then the load of every run.
+func TestScriptABShort(t *testing.T) {
+	out, log := runScript(t, "ab.sh", "HEAD", "HEAD", "--short")
+	b, err := os.ReadFile(filepath.Join(out, "ab.md"))
+	if err != nil {
+		t.Fatalf("no table: %v\n%s", err, log)
+	}
+	if !strings.Contains(log, string(b)) {
+		t.Errorf("the table in ab.md is not what the script printed:\n%s", log)
+	}
+	var rows [][]string
+	var loads int
+	section := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "|") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		switch {
+		case cells[0] == "figure":
+			section++
+		case strings.HasPrefix(cells[0], "---"):
+		case section == 1:
+			rows = append(rows, cells)
+		case section == 2:
+			loads++
+			var l0, l1, l2, l3 float64
+			if n, err := fmt.Sscanf(cells[1], "%f -> %f / %f -> %f", &l0, &l1, &l2, &l3); n != 4 {
+				t.Errorf("load cell %q: %v", cells[1], err)
+			}
+		}
+	}
+	want := []string{"node µs per delivered frame, room of 33, 100 msg/s", "node µs per delivered frame, room of 33, 400 msg/s",
+		"node RSS bytes per idle joined connection (300 in 10 rooms)", "PostgreSQL µs per publish, 200/s over 20 rooms"}
+	if len(rows) != len(want) || loads != len(want) {
+		t.Fatalf("%d figure rows and %d load rows, want %d each:\n%s", len(rows), loads, len(want), b)
+	}
+	for i, r := range rows {
+		// figure | pair 1 before / after | median before | median after | change | within 3 % or better
+		if len(r) != 6 || r[0] != want[i] {
+			t.Errorf("row %d: %q", i, r)
+			continue
+		}
+		var before, after, mb, ma, change float64
+		if n, err := fmt.Sscanf(strings.ReplaceAll(r[1], "*", ""), "%f / %f", &before, &after); n != 2 || before <= 0 || after <= 0 {
+			t.Errorf("%s: pair cell %q (%v)", r[0], r[1], err)
+		}
+		if _, err := fmt.Sscanf(r[2], "%f", &mb); err != nil || mb <= 0 {
+			t.Errorf("%s: median before %q", r[0], r[2])
+		}
+		if _, err := fmt.Sscanf(r[3], "%f", &ma); err != nil || ma <= 0 {
+			t.Errorf("%s: median after %q", r[0], r[3])
+		}
+		if _, err := fmt.Sscanf(r[4], "%f %%", &change); err != nil {
+			t.Errorf("%s: change %q", r[0], r[4])
+		}
+		if ok := change <= 3; r[5] != map[bool]string{true: "yes", false: "NO"}[ok] {
+			t.Errorf("%s: change %v%% says %q", r[0], change, r[5])
+		}
+	}
+	tsv, err := os.ReadFile(filepath.Join(out, "ab.tsv"))
+	if err != nil || strings.Count(string(tsv), "\n") != 1+2*len(want) {
+		t.Errorf("ab.tsv: want a header and %d runs (%v):\n%s", 2*len(want), err, tsv)
 	}
 }
 
