@@ -24,6 +24,10 @@ type PubRequest struct {
 	// Entered is when the publish entered the publish path (monotonic,
 	// since an arbitrary epoch of the process), for its commit latency.
 	Entered time.Duration
+	// Tag is the publishing connection's (Table.PubTag; 0: none, the
+	// API): the move of its user's read position to this message is
+	// announced to the user's other connections, not to it.
+	Tag uint64
 }
 
 // Origin is the source of a publish (a connection's loop, the server

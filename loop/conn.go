@@ -789,6 +789,7 @@ func (c *conn) publish(req *fanout.PubRequest) {
 	l := c.l
 	ps := l.stamp(c, req)
 	req.Origin = ps
+	req.Tag = l.table.PubTag(&c.m)
 	c.m.Published(req.Key, req.ID)
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.fan.Publish(req); err != nil {

@@ -453,6 +453,32 @@ WITH upd AS (
 )
 SELECT 1, id, base, now() FROM upd`
 
+// readsCTE upserts read marks in a commit statement (CommitReads), its
+// arrays at $first..$first+2: room ids, users, seqs, at most one per room
+// and user. PostgreSQL runs a data-modifying CTE that nothing reads once,
+// to completion, after the main query: a commit's rows are locked rooms
+// first (in id order), then read positions in (room, user) order, the
+// order of SaveReads too, so two nodes' commits wait on each other
+// without a cycle. A mark of a room that is gone (deleted since its id was
+// cached) joins nothing and is dropped.
+func readsCTE(first int) string {
+	return fmt.Sprintf(`rd AS (
+	INSERT INTO read_positions (room_id, user_id, seq)
+	SELECT k.r, k.u, k.s FROM unnest($%d::int8[], $%d::text[], $%d::int8[]) AS k (r, u, s)
+	JOIN rooms ON rooms.id = k.r
+	ORDER BY k.r, k.u COLLATE "C"
+	ON CONFLICT (room_id, user_id) DO UPDATE SET seq = GREATEST(read_positions.seq, EXCLUDED.seq)
+), `, first, first+1, first+2)
+}
+
+// freshReadsSQL and commitReadsSQL are freshSQL and commitSQL with read
+// marks (readsCTE) after their own parameters.
+var (
+	freshReadsSQL  = strings.Replace(freshSQL, "WITH ", "WITH "+readsCTE(9), 1)
+	commitReadsSQL = strings.Replace(commitSQL, "WITH ", "WITH "+readsCTE(7), 1)
+	withReads      = map[string]string{freshSQL: freshReadsSQL, commitSQL: commitReadsSQL}
+)
+
 // recheckFor: after a batch met a stored key, the batches of this long
 // are committed with commitSQL. Keys sent again come in runs (a client
 // that reconnects sends what was not acked), and each one met by
@@ -498,6 +524,12 @@ type pgScratch struct {
 	rooms  []int64
 	counts []int64
 	count  map[int64]int64 // room id → distinct publishes so far
+	// Read marks written with the batch (CommitReads): room ids, users,
+	// seqs; resolved: the commit's outcome was settled by resolve.
+	rRoom    []int64
+	rUser    []string
+	rSeq     []int64
+	resolved bool
 }
 
 func (s *pgScratch) reset(n int) {
@@ -516,6 +548,8 @@ func (s *pgScratch) reset(n int) {
 	s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd = s.uRoom[:0], s.uSender[:0], s.uKey[:0], s.uBody[:0], s.uOrd[:0]
 	s.uRank, s.rooms, s.counts = s.uRank[:0], s.rooms[:0], s.counts[:0]
 	clear(s.count)
+	clear(s.rUser)
+	s.rRoom, s.rUser, s.rSeq, s.resolved = s.rRoom[:0], s.rUser[:0], s.rSeq[:0], false
 }
 
 func resize[T any](s []T, n int) []T {
@@ -552,13 +586,36 @@ const (
 // ack) and logged, and a retry of the same key returns the stored seq if it
 // did commit.
 func (p *Postgres) CommitBatch(ctx context.Context, rs []*Row) error {
+	return p.CommitReads(ctx, rs, nil)
+}
+
+// CommitReads implements Reads: the marks are upserted by the commit
+// statement itself (readsCTE), so they cost the batch's transaction a few
+// rows and no round trip. A batch that stores nothing (every row refused
+// by the room limit) saves them on their own.
+func (p *Postgres) CommitReads(ctx context.Context, rs []*Row, marks []ReadMark) error {
 	s := p.scratchPool.Get().(*pgScratch)
 	defer func() {
 		s.reset(0) // drop the references to the batch's requests
 		p.scratchPool.Put(s)
 	}()
 	s.reset(len(rs))
+	if err := p.markIDs(ctx, s, marks); err != nil {
+		for _, r := range rs {
+			r.Stored = Stored{Err: proto.ErrOverloaded}
+		}
+		return err
+	}
 	err := p.commit(ctx, s, rs)
+	if err == nil && len(s.rRoom) > 0 && (len(s.uOrd) == 0 || s.resolved) {
+		// Not written by a statement of this call that is known to have
+		// run: saved apart (positions only grow, so twice is harmless).
+		if err := p.saveReadIDs(ctx, s.rRoom, s.rUser, s.rSeq); err != nil {
+			// The rows are stored: only the marks failed. The caller hears
+			// of it and keeps them; the rows' answers stand.
+			return fmt.Errorf("%w: %w", ErrReadsNotSaved, err)
+		}
+	}
 	if err != nil {
 		rerr := err
 		if errors.Is(err, proto.ErrOverloaded) {
@@ -583,6 +640,9 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 	}
 	var err error
 	sql := p.commitStatement(time.Now())
+	if len(s.rRoom) > 0 {
+		sql = withReads[sql]
+	}
 	for attempt := 1; ; attempt++ {
 		token := int64(p.token.Add(1))
 		// Acquire apart from the statement: a failure to get a connection
@@ -599,13 +659,16 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, rs, token, err)
 		}
-		if sql == freshSQL && isUniqueViolation(err) {
+		if (sql == freshSQL || sql == freshReadsSQL) && isUniqueViolation(err) {
 			// A key of the batch is stored already (or being stored by
 			// another node): the same batch again, looking its keys up.
 			// Not an attempt of its own: commitSQL gets all of them.
 			p.rechecks.Add(1)
 			p.sawStored(time.Now())
 			sql = commitSQL
+			if len(s.rRoom) > 0 {
+				sql = commitReadsSQL
+			}
 			attempt--
 			clear(s.isOld)
 			clear(s.base)
@@ -721,9 +784,14 @@ func containsString(list []string, s string) bool {
 func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, rs []*Row, token int64) error {
 	var rows pgx.Rows
 	var err error
-	if sql == freshSQL {
+	switch sql {
+	case freshSQL:
 		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token)
-	} else {
+	case freshReadsSQL:
+		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token, s.rRoom, s.rUser, s.rSeq)
+	case commitReadsSQL:
+		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token, s.rRoom, s.rUser, s.rSeq)
+	default:
 		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
 	}
 	if err != nil {
@@ -789,6 +857,7 @@ func (p *Postgres) resolve(s *pgScratch, rs []*Row, token int64, cause error) er
 				return p.wrap("commit batch (rolled back)", cause)
 			}
 			p.resolvedCommitted.Add(1)
+			s.resolved = true
 			p.log.Info("persist: commit outcome resolved after a connection failure",
 				"requests", len(rs), "cause", cause)
 			s.answerRepeats(rs)
