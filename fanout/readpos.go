@@ -33,7 +33,7 @@ const (
 	// group commit to take them before the positions goroutine writes them
 	// itself (a node with no publishes).
 	posIdleAfter = 250 * time.Millisecond
-	posCacheMax   = 200_000     // cached positions past which clean ones are forgotten
+	posCacheMax  = 200_000 // cached positions past which clean ones are forgotten
 )
 
 type posKey struct{ key, user string }
