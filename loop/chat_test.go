@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/pubsub/redistest"
@@ -482,4 +484,135 @@ func TestSignalNotResumed(t *testing.T) {
 	c.expect(map[string]any{"op": "msg", "seq": 1})
 	c.send(`{"op":"ping"}`)
 	c.expect(map[string]any{"op": "pong"})
+}
+
+// An SSE stream of the user gets the user's read positions as "event:
+// read" (no id: it moves no position of the stream), and with
+// receipts=true the rooms' receipts as "event: receipts".
+func TestReadAndReceiptsSSE(t *testing.T) {
+	n := startNode(t, nil)
+	bob := n.dial(t, "bob")
+	publish(t, bob, "r", "m", 3)
+	s := n.sse(t, "user=alice&app=test&room=r&receipts=true")
+	s.expect("joined")
+	id := s.lastID
+	alice := n.dial(t, "alice")
+	alice.send(`{"op":"read","room":"r","seq":2}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 2})
+	ev := s.expect("read")
+	if ev.data != `{"op":"read","room":"r","seq":2}` || s.lastID != id {
+		t.Fatalf("read event %+v, id %q (was %q)", ev, s.lastID, id)
+	}
+	// alice's own mark and bob's are the room's receipts.
+	ev = s.expect("receipts")
+	if ev.data != `{"op":"receipts","room":"r","read":{"alice":2}}` || s.lastID != id {
+		t.Fatalf("receipts event %+v", ev)
+	}
+	bob.send(`{"op":"read","room":"r","seq":1}`) // his publishes moved it to 3: no news
+	bob.expect(map[string]any{"op": "read", "seq": 3})
+	carol := n.dial(t, "carol")
+	carol.send(`{"op":"read","room":"r","seq":3}`)
+	carol.expect(map[string]any{"op": "read", "seq": 3})
+	ev = s.expect("receipts")
+	if ev.data != `{"op":"receipts","room":"r","read":{"carol":3}}` {
+		t.Fatalf("receipts event %+v", ev)
+	}
+	// A stream without receipts=true gets none, and nobody else's reads.
+	s2 := n.sse(t, "user=dave&app=test&room=r")
+	s2.expect("joined")
+	carol.send(`{"op":"read","room":"r","seq":3}`)
+	carol.expect(map[string]any{"op": "read", "seq": 3})
+	bob.send(`{"op":"pub","room":"r","id":"after","body":1}`)
+	bob.skipTo("ack")
+	if ev := s2.expect("msg"); !strings.Contains(ev.data, `"seq":4`) {
+		t.Fatalf("want msg 4, got %+v", ev)
+	}
+}
+
+// A user's own publish moves its read position, and the move reaches the
+// user's other connections on every node (once a second, coalesced), not
+// the publishing one; it survives a node restart with PostgreSQL.
+func TestOwnPublishReadReachesOtherNode(t *testing.T) {
+	a, b, url, prefix := pgRedisNodes(t)
+	aliceA, aliceA2, aliceB := a.dial(t, "alice"), a.dial(t, "alice"), b.dial(t, "alice")
+	aliceB.send(`{"op":"ping"}`) // connected on b before the publishes
+	aliceB.expect(map[string]any{"op": "pong"})
+	publish(t, aliceA, "r", "m", 3)
+	aliceB.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	aliceA2.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	// The publisher got its acks, and no read frame: its next frame is the pong.
+	aliceA.send(`{"op":"ping"}`)
+	aliceA.expect(map[string]any{"op": "pong"})
+	// Never back, on either node.
+	aliceB.send(`{"op":"read","room":"r","seq":1}`)
+	aliceB.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	checkFor(t, 5*time.Second, func() bool {
+		p, err := openPGRead(t, url, "test/r", "alice")
+		return err == nil && p == 3
+	})
+	pgC := openPG(t, url)
+	t.Cleanup(pgC.Close)
+	c := startNodeWith(t, testConfig(), pgC, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	aliceC := c.dial(t, "alice")
+	aliceC.send(`{"op":"read","room":"r","seq":0}`)
+	aliceC.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+}
+
+// openPGRead reads a position from the database through a store of its own.
+func openPGRead(t *testing.T, url, key, user string) (uint64, error) {
+	st := openPG(t, url)
+	defer st.Close()
+	return st.ReadPosition(context.Background(), key, user)
+}
+
+// Read marks are written by the group commit's transactions while
+// publishes flow (the position's row carries a batch's transaction id),
+// and on their own within about a second on an idle node.
+func TestReadMarksInGroupCommitPostgres(t *testing.T) {
+	a, _, url, _ := pgRedisNodes(t)
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(ctx) })
+	bob, alice := a.dial(t, "bob"), a.dial(t, "alice")
+	publish(t, bob, "r", "m", 2)
+	alice.send(`{"op":"read","room":"r","seq":1}`)
+	alice.expect(map[string]any{"op": "read", "seq": 1})
+	// Publishes keep coming: the next tick's marks ride one of their commits.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			bob.send(fmt.Sprintf(`{"op":"pub","room":"other","id":"o%d","body":1}`, i))
+		}
+	}()
+	var inBatch bool
+	checkFor(t, 5*time.Second, func() bool {
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM read_positions rp JOIN messages m ON m.xmin::text = rp.xmin::text
+WHERE rp.user_id = 'alice' AND rp.seq = 1)`).Scan(&inBatch)
+		return err == nil && inBatch
+	})
+	close(stop)
+	<-done
+	// Idle: no publish, the mark is still written within about a second.
+	written := a.fan.Stats.ReadMarksWritten.Load()
+	time.Sleep(1500 * time.Millisecond) // let the publishes' last commits pass
+	alice.send(`{"op":"read","room":"r","seq":2}`)
+	alice.skipTo("read")
+	checkFor(t, 3*time.Second, func() bool {
+		var seq int64
+		err := db.QueryRow(ctx, `SELECT seq FROM read_positions WHERE user_id = 'alice'`).Scan(&seq)
+		return err == nil && seq == 2
+	})
+	if a.fan.Stats.ReadMarksWritten.Load() <= written {
+		t.Fatal("the idle write was not counted")
+	}
 }

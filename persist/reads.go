@@ -64,7 +64,14 @@ func (m *Memory) ReadPosition(_ context.Context, key, user string) (uint64, erro
 }
 
 // SaveReads implements Reads.
-func (m *Memory) SaveReads(_ context.Context, marks []ReadMark) error {
+func (m *Memory) SaveReads(ctx context.Context, marks []ReadMark) error {
+	keep := marks[:0:0]
+	for _, r := range marks {
+		if last, _ := m.LastSeq(ctx, r.Key); last > 0 {
+			keep = append(keep, r)
+		}
+	}
+	marks = keep
 	m.reads.mu.Lock()
 	defer m.reads.mu.Unlock()
 	if m.reads.pos == nil {
