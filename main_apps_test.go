@@ -77,6 +77,21 @@ func appCommands(t *testing.T, reg ...string) {
 		*v.Limits.MaxPresence != 7 {
 		t.Fatalf("set: %v %s", err, set)
 	}
+	// The chat state's limits (signals, read requests) per connection.
+	v = appView{}
+	set = mustRoost(t, with("app", "set", "chat", "--signal-rate", "2", "--signal-burst", "3", "--read-rate", "0.5", "--read-burst", "1")...)
+	if err := json.Unmarshal([]byte(set), &v); err != nil || *v.Limits.SignalRate != 2 || *v.Limits.SignalBurst != 3 || *v.Limits.ReadRate != 0.5 || *v.Limits.ReadBurst != 1 {
+		t.Fatalf("set chat limits: %v %s", err, set)
+	}
+	for _, bad := range [][]string{{"--signal-rate", "-1"}, {"--signal-burst", "0"}, {"--read-rate", "often"}, {"--read-burst", "1.5"}} {
+		if code, _, errs := roost(t, with(append([]string{"app", "set", "chat"}, bad...)...)...); code != 2 || !strings.Contains(errs, "invalid "+bad[0]) {
+			t.Fatalf("set %v: exit %d %s", bad, code, errs)
+		}
+	}
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--signal-rate", "default", "--read-burst", "default")...)), &v); err != nil || v.Limits.SignalRate != nil || v.Limits.ReadBurst != nil || *v.Limits.SignalBurst != 3 {
+		t.Fatalf("chat limits back to the defaults: %v %+v", err, v.Limits)
+	}
 	if code, _, errs := roost(t, with("app", "set", "chat", "--pub-rate", "fast")...); code != 2 || !strings.Contains(errs, "invalid --pub-rate") {
 		t.Fatalf("bad value: %d %s", code, errs)
 	}

@@ -139,7 +139,12 @@ func newApps(cfg *Config, log *slog.Logger) *apps {
 	if every <= 0 {
 		every = DefaultJWKSRefresh
 	}
-	a := &apps{insecure: cfg.Insecure, maxFirstUse: cfg.InsecureMaxApps, lim: cfg.Limits, maxRooms: cfg.MaxRooms,
+	lim := cfg.Limits
+	// The node's --signal-rate and --signal-burst are the defaults of
+	// both chat buckets; an app's registry entry sets its own.
+	lim.SignalRate, lim.SignalBurst = cfg.SignalRate, int64(cfg.SignalBurst)
+	lim.ReadRate, lim.ReadBurst = cfg.SignalRate, int64(cfg.SignalBurst)
+	a := &apps{insecure: cfg.Insecure, maxFirstUse: cfg.InsecureMaxApps, lim: lim, maxRooms: cfg.MaxRooms,
 		static: cfg.Apps, byID: make(map[string]*app),
 		jwks: &jwksSources{every: every, log: log, byURL: map[string]*jwksSource{}}}
 	a.set(nil)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
@@ -614,5 +615,38 @@ WHERE rp.user_id = 'alice' AND rp.seq = 1)`).Scan(&inBatch)
 	})
 	if a.fan.Stats.ReadMarksWritten.Load() <= written {
 		t.Fatal("the idle write was not counted")
+	}
+}
+
+// An app's registry entry sets its own signal and read-request limits;
+// another app keeps the node's.
+func TestChatLimitsPerApp(t *testing.T) {
+	two, one := int64(2), int64(1)
+	rate, slow := 1.0/3600, 0.0
+	n := secureNode(t, nil,
+		proto.App{ID: "a", Secret: secretA, Limits: proto.AppLimits{SignalRate: &rate, SignalBurst: &two, ReadRate: &rate, ReadBurst: &one}},
+		proto.App{ID: "b", Secret: secretB, Limits: proto.AppLimits{ReadRate: &slow}})
+	a, b := n.dialApp(t, "a", "alice"), n.dialApp(t, "b", "bob")
+	for i := 0; i < 2; i++ {
+		a.send(`{"op":"signal","room":"r","body":1}`)
+	}
+	a.send(`{"op":"signal","room":"r","body":1}`)
+	a.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": "r"})
+	a.send(`{"op":"read","room":"r","seq":0}`)
+	a.expect(map[string]any{"op": "read", "seq": 0})
+	a.send(`{"op":"read","room":"r","seq":0}`)
+	a.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": "r"})
+	// App b: the node's signal bucket (burst 20), no read limit.
+	for i := 0; i < 20; i++ {
+		b.send(`{"op":"signal","room":"r","body":1}`)
+	}
+	b.send(`{"op":"signal","room":"r","body":1}`)
+	b.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": "r"})
+	for i := 0; i < 40; i++ {
+		b.send(`{"op":"read","room":"r","seq":0}`)
+		b.expect(map[string]any{"op": "read", "seq": 0})
+	}
+	if got := n.fan.Stats.SignalsLimited.Load(); got != 2 {
+		t.Fatalf("signals limited %d, want 2", got)
 	}
 }
