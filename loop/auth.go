@@ -34,11 +34,13 @@ const (
 	RefusedDisabled             // connection attempts of a disabled app, and connections closed by disable
 	RefusedProxy                // connections and publishes the app's proxy hooks refused (or failed closed)
 	RefusedPresenceLimit        // joins with presence in a room with the app's maximum of presence subscribers
+	RefusedSignalRate           // signals over a connection's signal rate
+	RefusedReadRate             // read, unread and receipts requests over a connection's read rate
 	numRefusals
 )
 
 // RefusalNames label the refusal counters in metrics.
-var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled", "proxy", "presence_limit"}
+var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled", "proxy", "presence_limit", "signal_rate", "read_rate"}
 
 // app is a tenant on this node. It lives as long as the node (the map only
 // grows: registered apps, bounded first-use apps in insecure mode); its

@@ -58,6 +58,7 @@ func (c *conn) signal(cmd *proto.Command) {
 	}
 	if wait := c.take(&c.m.Chat().SignalTAT, false); wait > 0 {
 		l.srv.fan.Stats.SignalsLimited.Add(1)
+		c.app.refused[RefusedSignalRate].Add(1)
 		c.sendRateLimited(cmd.Room, "signal rate of this connection exceeded: retry after retry_after ms", wait)
 		return
 	}
@@ -133,6 +134,7 @@ func (c *conn) mayAsk(room []byte) bool {
 func (c *conn) admitRead(ref []byte) bool {
 	if wait := c.take(&c.m.Chat().ReadTAT, true); wait > 0 {
 		c.l.srv.fan.Stats.ReadsLimited.Add(1)
+		c.app.refused[RefusedReadRate].Add(1)
 		c.sendRateLimited(ref, "read request rate of this connection exceeded: retry after retry_after ms", wait)
 		return false
 	}
