@@ -39,7 +39,7 @@ const (
 type posKey struct{ key, user string }
 
 type posJob struct {
-	own      bool // a publish of the user (no answer, no check); tag: its connection's (0: none)
+	own      bool // a publish of the user (no answer, no check); tag: its connection's (0: none). With seen: another node's such move
 	tag      uint64
 	seen     bool // another node's answer: a floor for this node's view
 	receipts bool // a receipts query
@@ -174,8 +174,11 @@ func (p *positions) do(j posJob) {
 	}
 	if j.seen {
 		// Another node wrote it (coalesced, maybe not yet): this node's
-		// answers must not go below it meanwhile.
-		p.movedTo(j.key, j.user, j.seq)
+		// answers must not go below it meanwhile. A move by the user's own
+		// publish is no news to the room's receipts.
+		if !j.own {
+			p.movedTo(j.key, j.user, j.seq)
+		}
 		p.newest[j.key] = max(p.newest[j.key], j.seq)
 		if cur, ok := p.pos[k]; ok {
 			p.pos[k] = max(cur, j.seq)
@@ -487,7 +490,7 @@ func (p *positions) broadcast(key, user string, seq uint64, m *Member) {
 	if m != nil && m.chat != nil {
 		tag = m.chat.sig
 	}
-	p.send(appendReadEntry(nil, key, user, seq, tag))
+	p.send(appendReadEntry(nil, key, user, seq, tag, false))
 }
 
 // announceOwn sends, once a second, the positions that the users' own
@@ -503,7 +506,7 @@ func (p *positions) announceOwn() {
 		if tag == 0 {
 			tag = signalBit | p.n.sigNode
 		}
-		b = appendReadEntry(b, k.key, k.user, o.seq, tag)
+		b = appendReadEntry(b, k.key, k.user, o.seq, tag, true)
 		if len(b) >= readBatchBytes {
 			p.send(b)
 			b = nil
@@ -528,11 +531,17 @@ func (p *positions) send(b []byte) {
 
 // appendReadEntry appends one announced position to a broker message on
 // proto.ReadKey, which holds one or more of them: the marker's tag (8
-// bytes), the length of "app/user" (2 bytes), "app/user", the length of
-// the read frame (2 bytes), the frame.
-func appendReadEntry(b []byte, key, user string, seq, tag uint64) []byte {
+// bytes), 1 when the user's own publish moved it (no news for receipts)
+// else 0 (1 byte), the length of "app/user" (2 bytes), "app/user", the
+// length of the read frame (2 bytes), the frame.
+func appendReadEntry(b []byte, key, user string, seq, tag uint64, own bool) []byte {
 	app, room := proto.SplitKey(key)
 	b = binary.BigEndian.AppendUint64(b, tag)
+	if own {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(app)+1+len(user)))
 	b = append(append(append(b, app...), '/'), user...)
 	at := len(b)
@@ -544,20 +553,20 @@ func appendReadEntry(b []byte, key, user string, seq, tag uint64) []byte {
 
 // readEntries calls f with each entry of a broker message on
 // proto.ReadKey (see appendReadEntry); a malformed tail is ignored.
-func readEntries(b []byte, f func(tag uint64, userKey, frame []byte)) {
-	for len(b) >= 10 {
-		tag := binary.BigEndian.Uint64(b)
-		ul := int(binary.BigEndian.Uint16(b[8:]))
-		if len(b) < 12+ul {
+func readEntries(b []byte, f func(tag uint64, own bool, userKey, frame []byte)) {
+	for len(b) >= 11 {
+		tag, own := binary.BigEndian.Uint64(b), b[8] == 1
+		ul := int(binary.BigEndian.Uint16(b[9:]))
+		if len(b) < 13+ul {
 			return
 		}
-		userKey := b[10 : 10+ul]
-		fl := int(binary.BigEndian.Uint16(b[10+ul:]))
-		b = b[12+ul:]
+		userKey := b[11 : 11+ul]
+		fl := int(binary.BigEndian.Uint16(b[11+ul:]))
+		b = b[13+ul:]
 		if len(b) < fl {
 			return
 		}
-		f(tag, userKey, b[:fl])
+		f(tag, own, userKey, b[:fl])
 		b = b[fl:]
 	}
 }
@@ -566,7 +575,7 @@ func readEntries(b []byte, f func(tag uint64, userKey, frame []byte)) {
 // loop, which sends each to the user's connections there. Broker
 // goroutine.
 func (n *Node) receivedRead(b []byte) {
-	readEntries(b, func(tag uint64, userKey, frame []byte) {
+	readEntries(b, func(tag uint64, own bool, userKey, frame []byte) {
 		if tag&signalNodeMask == signalBit|n.sigNode {
 			return
 		}
@@ -575,7 +584,7 @@ func (n *Node) receivedRead(b []byte) {
 		if room, seq, ok := proto.ReadFrameOf(payload); ok {
 			app, user, _ := strings.Cut(string(userKey), "/")
 			select {
-			case n.pos.jobs <- posJob{seen: true, key: proto.RoomKey(app, room), user: user, seq: seq}:
+			case n.pos.jobs <- posJob{seen: true, own: own, key: proto.RoomKey(app, room), user: user, seq: seq}:
 			default:
 			}
 		}
@@ -624,7 +633,7 @@ func (t *Table) userFrames(b []byte) {
 	if len(t.users) == 0 {
 		return
 	}
-	readEntries(b, func(tag uint64, userKey, frame []byte) {
+	readEntries(b, func(tag uint64, _ bool, userKey, frame []byte) {
 		var event []byte
 		for _, m := range t.users[string(userKey)] {
 			if tag != 0 && m.chat.sig == tag {
