@@ -659,3 +659,27 @@ func TestChatLimitsPerApp(t *testing.T) {
 		t.Fatalf("signals limited %d, want 2", got)
 	}
 }
+
+// Two nodes on PostgreSQL and Redis: the user's SSE stream on one node
+// gets the read frames of the user's WebSocket on the other, and the
+// position never moves back.
+func TestReadSSETwoNodesPostgres(t *testing.T) {
+	a, b, _, _ := pgRedisNodes(t)
+	bob := a.dial(t, "bob")
+	publish(t, bob, "r", "m", 4)
+	s := b.sse(t, "user=alice&app=test&room=r")
+	s.expect("joined")
+	alice := a.dial(t, "alice")
+	alice.send(`{"op":"read","room":"r","seq":3}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	if ev := s.expect("read"); ev.data != `{"op":"read","room":"r","seq":3}` {
+		t.Fatalf("read event %+v", ev)
+	}
+	alice.send(`{"op":"read","room":"r","seq":1}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 3}) // not moved: nothing announced
+	alice.send(`{"op":"read","room":"r","seq":4}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 4})
+	if ev := s.expect("read"); ev.data != `{"op":"read","room":"r","seq":4}` {
+		t.Fatalf("read event %+v", ev)
+	}
+}
