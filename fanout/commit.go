@@ -531,7 +531,7 @@ func (w *worker) commitLoop() {
 // The read marks offered since the last commit (readHandoff) go into the
 // transaction of this one (of its first part when spread).
 func (w *worker) commit(sl *batchSlot) {
-	marks := w.p.cfg.reads.take()
+	marks := w.p.cfg.reads.take(len(sl.rows))
 	if n := len(sl.rows); n > w.p.cfg.MaxBatch {
 		w.commitSpread(sl, min(len(w.parts), (n+w.p.cfg.MaxBatch-1)/w.p.cfg.MaxBatch), marks)
 		return

@@ -150,7 +150,7 @@ func (p *positions) run() {
 			// The publish pool has stopped: what it did not take is
 			// written here.
 			p.handOver()
-			p.idleFlush()
+			p.idleFlush(true)
 			return
 		case j := <-p.jobs:
 			p.do(j)
@@ -161,7 +161,7 @@ func (p *positions) run() {
 			p.receiptsFlush()
 			p.announceOwn()
 		case <-idle.C:
-			p.idleFlush()
+			p.idleFlush(false)
 		}
 	}
 }
@@ -315,6 +315,14 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 		}
 	}
 	cur, ok := p.pos[k]
+	if !ok && p.reads != nil && seq == p.newest[k.key] {
+		// Marked up to the room's newest message (what a client showing
+		// the room does): no stored position can be ahead of it, so the
+		// store is not asked. 10,000 users' first marks would otherwise
+		// be 10,000 reads on this goroutine.
+		cur, ok = p.floor[k], true
+		delete(p.floor, k)
+	}
 	if !ok && p.reads != nil {
 		var err error
 		if cur, err = p.reads.ReadPosition(ctx, k.key, k.user); err != nil {
@@ -385,9 +393,11 @@ func (p *positions) handOver() bool {
 }
 
 // idleFlush writes the marks no group commit took since handOver (no
-// publish on this node), in one statement of their own.
-func (p *positions) idleFlush() {
-	if p.hand == nil {
+// publish on this node), in one statement of their own. While commits are
+// taking marks, what they did not take yet waits for them (the next tick
+// hands it over again with the newer marks), unless all is set.
+func (p *positions) idleFlush(all bool) {
+	if p.hand == nil || !all && p.hand.tookAny.Load() {
 		return
 	}
 	marks := p.hand.reclaim()
@@ -425,6 +435,7 @@ type readHandoff struct {
 	written *atomic.Uint64 // Stats.ReadMarksWritten
 
 	offered atomic.Bool // marks or back hold something
+	tookAny atomic.Bool // a committer took marks since the last offer
 	mu      sync.Mutex
 	marks   []persist.ReadMark // offered, not taken
 	back    []persist.ReadMark // taken, not written: for the positions goroutine
@@ -435,18 +446,38 @@ func (h *readHandoff) offer(marks []persist.ReadMark) {
 	h.mu.Lock()
 	h.marks = append(h.marks, marks...)
 	h.offered.Store(true)
+	h.tookAny.Store(false)
 	h.mu.Unlock()
 }
 
-// take takes the marks offered, nil when none (committers).
-func (h *readHandoff) take() []persist.ReadMark {
+// A commit takes at most max(readsPerCommit, readsPerRow × its publishes)
+// marks: a second's marks of 10,000 users in one statement would hold that
+// commit (and the publishes queued behind it) for tens of ms; spread over
+// the second's commits, each adds a few rows per publish (a mark costs
+// PostgreSQL a fraction of a publish), and a busier node's bigger commits
+// take more.
+const (
+	readsPerCommit = 256
+	readsPerRow    = 4
+)
+
+// take takes marks offered for a commit of rows publishes, nil when none
+// (committers).
+func (h *readHandoff) take(rows int) []persist.ReadMark {
 	if h == nil || !h.offered.Load() {
 		return nil
 	}
 	h.mu.Lock()
-	m := h.marks
-	h.marks = nil
-	h.offered.Store(len(h.back) > 0)
+	n := min(len(h.marks), max(readsPerCommit, readsPerRow*rows))
+	m := h.marks[:n:n]
+	h.marks = h.marks[n:]
+	if len(h.marks) == 0 {
+		h.marks = nil
+	}
+	h.offered.Store(len(h.marks) > 0 || len(h.back) > 0)
+	if n > 0 {
+		h.tookAny.Store(true)
+	}
 	h.mu.Unlock()
 	return m
 }

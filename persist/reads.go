@@ -252,7 +252,6 @@ func (p *Postgres) saveReadIDs(ctx context.Context, ids []int64, users []string,
 	_, err := p.pool.Exec(ctx, `
 INSERT INTO read_positions (room_id, user_id, seq)
 SELECT k.r, k.u, k.s FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS k (r, u, s)
-JOIN rooms ON rooms.id = k.r
 ORDER BY k.r, k.u COLLATE "C"
 ON CONFLICT (room_id, user_id) DO UPDATE SET seq = GREATEST(read_positions.seq, EXCLUDED.seq)`, ids, users, seqs)
 	if err != nil {

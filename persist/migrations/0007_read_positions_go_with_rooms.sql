@@ -16,3 +16,8 @@ CREATE TRIGGER read_positions_go_with_room AFTER DELETE ON rooms
 
 -- Positions of rooms deleted before this migration.
 DELETE FROM read_positions rp WHERE NOT EXISTS (SELECT 1 FROM rooms r WHERE r.id = rp.room_id);
+
+-- A position is rewritten about once a second while its user reads: room
+-- on each page for the new row version keeps the update HOT (no index
+-- entry of its own), most of a write's cost otherwise.
+ALTER TABLE read_positions SET (fillfactor = 70);
