@@ -315,7 +315,7 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 		}
 	}
 	cur, ok := p.pos[k]
-	if !ok && p.reads != nil && seq == p.newest[k.key] {
+	if nw, known := p.newest[k.key]; !ok && p.reads != nil && known && seq > 0 && seq == nw {
 		// Marked up to the room's newest message (what a client showing
 		// the room does): no stored position can be ahead of it, so the
 		// store is not asked. 10,000 users' first marks would otherwise
