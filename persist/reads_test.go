@@ -2,6 +2,7 @@ package persist
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -89,5 +90,36 @@ func TestReadPositionsGoWithRoom(t *testing.T) {
 	var n int
 	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM read_positions`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d read positions left after their room was deleted (%v)", n, err)
+	}
+}
+
+// BenchmarkPostgresUnread100 is the store's part of an unread request of
+// 100 rooms: one query for the rooms' newest seqs and the user's
+// positions.
+func BenchmarkPostgresUnread100(b *testing.B) {
+	ctx := context.Background()
+	p := openTestPG(b, newTestDB(b), PGConfig{})
+	defer p.Close()
+	keys := make([]string, 100)
+	var marks []ReadMark
+	for i := range keys {
+		keys[i] = proto.RoomKey("app", "r"+strconv.Itoa(i))
+		if err := p.CommitBatch(ctx, []*Row{req(keys[i], "u", "m", `1`), req(keys[i], "u", "n", `2`)}); err != nil {
+			b.Fatal(err)
+		}
+		marks = append(marks, ReadMark{Key: keys[i], User: "alice", Seq: 1})
+	}
+	if err := p.SaveReads(ctx, marks); err != nil {
+		b.Fatal(err)
+	}
+	last, read := make([]uint64, 100), make([]uint64, 100)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := p.Unread(ctx, keys, "alice", last, read); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if last[99] != 2 || read[99] != 1 {
+		b.Fatalf("last %d read %d", last[99], read[99])
 	}
 }
