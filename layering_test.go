@@ -35,6 +35,10 @@ var layers = map[string][]string{
 	"loop/realip":         {},
 	"fanout/api/httpedge": {},
 	"bench":               {"proto", "pubsub"}, // the broker scenario runs the nodes' own broker
+	// Black-box tests run the binary and talk to it over the wire; the
+	// harness that builds and runs it serves test/ and bench/.
+	"test":         {},
+	"test/harness": {"pubsub/redistest"},
 }
 
 // never are the edges the design rules out whatever layers says: the wire

@@ -1,6 +1,15 @@
 // Command roost is a chat node: WebSocket clients on gnet event loops,
 // messages committed to PostgreSQL (or memory) and fanned out through Redis
 // (or in process). `roost` alone runs `roost serve` on embedded defaults.
+//
+// The root package owns no part of the node's work, only its wiring: the
+// command line and its settings (main_config.go), the dispatch of the
+// commands (main.go), serve's script that builds the parts in dependency
+// order and stops them in reverse through one stop list (main.go,
+// main_stop.go), the registry's readings handed to the edges
+// (main_registry.go), the admin listener with the node's metrics set and
+// histograms (main_admin*.go, main_metrics.go), and the CLIs of the app
+// registry, tokens, webhooks and migrations.
 package main
 
 import (
@@ -11,16 +20,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	vm "github.com/VictoriaMetrics/metrics"
 
 	"github.com/roost-chat/roost/bench"
 	"github.com/roost-chat/roost/fanout"
@@ -28,8 +38,6 @@ import (
 	"github.com/roost-chat/roost/fanout/hooknet"
 	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/loop"
-	"github.com/roost-chat/roost/persist"
-	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub"
 	"github.com/roost-chat/roost/tuning"
 )
@@ -100,19 +108,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-func newLogger(c *config, w io.Writer) *slog.Logger {
-	var lv slog.Level
-	_ = lv.UnmarshalText([]byte(c.logLevel))
-	opts := &slog.HandlerOptions{Level: lv}
-	if c.logFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
 // serve reads like a script: configure, build in dependency order, wait
-// for a signal, stop in reverse; each phase logs its duration. stop, when
-// not nil, replaces the signals (tests).
+// for a signal, stop in reverse; each phase logs its duration. Each part
+// is added to one stop list as soon as it is started, and every way out
+// (a part that fails to start, a signal, loops that died) runs that list:
+// no path closes anything by hand. stop, when not nil, replaces the
+// signals (tests).
 func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	c := config{environ: os.Environ}
 	if errs := parse(args, &c, stderr, os.LookupEnv, os.ReadFile); len(errs) > 0 {
@@ -137,12 +138,15 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		return 0
 	}
 	log := newLogger(&c, stderr)
+	stops := &stopList{log: log}
 	fatal := func(err error) int {
 		log.Error("cannot start", "err", err)
+		stops.run()
 		return 1
 	}
 	start := time.Now()
 
+	// 1. Tuning: the runtime fitted to the cgroup, the connection budget.
 	t0 := time.Now()
 	rep := tuning.Apply(tuning.ApplyOptions{MemLimit: c.memLimitN}, log)
 	tuning.LogFindings(log, tuning.Check("/proc/sys", tuning.Target{Connections: c.connTarget, NoFile: rep.NoFileSoft}))
@@ -156,80 +160,30 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		return fatal(err)
 	}
 
+	// Every part registers its own series on the node's set as it is
+	// built; the admin listener's /metrics writes the set. The latency
+	// histograms are the node's, observed by the parts.
+	set := vm.NewSet()
+	nodeInfo(set, c.node.NodeID)
+	hists := newHistograms()
+	hists.RegisterMetrics(set)
+
+	// 2. The store.
 	ctx := context.Background()
-	var store persist.Store
-	var pg *persist.Postgres
 	t0 = time.Now()
-	if c.databaseURL != "" {
-		if c.migrate {
-			rep, err := persist.MigrateReport(ctx, c.databaseURL)
-			if err != nil {
-				return fatal(err)
-			}
-			log.Info("schema migrated", "from", rep.From, "to", rep.To, "applied", rep.Applied)
-		}
-		maxConns := pgMaxConns(&c)
-		var err error
-		pg, err = persist.OpenPostgres(ctx, c.databaseURL, persist.PGConfig{MaxConns: int32(maxConns), StatementTimeout: c.stmtTimeout, MaxAppRooms: c.maxAppRooms, Logger: log})
-		if err != nil {
-			return fatal(err)
-		}
-		ok, err := pg.SchemaCurrent(ctx)
-		if err != nil {
-			pg.Close()
-			return fatal(err)
-		}
-		if !ok {
-			pg.Close()
-			return fatal(errors.New("database schema is missing or outdated: run `roost migrate` or start with --migrate"))
-		}
-		pg.SetRetentionPolicy(c.retention)
-		pg.StartRetention(ctx, c.retInterval)
-		store = pg
+	store, pg, err := openStore(ctx, &c, log, stops)
+	if err != nil {
+		return fatal(err)
+	}
+	store.RegisterMetrics(set)
+	if pg != nil {
 		log.Info("store: postgresql", "took", time.Since(t0))
 	} else {
-		mem := persist.NewMemory(c.keep)
-		mem.SetRetentionPolicy(c.retention)
-		mem.SetLimits(c.memStoreMaxN, c.maxAppRooms)
-		mem.StartRetention(ctx, c.retInterval)
-		store = mem
 		log.Info("store: memory (no --database-url)", "keep", c.keep, "max_bytes", c.memStoreMax, "max_rooms_per_app", c.maxAppRooms, "took", time.Since(t0))
 	}
-	closeStore := func() {
-		t0 := time.Now()
-		store.Close()
-		log.Info("store closed", "took", time.Since(t0))
-	}
 
-	// Built in dependency order: the store, the publish path on it (which
-	// builds its broker: the broker delivers to it), the loops in front.
-	// A group commit waits --batch-window for company only where a commit
-	// costs a round trip; a memory commit costs nothing, so waiting would
-	// only add latency. (The pool reads Window 0 as its default and <0 as
-	// "do not wait".)
-	window := c.batchWindow
-	if window == 0 || c.databaseURL == "" {
-		window = -1
-	}
-	hists := newHistograms()
-	var redis *pubsub.Redis
-	var redisAddrs []string
-	t0 = time.Now()
-	parts := fanout.Parts{
-		Store:          store,
-		Pool:           fanout.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log},
-		Log:            log,
-		PublishLatency: hists.publishLatency,
-		BrokerLatency:  hists.brokerLatency,
-		DeliveryLag:    hists.deliveryLag,
-		PresenceGrace:  c.presenceGrace,
-	}
-	// Control messages (a server API disconnect, from any node) reach the
-	// loops once they exist; none can concern a connection before that.
-	var loops atomic.Pointer[loop.Server]
-	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
-	// Webhooks take each committed batch before its acks; with no app
-	// having one, that costs one atomic load per batch.
+	// 3. The webhooks: they take each committed batch before its acks;
+	// with no app having one, that costs one atomic load per batch.
 	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe, MaxBytes: c.webhookBacklogN}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
@@ -242,12 +196,44 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	hooknet.Default.SetLog(log)
 	hooks := webhook.New(hcfg)
-	defer hooks.Close() // after the explicit Close below: a no-op
-	parts.OnCommitted = hooks.Committed
+	hooks.RegisterMetrics(set)
+	stops.add("webhooks", func() {
+		if owed := hooks.Stats.Owed.Load(); owed > 0 && !hooks.Durable() {
+			// In memory only: what the receivers have not taken is lost.
+			log.Warn("webhook events still owed at exit are lost", "events", owed)
+		}
+		hooks.Close() // gives the rooms' leases up; with PostgreSQL what is owed stays owed
+	})
+
+	// 4. The publish path on the store, which builds its broker (the
+	// broker delivers to it). A group commit waits --batch-window for
+	// company only where a commit costs a round trip; a memory commit
+	// costs nothing, so waiting would only add latency. (The pool reads
+	// Window 0 as its default and <0 as "do not wait".)
+	window := c.batchWindow
+	if window == 0 || c.databaseURL == "" {
+		window = -1
+	}
+	var redis *pubsub.Redis
+	var redisAddrs []string
+	t0 = time.Now()
+	parts := fanout.Parts{
+		Store:          store,
+		Pool:           fanout.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log},
+		Log:            log,
+		PublishLatency: hists.publishLatency,
+		BrokerLatency:  hists.brokerLatency,
+		DeliveryLag:    hists.deliveryLag,
+		PresenceGrace:  c.presenceGrace,
+		OnCommitted:    hooks.Committed,
+	}
+	// Control messages (a server API disconnect, from any node) reach the
+	// loops once they exist; none can concern a connection before that.
+	var loops atomic.Pointer[loop.Server]
+	parts.OnControl = func(msg []byte) { onControl(loops.Load(), msg, log) }
 	if c.redisURL != "" {
 		rc, err := pubsub.ParseRedisURL(c.redisURL)
 		if err != nil {
-			closeStore()
 			return fatal(err)
 		}
 		redisAddrs = rc.Addrs
@@ -262,132 +248,127 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 	fan, err := fanout.New(c.node.Config, parts)
 	if err != nil {
-		closeStore()
 		return fatal(err)
 	}
+	fan.RegisterMetrics(set)
+	if redis != nil {
+		redis.RegisterMetrics(set)
+	}
+	// What is queued is committed and answered, then the readers, the
+	// rebroadcaster and the broker stop.
+	stops.add("publish path and broker", func() {
+		if err := fan.Close(); err != nil {
+			log.Warn("cannot close broker cleanly", "err", err)
+		}
+	})
 	if redis != nil {
 		log.Info("broker: redis", "addrs", redisAddrs, "took", time.Since(t0))
 	} else {
 		log.Info("broker: in-process (no --redis-url)", "took", time.Since(t0))
 	}
-	// closeFan stops the publish path: what is queued is committed and
-	// answered, then the readers, the rebroadcaster and the broker stop.
-	closeFan := func() {
-		if err := fan.Close(); err != nil {
-			log.Warn("cannot close broker cleanly", "err", err)
-		}
-	}
+
+	// 5. The loops in front of it (their listener opens at step 9).
 	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
 	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency, ProxyLatency: hists.proxyCall})
 	if err != nil {
-		closeFan()
-		closeStore()
 		return fatal(err)
 	}
 	loops.Store(srv)
+	srv.RegisterMetrics(set)
+	var releaseClientAddr func()
+	stops.add("loops", func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := srv.Stop(sctx); err != nil {
+			log.Warn("cannot stop loops cleanly", "err", err)
+		}
+		if releaseClientAddr != nil {
+			releaseClientAddr()
+		}
+	})
+	// Before the loops stop: what they (and the API) queued is committed
+	// and its acks handed to them.
+	stops.add("publish pool", fan.ClosePublishes)
+
+	// 6. The server API's handler: a second source of publishes.
 	var apiSrv *api.Server
 	if c.api != "off" && c.api != "" {
 		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
 			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight},
 			Dev:  c.node.Insecure && loopbackAddr(c.api), DevMaxApps: c.node.InsecureMaxApps},
 			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
-	}
-	// A registry in PostgreSQL keeps the apps' retention in the columns the
-	// store's retention reads; a file's reaches the store from here.
-	fileRetention, _ := store.(interface {
-		SetAppRetention(map[string]persist.Retention)
-	})
-	if c.appsFile == "" {
-		fileRetention = nil
-	}
-	regLog := newRegistryLog(log)
-	setApps := func(apps []proto.App) {
-		regLog.applied(apps)
-		srv.SetApps(apps)
-		hooks.SetApps(apps)
-		if apiSrv != nil {
-			apiSrv.SetApps(apps)
-		}
-		if fileRetention != nil {
-			fileRetention.SetAppRetention(registryRetention(apps))
-		}
-	}
-	var reg persist.Registry
-	switch {
-	case c.appsFile != "":
-		reg = persist.OpenAppFile(c.appsFile)
-	case pg != nil:
-		reg = pg
-	}
-	regCtx, stopRegistry := context.WithCancel(ctx)
-	defer stopRegistry()
-	if reg != nil {
-		t0 = time.Now()
-		apps, err := reg.Apps(ctx)
-		if err != nil {
-			closeFan()
-			closeStore()
-			return fatal(err)
-		}
-		setApps(apps)
-		// Changes reach this node within 2 s: LISTEN/NOTIFY or the file's
-		// mtime at once, the periodic re-read at worst.
-		reg.WatchApps(regCtx, time.Second, setApps, log)
-		if len(apps) == 0 && len(c.node.Apps) == 0 && !c.node.Insecure {
-			log.Warn("the app registry is empty: every client is refused until `roost app create ID` registers an app")
-		}
-		log.Info("app registry", "apps", len(apps), "where", registryName(&c), "took", time.Since(t0))
-	}
-	if redis != nil {
-		go shareConns(regCtx, redis, srv, log)
+		apiSrv.RegisterMetrics(set)
 	}
 
+	// 7. The app registry, read once and then watched; the node's
+	// background work (the registry's watch, SIGHUP, sharing connection
+	// counts, the admin page's samples) ends with bg.
+	bg, stopBG := context.WithCancel(ctx)
+	stops.add("app registry and background work", stopBG)
+	reg, err := startRegistry(bg, &c, log, store, pg, srv, hooks, apiSrv)
+	if err != nil {
+		return fatal(err)
+	}
+	if redis != nil {
+		go shareConns(bg, redis, srv, log)
+	}
+
+	// 8. The listeners of operators and backends.
 	var ready atomic.Bool
-	var adminSrv *http.Server
 	if c.admin != "off" && c.admin != "" {
 		t0 = time.Now()
 		ln, err := net.Listen("tcp", c.admin)
 		if err != nil {
-			closeFan()
-			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --admin %s: %w", c.admin, err))
 		}
-		defer hooknet.Default.Own("admin", ln.Addr())() // hooks may not call it
-		adm := &admin{srv: srv, fan: fan, hists: hists, store: store, redis: redis, ready: &ready, api: apiSrv, hooks: hooks, token: c.adminToken}
+		release := hooknet.Default.Own("admin", ln.Addr()) // hooks may not call it
+		adm := &admin{srv: srv, fan: fan, metrics: set, redis: redis, ready: &ready, token: c.adminToken}
 		adm.board = newStatusBoard(adm, log)
-		go adm.board.run(regCtx)
-		adminSrv, ln = newAdminServer(ln, adm, log)
+		go adm.board.run(bg)
+		adminSrv, ln := newAdminServer(ln, adm, log)
 		go func() { _ = adminSrv.Serve(ln) }()
+		stops.add("admin listener", func() {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_ = adminSrv.Shutdown(sctx)
+			release()
+		})
 		log.Info("admin listening", "addr", ln.Addr().String(), "took", time.Since(t0))
 	}
-
-	var apiHTTP *http.Server
 	var apiAddr string
+	stopAPI := func() {}
 	if apiSrv != nil {
 		t0 = time.Now()
 		ln, err := net.Listen("tcp", c.api)
 		if err != nil {
-			closeFan()
-			closeStore()
 			return fatal(fmt.Errorf("cannot listen on --api %s: %w (give another address, or --api off)", c.api, err))
 		}
-		defer hooknet.Default.Own("server API", ln.Addr())()
-		apiHTTP, ln = newAPIServer(apiSrv, ln, log)
+		release := hooknet.Default.Own("server API", ln.Addr())
+		apiHTTP, ln := newAPIServer(apiSrv, ln, log)
 		// Behind a trusted proxy the caller is the client it names.
 		apiHTTP.Handler = c.node.TrustedProxies.Handler(apiHTTP.Handler)
 		go func() { _ = apiHTTP.Serve(ln) }()
+		// It takes no new requests once the drain starts; the publishes it
+		// has taken are answered (it waits for them) before the publish
+		// pool closes. The drain starts it; the stop list waits for it.
+		stopAPI = sync.OnceFunc(func() {
+			actx, cancel := context.WithTimeout(ctx, c.drain+10*time.Second)
+			defer cancel()
+			_ = apiHTTP.Shutdown(actx)
+			release()
+		})
+		stops.add("server API listener", stopAPI)
 		apiAddr = ln.Addr().String()
 		log.Info("server API listening", "addr", apiAddr, "rate", c.apiRate, "burst", c.apiBurst, "took", time.Since(t0))
 	}
 
+	// 9. The clients' listener, last: the node is ready.
 	t0 = time.Now()
 	if err := srv.Start(); err != nil {
-		closeFan()
-		closeStore()
 		return fatal(err)
 	}
 	if a, err := net.ResolveTCPAddr("tcp", srv.Addr()); err == nil {
-		defer hooknet.Default.Own("client", a)()
+		releaseClientAddr = hooknet.Default.Own("client", a)
 	}
 	ready.Store(true)
 	mode := "token"
@@ -402,9 +383,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		devBanner(stderr, log, c.logFormat == "json", srv.Addr(), apiAddr, apiSrv != nil && loopbackAddr(c.api))
 	}
 
+	// Wait for a signal; SIGHUP re-reads the registry.
 	if stop == nil {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+		defer signal.Stop(sig)
 		stop = sig
 	}
 	if reg != nil {
@@ -414,7 +397,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		go func() {
 			for {
 				select {
-				case <-regCtx.Done():
+				case <-bg.Done():
 					return
 				case <-hup:
 					log.Info("SIGHUP: re-reading the app registry")
@@ -433,137 +416,26 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		// committing what was submitted.
 		ready.Store(false)
 		log.Error("client listener stopped: exiting so that the supervisor restarts the node", "cause", srv.DeathCause())
-		fan.ClosePublishes()
-		_ = srv.Stop(context.Background())
-		closeFan()
-		closeStore()
-		if adminSrv != nil {
-			_ = adminSrv.Close()
-		}
-		if apiHTTP != nil {
-			_ = apiHTTP.Close()
-		}
+		stops.run()
 		return 1
 	}
+
+	// The drain: not ready, the server API takes no more requests, and
+	// clients are closed over the drain window once their publishes in
+	// flight are answered. Then everything stops in reverse.
 	stopping := time.Now()
 	log.Info("draining", "signal", got.String(), "window", c.drain, "conns", srv.Stats.Conns.Load())
-
-	// Stop in reverse: not ready, close clients over the drain window once
-	// their publishes in flight are answered, commit what is still queued,
-	// stop the loops, then the broker, the store and the admin listener.
 	ready.Store(false)
-	stopRegistry()
-	// The server API stops taking requests with the drain; the publishes
-	// it has taken are answered before the publish pool closes.
 	apiDone := make(chan struct{})
 	go func() {
 		defer close(apiDone)
-		if apiHTTP != nil {
-			actx, cancel := context.WithTimeout(ctx, c.drain+10*time.Second)
-			defer cancel()
-			_ = apiHTTP.Shutdown(actx)
-		}
+		stopAPI()
 	}()
 	t0 = time.Now()
 	srv.Drain(1001, c.drain)
 	log.Info("clients closed", "took", time.Since(t0), "in_flight", srv.Stats.InFlight.Load())
 	<-apiDone
-	t0 = time.Now()
-	fan.ClosePublishes()
-	log.Info("publish pool closed", "took", time.Since(t0))
-	if owed := hooks.Stats.Owed.Load(); owed > 0 && !hooks.Durable() {
-		// In memory only: what the receivers have not taken is lost.
-		log.Warn("webhook events still owed at exit are lost", "events", owed)
-	}
-	t0 = time.Now()
-	hooks.Close() // gives the rooms' leases up; with PostgreSQL what is owed stays owed
-	log.Info("webhooks stopped", "took", time.Since(t0))
-	t0 = time.Now()
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := srv.Stop(sctx); err != nil {
-		log.Warn("cannot stop loops cleanly", "err", err)
-	}
-	log.Info("loops stopped", "took", time.Since(t0))
-	t0 = time.Now()
-	closeFan()
-	log.Info("broker closed", "took", time.Since(t0))
-	closeStore()
-	if adminSrv != nil {
-		t0 = time.Now()
-		_ = adminSrv.Shutdown(sctx)
-		log.Info("admin closed", "took", time.Since(t0))
-	}
+	stops.run()
 	log.Info("stopped", "took", time.Since(stopping))
-	return 0
-}
-
-// newAPIServer serves the server API on ln: timeouts sized for backends,
-// a bound on request heads (bodies are bounded per request by the app's
-// max-msg), and connections held only by apps that gave a valid secret,
-// each within its budget (fanout/api/edge.go).
-func newAPIServer(s *api.Server, ln net.Listener, log *slog.Logger) (*http.Server, net.Listener) {
-	return s.NewHTTPServer(ln, slog.NewLogLogger(log.Handler(), slog.LevelDebug))
-}
-
-// onControl acts on a control message from the broker: a disconnect
-// closes the user's connections on this node. It runs on the broker's
-// goroutine, so the close (which waits for the loops) runs on its own.
-func onControl(srv *loop.Server, msg []byte, log *slog.Logger) {
-	var c proto.Control
-	if err := proto.ParseControl(msg, &c); err != nil {
-		log.Warn("malformed control message on the broker", "len", len(msg))
-		return
-	}
-	if srv != nil {
-		go srv.Disconnect(c.App, c.User, 2*time.Second)
-	}
-}
-
-func registryName(c *config) string {
-	if c.appsFile != "" {
-		return "file " + c.appsFile
-	}
-	return "postgresql"
-}
-
-// registryRetention is the apps' own retention (keep_age, keep_count) by
-// app, for those that have one.
-func registryRetention(apps []proto.App) map[string]persist.Retention {
-	out := map[string]persist.Retention{}
-	for i := range apps {
-		if a := &apps[i]; a.KeepAge > 0 || a.KeepCount > 0 {
-			out[a.ID] = persist.Retention{MaxAge: time.Duration(a.KeepAge), MaxCount: a.KeepCount}
-		}
-	}
-	return out
-}
-
-func migrate(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("roost migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	url := fs.String("database-url", "", "PostgreSQL `url` (default: ROOST_DATABASE_URL or DATABASE_URL)")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "roost migrate: unexpected argument %q\n", fs.Arg(0))
-		return 2
-	}
-	for _, name := range envNames("database-url") {
-		if v, ok := os.LookupEnv(name); ok && *url == "" {
-			*url = v
-		}
-	}
-	if *url == "" {
-		fmt.Fprintln(stderr, "roost migrate: no database: give --database-url or DATABASE_URL")
-		return 2
-	}
-	rep, err := persist.MigrateReport(context.Background(), *url)
-	if err != nil {
-		fmt.Fprintln(stderr, "roost migrate:", err)
-		return 1
-	}
-	printMigration(stderr, rep)
 	return 0
 }

@@ -19,27 +19,20 @@ import (
 	vm "github.com/VictoriaMetrics/metrics"
 
 	"github.com/roost-chat/roost/fanout"
-	"github.com/roost-chat/roost/fanout/api"
-	"github.com/roost-chat/roost/fanout/proxy"
-	"github.com/roost-chat/roost/fanout/webhook"
 	"github.com/roost-chat/roost/loop"
-	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/pubsub"
 )
 
-// admin is what the admin listener reads: the node's counters and its
-// readiness. redis is nil with the in-process broker.
+// admin is what the admin listener reads: the node's metrics, its
+// liveness and readiness. redis is nil with the in-process broker.
 type admin struct {
-	srv   *loop.Server
-	fan   *fanout.Node
-	hists *histograms
-	store persist.Store
-	redis *pubsub.Redis
-	ready *atomic.Bool
-	api   *api.Server // nil: --api off
-	hooks *webhook.Dispatcher
-	token string       // --admin-token: "" leaves the listener open
-	board *statusBoard // the admin page's samples
+	srv     *loop.Server
+	fan     *fanout.Node
+	metrics *vm.Set // every part's series, registered by the part itself
+	redis   *pubsub.Redis
+	ready   *atomic.Bool
+	token   string       // --admin-token: "" leaves the listener open
+	board   *statusBoard // the admin page's samples
 }
 
 // Bucket bounds of the node's histograms.
@@ -48,10 +41,10 @@ var (
 	writeFramesBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
 )
 
-// histograms are the node's histograms, fed by the loops and fanout and
-// written by the scrape through the metrics library (set).
+// histograms are the node's histograms, fed by the loops, fanout, the
+// server API and the webhooks (as Observers main hands them), and written
+// by the scrape through the metrics library (RegisterMetrics).
 type histograms struct {
-	set            *vm.Set
 	writeFrames    *histogram // frames per writev: the batch size of one write
 	publishLatency *histogram // seconds from a pub frame read to its commit
 	ackLatency     *histogram // seconds from a pub frame read to its ack queued
@@ -64,7 +57,6 @@ type histograms struct {
 
 func newHistograms() *histograms {
 	h := &histograms{
-		set:            vm.NewSet(),
 		writeFrames:    newHistogram("roost_write_frames", writeFramesBuckets),
 		publishLatency: newHistogram("roost_publish_latency_seconds", latencyBuckets),
 		ackLatency:     newHistogram("roost_ack_latency_seconds", latencyBuckets),
@@ -74,14 +66,18 @@ func newHistograms() *histograms {
 		proxyCall:      newHistogram("roost_proxy_call_seconds", latencyBuckets),
 		webhookLag:     newHistogram("roost_webhook_lag_seconds", latencyBuckets),
 	}
+	return h
+}
+
+// RegisterMetrics adds the histograms to set.
+func (h *histograms) RegisterMetrics(set *vm.Set) {
 	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag, h.apiPublish, h.proxyCall, h.webhookLag}
-	h.set.RegisterMetricsWriter(func(w io.Writer) {
+	set.RegisterMetricsWriter(func(w io.Writer) {
 		e := &expo{w: w}
 		for _, x := range all {
 			x.write(e)
 		}
 	})
-	return h
 }
 
 // adminMux serves operators, apart from clients: pprof from the first day,
@@ -186,205 +182,24 @@ func maskSecretValue(v string) string {
 }
 
 // writeMetrics prints the node's metrics in the Prometheus text format
-// through the metrics library: the counters and gauges the loops, fanout,
-// the pool, the store and the broker keep as atomics (read here, so the hot
-// path only bumps them), the histograms registered in hists.set, and the
-// library's standard go_* and process_* series. The formatting cost is the
-// scraper's.
+// through the metrics library: the series each part registered on
+// a.metrics (counters and gauges read from the atomics the part bumps, so
+// the hot path only adds to them; the histograms), the Go runtime's heap
+// figures, and the library's standard go_* and process_* series. The
+// formatting cost is the scraper's.
 func writeMetrics(w io.Writer, a *admin) error {
 	bw := bufio.NewWriterSize(w, 32<<10)
-	m := &expo{w: bw}
-	st := &a.srv.Stats
-	fs := &a.fan.Stats
-	sn := a.srv.Snapshot()
-	c := m.counter
-	g := m.gauge
-	m.family("roost_node_info", "gauge")
-	m.line(`roost_node_info{node="`+labelValue(a.srv.NodeID())+`",version="`+labelValue(version)+`"}`, 1)
-
-	// Families with labels: the metadata once, then every series.
-	m.family("roost_connections", "gauge")
-	a.srv.AppStats(func(id string, st *loop.AppStat) {
-		m.line(`roost_connections{app="`+labelValue(id)+`"}`, float64(st.Conns))
-	})
-	m.family("roost_app_remote_connections", "gauge")
-	a.srv.AppStats(func(id string, st *loop.AppStat) {
-		m.line(`roost_app_remote_connections{app="`+labelValue(id)+`"}`, float64(st.Remote))
-	})
-	m.family("roost_app_refusals_total", "counter")
-	a.srv.AppStats(func(id string, st *loop.AppStat) {
-		for i, name := range loop.RefusalNames {
-			m.line(`roost_app_refusals_total{app="`+labelValue(id)+`",reason="`+name+`"}`, float64(st.Refused[i]))
-		}
-	})
-	g("roost_connections_total_open", st.Conns.Load())
-	g("roost_sse_connections_open", st.SSEConns.Load())
-	c("roost_sse_streams_total", st.SSEOpened.Load())
-	c("roost_sse_max_age_ends_total", st.SSEMaxAge.Load())
-	g("roost_upgrading_connections", st.Upgrading.Load())
-	c("roost_accepted_total", st.Accepted.Load())
-	c("roost_upgrade_errors_total", st.UpgradeErrors.Load())
-	m.family("roost_connections_refused_total", "counter")
-	m.line(`roost_connections_refused_total{reason="budget"}`, float64(st.RefusedBudget.Load()))
-	m.line(`roost_connections_refused_total{reason="per_ip"}`, float64(st.RefusedPerIP.Load()))
-	m.line(`roost_connections_refused_total{reason="proxy_header"}`, float64(st.RefusedProxyHeader.Load()))
-	g("roost_connection_budget", int64(a.srv.MaxConns()))
-	g("roost_room_memberships", fs.Joined.Load())
-	g("roost_rooms", sn.Rooms)
-
-	c("roost_frames_in_total", st.FramesIn.Load())
-	c("roost_frames_out_total", st.FramesOut.Load())
-	c("roost_bytes_out_total", st.BytesOut.Load())
-	c("roost_writes_total", st.Writes.Load())
-	c("roost_uring_submits_total", st.Ring.Submits.Load())
-	c("roost_uring_ops_total", st.Ring.Ops.Load())
-	c("roost_uring_refused_total", st.Ring.Refused.Load())
-	c("roost_pongs_held_total", st.PongsHeld.Load())
-	c("roost_pongs_taken_total", st.PongsTaken.Load())
-	c("roost_pings_total", st.Pings.Load())
-	c("roost_loop_ticks_total", st.Ticks.Load())
-	c("roost_loop_short_ticks_total", st.ShortTicks.Load())
-	c("roost_loop_sweeps_total", st.Sweeps.Load())
-
-	c("roost_publishes_total", st.Publishes.Load())
-	c("roost_acks_total", st.Acks.Load())
-	g("roost_publishes_in_flight", st.InFlight.Load())
-	c("roost_overloaded_total", st.Overloaded.Load()+fs.ReadsRefused.Load())
-	c("roost_publishes_inbox_full_total", st.InboxFull.Load())
-	c("roost_loop_inbox_overflow_total", st.InboxOverflow.Load())
-	c("roost_publishes_shed_total", st.Shed.Load())
-
-	ps := a.fan.PoolStats()
-	// The pool counts batch sizes by bucket but not their sum; publishes
-	// answered is the closest total (it includes those of failed commits).
-	m.family("roost_commit_batch_size", "histogram")
-	var cum uint64
-	for i, b := range fanout.BatchBuckets {
-		cum += ps.BatchSizes[i]
-		m.line(`roost_commit_batch_size_bucket{le="`+strconv.Itoa(b)+`"}`, float64(cum))
+	if a.metrics != nil {
+		a.metrics.WritePrometheus(bw)
 	}
-	cum += ps.BatchSizes[len(fanout.BatchBuckets)]
-	m.line(`roost_commit_batch_size_bucket{le="+Inf"}`, float64(cum))
-	m.line("roost_commit_batch_size_sum", float64(ps.Requests))
-	m.line("roost_commit_batch_size_count", float64(cum))
-	c("roost_commit_batches_total", ps.Batches)
-	c("roost_commit_duplicates_total", ps.Duplicates)
-	c("roost_store_errors_total", ps.CommitErrors)
-	c("roost_publishes_refused_total", ps.Refused)
-	c("roost_publish_rejected_total", ps.Rejected)
-	g("roost_publish_queue_depth", int64(ps.QueueDepth))
-
-	rs := a.store.RetentionStats()
-	m.family("roost_retention_deleted_total", "counter")
-	m.line(`roost_retention_deleted_total{rule="age"}`, float64(rs.DeletedByAge))
-	m.line(`roost_retention_deleted_total{rule="count"}`, float64(rs.DeletedByCount))
-	c("roost_retention_runs_total", rs.Runs)
-	c("roost_retention_errors_total", rs.Errors)
-	switch st := a.store.(type) {
-	case *persist.Memory:
-		ms := st.Stats()
-		g("roost_memory_store_bytes", ms.Bytes)
-		g("roost_memory_store_max_bytes", ms.MaxBytes)
-		c("roost_memory_store_evicted_total", ms.Evicted)
-		c("roost_rooms_refused_total", ms.RoomsRefused)
-	case *persist.Postgres:
-		c("roost_rooms_refused_total", st.RoomsRefused())
-		cs := st.CommitStats()
-		c("roost_store_deadlocks_total", cs.Deadlocks)
-		c("roost_store_commit_retries_total", cs.Retries)
-		c("roost_store_commit_rechecks_total", cs.Rechecks)
-		m.family("roost_store_commits_in_doubt_total", "counter")
-		m.line(`roost_store_commits_in_doubt_total{outcome="committed"}`, float64(cs.ResolvedCommitted))
-		m.line(`roost_store_commits_in_doubt_total{outcome="rolled_back"}`, float64(cs.ResolvedRolledBack))
-		m.line(`roost_store_commits_in_doubt_total{outcome="unknown"}`, float64(cs.Unresolved))
-	}
-
-	c("roost_slow_consumer_closes_total", fs.SlowCloses.Load())
-	c("roost_gap_repairs_total", fs.Repairs.Load())
-	c("roost_join_replays_total", fs.Replays.Load())
-	c("roost_join_reads_total", fs.ReplayReads.Load())
-	c("roost_resumes_lost_total", fs.ResumesLost.Load())
-	c("roost_presence_changes_total", fs.PresenceChanges.Load())
-	c("roost_presence_apply_errors_total", fs.PresenceErrors.Load())
-	c("roost_presence_diff_frames_total", fs.PresenceFrames.Load())
-	c("roost_presence_wakes_total", fs.PresenceWakes.Load())
-	c("roost_signals_sent_total", fs.SignalsSent.Load())
-	c("roost_signals_skipped_total", fs.SignalsSkipped.Load())
-	c("roost_signals_limited_total", fs.SignalsLimited.Load())
-	c("roost_read_marks_written_total", fs.ReadMarksWritten.Load())
-	c("roost_read_marks_coalesced_total", fs.ReadMarksCoalesced.Load())
-	c("roost_read_marks_dropped_total", fs.ReadMarksDropped.Load())
-	c("roost_read_save_errors_total", fs.ReadSaveErrors.Load())
-	c("roost_read_requests_limited_total", fs.ReadsLimited.Load())
-	c("roost_gap_closes_total", fs.GapCloses.Load())
-	c("roost_broker_errors_total", fs.BrokerErrors.Load())
-	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())
-	c("roost_broker_dropped_total", fs.BrokerDropped.Load())
-	if a.redis != nil {
-		rs := a.redis.Stats()
-		c("roost_redis_published_total", rs.Published)
-		c("roost_redis_publish_errors_total", rs.PublishErrors)
-		c("roost_redis_received_total", rs.Received)
-		c("roost_redis_malformed_total", rs.Malformed)
-		c("roost_redis_resubscribes_total", rs.Resubscribes)
-		c("roost_redis_subscribe_errors_total", rs.SubscribeErrors)
-		g("roost_redis_subscribed_rooms", rs.Subscribed)
-		g("roost_redis_pending_rooms", rs.Pending)
-	}
-
-	c("roost_disconnected_total", st.Disconnected.Load())
-	if a.api != nil {
-		as := &a.api.Stats
-		m.family("roost_api_requests_total", "counter")
-		for r, route := range api.RouteNames {
-			for k, code := range api.CodeNames {
-				m.line(`roost_api_requests_total{route="`+route+`",code="`+code+`"}`, float64(as.Requests[r][k].Load()))
-			}
-		}
-		c("roost_api_published_total", as.Published.Load())
-		c("roost_api_publish_duplicates_total", as.Duplicates.Load())
-		c("roost_api_disconnected_total", as.Disconnected.Load())
-		writeAPIEdgeMetrics(m, a.api)
-	}
-
-	m.family("roost_proxy_calls_total", "counter")
-	pxs := a.srv.ProxyStats()
-	for k, kind := range proxy.KindNames {
-		for r, result := range proxy.ResultNames {
-			m.line(`roost_proxy_calls_total{kind="`+kind+`",result="`+result+`"}`, float64(pxs.Calls[k][r].Load()))
-		}
-	}
-
-	if a.hooks != nil {
-		ws := &a.hooks.Stats
-		c("roost_webhook_events_total", ws.Queued.Load())
-		c("roost_webhook_delivered_total", ws.Delivered.Load())
-		c("roost_webhook_posts_total", ws.Posts.Load())
-		c("roost_webhook_failures_total", ws.Failures.Load())
-		writeDropped(m, a.hooks)
-		writeBacklog(m, a.hooks)
-		c("roost_webhook_dead_total", ws.Dead.Load())
-		c("roost_webhook_read_total", ws.Read.Load())
-		g("roost_webhook_owed", ws.Owed.Load())
-		g("roost_webhook_held_bytes", ws.Held.Load())
-	}
-
-	if sn.Loops > 0 {
-		m.family("roost_loop_inbox_depth", "gauge")
-	}
-	for i := 0; i < sn.Loops; i++ {
-		m.line(`roost_loop_inbox_depth{loop="`+strconv.Itoa(i)+`"}`, float64(st.InboxDepth[i].Load()))
-	}
-
 	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/total:bytes"}}
 	metrics.Read(sample)
 	if sample[0].Value.Kind() == metrics.KindUint64 {
-		g("go_heap_objects_bytes", int64(sample[0].Value.Uint64()))
+		vm.WriteGaugeUint64(bw, "go_heap_objects_bytes", sample[0].Value.Uint64())
 	}
 	if sample[1].Value.Kind() == metrics.KindUint64 {
-		g("go_memory_total_bytes", int64(sample[1].Value.Uint64()))
+		vm.WriteGaugeUint64(bw, "go_memory_total_bytes", sample[1].Value.Uint64())
 	}
-	a.hists.set.WritePrometheus(bw)
 	// go_goroutines, go_memstats_*, go_gc_*, process_cpu_seconds_total,
 	// process_resident_memory_bytes, process_open_fds, ...
 	vm.WriteProcessMetrics(bw)
@@ -392,6 +207,15 @@ func writeMetrics(w io.Writer, a *admin) error {
 	// its descriptors.
 	writeFDMetrics(bw)
 	return bw.Flush()
+}
+
+// nodeInfo registers roost_node_info{node,version} on set.
+func nodeInfo(set *vm.Set, node string) {
+	series := `roost_node_info{node="` + labelValue(node) + `",version="` + labelValue(version) + `"}`
+	set.RegisterMetricsWriter(func(w io.Writer) {
+		vm.WriteMetadataIfNeeded(w, "roost_node_info", "gauge")
+		_, _ = io.WriteString(w, series+" 1\n")
+	})
 }
 
 // writeFDMetrics writes process_max_fds and process_open_fds as the
@@ -412,17 +236,10 @@ func writeFDMetrics(w io.Writer) {
 	vm.WriteGaugeUint64(w, "process_open_fds", uint64(fi.Size()))
 }
 
-// expo writes the series whose values are read at scrape time, with the
-// library's HELP/TYPE metadata (vm.ExposeMetadata, set in main): once per
-// family, before its first series.
+// expo writes the histograms' series, with the library's HELP/TYPE
+// metadata (vm.ExposeMetadata, set in main): once per family, before its
+// first series.
 type expo struct{ w io.Writer }
-
-func (e *expo) counter(name string, v uint64) { vm.WriteCounterUint64(e.w, name, v) }
-
-func (e *expo) gauge(name string, v int64) {
-	vm.WriteMetadataIfNeeded(e.w, name, "gauge")
-	e.line(name, float64(v))
-}
 
 // family writes the metadata of a family whose series follow as lines.
 func (e *expo) family(name, typ string) { vm.WriteMetadataIfNeeded(e.w, name, typ) }

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/roost-chat/roost/fanout/api"
 	"github.com/roost-chat/roost/fanout/api/httpedge"
 )
 
@@ -97,39 +96,4 @@ func bearer(h string) string {
 		return ""
 	}
 	return "Bearer " + tok
-}
-
-// writeAPIEdgeMetrics writes the server API listener's budget: who holds
-// its connections, and what it refused or pushed out.
-func writeAPIEdgeMetrics(m *expo, s *api.Server) {
-	es := &s.EdgeStats
-	m.gauge("roost_api_connections_held", es.Bound.Load())
-	limited := es.AddrLimited.Load() // first: the other counts it after
-	if ls := s.ListenerStats(); ls != nil {
-		m.gauge("roost_api_connections_waiting", ls.Counted.Load())
-		m.counter("roost_api_connections_evicted_total", ls.Evicted.Load())
-		m.counter("roost_api_connections_busy_total", ls.Refused.Load())
-	}
-	m.family("roost_api_refused_total", "counter")
-	for _, r := range []struct {
-		reason string
-		n      uint64
-	}{
-		{"no_valid_secret", es.Unauthenticated.Load() - limited},
-		{"address_rate", limited},
-		{"app_conns", es.AppConnsFull.Load()},
-		{"node_conns", es.NodeConnsFull.Load()},
-		{"app_inflight", es.AppInFlightFull.Load()},
-	} {
-		m.line(`roost_api_refused_total{reason="`+r.reason+`"}`, float64(r.n))
-	}
-	// A family's series follow its metadata together: one pass each.
-	m.family("roost_api_app_connections", "gauge")
-	s.AppBudgets(func(app string, conns, _ int64) {
-		m.line(`roost_api_app_connections{app="`+labelValue(app)+`"}`, float64(conns))
-	})
-	m.family("roost_api_app_inflight", "gauge")
-	s.AppBudgets(func(app string, _, inflight int64) {
-		m.line(`roost_api_app_inflight{app="`+labelValue(app)+`"}`, float64(inflight))
-	})
 }

@@ -5,7 +5,7 @@ package main
 // other shows the message with its seq; a reconnect resumes with since;
 // a drain shows its close code and retry hint. The client's own tests
 // (client/test, with Node's runner and playwright-core) are run by
-// client_test.go.
+// test/client_test.go.
 
 import (
 	"bufio"

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // /healthz counts the loops the node runs, not the ones that happen to
@@ -87,8 +89,13 @@ func TestMigrateListsWhatItApplied(t *testing.T) {
 	if !strings.Contains(errs, "roost migrate: applied 0001_") || !strings.Contains(errs, "from version 0 to "+strconv.Itoa(latest)) {
 		t.Fatalf("first migrate does not list what it applied:\n%s", errs)
 	}
-	if n := strings.Count(errs, "roost migrate: applied "); n != latest {
-		t.Errorf("%d files listed, want %d:\n%s", n, latest, errs)
+	// Versions may skip numbers (branches take numbers apart): count the files.
+	files, err := filepath.Glob("persist/migrations/*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("migration files: %v %v", files, err)
+	}
+	if n := strings.Count(errs, "roost migrate: applied "); n != len(files) {
+		t.Errorf("%d files listed, want %d:\n%s", n, len(files), errs)
 	}
 	code, _, errs = roost(t, "migrate", "--database-url", url)
 	if code != 0 || strings.Contains(errs, "applied") || !strings.Contains(errs, "nothing to apply: the schema is at version "+strconv.Itoa(latest)) {
@@ -166,4 +173,9 @@ func TestDevBannerJSON(t *testing.T) {
 	if strings.Contains(buf.String(), "curl") || !strings.Contains(buf.String(), "demo page   http://127.0.0.1:8080/") {
 		t.Fatalf("banner without a loopback API:\n%s", buf.String())
 	}
+}
+
+// freeLoopback is a loopback address with a port free a moment ago.
+func freeLoopback(t *testing.T) string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t, false)))
 }

@@ -6,9 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/roost-chat/roost/fanout/webhook"
@@ -134,45 +132,4 @@ func webhookMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "roost webhook replay: app %s of dead letter %d is not registered\n", dl.App, id)
 	return 1
-}
-
-// writeDropped writes roost_webhook_dropped_total per app: the events each
-// app lost on this node (memory only; with PostgreSQL nothing owed is
-// lost). Every app that had a webhook on this node has its series.
-func writeDropped(m *expo, hooks *webhook.Dispatcher) {
-	type row struct {
-		app string
-		n   uint64
-	}
-	var rows []row
-	hooks.EachDropped(func(app string, n uint64) { rows = append(rows, row{app, n}) })
-	m.family("roost_webhook_dropped_total", "counter")
-	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.app, b.app) })
-	for _, r := range rows {
-		m.line(`roost_webhook_dropped_total{app="`+r.app+`"}`, float64(r.n))
-	}
-}
-
-// writeBacklog writes each app's webhook backlog: events and bytes held,
-// rooms left in the store, and the age of the oldest event held.
-func writeBacklog(m *expo, hooks *webhook.Dispatcher) {
-	var rows []webhook.Backlog
-	hooks.EachBacklog(time.Now(), func(b webhook.Backlog) { rows = append(rows, b) })
-	slices.SortFunc(rows, func(a, b webhook.Backlog) int { return strings.Compare(a.App, b.App) })
-	m.family("roost_webhook_app_owed", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_owed{app="`+labelValue(r.App)+`"}`, float64(r.Owed))
-	}
-	m.family("roost_webhook_app_held_bytes", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_held_bytes{app="`+labelValue(r.App)+`"}`, float64(r.Bytes))
-	}
-	m.family("roost_webhook_app_spilled_rooms", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_spilled_rooms{app="`+labelValue(r.App)+`"}`, float64(r.Spill))
-	}
-	m.family("roost_webhook_app_lag_seconds", "gauge")
-	for _, r := range rows {
-		m.line(`roost_webhook_app_lag_seconds{app="`+labelValue(r.App)+`"}`, r.Oldest.Seconds())
-	}
 }

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/roost-chat/roost/persist/pgtest"
-	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // delivery --signals: every signal reaches every member but its sender,
@@ -45,8 +44,7 @@ func TestDeliverySignals(t *testing.T) {
 // the figures are reported.
 func TestReads(t *testing.T) {
 	db := pgtest.NewDB(t)
-	port, admin := redistest.FreePort(t, false), redistest.FreePort(t, false)
-	n, _ := startNodeAt(t, port, admin, "--database-url", db, "--migrate", "--log-level", "warn")
+	n := startNodeAt(t, "", "", "--database-url", db, "--migrate", "--log-level", "warn")
 	u, err := url.Parse(db)
 	if err != nil {
 		t.Fatal(err)

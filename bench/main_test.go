@@ -5,6 +5,8 @@ package bench
 import (
 	"os"
 	"testing"
+
+	"github.com/roost-chat/roost/test/harness"
 )
 
 func TestMain(m *testing.M) {
@@ -14,6 +16,6 @@ func TestMain(m *testing.M) {
 		os.Exit(Main(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	code := m.Run()
-	stopNodeBuild()
+	harness.Cleanup()
 	os.Exit(code)
 }

@@ -6,95 +6,36 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"math"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
-	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
-// The scenario tests run the real node: the roost binary built once from
-// this module, started per test on free loopback ports.
-
-var (
-	buildOnce sync.Once
-	buildDir  string
-	nodeBin   string
-	buildErr  error
-)
-
-func nodeBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "roost-bench-test-")
-		if buildErr != nil {
-			return
-		}
-		nodeBin = filepath.Join(buildDir, "roost")
-		out, err := exec.Command("go", "build", "-o", nodeBin, "github.com/roost-chat/roost").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("cannot build the node: %v\n%s", err, out)
-			return
-		}
-		if out, err := exec.Command(nodeBin, "serve", "--help").CombinedOutput(); err != nil && !bytes.Contains(out, []byte("listen")) {
-			buildErr = fmt.Errorf("the built binary has no serve command: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(buildErr)
-		}
-		t.Skip(buildErr)
-	}
-	return nodeBin
-}
-
-func stopNodeBuild() {
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-}
+// The scenario tests run the real node: the roost binary built once per
+// test process by test/harness, started per test on free loopback ports.
 
 type testNode struct {
 	url   string
 	pid   int
 	admin string
+	node  *harness.Node
 }
 
 // metric reads one counter from the node's /metrics.
 func (n testNode) metric(t *testing.T, name string) uint64 {
 	t.Helper()
-	resp, err := http.Get("http://" + n.admin + "/metrics")
-	if err != nil {
-		t.Fatalf("cannot read node metrics: %v", err)
+	v, ok := n.node.Metrics(t)[name]
+	if !ok {
+		t.Fatalf("node has no metric %s", name)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == name {
-			v, err := strconv.ParseFloat(f[1], 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", name, err)
-			}
-			return uint64(v)
-		}
-	}
-	t.Fatalf("node has no metric %s", name)
-	return 0
+	return uint64(v)
 }
 
 // checkNodeCounters compares the bench's totals with the node's own: every
@@ -120,69 +61,29 @@ func checkNodeCounters(t *testing.T, n testNode, rep *Report) {
 	}
 }
 
-// startNode runs `roost serve --insecure` and waits until it accepts.
+// startNode runs `roost serve --insecure` and waits until it is ready.
 func startNode(t *testing.T, extra ...string) testNode {
 	t.Helper()
-	port, admin := redistest.FreePort(t, false), redistest.FreePort(t, false)
-	n, _ := startNodeAt(t, port, admin, extra...)
-	return n
+	return startNodeMode(t, "", "", true, extra...)
 }
 
-// startNodeAt runs a node on the given ports; the process is returned so
-// that a test can kill it (the cleanup stops it otherwise).
-func startNodeAt(t *testing.T, port, admin int, extra ...string) (testNode, *os.Process) {
+// startNodeAt runs a node on the given addresses ("" for a free port), so
+// that a test can start it again where it was; a test may kill it through
+// testNode.node (the harness stops it otherwise).
+func startNodeAt(t *testing.T, addr, admin string, extra ...string) testNode {
 	t.Helper()
-	return startNodeMode(t, port, admin, true, extra...)
+	return startNodeMode(t, addr, admin, true, extra...)
 }
 
 // startNodeMode is startNodeAt, in token mode unless insecure.
-func startNodeMode(t *testing.T, port, admin int, insecure bool, extra ...string) (testNode, *os.Process) {
+func startNodeMode(t *testing.T, addr, admin string, insecure bool, extra ...string) testNode {
 	t.Helper()
-	bin := nodeBinary(t)
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	args := []string{"serve", "--listen", addr, "--admin", "127.0.0.1:" + strconv.Itoa(admin), "--api", "off"}
+	args := []string{"--api", "off"}
 	if insecure {
 		args = append(args, "--insecure")
 	}
-	args = append(args, extra...)
-	cmd := exec.Command(bin, args...)
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("node output:\n%s", logs.String())
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			break
-		}
-		select {
-		case <-exited:
-			t.Fatalf("node exited: %s", logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node not listening on %s: %v\n%s", addr, err, logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return testNode{url: "ws://" + addr + "/ws", pid: cmd.Process.Pid, admin: "127.0.0.1:" + strconv.Itoa(admin)}, cmd.Process
+	n := harness.Start(t, harness.Spec{Name: "node", Addr: addr, Admin: admin, Args: append(args, extra...)})
+	return testNode{url: "ws://" + n.Addr + "/ws", pid: n.PID(), admin: n.Admin, node: n}
 }
 
 // runBench runs one scenario in its short form and returns the report.
@@ -358,8 +259,7 @@ func TestSecureNodeTokens(t *testing.T) {
 	if err := persist.OpenAppFile(f).CreateApp(context.Background(), proto.App{ID: "chat", Secret: secret}); err != nil {
 		t.Fatal(err)
 	}
-	port, admin := redistest.FreePort(t, false), redistest.FreePort(t, false)
-	n, _ := startNodeMode(t, port, admin, false, "--apps", f)
+	n := startNodeMode(t, "", "", false, "--apps", f)
 	t.Setenv("ROOST_SECRET", secret)
 	rep := runBench(t, "delivery", "--url", n.url, "--app", "chat", "--members=20", "--publishers=4", "--rate=100",
 		"--pid", strconv.Itoa(n.pid))

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/roost-chat/roost/persist/pgtest"
-	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
 // markEvent appends one --events line.
@@ -56,9 +55,8 @@ func storedCounts(t *testing.T, dbURL string) (msgs int64, holey int64) {
 // stored twice.
 func TestReconnectAfterKill(t *testing.T) {
 	db := pgtest.NewDB(t)
-	port, admin := redistest.FreePort(t, false), redistest.FreePort(t, false)
 	extra := []string{"--database-url", db, "--migrate", "--log-level", "warn"}
-	n, proc := startNodeAt(t, port, admin, extra...)
+	n := startNodeAt(t, "", "", extra...)
 	dir := t.TempDir()
 	events, pidFile := filepath.Join(dir, "events"), filepath.Join(dir, "pid")
 	os.WriteFile(pidFile, []byte(strconv.Itoa(n.pid)), 0o644)
@@ -79,12 +77,9 @@ func TestReconnectAfterKill(t *testing.T) {
 	}()
 	time.Sleep(2500 * time.Millisecond)
 	markEvent(t, events, "node SIGKILL")
-	if err := proc.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = proc.Wait()
+	n.node.Kill()
 	time.Sleep(400 * time.Millisecond)
-	n2, _ := startNodeAt(t, port, admin, extra...)
+	n2 := startNodeAt(t, n.node.Addr, n.admin, extra...)
 	os.WriteFile(pidFile, []byte(strconv.Itoa(n2.pid)), 0o644)
 	markEvent(t, events, "node started")
 

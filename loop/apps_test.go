@@ -29,8 +29,14 @@ func secureNode(t *testing.T, mutate func(*Config), apps ...proto.App) *node {
 			mutate(c)
 		}
 	})
-	n.srv.SetApps(apps)
+	setApps(n.srv, apps)
 	return n
+}
+
+// setApps hands s a snapshot of reg, as the node hands it each reading of
+// its registry.
+func setApps(s *Server, reg []proto.App) {
+	s.SetApps(tenancy.NewSnapshot(s.cfg.Limits, s.cfg.Apps, reg))
 }
 
 // hourly spends a bucket for the next hour in one take.
@@ -213,11 +219,11 @@ func TestRotation(t *testing.T) {
 	hour := time.Now().Add(time.Hour)
 	n.dialQuery(t, "token="+tok(secretA, "a", "u", hour))
 
-	n.srv.SetApps([]proto.App{{ID: "a", Secret: newSecret, PreviousSecret: secretA, PreviousUntil: time.Now().Add(time.Hour)}})
+	setApps(n.srv, []proto.App{{ID: "a", Secret: newSecret, PreviousSecret: secretA, PreviousUntil: time.Now().Add(time.Hour)}})
 	n.dialQuery(t, "token="+tok(secretA, "a", "u", hour))
 	n.dialQuery(t, "token="+tok(newSecret, "a", "u", hour))
 
-	n.srv.SetApps([]proto.App{{ID: "a", Secret: newSecret, PreviousSecret: secretA, PreviousUntil: time.Now().Add(-time.Second)}})
+	setApps(n.srv, []proto.App{{ID: "a", Secret: newSecret, PreviousSecret: secretA, PreviousUntil: time.Now().Add(-time.Second)}})
 	if got := refusal(t, n, "token="+tok(secretA, "a", "u", hour), ""); !strings.Contains(got, "signature") {
 		t.Fatalf("previous secret after its end: %q", got)
 	}
@@ -229,7 +235,7 @@ func TestDisable(t *testing.T) {
 	hour := time.Now().Add(time.Hour)
 	ca := n.dialQuery(t, "token="+tok(secretA, "a", "u", hour))
 	cb := n.dialQuery(t, "token="+tok(secretB, "b", "u", hour))
-	n.srv.SetApps([]proto.App{{ID: "a", Secret: secretA, Disabled: true}, {ID: "b", Secret: secretB}})
+	setApps(n.srv, []proto.App{{ID: "a", Secret: secretA, Disabled: true}, {ID: "b", Secret: secretB}})
 	if reason := ca.expectClose(1008); reason != "app disabled" {
 		t.Fatalf("reason %q", reason)
 	}
@@ -239,7 +245,7 @@ func TestDisable(t *testing.T) {
 	cb.send(`{"op":"ping"}`)
 	cb.expect(map[string]any{"op": "pong"})
 
-	n.srv.SetApps([]proto.App{{ID: "a", Secret: secretA}, {ID: "b", Secret: secretB}})
+	setApps(n.srv, []proto.App{{ID: "a", Secret: secretA}, {ID: "b", Secret: secretB}})
 	n.dialQuery(t, "token="+tok(secretA, "a", "u", hour))
 }
 
@@ -563,7 +569,7 @@ func TestDisableEndsSSE(t *testing.T) {
 	}
 	sa.expect("joined")
 	sb.expect("joined")
-	n.srv.SetApps([]proto.App{{ID: "a", Secret: secretA, Disabled: true}, {ID: "b", Secret: secretB}})
+	setApps(n.srv, []proto.App{{ID: "a", Secret: secretA, Disabled: true}, {ID: "b", Secret: secretB}})
 	sa.expectEnd()
 	if got := refusedOf(n.srv, "a", RefusedDisabled); got != 1 {
 		t.Fatalf("disabled refusals %d, want 1 (the closed stream)", got)

@@ -83,8 +83,15 @@ type appConfig struct {
 	keys *idKeys
 }
 
+// resolve is a's configuration with a view of its own: an app the
+// registry does not hold (made on first use in insecure mode).
 func resolve(lim tenancy.Limits, maxRooms int, a *proto.App) *appConfig {
-	c := &appConfig{View: tenancy.Resolve(lim, a), maxRooms: appMaxRooms(a.Limits.MaxRooms, maxRooms)}
+	return withView(tenancy.Resolve(lim, a), maxRooms, a)
+}
+
+// withView is a's configuration around its view v (built from a).
+func withView(v *tenancy.View, maxRooms int, a *proto.App) *appConfig {
+	c := &appConfig{View: v, maxRooms: appMaxRooms(a.Limits.MaxRooms, maxRooms)}
 	if p := a.Proxy; p != nil {
 		// The secrets as stored, not as valid now: the pool drops the
 		// previous one at PreviousUntil itself, with no registry change.
@@ -125,9 +132,8 @@ func appMaxRooms(override *int64, node int) int {
 type apps struct {
 	insecure    bool
 	maxFirstUse int
-	lim         tenancy.Limits
+	lim         tenancy.Limits // of the apps made on first use
 	maxRooms    int
-	static      map[string][]byte // --app-secret
 	jwks        *jwksSources
 
 	mu       sync.RWMutex
@@ -141,15 +147,13 @@ func newApps(cfg *Config, log *slog.Logger) *apps {
 	if every <= 0 {
 		every = DefaultJWKSRefresh
 	}
-	lim := cfg.Limits
-	// The node's --signal-rate and --signal-burst are the defaults of
-	// both chat buckets; an app's registry entry sets its own.
-	lim.SignalRate, lim.SignalBurst = cfg.SignalRate, int64(cfg.SignalBurst)
-	lim.ReadRate, lim.ReadBurst = cfg.SignalRate, int64(cfg.SignalBurst)
+	lim := cfg.AppLimits()
 	a := &apps{insecure: cfg.Insecure, maxFirstUse: cfg.InsecureMaxApps, lim: lim, maxRooms: cfg.MaxRooms,
-		static: cfg.Apps, byID: make(map[string]*app),
+		byID: make(map[string]*app),
 		jwks: &jwksSources{every: every, log: log, byURL: map[string]*jwksSource{}}}
-	a.set(nil)
+	// The static apps until the node hands its registry's snapshot over
+	// (SetApps); a node without a registry hands the same one.
+	a.set(tenancy.NewSnapshot(lim, cfg.Apps, nil))
 	return a
 }
 
@@ -184,20 +188,19 @@ func (a *apps) firstUseApp(id []byte) (*app, *proto.HTTPError) {
 	return p, nil
 }
 
-// set installs a new registry (registered apps; --app-secret entries fill
-// in ids the registry does not hold). It returns the apps that became
-// disabled or unknown, whose live connections must be closed, and those
-// whose secrets changed, whose connections' tokens must be looked at again.
-func (a *apps) set(reg []proto.App) (gone, rekeyed []*app) {
-	merged := make(map[string]*appConfig, len(reg)+len(a.static))
-	for id, sec := range a.static {
-		merged[id] = resolve(a.lim, a.maxRooms, &proto.App{ID: id, Secret: string(sec)})
-	}
+// set installs a registry snapshot (registered apps; --app-secret entries
+// fill in ids the registry does not hold), wrapping each app's view (the
+// server API holds the same one) with what only the client edges use. It
+// returns the apps that became disabled or unknown, whose live connections
+// must be closed, and those whose secrets changed, whose connections'
+// tokens must be looked at again.
+func (a *apps) set(snap *tenancy.Snapshot) (gone, rekeyed []*app) {
+	merged := make(map[string]*appConfig, len(snap.Entries))
 	used := map[string]*jwksSource{}
-	for i := range reg {
-		c := resolve(a.lim, a.maxRooms, &reg[i])
-		c.keys = a.jwks.keysFor(reg[i].Identity, used)
-		merged[reg[i].ID] = c
+	for _, e := range snap.Entries {
+		c := withView(e.View, a.maxRooms, e.App)
+		c.keys = a.jwks.keysFor(e.App.Identity, used)
+		merged[e.App.ID] = c
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -699,12 +702,14 @@ func (c *conn) refresh(tok []byte) {
 	c.send(a.Keep(proto.AppendAuthedFrame(a.Space(64), v.exp)))
 }
 
-// SetApps installs the registry's apps (any goroutine): new connections see
-// the change at once; the live connections of apps now disabled, or gone
-// from the registry, are closed with 1008; those of apps whose secrets
-// changed have their tokens looked at again (rekeyApp).
-func (s *Server) SetApps(reg []proto.App) {
-	gone, rekeyed := s.apps.set(reg)
+// SetApps installs a snapshot of the registry (any goroutine), the one the
+// server API is handed too: new connections see the change at once; the
+// live connections of apps now disabled, or gone from the registry, are
+// closed with 1008; those of apps whose secrets changed have their tokens
+// looked at again (rekeyApp). The snapshot must be resolved against this
+// node's Config.Limits and hold its Config.Apps.
+func (s *Server) SetApps(snap *tenancy.Snapshot) {
+	gone, rekeyed := s.apps.set(snap)
 	n := int(s.nloops.Load())
 	for _, p := range gone {
 		for i := 0; i < n; i++ {

@@ -184,7 +184,3 @@ func (c *conn) releasePublishes() {
 		delete(c.l.pubQueues, c)
 	}
 }
-
-// ProxyStats are the proxy calls of this node by kind and result. Any
-// goroutine.
-func (s *Server) ProxyStats() *proxy.Stats { return &s.proxy.Stats }

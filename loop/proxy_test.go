@@ -132,7 +132,7 @@ func TestProxyConnectAllowDeny(t *testing.T) {
 	if got := refusedOf(n.srv, "a", RefusedProxy); got != 1 {
 		t.Fatalf("proxy refusals %d, want 1", got)
 	}
-	st := n.srv.ProxyStats()
+	st := &n.srv.proxy.Stats
 	if a, d := st.Calls[0][0].Load(), st.Calls[0][1].Load(); a != 1 || d != 1 {
 		t.Fatalf("connect calls allowed %d denied %d, want 1 and 1", a, d)
 	}
@@ -310,7 +310,7 @@ func TestProxyHungBackendCostsOnlyItsApp(t *testing.T) {
 		}
 		as = append(as, c)
 	}
-	checkFor(t, 5*time.Second, func() bool { return n.srv.ProxyStats().Calls[1][4].Load() > 0 }) // a's queue is full
+	checkFor(t, 5*time.Second, func() bool { return n.srv.proxy.Stats.Calls[1][4].Load() > 0 }) // a's queue is full
 	// b publishes steadily meanwhile.
 	worst := worstOf(100)
 	if worst > time.Second {
@@ -389,12 +389,12 @@ func TestProxySettingsChange(t *testing.T) {
 	if m := c.expectAnswer("m1"); m["op"] != "ack" {
 		t.Fatalf("m1: %v", m)
 	}
-	n.srv.SetApps([]proto.App{proxied("a", proto.Proxy{Publish: b.srv.URL})})
+	setApps(n.srv, []proto.App{proxied("a", proto.Proxy{Publish: b.srv.URL})})
 	c.send(`{"op":"pub","room":"r","id":"m2","body":1}`)
 	if m := c.expectAnswer("m2"); m["op"] != "err" || m["message"] != "closed for now" {
 		t.Fatalf("m2: %v", m)
 	}
-	n.srv.SetApps([]proto.App{{ID: "a", Secret: secretA}})
+	setApps(n.srv, []proto.App{{ID: "a", Secret: secretA}})
 	c.send(`{"op":"pub","room":"r","id":"m3","body":1}`)
 	if m := c.expectAnswer("m3"); m["op"] != "ack" {
 		t.Fatalf("m3: %v", m)
@@ -447,7 +447,7 @@ func TestProxyCallsSignedFollowRotation(t *testing.T) {
 		t.Fatalf("m1 signed with the app's secret: %v, %d signatures", m, lastSigs())
 	}
 	a.Secret, a.PreviousSecret, a.PreviousUntil = newSecret, secretA, time.Now().Add(time.Hour)
-	n.srv.SetApps([]proto.App{a})
+	setApps(n.srv, []proto.App{a})
 	mu.Lock()
 	knows = []string{newSecret}
 	mu.Unlock()
@@ -455,7 +455,7 @@ func TestProxyCallsSignedFollowRotation(t *testing.T) {
 		t.Fatalf("m2 during the rotation: %v, %d signatures", m, lastSigs())
 	}
 	a.PreviousUntil = time.Now().Add(-time.Second)
-	n.srv.SetApps([]proto.App{a})
+	setApps(n.srv, []proto.App{a})
 	if m := pub("m3"); m["op"] != "ack" || lastSigs() != 1 {
 		t.Fatalf("m3 after the rotation: %v, %d signatures", m, lastSigs())
 	}

@@ -27,7 +27,7 @@ func TestRetiredSecretCloses(t *testing.T) {
 
 	rotated := time.Now()
 	app.PreviousSecret, app.PreviousUntil, app.Secret = secretA, rotated.Add(time.Second), secretB
-	n.srv.SetApps([]proto.App{app})
+	setApps(n.srv, []proto.App{app})
 	kept.send(`{"op":"auth","token":"` + tok(secretB, "a", "kept", time.Now().Add(2*time.Hour)) + `"}`)
 	if f := kept.recv(); f["op"] != "authed" {
 		t.Fatalf("refresh with the new secret: %v", f)
@@ -50,7 +50,7 @@ func TestRetiredSecretCloses(t *testing.T) {
 	// Removed at once: the refreshed connection's secret is now the
 	// retired one.
 	app.PreviousSecret, app.PreviousUntil, app.Secret = "", time.Time{}, secretA+"-third"
-	n.srv.SetApps([]proto.App{app})
+	setApps(n.srv, []proto.App{app})
 	start := time.Now()
 	if reason := kept.expectClose(1008); reason != "token expired" {
 		t.Fatalf("reason %q", reason)

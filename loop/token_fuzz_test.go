@@ -8,6 +8,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -29,10 +30,10 @@ func fuzzServer(t testing.TB) *Server {
 	cfg := Defaults()
 	cfg.Limits.MaxTokenTTL = 0
 	s := &Server{cfg: cfg, jwt: newTokenParser(cfg.Leeway), apps: newApps(&cfg, nil)}
-	s.apps.set([]proto.App{
+	s.apps.set(tenancy.NewSnapshot(cfg.Limits, cfg.Apps, []proto.App{
 		{ID: "s", Secret: fuzzSecret},
 		{ID: "k", Secret: fuzzSecret, Identity: &proto.Identity{PublicKey: string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})), UserClaim: "email"}},
-	})
+	}))
 	return s
 }
 

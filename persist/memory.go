@@ -78,6 +78,7 @@ type memApp struct {
 	rooms int          // rooms made (under Memory.appsMu)
 	bytes atomic.Int64 // its share of Memory.bytes
 	lru   memRoom      // sentinel of its rooms holding messages: lru.next is the most recent
+	names memNames     // its rooms by name, for ListRooms (under Memory.appsMu; rooms.go)
 }
 
 var _ Store = (*Memory)(nil)
@@ -303,6 +304,7 @@ func (m *Memory) roomLocked(sh *memShard, key string) *memRoom {
 	room.epoch = m.epochBase + "." + strconv.FormatUint(m.roomGen.Add(1), 36)
 	sh.rooms[key] = room
 	m.account(room, roomCost+int64(len(key)+len(room.epoch)))
+	m.indexRoom(ma, key)
 	return room
 }
 

@@ -68,7 +68,12 @@ func TestMigrate(t *testing.T) {
 		t.Fatalf("after Migrate: current %v, %v", ok, err)
 	}
 	var n int
-	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil || n != LatestSchema() {
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Versions may skip numbers (branches take numbers apart): one row per file.
+	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil || n != len(ms) {
 		t.Fatalf("schema_migrations rows %d, %v", n, err)
 	}
 }

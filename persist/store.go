@@ -3,6 +3,8 @@ package persist
 import (
 	"context"
 
+	"github.com/VictoriaMetrics/metrics"
+
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -94,6 +96,9 @@ type Store interface {
 	History(ctx context.Context, key string, before uint64, b Bounds) (msgs []proto.Message, more bool, err error)
 	// RetentionStats counts what retention removed.
 	RetentionStats() RetentionStats
+	// RegisterMetrics adds the store's series (retention, and what each
+	// implementation counts of its own) to set, read at scrape time.
+	RegisterMetrics(set *metrics.Set)
 	// Close releases the store's resources.
 	Close()
 }

@@ -36,6 +36,10 @@ type Presence interface {
 	Query(ctx context.Context, key string, limit int) (count int, users []string, err error)
 	// Count returns the room's number of users, in O(1). Any goroutine.
 	Count(ctx context.Context, key string) (int, error)
+	// Counts sets counts[i] to the number of users of the room keys[i],
+	// each in O(1), all in one round trip where there is a network (the
+	// server API's rooms listing). Any goroutine.
+	Counts(ctx context.Context, keys []string, counts []int) error
 	// Close ends this node's presence (its users leave at once where
 	// other nodes see it) and stops.
 	Close() error
@@ -166,6 +170,19 @@ func (p *MemoryPresence) Count(_ context.Context, key string) (int, error) {
 		return len(r.users), nil
 	}
 	return 0, nil
+}
+
+// Counts implements Presence.
+func (p *MemoryPresence) Counts(_ context.Context, keys []string, counts []int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, key := range keys {
+		counts[i] = 0
+		if r := p.rooms[key]; r != nil {
+			counts[i] = len(r.users)
+		}
+	}
+	return nil
 }
 
 // Close implements Presence.

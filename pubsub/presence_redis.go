@@ -460,6 +460,26 @@ func (p *RedisPresence) Count(ctx context.Context, key string) (int, error) {
 	return int(n), nil
 }
 
+// Counts implements Presence: one HLEN per room, in one pipeline (rueidis
+// sends each to its slot's shard on a cluster).
+func (p *RedisPresence) Counts(ctx context.Context, keys []string, counts []int) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	cmds := make(rueidis.Commands, len(keys))
+	for i, key := range keys {
+		cmds[i] = p.client.B().Hlen().Key(p.roomKeys(key, p.node)[0]).Build()
+	}
+	for i, res := range p.client.DoMulti(ctx, cmds...) {
+		n, err := res.AsInt64()
+		if err != nil {
+			return fmt.Errorf("cannot read presence of %s: %w", keys[i], err)
+		}
+		counts[i] = int(n)
+	}
+	return nil
+}
+
 // Close implements Presence: the lease is cut to the grace period, so
 // that the users of a node stopped cleanly leave then, unless they came
 // back on another node meanwhile. Call it before the broker's Close (it

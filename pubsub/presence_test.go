@@ -90,6 +90,15 @@ func testPresenceContract(t *testing.T, nodes []Presence) {
 	if n := count(t, b, "x/r"); n != 0 {
 		t.Fatalf("count %d after everyone left", n)
 	}
+	// Many rooms counted at once.
+	apply(t, a, j("x/c1", "alice"), j("x/c1", "bob"), j("x/c3", "carol"))
+	counts := []int{-1, -1, -1}
+	if err := b.Counts(context.Background(), []string{"x/c1", "x/c2", "x/c3"}, counts); err != nil || !slices.Equal(counts, []int{2, 0, 1}) {
+		t.Fatalf("counts %v, %v", counts, err)
+	}
+	if err := b.Counts(context.Background(), nil, nil); err != nil {
+		t.Fatalf("no rooms: %v", err)
+	}
 	// The names' limit.
 	var many []ch
 	for i := 0; i < 30; i++ {

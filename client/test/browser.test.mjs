@@ -2,7 +2,7 @@
 // processes: nodes killed, drained and restarted under the pages, reloads
 // in the middle (one while the node is down, its outbox full), a
 // memory-store restart, and 200 clients reconnecting.
-// Run by the repository's `go test` (client_test.go), which builds the
+// Run by the repository's `go test` (test/client_test.go), which builds the
 // binary and gives each run its own PostgreSQL database:
 //   ROOST_BIN=path/to/roost ROOST_DATABASE_URL=postgres://... node --test test/browser.test.mjs
 import { test, before, after } from "node:test";
@@ -20,7 +20,7 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const BIN = process.env.ROOST_BIN;
 const DB = process.env.ROOST_DATABASE_URL;
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
-const skip = !BIN ? "ROOST_BIN is not set: run through go test (client_test.go)" : false;
+const skip = !BIN ? "ROOST_BIN is not set: run through go test (test/client_test.go)" : false;
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 

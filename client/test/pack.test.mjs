@@ -3,7 +3,7 @@
 // against a real roost node. Node 20 has no WebSocket of its own, so the
 // app injects one: the `ws` package's, and undici's (the implementation
 // Node 22 ships as its global WebSocket). Run by the repository's `go test`
-// (client_test.go), which builds the binary:
+// (test/client_test.go), which builds the binary:
 //   ROOST_BIN=path/to/roost node --test test/pack.test.mjs
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url";
 const here = path.dirname(fileURLToPath(import.meta.url));
 const clientDir = path.resolve(here, "..");
 const BIN = process.env.ROOST_BIN;
-const skip = !BIN ? "ROOST_BIN is not set: run through go test (client_test.go)" : false;
+const skip = !BIN ? "ROOST_BIN is not set: run through go test (test/client_test.go)" : false;
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 

@@ -35,7 +35,8 @@ type Config struct {
 	// MaxMsg is the default largest message body in bytes; an app's
 	// max_msg in the registry overrides it (0: no bound but MaxRequest).
 	MaxMsg int64
-	// Static are the apps of --app-secret: id -> secret.
+	// Static are the apps of --app-secret: id -> secret, served until
+	// SetApps hands over the node's snapshot (which holds them too).
 	Static map[string][]byte
 	// Edge budgets the listener (edge.go); zero fields take the defaults.
 	Edge Edge
@@ -79,13 +80,16 @@ const (
 	RouteHistory
 	RouteRoom
 	RouteDisconnect
-	RouteChat  // a user's read positions and unread counts
-	RouteOther // no such route
+	RouteChat      // a user's read positions and unread counts
+	RouteRooms     // an app's rooms listed (rooms.go)
+	RoutePresence  // a room's users (rooms.go)
+	RouteBroadcast // one message to many rooms (broadcast.go)
+	RouteOther     // no such route
 	numRoutes
 )
 
 // RouteNames label the routes in metrics.
-var RouteNames = [numRoutes]string{"publish", "history", "room", "disconnect", "chat", "other"}
+var RouteNames = [numRoutes]string{"publish", "history", "room", "disconnect", "chat", "rooms", "presence", "broadcast", "other"}
 
 // Answer codes counted per route: 0 is a 2xx answer, the others are the
 // error codes (proto.Code values).
@@ -152,7 +156,9 @@ func New(cfg Config, p Parts) *Server {
 		s.pubLa = noObserver{}
 	}
 	s.edge.init(cfg.Edge)
-	s.SetApps(nil)
+	// The static apps until the node hands its registry's snapshot over
+	// (SetApps); a node without a registry hands the same one.
+	s.SetApps(tenancy.NewSnapshot(tenancy.Limits{MaxMsg: cfg.MaxMsg}, cfg.Static, nil))
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/apps/{app}/rooms/{room}/messages", s.publish)
 	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}/messages", s.history)
@@ -161,6 +167,9 @@ func New(cfg Config, p Parts) *Server {
 	mux.HandleFunc("POST /v1/apps/{app}/users/{user}/messages", s.publish) // into the user's inbox, "@user"
 	mux.HandleFunc("PUT /v1/apps/{app}/users/{user}/read", s.markRead)
 	mux.HandleFunc("GET /v1/apps/{app}/users/{user}/unread", s.unread)
+	mux.HandleFunc("GET /v1/apps/{app}/rooms", s.listRooms)
+	mux.HandleFunc("GET /v1/apps/{app}/rooms/{room}/presence", s.presence)
+	mux.HandleFunc("POST /v1/apps/{app}/broadcast", s.broadcast)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.refuseUnauthenticated(w, r, RouteOther, http.StatusNotFound, proto.CodeNotFound, "no such route: "+r.Method+" "+r.URL.Path+" (see the Server API in docs/protocol.md)")
 	})
@@ -171,27 +180,22 @@ func New(cfg Config, p Parts) *Server {
 // Handler is the API's HTTP handler.
 func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
-// SetApps installs the registry's apps (any goroutine), beside the static
-// ones. An app keeps its rate bucket across changes.
-func (s *Server) SetApps(reg []proto.App) {
+// SetApps installs a snapshot of the registry (any goroutine): the same
+// one the client edges are handed, so an app's view here is theirs. An app
+// keeps its rate bucket across changes.
+func (s *Server) SetApps(snap *tenancy.Snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next := make(map[string]*tenant, len(reg)+len(s.cfg.Static))
-	add := func(a proto.App) {
-		next[a.ID] = s.newTenant(a, s.apps[a.ID])
-	}
-	for id, sec := range s.cfg.Static {
-		add(proto.App{ID: id, Secret: string(sec)})
-	}
-	for i := range reg {
-		add(reg[i])
+	next := make(map[string]*tenant, len(snap.Entries))
+	for _, e := range snap.Entries {
+		next[e.App.ID] = newTenant(e.View, s.apps[e.App.ID])
 	}
 	s.apps = next
 }
 
-// newTenant is a as the API serves it; it keeps old's rate bucket.
-func (s *Server) newTenant(a proto.App, old *tenant) *tenant {
-	t := &tenant{app: tenancy.Resolve(tenancy.Limits{MaxMsg: s.cfg.MaxMsg}, &a), req: new(tenancy.Bucket)}
+// newTenant is an app as the API serves it; it keeps old's rate bucket.
+func newTenant(v *tenancy.View, old *tenant) *tenant {
+	t := &tenant{app: v, req: new(tenancy.Bucket)}
 	if old != nil {
 		t.req = old.req // the request bucket outlives registry changes
 	}

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -45,7 +46,7 @@ func (s *Server) devTenant(w http.ResponseWriter, r *http.Request, id string, ro
 		s.fail(w, route, http.StatusForbidden, proto.CodeForbidden, "development mode: too many apps made on first use (--insecure-max-apps)")
 		return nil, false
 	}
-	t = s.newTenant(proto.App{ID: id}, nil)
+	t = newTenant(tenancy.Resolve(tenancy.Limits{MaxMsg: s.cfg.MaxMsg}, &proto.App{ID: id}), nil)
 	s.dev[id] = t
 	return t, true
 }

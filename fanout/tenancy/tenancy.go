@@ -1,14 +1,17 @@
 // Package tenancy owns what every edge of a node knows of an app: its
-// registry entry resolved against the node's defaults (View), and the one
+// registry entry resolved against the node's defaults (View), one reading
+// of the registry resolved once for every edge (Snapshot), and the one
 // rate limiter its buckets are spent from (Bucket). The WebSocket and SSE
-// edges (loop) and the server API (fanout/api) read the same View type,
-// built by the same Resolve, and spend the same kind of Bucket, so a limit
-// or a secret means one thing wherever a client comes in.
+// edges (loop) and the server API (fanout/api) are handed the same
+// Snapshot, so they hold the very same Views, and spend the same kind of
+// Bucket: a limit or a secret means one thing wherever a client comes in.
 package tenancy
 
 import (
 	"crypto/subtle"
 	"math"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -125,6 +128,41 @@ func Resolve(lim Limits, a *proto.App) *View {
 	return v
 }
 
+// Snapshot is one reading of the app registry resolved once for every
+// edge: the registry's apps, with the node's static apps (--app-secret)
+// filling in the ids the registry does not hold, each with its View.
+// Immutable once built: the node builds one per registry read and hands
+// the same one to the loops and the server API.
+type Snapshot struct {
+	// Entries are in id order.
+	Entries []Entry
+}
+
+// Entry is one app of a Snapshot.
+type Entry struct {
+	App  *proto.App // the entry as read (a static app: its id and secret)
+	View *View      // App resolved against the node's defaults
+}
+
+// NewSnapshot resolves the registry's apps reg, and the static apps
+// (id -> secret) it does not hold, against lim.
+func NewSnapshot(lim Limits, static map[string][]byte, reg []proto.App) *Snapshot {
+	byID := make(map[string]*proto.App, len(reg)+len(static))
+	for id, sec := range static {
+		byID[id] = &proto.App{ID: id, Secret: string(sec)}
+	}
+	for i := range reg {
+		a := reg[i]
+		byID[a.ID] = &a
+	}
+	s := &Snapshot{Entries: make([]Entry, 0, len(byID))}
+	for _, a := range byID {
+		s.Entries = append(s.Entries, Entry{App: a, View: Resolve(lim, a)})
+	}
+	slices.SortFunc(s.Entries, func(x, y Entry) int { return strings.Compare(x.App.ID, y.App.ID) })
+	return s
+}
+
 // ValidSecrets are the secrets valid at now: the current one, and the
 // previous one until PrevUntil (which passes without a registry change).
 func (v *View) ValidSecrets(now time.Time) [][]byte {
@@ -207,6 +245,31 @@ func (b *Bucket) Take(now int64, r Rate) int64 {
 			return 0
 		}
 	}
+}
+
+// TakeN spends n events at once at now (n >= 1): 0 if all of them are
+// allowed, else the ns to wait before they would be; nothing is spent
+// then. n above the rate's burst is never allowed (Fits tells).
+func (b *Bucket) TakeN(now int64, r Rate, n int64) int64 {
+	if r.interval == 0 || n <= 0 {
+		return 0
+	}
+	for {
+		old := b.tat.Load()
+		t := max(old, now)
+		if wait := t + (n-1)*r.interval - now - r.tolerance; wait > 0 {
+			return wait
+		}
+		if b.tat.CompareAndSwap(old, t+n*r.interval) {
+			return 0
+		}
+	}
+}
+
+// Fits reports whether n events at once can ever be allowed: n is within
+// the burst.
+func (r Rate) Fits(n int64) bool {
+	return r.interval == 0 || (n-1)*r.interval <= r.tolerance
 }
 
 // Full reports whether the bucket has refilled by now: nothing to keep.

@@ -36,6 +36,31 @@ func TestBucketExact(t *testing.T) {
 	}
 }
 
+// TakeN spends n at once or nothing: with burst 5 at 10/s, 1 then 4 pass,
+// 2 more wait 200 ms and spend nothing, 6 never fit.
+func TestBucketTakeN(t *testing.T) {
+	var b Bucket
+	r := NewRate(10, 5)
+	if w := b.Take(0, r); w != 0 {
+		t.Fatal(w)
+	}
+	if w := b.TakeN(0, r, 4); w != 0 {
+		t.Fatalf("4 more of burst 5 wait %d", w)
+	}
+	if w := b.TakeN(0, r, 2); w != int64(200*time.Millisecond) {
+		t.Fatalf("2 over the burst wait %d", w)
+	}
+	if w := b.TakeN(int64(200*time.Millisecond), r, 2); w != 0 {
+		t.Fatalf("2 after 200 ms wait %d (a refused TakeN spent something)", w)
+	}
+	if !r.Fits(5) || r.Fits(6) || !(Rate{}).Fits(1<<40) {
+		t.Fatal("Fits")
+	}
+	if w := b.TakeN(0, Rate{}, 1000); w != 0 {
+		t.Fatal("the zero Rate limits")
+	}
+}
+
 func TestBucketTakeAllocatesNothing(t *testing.T) {
 	var b Bucket
 	r := NewRate(1e9, 1<<40)
@@ -114,4 +139,34 @@ func BenchmarkLimiter(b *testing.B) {
 			}
 		})
 	})
+}
+
+// A snapshot holds the registry's apps and the static ones it does not
+// hold, in id order, each resolved once against the node's defaults: the
+// registry's entry wins over a static secret of the same id.
+func TestSnapshotMergesStaticAndRegistry(t *testing.T) {
+	max := int64(7)
+	lim := DefaultLimits()
+	snap := NewSnapshot(lim, map[string][]byte{"b": []byte("static-b"), "c": []byte("static-c")},
+		[]proto.App{{ID: "c", Secret: "reg-c", Limits: proto.AppLimits{MaxConns: &max}}, {ID: "a", Secret: "reg-a", Disabled: true}})
+	var ids []string
+	for _, e := range snap.Entries {
+		ids = append(ids, e.App.ID)
+		if e.View.ID != e.App.ID {
+			t.Errorf("entry %s has the view of %s", e.App.ID, e.View.ID)
+		}
+	}
+	if len(ids) != 3 || ids[0] != "a" || ids[1] != "b" || ids[2] != "c" {
+		t.Fatalf("entries %v, want [a b c]", ids)
+	}
+	a, b, c := snap.Entries[0].View, snap.Entries[1].View, snap.Entries[2].View
+	if !a.Disabled || string(a.Secrets[0]) != "reg-a" {
+		t.Errorf("a: disabled %v secrets %q", a.Disabled, a.Secrets)
+	}
+	if string(b.Secrets[0]) != "static-b" || b.MaxConns != lim.MaxConns {
+		t.Errorf("b: secrets %q max conns %d", b.Secrets, b.MaxConns)
+	}
+	if len(c.Secrets) != 1 || string(c.Secrets[0]) != "reg-c" || c.MaxConns != 7 {
+		t.Errorf("c: secrets %q max conns %d, want the registry's", c.Secrets, c.MaxConns)
+	}
 }
