@@ -459,3 +459,29 @@ func TestREADMEServiceExample(t *testing.T) {
 		t.Fatalf("print-config: %v\n%s", err, out.String())
 	}
 }
+
+// An app's chat limits in the registry reach the node's edges, and the
+// node's --signal-rate and --signal-burst are the other apps' defaults.
+func TestChatLimitsFromRegistry(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "apps.json")
+	var a, b struct{ Secret string }
+	json.Unmarshal([]byte(mustRoost(t, "app", "create", "a", "--apps", f, "--signal-rate", "0.001", "--signal-burst", "2")), &a)
+	json.Unmarshal([]byte(mustRoost(t, "app", "create", "b", "--apps", f)), &b)
+	addr, _, _ := inProcessServe(t, "--apps", f, "--signal-rate", "0.001", "--signal-burst", "1")
+	for _, c := range []struct {
+		app, secret string
+		burst       int
+	}{{"a", a.Secret, 2}, {"b", b.Secret, 1}} {
+		token, _ := proto.SignToken([]byte(c.secret), c.app, "u", time.Now().Add(time.Hour), nil)
+		conn := dialOps(t, addr, "token="+token)
+		for i := 0; i < c.burst; i++ {
+			conn.send(`{"op":"signal","room":"r","body":1}`)
+		}
+		conn.send(`{"op":"ping"}`)
+		conn.expect("pong") // the burst passed: no err before the pong
+		conn.send(`{"op":"signal","room":"r","body":1}`)
+		if fr := conn.expect("err"); fr.json["code"] != "rate_limited" {
+			t.Fatalf("app %s: want rate_limited after a burst of %d, got %v", c.app, c.burst, fr.json)
+		}
+	}
+}
