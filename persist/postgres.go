@@ -474,10 +474,34 @@ func readsCTE(first int) string {
 // freshReadsSQL and commitReadsSQL are freshSQL and commitSQL with read
 // marks (readsCTE) after their own parameters.
 var (
-	freshReadsSQL  = strings.Replace(freshSQL, "WITH ", "WITH "+readsCTE(9), 1)
-	commitReadsSQL = strings.Replace(commitSQL, "WITH ", "WITH "+readsCTE(7), 1)
+	freshReadsSQL  = withReadsCTE(freshSQL)
+	commitReadsSQL = withReadsCTE(commitSQL)
 	withReads      = map[string]string{freshSQL: freshReadsSQL, commitSQL: commitReadsSQL}
 )
+
+// withReadsCTE puts readsCTE first in sql's WITH, its parameters after
+// the highest one sql uses.
+func withReadsCTE(sql string) string {
+	last := 0
+	for i := strings.IndexByte(sql, '$'); i >= 0; {
+		j := i + 1
+		for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+			j++
+		}
+		if n, err := strconv.Atoi(sql[i+1 : j]); err == nil {
+			last = max(last, n)
+		}
+		k := strings.IndexByte(sql[j:], '$')
+		if k < 0 {
+			break
+		}
+		i = j + k
+	}
+	if !strings.HasPrefix(strings.TrimSpace(sql), "WITH ") {
+		panic("BUG: a commit statement without WITH")
+	}
+	return strings.Replace(sql, "WITH ", "WITH "+readsCTE(last+1), 1)
+}
 
 // recheckFor: after a batch met a stored key, the batches of this long
 // are committed with commitSQL. Keys sent again come in runs (a client
@@ -784,16 +808,17 @@ func containsString(list []string, s string) bool {
 func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, rs []*Row, token int64) error {
 	var rows pgx.Rows
 	var err error
-	switch sql {
-	case freshSQL:
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token)
-	case freshReadsSQL:
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token, s.rRoom, s.rUser, s.rSeq)
-	case commitReadsSQL:
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token, s.rRoom, s.rUser, s.rSeq)
-	default:
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
+	var args []any
+	if sql == freshSQL || sql == freshReadsSQL {
+		args = []any{s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token}
+	} else {
+		args = []any{s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token}
 	}
+	if sql == freshReadsSQL || sql == commitReadsSQL {
+		// readsCTE's arrays follow the statement's own parameters.
+		args = append(args, s.rRoom, s.rUser, s.rSeq)
+	}
+	rows, err = conn.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +122,16 @@ func BenchmarkPostgresUnread100(b *testing.B) {
 	}
 	if last[99] != 2 || read[99] != 1 {
 		b.Fatalf("last %d read %d", last[99], read[99])
+	}
+}
+
+// The read marks' CTE takes the parameters after a commit statement's own,
+// whatever their number.
+func TestWithReadsCTE(t *testing.T) {
+	for sql, first := range map[string]string{freshSQL: "$9::int8[]", commitSQL: "$7::int8[]", "WITH a AS (SELECT $12) SELECT $3": "$13::int8[]"} {
+		got := withReadsCTE(sql)
+		if !strings.HasPrefix(got, "WITH rd AS (") || !strings.Contains(got, "unnest("+first) {
+			t.Fatalf("%q: %s", first, got)
+		}
 	}
 }
