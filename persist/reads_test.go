@@ -130,7 +130,7 @@ func BenchmarkPostgresUnread100(b *testing.B) {
 func TestWithReadsCTE(t *testing.T) {
 	for sql, first := range map[string]string{freshSQL: "$9::int8[]", commitSQL: "$7::int8[]", "WITH a AS (SELECT $12) SELECT $3": "$13::int8[]"} {
 		got := withReadsCTE(sql)
-		if !strings.HasPrefix(got, "WITH rd AS (") || !strings.Contains(got, "unnest("+first) {
+		if !strings.HasPrefix(strings.TrimSpace(got), "WITH rd AS (") || !strings.Contains(got, "unnest("+first) {
 			t.Fatalf("%q: %s", first, got)
 		}
 	}
