@@ -467,7 +467,7 @@ func readsCTE(first int) string {
 	INSERT INTO read_positions (room_id, user_id, seq)
 	SELECT k.r, k.u, k.s FROM unnest($%d::int8[], $%d::text[], $%d::int8[]) AS k (r, u, s)
 	ORDER BY k.r, k.u COLLATE "C"
-	ON CONFLICT (room_id, user_id) DO UPDATE SET seq = GREATEST(read_positions.seq, EXCLUDED.seq)
+	ON CONFLICT (room_id, user_id) DO UPDATE SET seq = EXCLUDED.seq WHERE read_positions.seq < EXCLUDED.seq
 ), `, first, first+1, first+2)
 }
 

@@ -253,7 +253,7 @@ func (p *Postgres) saveReadIDs(ctx context.Context, ids []int64, users []string,
 INSERT INTO read_positions (room_id, user_id, seq)
 SELECT k.r, k.u, k.s FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS k (r, u, s)
 ORDER BY k.r, k.u COLLATE "C"
-ON CONFLICT (room_id, user_id) DO UPDATE SET seq = GREATEST(read_positions.seq, EXCLUDED.seq)`, ids, users, seqs)
+ON CONFLICT (room_id, user_id) DO UPDATE SET seq = EXCLUDED.seq WHERE read_positions.seq < EXCLUDED.seq`, ids, users, seqs)
 	if err != nil {
 		return p.wrap("save read positions", err)
 	}
