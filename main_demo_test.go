@@ -154,7 +154,20 @@ func (b *browser) call(session, method string, params any) (json.RawMessage, err
 // open makes a new page at u and returns its session.
 func (b *browser) open(u string) string {
 	b.t.Helper()
-	res, err := b.call("", "Target.createTarget", map[string]any{"url": u})
+	return b.openTarget(map[string]any{"url": u})
+}
+
+// openWindow makes a new page at u in a window of its own: it stays
+// visible (document.visibilityState) when another page opens, as two
+// windows side by side do.
+func (b *browser) openWindow(u string) string {
+	b.t.Helper()
+	return b.openTarget(map[string]any{"url": u, "newWindow": true})
+}
+
+func (b *browser) openTarget(params map[string]any) string {
+	b.t.Helper()
+	res, err := b.call("", "Target.createTarget", params)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -206,13 +219,17 @@ func (b *browser) waitTrue(session, what, expr string) {
 		}
 		if v != true {
 			log, _ := b.eval(session, `document.getElementById("log") ? document.getElementById("log").innerText : ""`)
-			return fmt.Errorf("%s: not yet (page log: %v)", what, log)
+			state, _ := b.eval(session, `JSON.stringify({messages: [...document.querySelectorAll("#messages li")].map(li => (li.hidden ? "(hidden) " : "") + li.dataset.room + " " + li.innerText),`+
+				` rooms: document.getElementById("rooms") ? document.getElementById("rooms").innerText : "", typing: document.getElementById("typing") ? document.getElementById("typing").textContent : ""})`)
+			return fmt.Errorf("%s: not yet (page: %v; log: %v)", what, state, log)
 		}
 		return nil
 	})
 }
 
-const pageMessages = `[...document.querySelectorAll("#messages li")].map(li => li.dataset.seq + " " + li.textContent).join("\n")`
+// pageMessages lists the page's messages, each as its seq and its line
+// (#seq room from: body), without the marks and controls around it.
+const pageMessages = `[...document.querySelectorAll("#messages li")].map(li => li.dataset.seq + " " + (li.querySelector(".line") || li).textContent).join("\n")`
 
 // TestDemoPageInChromium drives the demo page, which runs on the embedded
 // /roost.js: two pages in a room, a publish acknowledged and shown with its

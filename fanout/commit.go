@@ -763,8 +763,11 @@ func (w *worker) encode(req *PubRequest) []byte {
 	// JSON escaping grows a string at most 6× (\u00XX); room names are
 	// plain, the body is copied verbatim.
 	need := frameOverhead + len(room) + 6*(len(req.ID)+len(req.From)) + len(req.Body)
+	if req.Kind != proto.KindMsg {
+		need += 64 // "kind" and "ref"
+	}
 	if need > arenaMaxFrame {
-		f := proto.AppendMsgFrame(make([]byte, 0, need), room, req.Seq, req.ID, req.From, req.TS, req.Body)
+		f := proto.AppendMsgFrameKind(make([]byte, 0, need), room, req.Seq, req.ID, req.From, req.TS, req.Kind, req.Ref, req.Body)
 		return f[:len(f):len(f)]
 	}
 	if cap(w.arena)-len(w.arena) < need {
@@ -772,7 +775,7 @@ func (w *worker) encode(req *PubRequest) []byte {
 	}
 	start := len(w.arena)
 	free := w.arena[start:cap(w.arena)]
-	out := proto.AppendMsgFrame(free[:0], room, req.Seq, req.ID, req.From, req.TS, req.Body)
+	out := proto.AppendMsgFrameKind(free[:0], room, req.Seq, req.ID, req.From, req.TS, req.Kind, req.Ref, req.Body)
 	if cap(out) == cap(free) && unsafe.SliceData(out) == unsafe.SliceData(free) {
 		w.arena = w.arena[:start+len(out)]
 	} // else the estimate was short and append moved the frame to its own buffer

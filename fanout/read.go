@@ -3,6 +3,7 @@ package fanout
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/roost-chat/roost/persist"
@@ -54,6 +55,8 @@ type readJob struct {
 	// first: the first page of a join with since (after is since; see
 	// startJoin); other: the client's epoch is not the room's.
 	first, other bool
+	// forward, fold (rHistory): HistoryQuery's.
+	forward, fold bool
 }
 
 // Flags of an evReplay or evRepair Event.
@@ -160,8 +163,7 @@ func (n *Node) doRead(j *readJob) Event {
 		}
 		var buf []byte
 		for i := range msgs {
-			m := &msgs[i]
-			buf = proto.AppendMsgFrame(buf, m.Room, m.Seq, []byte(m.ID), m.From, m.TS, m.Body)
+			buf = proto.AppendMsgMessageFrame(buf, &msgs[i])
 		}
 		// The cursor moves to the last message read, or to upto when the
 		// read got to the end (nothing more is stored up to upto); first is
@@ -175,7 +177,22 @@ func (n *Node) doRead(j *readJob) Event {
 		}
 		return ev
 	case rHistory:
-		msgs, more, err := n.store.History(ctx, j.key, j.before, persist.Bounds{Limit: j.limit, MaxBytes: n.pageBytes()})
+		b := persist.Bounds{Limit: j.limit, MaxBytes: n.pageBytes()}
+		var msgs []proto.Message
+		var more bool
+		var err error
+		switch {
+		case j.fold:
+			f, ok := n.store.(persist.Folder)
+			if !ok {
+				return j.failed(errors.New("the store cannot fold history"))
+			}
+			msgs, more, err = f.Fold(ctx, j.key, persist.FoldQuery{Before: j.before, After: j.after, Forward: j.forward}, b)
+		case j.forward:
+			msgs, more, err = n.store.Range(ctx, j.key, j.after, math.MaxUint64, b)
+		default:
+			msgs, more, err = n.store.History(ctx, j.key, j.before, b)
+		}
 		if err != nil {
 			return j.failed(err)
 		}
@@ -208,7 +225,7 @@ func (n *Node) doRead(j *readJob) Event {
 		held := make([]Held, len(msgs))
 		for i := range msgs {
 			m := &msgs[i]
-			held[i] = Held{Seq: m.Seq, Frame: proto.AppendMsgFrame(nil, m.Room, m.Seq, []byte(m.ID), m.From, m.TS, m.Body)}
+			held[i] = Held{Seq: m.Seq, Frame: proto.AppendMsgMessageFrame(nil, m)}
 		}
 		ev := Event{kind: evRepair, room: j.room, held: held, upto: upto, tail: j.tail()}
 		if more {

@@ -254,11 +254,12 @@ func (n *Node) Unread(ctx context.Context, app, user string, rooms []string) ([]
 	}
 }
 
-// unread counts, per room, the messages after the user's position: every
-// message is countable so far (there are no edits, deletes or reactions),
-// so a message's ordinal among the countable ones is its seq and the count
-// is the newest seq less the position, read with the room's seq and never
-// by scanning messages.
+// unread counts, per room, the messages after the user's position that are
+// not edits, deletes or reactions: the store keeps, next to each entry,
+// the room's count of messages up to it, so the count is the room's count
+// less the one at the position, read with the room's seq and never by
+// scanning messages. The position the node holds (a mark not saved yet)
+// is the floor of the stored one.
 func (p *positions) unread(j posJob) {
 	n := len(j.rooms)
 	keys := make([]string, n)
@@ -269,24 +270,28 @@ func (p *positions) unread(j posJob) {
 	last, read, count := vals[:n], vals[n:2*n], vals[2*n:]
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	for i, k := range keys {
+		pk := posKey{k, j.user}
+		read[i] = max(p.pos[pk], p.floor[pk])
+	}
 	var err error
 	if p.reads != nil {
-		err = p.reads.Unread(ctx, keys, j.user, last, read)
+		err = p.reads.Unread(ctx, keys, j.user, last, read, count)
 	} else {
 		for i, k := range keys {
 			if last[i], err = p.n.store.LastSeq(ctx, k); err != nil {
 				break
 			}
+			count[i] = last[i] - min(read[i], last[i])
 		}
 	}
 	var obj []byte
 	if err == nil {
 		for i, k := range keys {
-			pk := posKey{k, j.user}
-			read[i] = max(read[i], p.pos[pk], p.floor[pk])
 			last[i] = max(last[i], p.newest[k])
-			read[i] = min(read[i], last[i])
-			count[i] = last[i] - read[i]
+			if read[i] >= last[i] {
+				read[i], count[i] = last[i], 0
+			}
 		}
 		obj = proto.AppendUnreadObject(nil, j.rooms, read, last, count)
 	}

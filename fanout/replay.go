@@ -30,6 +30,9 @@ type readItem struct {
 	key    string
 	before uint64
 	limit  int
+	// after, forward, fold: a history request's other terms (HistoryQuery).
+	after         uint64
+	forward, fold bool
 	// presence: a presence query of key, not a history request.
 	presence bool
 }
@@ -81,7 +84,8 @@ func (t *Table) pump(m *Member) {
 	}
 	if it.join == nil {
 		q.reading = true
-		t.node.read(readJob{kind: rHistory, table: t, member: m, key: it.key, before: it.before, limit: it.limit})
+		t.node.read(readJob{kind: rHistory, table: t, member: m, key: it.key, before: it.before, limit: it.limit,
+			after: it.after, forward: it.forward, fold: it.fold})
 		return
 	}
 	j := it.join

@@ -276,10 +276,24 @@ func (t *Table) Presence(m *Member, key string) error {
 // previous one has left; at most maxQueuedReads wait (ErrTooManyReads).
 // Loop only.
 func (t *Table) History(m *Member, key string, before uint64, limit int) error {
+	return t.Query(m, key, HistoryQuery{Before: before, Limit: limit})
+}
+
+// HistoryQuery is one history request: the messages before Before (0: the
+// newest), or, with Forward, those after After; Fold lists only messages,
+// each as it stands now (docs/protocol.md, "Messages that change").
+type HistoryQuery struct {
+	Before, After uint64
+	Forward, Fold bool
+	Limit         int
+}
+
+// Query is History with every term of a request. Loop only.
+func (t *Table) Query(m *Member, key string, q HistoryQuery) error {
 	if m.reads != nil && len(m.reads.items) >= maxQueuedReads {
 		return ErrTooManyReads
 	}
-	t.queueRead(m, readItem{key: key, before: before, limit: limit})
+	t.queueRead(m, readItem{key: key, before: q.Before, limit: q.Limit, after: q.After, forward: q.Forward, fold: q.Fold})
 	return nil
 }
 

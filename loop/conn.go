@@ -771,6 +771,7 @@ func (c *conn) pub(cmd *proto.Command) {
 	req.From = c.user
 	req.ID = append(req.ID[:0], cmd.ID...)
 	req.Body = append(req.Body[:0], cmd.Body...)
+	req.Kind, req.Ref = cmd.Kind, cmd.Ref
 	if cfg := c.app.cfg.Load(); cfg != nil && cfg.publishProxy != nil || len(l.pubQueues) > 0 && l.pubQueues[c] != nil {
 		// Slow path: the app's backend decides first, and what waits for
 		// it keeps this connection's later publishes behind it.
@@ -813,7 +814,11 @@ func (l *loopState) ack(ps *pubStamp) {
 	if err != nil {
 		c.m.Acked(req.Key, req.ID, 0)
 		code, msg := proto.CodeOverloaded, "not stored: retry with the same id"
+		var pe *proto.Error
 		switch {
+		case errors.As(err, &pe):
+			// A rule of the kinds (ref not found, not the sender's).
+			code, msg = pe.Code, pe.Message
 		case errors.Is(err, proto.ErrRoomLimit):
 			code, msg = proto.CodeForbidden, "not stored: the app has its maximum of rooms"
 		case !errors.Is(err, proto.ErrOverloaded) && !errors.Is(err, proto.ErrClosed):
@@ -842,7 +847,8 @@ func (c *conn) history(cmd *proto.Command) {
 		// waits its turn, so that answers keep the order of requests.
 		before = max(cmd.Before, 1)
 	}
-	if err := l.table.History(&c.m, key, before, cmd.Limit); err != nil {
+	q := fanout.HistoryQuery{Before: before, After: cmd.After, Forward: cmd.HasAfter, Fold: cmd.Fold, Limit: cmd.Limit}
+	if err := l.table.Query(&c.m, key, q); err != nil {
 		c.sendErr(cmd.Room, proto.CodeRateLimited, err.Error())
 	}
 }

@@ -107,6 +107,15 @@ func FuzzClientInput(f *testing.F) {
 	f.Add(frame(ws.OpClose, true, "\x03\xe8bye"), uint8(5))
 	f.Add([]byte{0x81, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, uint8(4))
 	f.Add(frame(ws.OpText, true, `{"op":"history","room":"a","before":3,"limit":2}`), uint8(9))
+	// Messages that change: a message, its edit, a reaction twice, a bad
+	// ref, a folded history.
+	f.Add(cat(frame(ws.OpText, true, `{"op":"pub","room":"a","id":"1","body":"x"}`),
+		frame(ws.OpText, true, `{"op":"pub","room":"a","id":"2","kind":"edit","ref":1,"body":"y"}`),
+		frame(ws.OpText, true, `{"op":"pub","room":"a","id":"3","kind":"react","ref":1,"body":"\ud83d\udc4d"}`),
+		frame(ws.OpText, true, `{"op":"pub","room":"a","id":"4","kind":"react","ref":1,"body":"+1"}`),
+		frame(ws.OpText, true, `{"op":"pub","room":"a","id":"5","kind":"delete","ref":2}`),
+		frame(ws.OpText, true, `{"op":"history","room":"a","fold":true,"after":0}`)), uint8(11))
+	f.Add(frame(ws.OpText, true, `{"op":"pub","room":"a","id":"1","kind":"unreact","ref":0,"body":""}`), uint8(6))
 	f.Fuzz(func(t *testing.T, data []byte, split uint8) {
 		s, el := fuzzNode(t)
 		gc := &memConn{el: el}

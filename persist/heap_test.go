@@ -37,14 +37,20 @@ func backendFaults(t *testing.T, pid int) uint64 {
 // 0.35-0.45, and with the heap given back it would be near 1. A CI run on a
 // busy machine once measured 9.4 against 15.8 (0.59), so the pair is measured
 // again, up to three times, before the test fails.
+//
+// Since migration 0007 (kinds: one more index per message) a cold backend
+// measured here keeps its heap too (cold 8.3 against 23.5 before, warm 8-9
+// against 5.7: the floor rose with the index's pages), so the ratio can
+// no longer show the warming; a warmed backend that stays near the floor
+// (floorBound, far below a heap given back) passes as well.
 func TestPostgresCommitKeepsBackendHeap(t *testing.T) {
-	const bound = 0.7
+	const bound, floorBound = 0.7, 13
 	var warm, cold float64
 	for try := 1; try <= 3; try++ {
 		warm = commitFaults(t, PGConfig{MaxConns: 1})
 		cold = coldCommitFaults(t)
 		t.Logf("try %d: minor faults per commit of 50 publishes: warm %.1f, cold %.1f", try, warm, cold)
-		if warm <= cold*bound {
+		if warm <= cold*bound || warm <= floorBound {
 			return
 		}
 	}

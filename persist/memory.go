@@ -5,7 +5,9 @@ import (
 	crand "crypto/rand"
 	"encoding/base32"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,6 +108,15 @@ type memRoom struct {
 	epoch  string
 	idem   map[memKey]uint64
 
+	// msgs counts the room's KindMsg entries ever stored (unread counts:
+	// each entry keeps the count up to itself).
+	msgs uint64
+	// fold is the state of messages that changed (edited, deleted,
+	// reacted to), by seq; deps the seqs of the changes of each message,
+	// which retention removes with it. Both nil until a change is stored.
+	fold map[uint64]*memFold
+	deps map[uint64][]uint64
+
 	app *memApp
 	// In app.lru while it holds messages (under Memory.appsMu).
 	prev, next *memRoom
@@ -135,6 +146,29 @@ type memEntry struct {
 	// an unsafe string over it.
 	buf   []byte
 	idLen int
+	kind  proto.Kind
+	ref   uint64
+	msgs  uint64 // the room's KindMsg entries up to and including this one
+	// gone: removed with the message it changed (retention); its slot
+	// stays until the ring passes it, and reads skip it.
+	gone bool
+}
+
+// memFold is what changed of one message.
+type memFold struct {
+	edited  int64  // latest edit's commit time (0: none)
+	body    []byte // latest edit's body (aliases its entry's buf)
+	deleted bool
+	users   map[memReactKey]memReact // per user and reaction: the entry that stands
+	counts  map[string]int           // reactions held, by text
+}
+
+type memReactKey struct{ from, text string }
+
+type memReact struct {
+	seq    uint64 // the react, or the unreact that took it back
+	ts     int64
+	active bool
 }
 
 func (e *memEntry) id() string {
@@ -365,6 +399,14 @@ func (m *Memory) commitLocked(sh *memShard, r *Row, ts int64) Stored {
 	if seq, ok := room.idem[memKey{r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}]; ok {
 		return Stored{Seq: seq, TS: room.entry(seq).ts, Duplicate: true}
 	}
+	var text string
+	if r.Kind != proto.KindMsg {
+		var st Stored
+		var done bool
+		if text, st, done = room.checkChange(r); done {
+			return st
+		}
+	}
 	// One allocation per stored message: the id and the body together.
 	buf := make([]byte, len(r.ID)+len(r.Body))
 	copy(buf, r.ID)
@@ -374,7 +416,10 @@ func (m *Memory) commitLocked(sh *memShard, r *Row, ts int64) Stored {
 		sh.evicted++
 	}
 	room.last++
-	e := memEntry{seq: room.last, ts: ts, from: r.From, buf: buf, idLen: len(r.ID)}
+	if r.Kind == proto.KindMsg {
+		room.msgs++
+	}
+	e := memEntry{seq: room.last, ts: ts, from: r.From, buf: buf, idLen: len(r.ID), kind: r.Kind, ref: r.Ref, msgs: room.msgs}
 	if len(room.ring) < room.cap { // filling up: seq-1-off == len(ring)
 		room.ring = append(room.ring, e)
 		if rb := int64(cap(room.ring)) * entrySize; rb != room.ringBytes {
@@ -387,6 +432,9 @@ func (m *Memory) commitLocked(sh *memShard, r *Row, ts int64) Stored {
 	room.n++
 	room.idem[memKey{e.from, e.id()}] = e.seq
 	m.account(room, msgBytes(&e))
+	if r.Kind != proto.KindMsg {
+		room.applyChange(&e, text)
+	}
 	if m.maxBytes > 0 {
 		m.touch(room)
 	}
@@ -398,8 +446,24 @@ func (m *Memory) commitLocked(sh *memShard, r *Row, ts int64) Stored {
 // costs no slots) and leaves the eviction order. Caller holds r's shard.
 func (m *Memory) dropOldest(r *memRoom) {
 	old := r.entry(r.first())
-	delete(r.idem, memKey{old.from, old.id()})
-	m.account(r, -msgBytes(old))
+	if !old.gone {
+		m.forget(r, old)
+	}
+	if old.kind == proto.KindMsg && r.fold != nil {
+		// Its changes go with it (they are newer: still in the ring, or
+		// gone with the ring already).
+		for _, d := range r.deps[old.seq] {
+			if d >= r.first() && d <= r.last {
+				if e := r.entry(d); !e.gone {
+					m.forget(r, e)
+					e.gone = true
+					e.buf, e.idLen = nil, 0
+				}
+			}
+		}
+		delete(r.deps, old.seq)
+		delete(r.fold, old.seq)
+	}
 	*old = memEntry{}
 	r.n--
 	if r.n == 0 {
@@ -415,6 +479,113 @@ func (m *Memory) dropOldest(r *memRoom) {
 			m.appsMu.Unlock()
 		}
 	}
+}
+
+// forget drops e's idempotency key and its bytes. Caller holds r's shard.
+func (m *Memory) forget(r *memRoom, e *memEntry) {
+	delete(r.idem, memKey{e.from, e.id()})
+	m.account(r, -msgBytes(e))
+}
+
+// checkChange checks r, a change, against the rules. done reports that
+// the answer is st and nothing is to be stored; else text is a reaction's
+// text. Caller holds r's shard.
+func (room *memRoom) checkChange(r *Row) (text string, st Stored, done bool) {
+	ref := room.kept(r.Ref)
+	if ref == nil || ref.kind != proto.KindMsg {
+		return "", Stored{Err: proto.ErrRefNotFound}, true
+	}
+	f := room.fold[r.Ref]
+	if f != nil && f.deleted {
+		return "", Stored{Err: proto.ErrRefNotFound}, true
+	}
+	switch r.Kind {
+	case proto.KindEdit, proto.KindDelete:
+		if !r.Any && ref.from != r.From {
+			return "", Stored{Err: proto.ErrRefForbidden}, true
+		}
+	case proto.KindReact, proto.KindUnreact:
+		t, ok := proto.ReactionText(nil, r.Body)
+		if !ok {
+			return "", Stored{Err: proto.ErrBadReaction}, true
+		}
+		text = string(t)
+		var cur memReact
+		if f != nil {
+			cur = f.users[memReactKey{r.From, text}]
+		}
+		if cur.active == (r.Kind == proto.KindReact) {
+			if cur.seq == 0 { // never reacted so: the message itself
+				cur.seq, cur.ts = ref.seq, ref.ts
+			}
+			return "", Stored{Seq: cur.seq, TS: cur.ts, Duplicate: true}, true
+		}
+	default:
+		return "", Stored{Err: proto.ErrBadKind}, true
+	}
+	return text, Stored{}, false
+}
+
+// applyChange records e, a change just stored, in its message's state.
+func (room *memRoom) applyChange(e *memEntry, text string) {
+	if room.fold == nil {
+		room.fold = make(map[uint64]*memFold)
+		room.deps = make(map[uint64][]uint64)
+	}
+	f := room.fold[e.ref]
+	if f == nil {
+		f = &memFold{}
+		room.fold[e.ref] = f
+	}
+	room.deps[e.ref] = append(room.deps[e.ref], e.seq)
+	switch e.kind {
+	case proto.KindEdit:
+		f.edited, f.body = e.ts, e.buf[e.idLen:len(e.buf):len(e.buf)]
+	case proto.KindDelete:
+		f.deleted, f.body = true, nil
+	case proto.KindReact, proto.KindUnreact:
+		if f.users == nil {
+			f.users = make(map[memReactKey]memReact)
+			f.counts = make(map[string]int)
+		}
+		on := e.kind == proto.KindReact
+		f.users[memReactKey{e.from, text}] = memReact{seq: e.seq, ts: e.ts, active: on}
+		if on {
+			f.counts[text]++
+		} else if f.counts[text]--; f.counts[text] <= 0 {
+			delete(f.counts, text)
+		}
+	}
+}
+
+// kept returns the entry of seq if the ring holds it and it is not gone.
+func (room *memRoom) kept(seq uint64) *memEntry {
+	if seq < room.first() || seq > room.last || seq == 0 {
+		return nil
+	}
+	if e := room.entry(seq); !e.gone {
+		return e
+	}
+	return nil
+}
+
+// msgsBefore is the count of KindMsg entries with seq <= seq (unread
+// counts): read from the entry itself, or, for a seq the ring no longer
+// holds, from the oldest one it does.
+func (room *memRoom) msgsUpTo(seq uint64) uint64 {
+	switch {
+	case seq >= room.last:
+		return room.msgs
+	case room.n == 0:
+		return room.msgs // nothing kept after seq to count
+	case seq >= room.first():
+		return room.entry(seq).msgs
+	}
+	e := room.entry(room.first())
+	if e.kind == proto.KindMsg {
+		return e.msgs - 1
+	}
+	return e.msgs
 }
 
 // touch moves r to the front of its app's eviction order. Caller holds
@@ -513,16 +684,8 @@ func (m *Memory) Range(_ context.Context, key string, after, upto uint64, b Boun
 	if lo > hi {
 		return nil, false, nil
 	}
-	more := false
-	if hi-lo+1 > uint64(b.Limit) {
-		hi = lo + uint64(b.Limit) - 1
-		more = true
-	}
-	if n := room.fit(lo, hi, 1, b.MaxBytes, key); n < hi-lo+1 {
-		hi = lo + n - 1
-		more = true
-	}
-	return room.messages(key, lo, hi), more, nil
+	msgs, more := room.walk(key, lo, hi, 1, b, false)
+	return msgs, more, nil
 }
 
 // History implements Store.
@@ -545,62 +708,111 @@ func (m *Memory) History(_ context.Context, key string, before uint64, b Bounds)
 	if lo > hi {
 		return nil, false, nil
 	}
-	more := false
-	if hi-lo+1 > uint64(b.Limit) {
-		lo = hi - uint64(b.Limit) + 1
-		more = true
-	}
-	if n := room.fit(hi, lo, -1, b.MaxBytes, key); n < hi-lo+1 {
-		lo = hi - n + 1
-		more = true
-	}
-	return room.messages(key, lo, hi), more, nil
+	msgs, more := room.walk(key, hi, lo, -1, b, false)
+	return msgs, more, nil
 }
 
-// fit counts the messages from seq from towards to (step +1 or -1, both
-// kept) that fit in maxBytes, always at least one.
-func (r *memRoom) fit(from, to uint64, step int, maxBytes int, key string) uint64 {
-	total := to - from + 1
-	if step < 0 {
-		total = from - to + 1
+// Fold implements Folder: a walk of the ring that lists messages only.
+func (m *Memory) Fold(_ context.Context, key string, q FoldQuery, b Bounds) ([]proto.Message, bool, error) {
+	sh := m.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	room := sh.rooms[key]
+	if room == nil || b.Limit <= 0 || room.n == 0 {
+		return nil, false, nil
 	}
-	if maxBytes <= 0 {
-		return total
-	}
-	_, name := proto.SplitKey(key)
-	size := 0
-	seq := from
-	for n := uint64(0); n < total; n++ {
-		e := r.entry(seq)
-		size += len(e.buf) + len(e.from) + len(name) + msgOverhead
-		if n > 0 && size > maxBytes {
-			return n
+	if q.Forward {
+		lo := max(q.After+1, room.first())
+		if lo > room.last {
+			return nil, false, nil
 		}
+		msgs, more := room.walk(key, lo, room.last, 1, b, true)
+		return msgs, more, nil
+	}
+	hi := room.last
+	if q.Before != 0 {
+		if q.Before <= 1 {
+			return nil, false, nil
+		}
+		hi = min(hi, q.Before-1)
+	}
+	if room.first() > hi {
+		return nil, false, nil
+	}
+	msgs, more := room.walk(key, hi, room.first(), -1, b, true)
+	return msgs, more, nil
+}
+
+// walk copies out the kept entries from seq from towards to (step +1 or
+// -1, both kept seqs), oldest first, within b (the first one always);
+// fold lists only messages, as they stand. more reports entries it would
+// list left beyond b. The byte slices alias the stored, immutable buffers.
+func (r *memRoom) walk(key string, from, to uint64, step int, b Bounds, fold bool) ([]proto.Message, bool) {
+	_, name := proto.SplitKey(key)
+	span := to - from + 1
+	if step < 0 {
+		span = from - to + 1
+	}
+	out := make([]proto.Message, 0, min(uint64(b.Limit), span))
+	size := 0
+	more := false
+	seq := from
+	for n := uint64(0); n < span; n++ {
+		e := r.entry(seq)
 		if step > 0 {
 			seq++
 		} else {
 			seq--
 		}
-	}
-	return total
-}
-
-// messages copies out lo..hi (all kept). The byte slices alias the stored,
-// immutable buffers.
-func (r *memRoom) messages(key string, lo, hi uint64) []proto.Message {
-	_, name := proto.SplitKey(key)
-	out := make([]proto.Message, 0, hi-lo+1)
-	for seq := lo; seq <= hi; seq++ {
-		e := r.entry(seq)
-		out = append(out, proto.Message{
+		if e.gone || fold && e.kind != proto.KindMsg {
+			continue
+		}
+		size += len(e.buf) + len(e.from) + len(name) + msgOverhead
+		if len(out) == b.Limit || len(out) > 0 && b.MaxBytes > 0 && size > b.MaxBytes {
+			more = true
+			break
+		}
+		msg := proto.Message{
 			Room: name,
 			Seq:  e.seq,
 			ID:   e.id(),
 			From: e.from,
 			TS:   e.ts,
 			Body: e.buf[e.idLen:len(e.buf):len(e.buf)],
-		})
+			Kind: e.kind,
+			Ref:  e.ref,
+		}
+		if fold {
+			msg.Folded = true
+			if f := r.fold[e.seq]; f != nil {
+				msg.Edited, msg.Deleted = f.edited, f.deleted
+				if f.edited != 0 {
+					msg.Body = f.body
+				}
+				if f.deleted {
+					msg.Body = nil
+				}
+				msg.Reactions = sortedReactions(f.counts)
+			}
+		}
+		out = append(out, msg)
 	}
+	if step < 0 {
+		slices.Reverse(out)
+	}
+	return out, more
+}
+
+// sortedReactions lists counts by text.
+func sortedReactions(counts map[string]int) []proto.Reaction {
+	if len(counts) == 0 {
+		return nil
+	}
+	out := make([]proto.Reaction, 0, len(counts))
+	for t, n := range counts {
+		out = append(out, proto.Reaction{Text: t, Count: n})
+	}
+	slices.SortFunc(out, func(a, b proto.Reaction) int { return strings.Compare(a.Text, b.Text) })
 	return out
 }
 

@@ -412,13 +412,13 @@ WITH input AS (
 	SELECT r.id, c.n FROM rooms r JOIN counts c ON c.room_id = r.id
 	ORDER BY r.id FOR NO KEY UPDATE OF r
 ), upd AS (
-	UPDATE rooms r SET last_seq = r.last_seq + l.n
+	UPDATE rooms r SET last_seq = r.last_seq + l.n, msgs = r.msgs + l.n
 	FROM locked l
 	WHERE r.id = l.id
-	RETURNING r.id, r.last_seq - l.n AS base
+	RETURNING r.id, r.last_seq - l.n AS base, r.msgs - l.n AS mbase
 ), ins AS (
-	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch)
-	SELECT f.room_id, u.base + f.rn, f.sender, f.idem_key, now(), f.body, $6
+	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, msgs)
+	SELECT f.room_id, u.base + f.rn, f.sender, f.idem_key, now(), f.body, $6, u.mbase + f.rn
 	FROM fresh f JOIN upd u ON u.id = f.room_id
 )
 SELECT 0, ord::int8, seq, ts FROM old
@@ -441,13 +441,13 @@ SELECT 1, id, base, now() FROM upd`
 // (enable_seqscan off; TestPostgresCommitPlan checks the plan).
 const freshSQL = `
 WITH upd AS (
-	UPDATE rooms r SET last_seq = r.last_seq + c.n
+	UPDATE rooms r SET last_seq = r.last_seq + c.n, msgs = r.msgs + c.n
 	FROM unnest($6::int8[], $7::int8[]) AS c (id, n)
 	WHERE r.id = c.id
-	RETURNING r.id, r.last_seq - c.n AS base
+	RETURNING r.id, r.last_seq - c.n AS base, r.msgs - c.n AS mbase
 ), ins AS (
-	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch)
-	SELECT i.room_id, u.base + i.rn, i.sender, i.idem_key, now(), i.body, $8
+	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, msgs)
+	SELECT i.room_id, u.base + i.rn, i.sender, i.idem_key, now(), i.body, $8, u.mbase + i.rn
 	FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[]) AS i (room_id, sender, idem_key, body, rn)
 	JOIN upd u ON u.id = i.room_id
 )
@@ -548,6 +548,14 @@ type pgScratch struct {
 	rooms  []int64
 	counts []int64
 	count  map[int64]int64 // room id → distinct publishes so far
+	// changesSQL's: per distinct publish its kind, ref, reaction text and
+	// whether it may change anyone's message; changes: the batch holds a
+	// change (an edit, delete, react or unreact).
+	uKind   []int16
+	uRef    []int64
+	uText   []string
+	uAny    []bool
+	changes bool
 	// Read marks written with the batch (CommitReads): room ids, users,
 	// seqs; resolved: the commit's outcome was settled by resolve.
 	rRoom    []int64
@@ -574,6 +582,8 @@ func (s *pgScratch) reset(n int) {
 	clear(s.count)
 	clear(s.rUser)
 	s.rRoom, s.rUser, s.rSeq, s.resolved = s.rRoom[:0], s.rUser[:0], s.rSeq[:0], false
+	clear(s.uText)
+	s.uKind, s.uRef, s.uText, s.uAny, s.changes = s.uKind[:0], s.uRef[:0], s.uText[:0], s.uAny[:0], false
 }
 
 func resize[T any](s []T, n int) []T {
@@ -664,7 +674,9 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 	}
 	var err error
 	sql := p.commitStatement(time.Now())
-	if len(s.rRoom) > 0 {
+	if s.changes {
+		sql = changesSQL
+	} else if len(s.rRoom) > 0 {
 		sql = withReads[sql]
 	}
 	for attempt := 1; ; attempt++ {
@@ -741,6 +753,16 @@ func (p *Postgres) prepare(ctx context.Context, s *pgScratch, rs []*Row) error {
 			r.Stored = Stored{Err: proto.ErrRoomLimit}
 			continue
 		}
+		var text string
+		if r.Kind.IsReaction() {
+			t, ok := proto.ReactionText(nil, r.Body)
+			if !ok { // the edges check it: never stored
+				s.first[i] = i
+				r.Stored = Stored{Err: proto.ErrBadReaction}
+				continue
+			}
+			text = string(t)
+		}
 		k := dedupKey{s.ids[i], r.From, unsafe.String(unsafe.SliceData(r.ID), len(r.ID))}
 		if f, ok := s.dedup[k]; ok {
 			s.first[i] = f
@@ -753,6 +775,11 @@ func (p *Postgres) prepare(ctx context.Context, s *pgScratch, rs []*Row) error {
 		s.uKey = append(s.uKey, r.ID)
 		s.uBody = append(s.uBody, r.Body)
 		s.uOrd = append(s.uOrd, int32(i))
+		s.changes = s.changes || r.Kind != proto.KindMsg
+		s.uKind = append(s.uKind, int16(r.Kind))
+		s.uRef = append(s.uRef, clampSeq(r.Ref))
+		s.uText = append(s.uText, text)
+		s.uAny = append(s.uAny, r.Any)
 		n := s.count[s.ids[i]] + 1
 		s.count[s.ids[i]] = n
 		s.uRank = append(s.uRank, n)
@@ -808,6 +835,9 @@ func containsString(list []string, s string) bool {
 func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, rs []*Row, token int64) error {
 	var rows pgx.Rows
 	var err error
+	if sql == changesSQL {
+		return p.runChanges(ctx, conn, s, rs, token)
+	}
 	var args []any
 	if sql == freshSQL || sql == freshReadsSQL {
 		args = []any{s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token}
@@ -844,6 +874,11 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	}
 	return nil
 }
+
+// changesSQL stands for the commit of a batch holding changes (edits,
+// deletes, reactions): runChanges (changes.go). Batches of messages alone
+// keep commitSQL and freshSQL.
+const changesSQL = "changes"
 
 // readCommit reads the commit statement's answer (old reports stored keys
 // met); rows.Err after Close reports a failure up to the end of the
@@ -923,6 +958,11 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 		return false, err
 	}
 	clear(s.isOld)
+	if s.changes {
+		for _, ord := range s.uOrd {
+			rs[ord].Stored = Stored{} // what a failed read of the answer left
+		}
+	}
 	found, ours := 0, 0
 	for rows.Next() {
 		var ord int32
@@ -941,6 +981,24 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return false, err
+	}
+	if s.changes {
+		// A change may store nothing and still be answered (a standing
+		// reaction, a bad ref): a row of this batch proves the commit, and
+		// the publishes without one are answered overloaded, so their
+		// clients send them again and get the answer the rules give.
+		if ours == 0 {
+			for _, ord := range s.uOrd {
+				rs[ord].Stored = Stored{}
+			}
+			return false, nil
+		}
+		for _, ord := range s.uOrd {
+			if rs[ord].Seq == 0 {
+				rs[ord].Stored = Stored{Err: proto.ErrOverloaded}
+			}
+		}
+		return true, nil
 	}
 	// Committed: every distinct publish has a row (new ones carry the
 	// token). Not committed but every key was stored before: all are
@@ -1044,9 +1102,9 @@ func (p *Postgres) Head(ctx context.Context, key string) (Head, error) {
 // without its body, to tell that the read stopped early; the rows after it
 // are not. ORDER is the scan direction.
 const boundedSQL = `
-SELECT seq, idem_key, sender, ts, CASE WHEN fits THEN body END, fits FROM (
+SELECT seq, idem_key, sender, ts, CASE WHEN fits THEN body END, fits, kind, coalesce(ref, 0) FROM (
 	SELECT *, lag(fits, 1, true) OVER (ORDER BY seq ORDER_DIR) AS prev_fits FROM (
-		SELECT seq, idem_key, sender, ts, body,
+		SELECT seq, idem_key, sender, ts, body, kind, ref,
 			row_number() OVER w <= $4 AND ($5 <= 0 OR row_number() OVER w = 1 OR
 				sum(octet_length(body) + octet_length(idem_key) + octet_length(sender) + $6) OVER (w ROWS UNBOUNDED PRECEDING) <= $5) AS fits
 		FROM messages WHERE room_id = $1 AND seq > $2 AND seq <= $3
@@ -1129,14 +1187,17 @@ func scanMessages(rows pgx.Rows, name string, capHint int) ([]proto.Message, boo
 		var from string
 		var ts time.Time
 		var fits bool
-		if err := rows.Scan(&seq, &id, &from, &ts, &body, &fits); err != nil {
+		var kind int16
+		var ref int64
+		if err := rows.Scan(&seq, &id, &from, &ts, &body, &fits, &kind, &ref); err != nil {
 			return nil, false, err
 		}
 		if !fits {
 			more = true
 			continue
 		}
-		msgs = append(msgs, proto.Message{Room: name, Seq: uint64(seq), ID: string(id), From: from, TS: ts.UnixMilli(), Body: body})
+		msgs = append(msgs, proto.Message{Room: name, Seq: uint64(seq), ID: string(id), From: from, TS: ts.UnixMilli(), Body: body,
+			Kind: proto.Kind(kind), Ref: uint64(ref)})
 	}
 	return msgs, more, rows.Err()
 }

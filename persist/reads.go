@@ -38,9 +38,12 @@ type Reads interface {
 	// were committed (their Stored holds the answers) and only the marks
 	// were not.
 	CommitReads(ctx context.Context, rows []*Row, marks []ReadMark) error
-	// Unread fills last[i] and read[i] with the newest seq of the room
-	// keys[i] (all of one app) and user's position there, in one read.
-	Unread(ctx context.Context, keys []string, user string, last, read []uint64) error
+	// Unread fills last[i], read[i] and count[i] for the room keys[i] (all
+	// of one app), in one read: the room's newest seq, user's position
+	// there (the larger of the stored one and read[i] as given: a floor
+	// the caller knows of) and the number of messages (KindMsg entries)
+	// after that position, counted without scanning them.
+	Unread(ctx context.Context, keys []string, user string, last, read, count []uint64) error
 	// ReadPositions lists every user's position in the room key, newest
 	// first, at most limit of them.
 	ReadPositions(ctx context.Context, key string, limit int) ([]proto.Receipt, error)
@@ -144,48 +147,68 @@ func (p *Postgres) ReadPositions(ctx context.Context, key string, limit int) ([]
 }
 
 // Unread implements Reads.
-func (m *Memory) Unread(ctx context.Context, keys []string, user string, last, read []uint64) error {
-	for i, k := range keys {
-		l, err := m.LastSeq(ctx, k)
-		if err != nil {
-			return err
-		}
-		last[i] = l
-	}
+func (m *Memory) Unread(_ context.Context, keys []string, user string, last, read, count []uint64) error {
 	m.reads.mu.Lock()
-	defer m.reads.mu.Unlock()
 	for i, k := range keys {
-		read[i] = m.reads.pos[k][user]
+		read[i] = max(read[i], m.reads.pos[k][user])
+	}
+	m.reads.mu.Unlock()
+	for i, k := range keys {
+		last[i], count[i] = 0, 0
+		sh := m.shard(k)
+		sh.mu.Lock()
+		if room := sh.rooms[k]; room != nil {
+			last[i] = room.last
+			if read[i] < room.last {
+				count[i] = room.msgs - room.msgsUpTo(read[i])
+			}
+		}
+		sh.mu.Unlock()
 	}
 	return nil
 }
 
+// unreadSQL answers every room of an Unread in one statement. A room's
+// count is its messages (rooms.msgs) less those up to the position: the
+// running count the entry at or before the position keeps (messages.msgs;
+// NULL on rows stored before kinds existed, when every entry was a
+// message and the count was the seq), or, when retention removed every
+// entry up to the position, the oldest kept entry's count less itself.
+// Two index probes per room, never a scan.
+const unreadSQL = `
+SELECT k.i, r.last_seq, x.pos, CASE WHEN x.pos >= r.last_seq THEN 0 ELSE r.msgs - coalesce(
+	(SELECT coalesce(m.msgs, m.seq) FROM messages m WHERE m.room_id = r.id AND m.seq <= x.pos ORDER BY m.seq DESC LIMIT 1),
+	(SELECT coalesce(m.msgs, m.seq) - (m.kind = 0)::int FROM messages m WHERE m.room_id = r.id AND m.seq > x.pos ORDER BY m.seq LIMIT 1),
+	r.msgs) END
+FROM unnest($2::text[], $4::int8[]) WITH ORDINALITY AS k (name, floor, i)
+JOIN rooms r ON r.app = $1 AND r.name = k.name
+LEFT JOIN read_positions rp ON rp.room_id = r.id AND rp.user_id = $3
+CROSS JOIN LATERAL (SELECT GREATEST(coalesce(rp.seq, 0), k.floor) AS pos) x`
+
 // Unread implements Reads: one query for every room.
-func (p *Postgres) Unread(ctx context.Context, keys []string, user string, last, read []uint64) error {
+func (p *Postgres) Unread(ctx context.Context, keys []string, user string, last, read, count []uint64) error {
 	if len(keys) == 0 {
 		return nil
 	}
 	app, _ := proto.SplitKey(keys[0])
 	names := make([]string, len(keys))
+	floors := make([]int64, len(keys))
 	for i, k := range keys {
 		_, names[i] = proto.SplitKey(k)
-		last[i], read[i] = 0, 0
+		floors[i] = clampSeq(read[i])
+		last[i], count[i] = 0, 0
 	}
-	rows, err := p.pool.Query(ctx, `
-SELECT k.i, r.last_seq, coalesce(rp.seq, 0)
-FROM unnest($2::text[]) WITH ORDINALITY AS k (name, i)
-JOIN rooms r ON r.app = $1 AND r.name = k.name
-LEFT JOIN read_positions rp ON rp.room_id = r.id AND rp.user_id = $3`, app, names, user)
+	rows, err := p.pool.Query(ctx, unreadSQL, app, names, user, floors)
 	if err != nil {
 		return p.wrap("read unread counts", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var i, l, r int64
-		if err := rows.Scan(&i, &l, &r); err != nil {
+		var i, l, r, c int64
+		if err := rows.Scan(&i, &l, &r, &c); err != nil {
 			return p.wrap("read unread counts", err)
 		}
-		last[i-1], read[i-1] = uint64(l), uint64(r)
+		last[i-1], read[i-1], count[i-1] = uint64(l), uint64(r), uint64(max(c, 0))
 	}
 	if err := rows.Err(); err != nil {
 		return p.wrap("read unread counts", err)
@@ -245,15 +268,19 @@ func (p *Postgres) markIDs(ctx context.Context, s *pgScratch, marks []ReadMark) 
 	return nil
 }
 
+// saveReadsSQL upserts read marks by room id (at most one per room and
+// user), locking the rows in (room, user) order as readsCTE does.
+const saveReadsSQL = `
+INSERT INTO read_positions (room_id, user_id, seq)
+SELECT k.r, k.u, k.s FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS k (r, u, s)
+ORDER BY k.r, k.u COLLATE "C"
+ON CONFLICT (room_id, user_id) DO UPDATE SET seq = EXCLUDED.seq WHERE read_positions.seq < EXCLUDED.seq`
+
 func (p *Postgres) saveReadIDs(ctx context.Context, ids []int64, users []string, seqs []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := p.pool.Exec(ctx, `
-INSERT INTO read_positions (room_id, user_id, seq)
-SELECT k.r, k.u, k.s FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS k (r, u, s)
-ORDER BY k.r, k.u COLLATE "C"
-ON CONFLICT (room_id, user_id) DO UPDATE SET seq = EXCLUDED.seq WHERE read_positions.seq < EXCLUDED.seq`, ids, users, seqs)
+	_, err := p.pool.Exec(ctx, saveReadsSQL, ids, users, seqs)
 	if err != nil {
 		return p.wrap("save read positions", err)
 	}

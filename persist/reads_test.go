@@ -113,15 +113,16 @@ func BenchmarkPostgresUnread100(b *testing.B) {
 	if err := p.SaveReads(ctx, marks); err != nil {
 		b.Fatal(err)
 	}
-	last, read := make([]uint64, 100), make([]uint64, 100)
+	last, read, count := make([]uint64, 100), make([]uint64, 100), make([]uint64, 100)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := p.Unread(ctx, keys, "alice", last, read); err != nil {
+		clear(read)
+		if err := p.Unread(ctx, keys, "alice", last, read, count); err != nil {
 			b.Fatal(err)
 		}
 	}
-	if last[99] != 2 || read[99] != 1 {
-		b.Fatalf("last %d read %d", last[99], read[99])
+	if last[99] != 2 || read[99] != 1 || count[99] != 1 {
+		b.Fatalf("last %d read %d count %d", last[99], read[99], count[99])
 	}
 }
 
@@ -133,5 +134,27 @@ func TestWithReadsCTE(t *testing.T) {
 		if !strings.HasPrefix(strings.TrimSpace(got), "WITH rd AS (") || !strings.Contains(got, "unnest("+first) {
 			t.Fatalf("%q: %s", first, got)
 		}
+	}
+}
+
+// A batch holding a change (a reaction here) commits in its own round
+// trips; its read marks are in its transaction too.
+func TestCommitReadsWithChange(t *testing.T) {
+	ctx := context.Background()
+	p := newPG(t)
+	k := proto.RoomKey("app", "r")
+	fill(t, p, k, 2)
+	react := req(k, "bob", "react-1", `"+1"`)
+	react.Kind, react.Ref = proto.KindReact, 1
+	if err := p.CommitReads(ctx, []*Row{react}, []ReadMark{{Key: k, User: "carol", Seq: 2}}); err != nil || react.Err != nil {
+		t.Fatal(err, react.Err)
+	}
+	var same bool
+	if err := p.pool.QueryRow(ctx, `
+SELECT (SELECT xmin::text FROM read_positions WHERE user_id = 'carol') = (SELECT xmin::text FROM messages WHERE idem_key = 'react-1'::bytea)`).Scan(&same); err != nil {
+		t.Fatal(err)
+	}
+	if !same {
+		t.Fatal("the read mark was written by another transaction than the batch's")
 	}
 }

@@ -199,9 +199,9 @@ func (p *Postgres) retainApp(ctx context.Context, app string, ret Retention) (in
 	for _, r := range rooms {
 		if ret.MaxCount > 0 && r.last > int64(ret.MaxCount) {
 			// Both scans walk the primary key from the room's oldest row.
-			n, err := p.deleteLoop(ctx, `
+			n, err := p.deleteLoop(ctx, withChanges(`
 DELETE FROM messages WHERE room_id = $1 AND seq IN (
-	SELECT seq FROM messages WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`,
+	SELECT seq FROM messages WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`),
 				r.id, r.last-int64(ret.MaxCount))
 			deleted += n
 			p.ret.byCount.Add(uint64(n))
@@ -212,10 +212,10 @@ DELETE FROM messages WHERE room_id = $1 AND seq IN (
 		if ret.MaxAge > 0 {
 			// Seq order is commit order, so the expired rows are the oldest
 			// ones: stop at the first batch that is not all expired.
-			n, err := p.deleteLoop(ctx, `
+			n, err := p.deleteLoop(ctx, withChanges(`
 DELETE FROM messages WHERE room_id = $1 AND seq IN (
 	SELECT seq FROM messages WHERE room_id = $1 ORDER BY seq LIMIT $3)
-AND ts < now() - make_interval(secs => $2)`,
+AND ts < now() - make_interval(secs => $2)`),
 				r.id, ret.MaxAge.Seconds())
 			deleted += n
 			p.ret.byAge.Add(uint64(n))
@@ -227,17 +227,38 @@ AND ts < now() - make_interval(secs => $2)`,
 	return deleted, nil
 }
 
-// deleteLoop runs a batched DELETE ($3 is the batch size) until it removes
-// less than a full batch.
+// withChanges makes del, a DELETE of a room's oldest entries, remove with
+// each message its changes (edits, deletes, reactions: newer entries that
+// name it, found by messages_changes), its state and its users' reactions.
+// The changes removed are those newer than every entry del removes, so no
+// row is removed twice. It answers the entries del removed and the changes.
+func withChanges(del string) string {
+	return `
+WITH d AS (` + del + `
+	RETURNING seq, kind
+), dep AS (
+	DELETE FROM messages m WHERE m.room_id = $1 AND m.ref IN (SELECT seq FROM d WHERE kind = 0)
+		AND m.seq > (SELECT max(seq) FROM d)
+	RETURNING 1
+), st AS (
+	DELETE FROM message_state s WHERE s.room_id = $1 AND s.seq IN (SELECT seq FROM d WHERE kind = 0)
+), rx AS (
+	DELETE FROM reactions x WHERE x.room_id = $1 AND x.seq IN (SELECT seq FROM d WHERE kind = 0)
+)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM dep)`
+}
+
+// deleteLoop runs a batched DELETE of withChanges ($3 is the batch size)
+// until it removes less than a full batch.
 func (p *Postgres) deleteLoop(ctx context.Context, sql string, roomID int64, arg any) (int64, error) {
 	var deleted int64
 	for {
-		tag, err := p.pool.Exec(ctx, sql, roomID, arg, retentionBatch)
-		if err != nil {
+		var n, deps int64
+		if err := p.pool.QueryRow(ctx, sql, roomID, arg, retentionBatch).Scan(&n, &deps); err != nil {
 			return deleted, p.wrap("delete expired messages", err)
 		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < retentionBatch {
+		deleted += n + deps
+		if n < retentionBatch {
 			return deleted, nil
 		}
 	}

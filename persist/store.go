@@ -50,6 +50,20 @@ type Row struct {
 	From string // user id of the publisher
 	ID   []byte // client idempotency key, 1 to 64 characters (proto.MaxID)
 	Body []byte // the publisher's exact JSON bytes
+	// Kind is what the row does; a change (edit, delete, react, unreact)
+	// names the message it changes by its seq, Ref. The store checks the
+	// rules inside the commit (docs/protocol.md, "Messages that change"):
+	// Ref must be a stored, undeleted message of the room (else Err
+	// proto.ErrRefNotFound), an edit or delete must come from its sender
+	// unless Any (else proto.ErrRefForbidden); a react already standing,
+	// or an unreact with nothing to remove, stores nothing and is answered
+	// Duplicate with the seq of the entry that stands (the react, the
+	// unreact that took it back, or Ref itself when the user never
+	// reacted so).
+	Kind proto.Kind
+	Ref  uint64
+	// Any: the publisher may edit or delete any message (the Server API).
+	Any bool
 	Stored
 }
 
@@ -61,9 +75,27 @@ type Stored struct {
 	// stored and the message must not be delivered again.
 	Duplicate bool
 	// Err: nil, proto.ErrOverloaded (nothing stored: retry),
-	// proto.ErrRoomLimit, proto.ErrClosed, or another error (internal).
+	// proto.ErrRoomLimit, proto.ErrClosed, proto.ErrRefNotFound,
+	// proto.ErrRefForbidden, or another error (internal).
 	// A row with Err set carries no seq.
 	Err error
+}
+
+// FoldQuery is one page of a folded history: the messages (KindMsg
+// entries) with seq < Before (0: no bound), newest last, or, with Forward,
+// those with seq > After, oldest first. Limit counts listed messages.
+type FoldQuery struct {
+	Before, After uint64
+	Forward       bool
+}
+
+// Folder lists a room's messages as they stand now: each KindMsg entry
+// with Folded set, its latest edit's body and time, deleted (body nil),
+// and its reactions held by at least one user (sorted by text). Memory and
+// Postgres implement it; neither reads more than a bounded number of rows
+// per listed message.
+type Folder interface {
+	Fold(ctx context.Context, key string, q FoldQuery, b Bounds) (msgs []proto.Message, more bool, err error)
 }
 
 // Store is where messages live. Implementations: Memory (embedded default)

@@ -23,6 +23,10 @@ type ServerFrame struct {
 	Op, Room, ID, From, Code, Ref, Message, Body, Messages, Epoch []byte
 	Seq, FromSeq                                                  uint64
 	TS                                                            int64
+	// Kind and RefSeq: a msg frame's kind and ref (an edit, delete, react
+	// or unreact; `ref` as a number goes to RefSeq, as a string to Ref).
+	Kind   []byte
+	RefSeq uint64
 }
 
 // DecodeServer parses a server frame payload into f (reset first). It
@@ -52,8 +56,13 @@ func DecodeServer(payload []byte, f *ServerFrame) error {
 			bad = bad || !ok
 			fl = fieldUnknown
 		}
+		if fl == fieldRef && v[0] != '"' {
+			f.RefSeq, ok = parseUint(v)
+			bad = bad || !ok
+			fl = fieldUnknown
+		}
 		switch fl {
-		case fieldOp, fieldRoom, fieldID, fieldFrom, fieldCode, fieldRef, fieldMessage, fieldEpoch:
+		case fieldOp, fieldRoom, fieldID, fieldFrom, fieldCode, fieldRef, fieldMessage, fieldEpoch, fieldKind:
 			var s []byte
 			if v[0] == '"' {
 				s = v[1 : len(v)-1]
@@ -75,6 +84,8 @@ func DecodeServer(payload []byte, f *ServerFrame) error {
 				f.Ref = s
 			case fieldEpoch:
 				f.Epoch = s
+			case fieldKind:
+				f.Kind = s
 			default:
 				f.Message = s
 			}

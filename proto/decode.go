@@ -38,6 +38,8 @@ var (
 	ErrBadSeq      = &Error{CodeBadRequest, "seq must be a non-negative integer"}
 	ErrMissingSeq  = &Error{CodeBadRequest, "missing seq"}
 	ErrSignalSize  = &Error{CodeTooLarge, "signal body larger than 1024 bytes"}
+	ErrBadFold     = &Error{CodeBadRequest, "fold must be true or false"}
+	ErrBeforeAfter = &Error{CodeBadRequest, "give before or after, not both"}
 )
 
 const (
@@ -101,7 +103,10 @@ const (
 	fieldEcho
 	fieldRooms
 	fieldReceipts
-	// DecodeServer only.
+	fieldKind
+	fieldAfter
+	fieldFold
+	// DecodeServer only (and ref, a number, in Decode).
 	fieldFrom
 	fieldCode
 	fieldRef
@@ -149,6 +154,12 @@ func keyField(raw []byte, esc bool) field {
 		return fieldRooms
 	case "receipts":
 		return fieldReceipts
+	case "kind":
+		return fieldKind
+	case "after":
+		return fieldAfter
+	case "fold":
+		return fieldFold
 	case "from":
 		return fieldFrom
 	case "code":
@@ -245,6 +256,7 @@ func decode(payload []byte, cmd *Command) error {
 		return ErrMalformed
 	}
 	var op, room, id, body, since, before, limit, token, epoch, pres, echo, seq, rooms, rcpt presence
+	var kind, ref, after, fold presence
 	var limitVal uint64
 	for more {
 		ks, ke, kesc, vs, ok := memberKey(b, i)
@@ -306,7 +318,25 @@ func decode(payload []byte, cmd *Command) error {
 					id, cmd.ID = valid, raw
 				}
 			}
-		case fieldSince, fieldBefore, fieldLimit, fieldSeq:
+		case fieldKind:
+			kind, cmd.Kind = invalid, KindMsg
+			if b[i] != '"' {
+				if i, ok = skipValue(b, i, 1); !ok {
+					return ErrMalformed
+				}
+				break
+			}
+			ve, esc, ok := scanString(b, i+1)
+			if !ok {
+				return ErrMalformed
+			}
+			i = ve + 1
+			if !esc {
+				if k, ok := ParseKind(b[vs+1 : ve]); ok {
+					kind, cmd.Kind = valid, k
+				}
+			}
+		case fieldSince, fieldBefore, fieldLimit, fieldSeq, fieldRef, fieldAfter:
 			var v uint64
 			ok := false
 			if c := b[i]; c == '-' || '0' <= c && c <= '9' {
@@ -330,6 +360,10 @@ func decode(payload []byte, cmd *Command) error {
 				before, cmd.Before = p, v
 			case fieldSeq:
 				seq, cmd.Seq = p, v
+			case fieldRef:
+				ref, cmd.Ref = p, v
+			case fieldAfter:
+				after, cmd.After = p, v
 			default:
 				limit, limitVal = p, v
 			}
@@ -357,7 +391,7 @@ func decode(payload []byte, cmd *Command) error {
 			if len(raw) <= MaxEpoch {
 				epoch, cmd.Epoch = valid, raw
 			}
-		case fieldPresence, fieldReceipts, fieldEcho:
+		case fieldPresence, fieldReceipts, fieldEcho, fieldFold:
 			if i, ok = skipValue(b, i, 1); !ok {
 				return ErrMalformed
 			}
@@ -367,6 +401,8 @@ func decode(payload []byte, cmd *Command) error {
 				pres, cmd.Presence = p, v
 			case fieldReceipts:
 				rcpt, cmd.Receipts = p, v
+			case fieldFold:
+				fold, cmd.Fold = p, v
 			default:
 				echo, cmd.NoEcho = p, p == valid && !v
 			}
@@ -412,6 +448,8 @@ func decode(payload []byte, cmd *Command) error {
 	cmd.HasSince = since == valid
 	cmd.HasBefore = before == valid
 	cmd.HasEpoch = epoch == valid
+	cmd.HasRef = ref == valid
+	cmd.HasAfter = after == valid
 	if limit == valid {
 		cmd.HasLimit = true
 		cmd.Limit = int(min(limitVal, MaxLimit))
@@ -427,7 +465,7 @@ func decode(payload []byte, cmd *Command) error {
 		return ErrBadRoom
 	case id == invalid:
 		return ErrBadID
-	case since == invalid, before == invalid, limit == invalid:
+	case since == invalid, before == invalid, limit == invalid, after == invalid:
 		return ErrBadNumber
 	case token == invalid:
 		return ErrBadToken
@@ -441,6 +479,12 @@ func decode(payload []byte, cmd *Command) error {
 		return ErrBadReceipts
 	case seq == invalid:
 		return ErrBadSeq
+	case kind == invalid:
+		return ErrBadKind
+	case ref == invalid:
+		return ErrBadRef
+	case fold == invalid:
+		return ErrBadFold
 	}
 	switch cmd.Op {
 	case OpJoin, OpLeave, OpPresence, OpReceipts:
@@ -453,6 +497,9 @@ func decode(payload []byte, cmd *Command) error {
 		}
 		if limit == valid && limitVal == 0 {
 			return ErrBadLimit
+		}
+		if before == valid && after == valid {
+			return ErrBeforeAfter
 		}
 	case OpUnread:
 		if rooms == absent || !walkRooms(cmd.Rooms, cmd.listBuf[:], nil) {
@@ -484,8 +531,11 @@ func decode(payload []byte, cmd *Command) error {
 			return ErrMissingRoom
 		case id == absent:
 			return ErrMissingID
-		case body == absent:
+		case body == absent && cmd.Kind != KindDelete && cmd.Kind != KindEdit && !cmd.Kind.IsReaction():
 			return ErrMissingBody
+		}
+		if e := CheckKind(cmd.Kind, ref != absent, cmd.Ref, body != absent, cmd.Body); e != nil {
+			return e
 		}
 	}
 	return nil
@@ -508,6 +558,7 @@ func (cmd *Command) reset() {
 	cmd.Op, cmd.Room, cmd.ID, cmd.Body, cmd.Token, cmd.Epoch, cmd.Rooms = OpInvalid, nil, nil, nil, nil, nil, nil
 	cmd.Since, cmd.Before, cmd.Limit, cmd.Seq = 0, 0, 0, 0
 	cmd.HasSince, cmd.HasBefore, cmd.HasLimit, cmd.HasEpoch, cmd.Presence, cmd.NoEcho, cmd.Receipts = false, false, false, false, false, false, false
+	cmd.Kind, cmd.Ref, cmd.HasRef, cmd.After, cmd.HasAfter, cmd.Fold = KindMsg, 0, false, 0, false, false
 }
 
 // Ref is what an `err` frame echoes for cmd: its id, else its room (a

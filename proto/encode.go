@@ -230,12 +230,47 @@ const (
 	historyMsg = `,"messages":[`
 )
 
-func msgLen[I text](room string, seq uint64, id I, from string, ts int64, body []byte) int {
-	return msgFixed + quotedLen(room) + uintLen(seq) + quotedLen(id) + quotedLen(from) +
-		intLen(ts) + len(bodyOrNull(body))
+const (
+	msgKind      = `,"kind":`
+	msgRef       = `,"ref":`
+	msgEdited    = `,"edited":`
+	msgDeleted   = `,"deleted":true`
+	msgReactions = `,"reactions":{`
+)
+
+// kindLen is what kind and ref add to a msg frame (nothing for a message).
+func kindLen(kind Kind, ref uint64) int {
+	if kind == KindMsg {
+		return 0
+	}
+	return len(msgKind) + 2 + len(kind.String()) + len(msgRef) + uintLen(ref)
 }
 
-func appendMsg[I text](dst []byte, room string, seq uint64, id I, from string, ts int64, body []byte) []byte {
+func appendKind(dst []byte, kind Kind, ref uint64) []byte {
+	if kind == KindMsg {
+		return dst
+	}
+	dst = append(dst, msgKind...)
+	dst = append(dst, '"')
+	dst = append(dst, kind.String()...)
+	dst = append(dst, '"')
+	dst = append(dst, msgRef...)
+	return strconv.AppendUint(dst, ref, 10)
+}
+
+func msgLen[I text](room string, seq uint64, id I, from string, ts int64, kind Kind, ref uint64, body []byte) int {
+	return msgFixed + quotedLen(room) + uintLen(seq) + quotedLen(id) + quotedLen(from) +
+		intLen(ts) + kindLen(kind, ref) + len(bodyOrNull(body))
+}
+
+func appendMsg[I text](dst []byte, room string, seq uint64, id I, from string, ts int64, kind Kind, ref uint64, body []byte) []byte {
+	dst = appendMsgHead(dst, room, seq, id, from, ts, kind, ref)
+	dst = append(dst, msgBody...)
+	dst = append(dst, bodyOrNull(body)...)
+	return append(dst, '}')
+}
+
+func appendMsgHead[I text](dst []byte, room string, seq uint64, id I, from string, ts int64, kind Kind, ref uint64) []byte {
 	dst = append(dst, msgPrefix...)
 	dst = appendQuoted(dst, room)
 	dst = append(dst, msgSeq...)
@@ -246,25 +281,110 @@ func appendMsg[I text](dst []byte, room string, seq uint64, id I, from string, t
 	dst = appendQuoted(dst, from)
 	dst = append(dst, msgTS...)
 	dst = strconv.AppendInt(dst, ts, 10)
-	dst = append(dst, msgBody...)
-	dst = append(dst, bodyOrNull(body)...)
-	return append(dst, '}')
+	return appendKind(dst, kind, ref)
 }
 
-// AppendMsgFrame appends a `msg` frame. body is the publisher's JSON value
-// and is copied byte for byte (an empty body is written as null).
+// foldLen is what a folded message's state adds to its msg object.
+func foldLen(m *Message) int {
+	if !m.Folded {
+		return 0
+	}
+	n := 0
+	if m.Edited != 0 {
+		n += len(msgEdited) + intLen(m.Edited)
+	}
+	if m.Deleted {
+		n += len(msgDeleted)
+	}
+	if len(m.Reactions) > 0 {
+		n += len(msgReactions) + 1
+		for i, r := range m.Reactions {
+			if i > 0 {
+				n++
+			}
+			n += quotedLen(r.Text) + 1 + intLen(int64(r.Count))
+		}
+	}
+	return n
+}
+
+func appendFold(dst []byte, m *Message) []byte {
+	if !m.Folded {
+		return dst
+	}
+	if m.Edited != 0 {
+		dst = append(dst, msgEdited...)
+		dst = strconv.AppendInt(dst, m.Edited, 10)
+	}
+	if m.Deleted {
+		dst = append(dst, msgDeleted...)
+	}
+	if len(m.Reactions) > 0 {
+		dst = append(dst, msgReactions...)
+		for i, r := range m.Reactions {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendQuoted(dst, r.Text)
+			dst = append(dst, ':')
+			dst = strconv.AppendInt(dst, int64(r.Count), 10)
+		}
+		dst = append(dst, '}')
+	}
+	return dst
+}
+
+// msgJSONLen is the length of AppendMsgJSON's output.
+func msgJSONLen(m *Message) int {
+	body := m.Body
+	if m.Deleted {
+		body = nil
+	}
+	return msgLen(m.Room, m.Seq, m.ID, m.From, m.TS, m.Kind, m.Ref, body) + foldLen(m)
+}
+
+// AppendMsgFrame appends a `msg` frame of a message (KindMsg). body is the
+// publisher's JSON value and is copied byte for byte (an empty body is
+// written as null).
 func AppendMsgFrame(dst []byte, room string, seq uint64, id []byte, from string, ts int64, body []byte) []byte {
-	n := msgLen(room, seq, id, from, ts, body)
+	return AppendMsgFrameKind(dst, room, seq, id, from, ts, KindMsg, 0, body)
+}
+
+// AppendMsgFrameKind appends a `msg` frame of any kind: an edit, delete,
+// react or unreact carries "kind" and "ref", a message neither.
+func AppendMsgFrameKind(dst []byte, room string, seq uint64, id []byte, from string, ts int64, kind Kind, ref uint64, body []byte) []byte {
+	n := msgLen(room, seq, id, from, ts, kind, ref, body)
 	dst = beginText(dst, n)
 	start := len(dst)
-	dst = appendMsg(dst, room, seq, id, from, ts, body)
+	dst = appendMsg(dst, room, seq, id, from, ts, kind, ref, body)
+	return endText(dst, start, n)
+}
+
+// AppendMsgMessageFrame appends the `msg` frame of a stored message.
+func AppendMsgMessageFrame(dst []byte, m *Message) []byte {
+	n := msgJSONLen(m)
+	dst = beginText(dst, n)
+	start := len(dst)
+	dst = AppendMsgJSON(dst, m)
 	return endText(dst, start, n)
 }
 
 // AppendMsgJSON appends m as the JSON object of a `msg` frame, without a
-// frame header.
+// frame header; a folded message carries its state (edited, deleted with a
+// null body, reactions).
 func AppendMsgJSON(dst []byte, m *Message) []byte {
-	return appendMsg(dst, m.Room, m.Seq, m.ID, m.From, m.TS, m.Body)
+	if !m.Folded {
+		return appendMsg(dst, m.Room, m.Seq, m.ID, m.From, m.TS, m.Kind, m.Ref, m.Body)
+	}
+	dst = appendMsgHead(dst, m.Room, m.Seq, m.ID, m.From, m.TS, m.Kind, m.Ref)
+	dst = appendFold(dst, m)
+	dst = append(dst, msgBody...)
+	if m.Deleted {
+		dst = append(dst, nullBody...)
+	} else {
+		dst = append(dst, bodyOrNull(m.Body)...)
+	}
+	return append(dst, '}')
 }
 
 // AppendHistoryFrame appends a `history` frame holding msgs in order; more
@@ -281,7 +401,7 @@ func AppendHistoryFrame(dst, room []byte, msgs []Message, more bool) []byte {
 		if k > 0 {
 			n++
 		}
-		n += msgLen(m.Room, m.Seq, m.ID, m.From, m.TS, m.Body)
+		n += msgJSONLen(m)
 	}
 	dst = beginText(dst, n)
 	start := len(dst)

@@ -52,6 +52,17 @@ type Command struct {
 	// Receipts (join): the join also subscribes to the room's receipts
 	// frames.
 	Receipts bool
+	// Kind (pub): what the publish does; Ref (pub) the seq of the message
+	// it changes, valid if HasRef. Decode checks them (CheckKind).
+	Kind   Kind
+	Ref    uint64
+	HasRef bool
+	// After (history): list what follows this seq, oldest first; valid if
+	// HasAfter.
+	After    uint64
+	HasAfter bool
+	// Fold (history): list only messages, each as it stands now.
+	Fold bool
 
 	// Scratch for a room or id that arrived with JSON escapes: Room and ID
 	// then point here instead of into the payload, so Decode stays
@@ -75,6 +86,17 @@ type Message struct {
 	From string
 	TS   int64 // commit time, Unix ms
 	Body []byte
+	// Kind and Ref: a change of the message Ref (KindMsg: a message, Ref 0).
+	Kind Kind
+	Ref  uint64
+	// Folded history only (a KindMsg as it stands now): Edited is the
+	// commit time of its latest edit (0: never edited; Body is then the
+	// edit's), Deleted that it was deleted (Body nil), Reactions its
+	// reactions held by at least one user, by text.
+	Folded    bool
+	Edited    int64
+	Deleted   bool
+	Reactions []Reaction
 }
 
 // Code is an `err` frame code.

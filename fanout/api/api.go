@@ -320,6 +320,11 @@ type pubRequest struct {
 	ID   *string         `json:"id"`
 	From *string         `json:"from"`
 	Body json.RawMessage `json:"body"`
+	// Kind and Ref: an edit, delete, react or unreact of the message Ref
+	// (docs/protocol.md, "Messages that change"); the API may edit or
+	// delete any message.
+	Kind *string `json:"kind"`
+	Ref  *uint64 `json:"ref"`
 }
 
 // waiter is the fanout.Origin of one API publish: the publish worker hands
@@ -379,11 +384,31 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	case req.From == nil || !proto.ValidUser([]byte(*req.From)):
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "from must be a user id: 1 to 128 characters without control characters")
 		return
-	case len(req.Body) == 0:
+	case len(req.Body) == 0 && (req.Kind == nil || *req.Kind == "msg"):
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "missing body")
 		return
 	case t.app.MaxMsg > 0 && int64(len(req.Body)) > t.app.MaxMsg:
 		s.fail(w, route, http.StatusRequestEntityTooLarge, proto.CodeTooLarge, "message body larger than the app's max-msg")
+		return
+	}
+	kind := proto.KindMsg
+	if req.Kind != nil {
+		k, ok := proto.ParseKind(*req.Kind)
+		if !ok {
+			s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, proto.ErrBadKind.Message)
+			return
+		}
+		kind = k
+	}
+	var ref uint64
+	if req.Ref != nil {
+		ref = *req.Ref
+	}
+	if kind == proto.KindDelete && string(req.Body) == "null" {
+		req.Body = nil // a delete's body, if named, is null
+	}
+	if e := proto.CheckKind(kind, req.Ref != nil, ref, len(req.Body) > 0, req.Body); e != nil {
+		s.fail(w, route, http.StatusBadRequest, e.Code, e.Message)
 		return
 	}
 	done := make(waiter, 1)
@@ -393,6 +418,9 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 			From: *req.From,
 			ID:   []byte(*req.ID),
 			Body: req.Body, // aliases raw, which nothing else holds
+			Kind: kind,
+			Ref:  ref,
+			Any:  true,
 		},
 		Origin: done,
 	}
@@ -413,6 +441,18 @@ func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.Err != nil {
+		var pe *proto.Error
+		if errors.As(res.Err, &pe) {
+			status := http.StatusBadRequest
+			switch pe.Code {
+			case proto.CodeNotFound:
+				status = http.StatusNotFound
+			case proto.CodeForbidden:
+				status = http.StatusForbidden
+			}
+			s.fail(w, route, status, pe.Code, pe.Message)
+			return
+		}
 		s.storeFail(w, route, res.Err)
 		return
 	}
@@ -482,7 +522,25 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 	}
 	var msgs []proto.Message
 	var more bool
+	fold := false
+	if q := r.URL.Query(); q.Has("fold") {
+		switch q.Get("fold") {
+		case "true", "1":
+			fold = true
+		case "false", "0":
+		default:
+			s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "fold must be true or false")
+			return
+		}
+	}
+	folder, _ := s.store.(persist.Folder)
 	switch {
+	case fold && folder == nil:
+		s.fail(w, route, http.StatusNotImplemented, proto.CodeInternal, "this store cannot fold history")
+		return
+	case fold && hasBefore && before <= 1:
+	case fold:
+		msgs, more, err = folder.Fold(ctx, key, persist.FoldQuery{Before: before, After: after, Forward: hasAfter}, b)
 	case hasAfter:
 		msgs, more, err = s.store.Range(ctx, key, after, head.Last, b)
 	case hasBefore && before <= 1:

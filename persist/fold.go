@@ -1,0 +1,100 @@
+package persist
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// foldSQL lists messages (kind 0) by the partial index messages_listed,
+// each joined with its state row when it changed: two rows read per
+// listed message at most, however many changes lie between them. It reads
+// one message more than the limit, to tell more.
+const (
+	foldColumns = `SELECT m.seq, m.idem_key, m.sender, m.ts, m.body, st.edited, st.body, coalesce(st.deleted, false), st.reactions
+FROM messages m LEFT JOIN message_state st ON st.room_id = m.room_id AND st.seq = m.seq
+WHERE m.room_id = $1 AND m.kind = 0 `
+	foldBackSQL    = foldColumns + `AND m.seq < $2 ORDER BY m.seq DESC LIMIT $3`
+	foldForwardSQL = foldColumns + `AND m.seq > $2 ORDER BY m.seq LIMIT $3`
+)
+
+var _ Folder = (*Postgres)(nil)
+
+// Fold implements Folder.
+func (p *Postgres) Fold(ctx context.Context, key string, q FoldQuery, b Bounds) ([]proto.Message, bool, error) {
+	if b.Limit <= 0 {
+		return nil, false, nil
+	}
+	id, ok, err := p.roomID(ctx, key)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	sql, bound := foldBackSQL, int64(math.MaxInt64)
+	switch {
+	case q.Forward:
+		sql, bound = foldForwardSQL, clampSeq(q.After)
+	case q.Before == 1:
+		return nil, false, nil
+	case q.Before != 0:
+		bound = clampSeq(q.Before)
+	}
+	rows, err := p.pool.Query(ctx, sql, id, bound, b.Limit+1)
+	if err != nil {
+		return nil, false, p.wrap("read folded history", err)
+	}
+	_, name := proto.SplitKey(key)
+	msgs, more, err := scanFolded(rows, name, b)
+	if err != nil {
+		return nil, false, p.wrap("read folded history", err)
+	}
+	if !q.Forward {
+		for i, j := 0, len(msgs)-1; i < j; i, j = i+1, j-1 {
+			msgs[i], msgs[j] = msgs[j], msgs[i]
+		}
+	}
+	return msgs, more, nil
+}
+
+// scanFolded reads foldSQL's rows within b.
+func scanFolded(rows pgx.Rows, name string, b Bounds) ([]proto.Message, bool, error) {
+	defer rows.Close()
+	msgs := make([]proto.Message, 0, min(b.Limit, 1024))
+	size := 0
+	for rows.Next() {
+		var seq int64
+		var id, body, editBody, reactions []byte
+		var from string
+		var ts time.Time
+		var edited *time.Time
+		var deleted bool
+		if err := rows.Scan(&seq, &id, &from, &ts, &body, &edited, &editBody, &deleted, &reactions); err != nil {
+			return nil, false, err
+		}
+		m := proto.Message{Room: name, Seq: uint64(seq), ID: string(id), From: from, TS: ts.UnixMilli(), Body: body, Folded: true, Deleted: deleted}
+		if edited != nil {
+			m.Edited = edited.UnixMilli()
+			m.Body = editBody
+		}
+		if deleted {
+			m.Body = nil
+		}
+		if len(reactions) > 2 {
+			var counts map[string]int
+			if err := json.Unmarshal(reactions, &counts); err != nil {
+				return nil, false, err
+			}
+			m.Reactions = sortedReactions(counts)
+		}
+		size += MsgSize(&m)
+		if len(msgs) == b.Limit || len(msgs) > 0 && b.MaxBytes > 0 && size > b.MaxBytes {
+			return msgs, true, nil
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs, false, rows.Err()
+}

@@ -1,0 +1,558 @@
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// The rules of "Messages that change" (docs/protocol.md), run over every
+// store: TestMemoryKinds and TestPostgresKinds.
+func testKindsContract(t *testing.T, newStore func(t *testing.T) Store) {
+	t.Run("Rules", func(t *testing.T) { testKindRules(t, newStore(t)) })
+	t.Run("Reactions", func(t *testing.T) { testKindReactions(t, newStore(t)) })
+	t.Run("SameBatch", func(t *testing.T) { testKindSameBatch(t, newStore(t)) })
+	t.Run("FoldModel", func(t *testing.T) { testFoldModel(t, newStore(t), 10000) })
+	t.Run("UnreadCount", func(t *testing.T) { testUnreadCountKinds(t, newStore(t)) })
+}
+
+func change(key, from, id string, kind proto.Kind, ref uint64, body string) *Row {
+	r := &Row{Key: key, From: from, ID: []byte(id), Kind: kind, Ref: ref}
+	if body != "" {
+		r.Body = []byte(body)
+	}
+	return r
+}
+
+// commitRows commits rows, failing only on a batch error: rows answer
+// for themselves.
+func commitRows(t *testing.T, st Store, rows ...*Row) {
+	t.Helper()
+	if err := st.CommitBatch(context.Background(), rows); err != nil {
+		t.Fatalf("CommitBatch: %v", err)
+	}
+}
+
+func wantErr(t *testing.T, r *Row, want error) {
+	t.Helper()
+	if !errors.Is(r.Err, want) || r.Seq != 0 {
+		t.Fatalf("%s %s ref %d: %+v, want %v and no seq", r.ID, r.Kind, r.Ref, r.Stored, want)
+	}
+}
+
+func wantNew(t *testing.T, r *Row) {
+	t.Helper()
+	if r.Err != nil || r.Duplicate || r.Seq == 0 {
+		t.Fatalf("%s %s ref %d: %+v, want stored", r.ID, r.Kind, r.Ref, r.Stored)
+	}
+}
+
+func testKindRules(t *testing.T, st Store) {
+	const key, other = "a/r", "a/other"
+	m1 := req(key, "alice", "m1", `"hello"`)
+	m2 := req(key, "bob", "m2", `"hi"`)
+	o1 := req(other, "alice", "o1", `1`)
+	commitRows(t, st, m1, m2, o1, req(other, "alice", "o2", `2`), req(other, "alice", "o3", `3`))
+	last, _ := st.LastSeq(context.Background(), key)
+
+	// Bad refs and permissions, each answered alone: the good rows of the
+	// same batch are stored.
+	bad := []*Row{
+		change(key, "alice", "e-nothing", proto.KindEdit, 99, `"x"`),
+		change(key, "alice", "e-other-room", proto.KindEdit, 3, `"x"`), // seq 3 exists in other, not here
+		change(key, "bob", "e-not-his", proto.KindEdit, m1.Seq, `"x"`),
+		change(key, "bob", "d-not-his", proto.KindDelete, m1.Seq, ""),
+		change(key, "alice", "e-ok", proto.KindEdit, m1.Seq, `"hello!"`),
+		change(key, "carol", "r-nothing", proto.KindReact, 99, `"👍"`),
+	}
+	commitRows(t, st, bad...)
+	wantErr(t, bad[0], proto.ErrRefNotFound)
+	wantErr(t, bad[1], proto.ErrRefNotFound)
+	wantErr(t, bad[2], proto.ErrRefForbidden)
+	wantErr(t, bad[3], proto.ErrRefForbidden)
+	wantNew(t, bad[4])
+	wantErr(t, bad[5], proto.ErrRefNotFound)
+	if bad[4].Seq != last+1 {
+		t.Fatalf("the edit got seq %d, want %d: refused rows took seqs", bad[4].Seq, last+1)
+	}
+	// An edit of an edit: its ref is no message.
+	ee := change(key, "alice", "e-of-e", proto.KindEdit, bad[4].Seq, `"y"`)
+	commitRows(t, st, ee)
+	wantErr(t, ee, proto.ErrRefNotFound)
+	// The API may edit anyone's message.
+	api := change(key, "backend", "e-api", proto.KindEdit, m2.Seq, `"moderated"`)
+	api.Any = true
+	commitRows(t, st, api)
+	wantNew(t, api)
+	// Delete, then nothing more on it.
+	del := change(key, "alice", "d1", proto.KindDelete, m1.Seq, "")
+	commitRows(t, st, del)
+	wantNew(t, del)
+	after := []*Row{
+		change(key, "alice", "e-deleted", proto.KindEdit, m1.Seq, `"z"`),
+		change(key, "alice", "d-again", proto.KindDelete, m1.Seq, ""),
+		change(key, "bob", "r-deleted", proto.KindReact, m1.Seq, `"👍"`),
+	}
+	commitRows(t, st, after...)
+	for _, r := range after {
+		wantErr(t, r, proto.ErrRefNotFound)
+	}
+	// The same (from, id) again: the same seq, nothing stored twice.
+	again := change(key, "alice", "d1", proto.KindDelete, m1.Seq, "")
+	commitRows(t, st, again)
+	if again.Err != nil || !again.Duplicate || again.Seq != del.Seq {
+		t.Fatalf("repeated delete: %+v, want duplicate of %d", again.Stored, del.Seq)
+	}
+	// Nothing refused was stored: the log holds the 2 messages, 2 edits
+	// and the delete, with kind and ref.
+	msgs, _, err := st.Range(context.Background(), key, 0, 100, Bounds{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range msgs {
+		got = append(got, fmt.Sprintf("%d:%s:%d:%s", m.Seq, m.Kind, m.Ref, m.Body))
+	}
+	want := []string{"1:msg:0:\"hello\"", "2:msg:0:\"hi\"", "3:edit:1:\"hello!\"", "4:edit:2:\"moderated\"", "5:delete:1:"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("log %q, want %q", got, want)
+	}
+	f := st.(Folder)
+	folded, more, err := f.Fold(context.Background(), key, FoldQuery{}, Bounds{Limit: 10})
+	if err != nil || more || len(folded) != 2 {
+		t.Fatalf("Fold: %v %v %+v", err, more, folded)
+	}
+	if !folded[0].Deleted || folded[0].Body != nil || folded[0].Edited == 0 {
+		t.Fatalf("folded m1 %+v", folded[0])
+	}
+	if folded[1].Deleted || string(folded[1].Body) != `"moderated"` || folded[1].Edited != api.TS {
+		t.Fatalf("folded m2 %+v (edit ts %d)", folded[1], api.TS)
+	}
+}
+
+func testKindReactions(t *testing.T, st Store) {
+	const key = "a/r"
+	m := req(key, "alice", "m", `"hi"`)
+	commitRows(t, st, m)
+	r1 := change(key, "bob", "r1", proto.KindReact, m.Seq, `"👍"`)
+	commitRows(t, st, r1)
+	wantNew(t, r1)
+	// A second identical react (another id, the other spelling of the same
+	// string): nothing stored, the standing reaction's seq.
+	r2 := change(key, "bob", "r2", proto.KindReact, m.Seq, `"\ud83d\udc4d"`)
+	commitRows(t, st, r2)
+	if r2.Err != nil || !r2.Duplicate || r2.Seq != r1.Seq {
+		t.Fatalf("second react: %+v, want the standing %d", r2.Stored, r1.Seq)
+	}
+	// An unreact with nothing to remove (never reacted so): the message's seq.
+	u0 := change(key, "carol", "u0", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, st, u0)
+	if u0.Err != nil || !u0.Duplicate || u0.Seq != m.Seq {
+		t.Fatalf("unreact of nothing: %+v, want duplicate of %d", u0.Stored, m.Seq)
+	}
+	u1 := change(key, "bob", "u1", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, st, u1)
+	wantNew(t, u1)
+	u2 := change(key, "bob", "u2", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, st, u2)
+	if u2.Err != nil || !u2.Duplicate || u2.Seq != u1.Seq {
+		t.Fatalf("second unreact: %+v, want the standing unreact %d", u2.Stored, u1.Seq)
+	}
+	// React again after taking it back: stored.
+	r3 := change(key, "bob", "r3", proto.KindReact, m.Seq, `"👍"`)
+	r4 := change(key, "carol", "r4", proto.KindReact, m.Seq, `"👍"`)
+	r5 := change(key, "carol", "r5", proto.KindReact, m.Seq, `"🎉"`)
+	commitRows(t, st, r3, r4, r5)
+	wantNew(t, r3)
+	wantNew(t, r4)
+	wantNew(t, r5)
+	folded, _, err := st.(Folder).Fold(context.Background(), key, FoldQuery{}, Bounds{Limit: 10})
+	if err != nil || len(folded) != 1 {
+		t.Fatal(err, folded)
+	}
+	want := []proto.Reaction{{Text: "🎉", Count: 1}, {Text: "👍", Count: 2}}
+	if !reflect.DeepEqual(folded[0].Reactions, want) {
+		t.Fatalf("reactions %+v, want %+v", folded[0].Reactions, want)
+	}
+	if last, _ := st.LastSeq(context.Background(), key); last != r5.Seq || r5.Seq != 6 {
+		t.Fatalf("last %d, r5 %d: the duplicates stored something", last, r5.Seq)
+	}
+}
+
+func testKindSameBatch(t *testing.T, st Store) {
+	const key = "a/r"
+	m := req(key, "alice", "m", `"v1"`)
+	rows := []*Row{
+		m,
+		change(key, "alice", "e1", proto.KindEdit, 1, `"v2"`),
+		change(key, "bob", "r1", proto.KindReact, 1, `"x"`),
+		change(key, "bob", "r2", proto.KindReact, 1, `"x"`),
+		change(key, "bob", "u1", proto.KindUnreact, 1, `"x"`),
+		change(key, "bob", "e2", proto.KindEdit, 1, `"no"`),
+		change(key, "alice", "e1", proto.KindEdit, 1, `"v2"`), // a repeat of e1's key
+		change(key, "alice", "d1", proto.KindDelete, 1, ""),
+		change(key, "alice", "e3", proto.KindEdit, 1, `"late"`),
+	}
+	commitRows(t, st, rows...)
+	wantNew(t, rows[1])
+	wantNew(t, rows[2])
+	if r := rows[3]; r.Err != nil || !r.Duplicate || r.Seq != rows[2].Seq {
+		t.Fatalf("second react in the batch: %+v", r.Stored)
+	}
+	wantNew(t, rows[4])
+	wantErr(t, rows[5], proto.ErrRefForbidden)
+	if r := rows[6]; r.Err != nil || !r.Duplicate || r.Seq != rows[1].Seq {
+		t.Fatalf("repeated key in the batch: %+v", r.Stored)
+	}
+	wantNew(t, rows[7])
+	wantErr(t, rows[8], proto.ErrRefNotFound)
+	var seqs []uint64
+	for _, r := range rows {
+		seqs = append(seqs, r.Seq)
+	}
+	if want := []uint64{1, 2, 3, 3, 4, 0, 2, 5, 0}; !reflect.DeepEqual(seqs, want) {
+		t.Fatalf("seqs %v, want %v", seqs, want)
+	}
+}
+
+// foldModel is what a folded history must show.
+type foldModel struct {
+	from    string
+	body    string
+	ts      int64
+	edited  int64
+	deleted bool
+	users   map[[2]string]bool
+}
+
+func (m *foldModel) reactions() []proto.Reaction {
+	counts := map[string]int{}
+	for k, on := range m.users {
+		if on {
+			counts[k[1]]++
+		}
+	}
+	return sortedReactions(counts)
+}
+
+// testFoldModel publishes n random messages, edits, deletes and
+// reactions (some refused by the rules) and compares the folded history,
+// read in pages from both ends, with a model.
+func testFoldModel(t *testing.T, st Store, n int) {
+	const key = "a/fold"
+	rng := rand.New(rand.NewPCG(1, 2))
+	users := []string{"u0", "u1", "u2", "u3"}
+	reactions := []string{`"👍"`, `"🎉"`, `"a"`}
+	model := map[uint64]*foldModel{}
+	var order []uint64
+	var batch []*Row
+	id := 0
+	flush := func() {
+		commitRows(t, st, batch...)
+		for _, r := range batch {
+			if r.Err != nil || r.Duplicate {
+				continue
+			}
+			switch r.Kind {
+			case proto.KindMsg:
+				model[r.Seq] = &foldModel{from: r.From, body: string(r.Body), ts: r.TS, users: map[[2]string]bool{}}
+				order = append(order, r.Seq)
+			case proto.KindEdit:
+				model[r.Ref].body, model[r.Ref].edited = string(r.Body), r.TS
+			case proto.KindDelete:
+				model[r.Ref].deleted = true
+			case proto.KindReact, proto.KindUnreact:
+				text, _ := proto.ReactionText(nil, r.Body)
+				model[r.Ref].users[[2]string{r.From, string(text)}] = r.Kind == proto.KindReact
+			}
+		}
+		batch = batch[:0]
+	}
+	for range n {
+		id++
+		u := users[rng.IntN(len(users))]
+		var r *Row
+		if len(order) == 0 || rng.IntN(4) == 0 {
+			r = req(key, u, fmt.Sprint(id), fmt.Sprintf(`{"n":%d}`, id))
+		} else {
+			ref := order[rng.IntN(len(order))]
+			if rng.IntN(50) == 0 {
+				ref = uint64(rng.IntN(int(order[len(order)-1]) + 5)) // maybe no message
+			}
+			switch k := rng.IntN(10); {
+			case k < 2:
+				r = change(key, u, fmt.Sprint(id), proto.KindEdit, ref, fmt.Sprintf(`"edit %d"`, id))
+			case k < 3:
+				r = change(key, u, fmt.Sprint(id), proto.KindDelete, ref, "")
+			case k < 7:
+				r = change(key, u, fmt.Sprint(id), proto.KindReact, ref, reactions[rng.IntN(len(reactions))])
+			default:
+				r = change(key, u, fmt.Sprint(id), proto.KindUnreact, ref, reactions[rng.IntN(len(reactions))])
+			}
+			if rng.IntN(20) == 0 {
+				r.Any = true
+			}
+		}
+		batch = append(batch, r)
+		if len(batch) == 1+rng.IntN(60) {
+			flush()
+		}
+	}
+	flush()
+	f := st.(Folder)
+	check := func(m proto.Message) {
+		t.Helper()
+		w := model[m.Seq]
+		if w == nil || m.Kind != proto.KindMsg || !m.Folded {
+			t.Fatalf("folded %d: not a message of the model (%+v)", m.Seq, m)
+		}
+		body := w.body
+		if w.deleted {
+			body = ""
+		}
+		if string(m.Body) != body || m.Deleted != w.deleted || m.Edited != w.edited || m.From != w.from || m.TS != w.ts ||
+			!reflect.DeepEqual(m.Reactions, w.reactions()) {
+			t.Fatalf("folded %d: body %s deleted %v edited %d reactions %v; model %s %v %d %v",
+				m.Seq, m.Body, m.Deleted, m.Edited, m.Reactions, body, w.deleted, w.edited, w.reactions())
+		}
+	}
+	// Backwards in pages of 50, then forwards in pages of 37.
+	var seen []uint64
+	before := uint64(0)
+	for {
+		msgs, more, err := f.Fold(context.Background(), key, FoldQuery{Before: before}, Bounds{Limit: 50, MaxBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) > 50 || more && len(msgs) != 50 {
+			t.Fatalf("page of %d, more %v", len(msgs), more)
+		}
+		for i := len(msgs) - 1; i >= 0; i-- {
+			check(msgs[i])
+			seen = append(seen, msgs[i].Seq)
+		}
+		if !more {
+			break
+		}
+		before = msgs[0].Seq
+	}
+	if len(seen) != len(order) {
+		t.Fatalf("folded %d messages backwards, model %d", len(seen), len(order))
+	}
+	for i, s := range seen {
+		if order[len(order)-1-i] != s {
+			t.Fatalf("folded order differs at %d", i)
+		}
+	}
+	after, count := uint64(0), 0
+	for {
+		msgs, more, err := f.Fold(context.Background(), key, FoldQuery{After: after, Forward: true}, Bounds{Limit: 37})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if m.Seq != order[count] {
+				t.Fatalf("forward: %d, want %d", m.Seq, order[count])
+			}
+			check(m)
+			count++
+		}
+		if !more {
+			break
+		}
+		after = msgs[len(msgs)-1].Seq
+	}
+	if count != len(order) {
+		t.Fatalf("folded %d messages forwards, model %d", count, len(order))
+	}
+}
+
+func testUnreadCountKinds(t *testing.T, st Store) {
+	const key = "a/u"
+	rd := st.(Reads)
+	rows := []*Row{
+		req(key, "bob", "1", `1`),                              // 1
+		req(key, "bob", "2", `2`),                              // 2
+		change(key, "bob", "3", proto.KindEdit, 1, `"e"`),      // 3
+		change(key, "alice", "4", proto.KindReact, 2, `"x"`),   // 4
+		req(key, "bob", "5", `5`),                              // 5
+		change(key, "bob", "6", proto.KindDelete, 5, ""),       // 6
+		change(key, "alice", "7", proto.KindUnreact, 2, `"x"`), // 7
+		req(key, "bob", "8", `8`),                              // 8
+	}
+	commitRows(t, st, rows...)
+	for _, tc := range []struct{ read, count uint64 }{{0, 4}, {1, 3}, {2, 2}, {3, 2}, {4, 2}, {5, 1}, {7, 1}, {8, 0}, {50, 0}} {
+		if err := rd.SaveReads(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		last, read, count := []uint64{0}, []uint64{tc.read}, []uint64{0}
+		if err := rd.Unread(context.Background(), []string{key}, "carol", last, read, count); err != nil {
+			t.Fatal(err)
+		}
+		if last[0] != 8 || read[0] != tc.read || count[0] != tc.count {
+			t.Errorf("read %d: last %d read %d count %d, want count %d", tc.read, last[0], read[0], count[0], tc.count)
+		}
+	}
+	// The stored position counts too.
+	if err := rd.SaveReads(context.Background(), []ReadMark{{Key: key, User: "carol", Seq: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	last, read, count := []uint64{0}, []uint64{0}, []uint64{0}
+	if err := rd.Unread(context.Background(), []string{key}, "carol", last, read, count); err != nil {
+		t.Fatal(err)
+	}
+	if read[0] != 4 || count[0] != 2 {
+		t.Fatalf("stored position 4: read %d count %d", read[0], count[0])
+	}
+}
+
+func TestMemoryKinds(t *testing.T) {
+	testKindsContract(t, func(t *testing.T) Store { return NewMemory(100000) })
+}
+
+// TestMemoryRetentionRemovesChanges: a message leaving the ring takes its
+// edits and reactions with it, wherever they are in the ring.
+func TestMemoryRetentionRemovesChanges(t *testing.T) {
+	st := NewMemory(4)
+	const key = "a/r"
+	m1 := req(key, "alice", "m1", `1`)
+	commitRows(t, st, m1, req(key, "alice", "m2", `2`))
+	e := change(key, "alice", "e", proto.KindEdit, 1, `"x"`)
+	r := change(key, "bob", "r", proto.KindReact, 2, `"y"`)
+	commitRows(t, st, e, r)                         // seqs 3, 4: the ring is full
+	commitRows(t, st, req(key, "alice", "m5", `5`)) // m1 goes, and its edit 3 with it
+	msgs, _, _ := st.Range(context.Background(), key, 0, 10, Bounds{Limit: 10})
+	var seqs []uint64
+	for _, m := range msgs {
+		seqs = append(seqs, m.Seq)
+	}
+	if !reflect.DeepEqual(seqs, []uint64{2, 4, 5}) {
+		t.Fatalf("kept %v, want [2 4 5]", seqs)
+	}
+	// Its key is forgotten with it: a re-publish is refused as a change of
+	// nothing, not answered as a duplicate.
+	again := change(key, "alice", "e", proto.KindEdit, 1, `"x"`)
+	commitRows(t, st, again)
+	wantErr(t, again, proto.ErrRefNotFound)
+	folded, _, _ := st.Fold(context.Background(), key, FoldQuery{}, Bounds{Limit: 10})
+	if len(folded) != 2 || folded[0].Seq != 2 || len(folded[0].Reactions) != 1 {
+		t.Fatalf("folded %+v", folded)
+	}
+	if strings.Contains(fmt.Sprint(st.Stats()), "-") {
+		t.Fatalf("negative accounting: %+v", st.Stats())
+	}
+}
+
+func TestPostgresKinds(t *testing.T) {
+	testKindsContract(t, func(t *testing.T) Store { return newPG(t) })
+}
+
+// TestPostgresRetentionRemovesChanges: retention by count removes a
+// message with its edits and reactions, the newer ones too, and its state.
+func TestPostgresRetentionRemovesChanges(t *testing.T) {
+	st := newPG(t)
+	ctx := context.Background()
+	const key = "a/r"
+	commitRows(t, st, req(key, "alice", "m1", `1`), req(key, "alice", "m2", `2`))
+	commitRows(t, st, change(key, "alice", "e", proto.KindEdit, 1, `"x"`), change(key, "bob", "r", proto.KindReact, 2, `"y"`))
+	for i := 5; i <= 8; i++ {
+		commitRows(t, st, req(key, "alice", fmt.Sprint("m", i), `0`))
+	}
+	commitRows(t, st, change(key, "bob", "r1", proto.KindReact, 1, `"late"`)) // 9
+	keep(t, st, "a", 0, 7)                                                    // removes 1 and 2, with 1 its edit 3 and its reaction 9, with 2 its reaction 4
+	if _, err := st.EnforceRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	msgs, _, err := st.Range(ctx, key, 0, 100, Bounds{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, m := range msgs {
+		seqs = append(seqs, m.Seq)
+	}
+	if !reflect.DeepEqual(seqs, []uint64{5, 6, 7, 8}) {
+		t.Fatalf("kept %v, want [5 6 7 8]", seqs)
+	}
+	var states, reacts int
+	if err := st.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM message_state), (SELECT count(*) FROM reactions)`).Scan(&states, &reacts); err != nil {
+		t.Fatal(err)
+	}
+	if states != 0 || reacts != 0 {
+		t.Fatalf("%d states and %d reactions left of removed messages", states, reacts)
+	}
+	// The removed ones' keys are free, their refs gone.
+	again := change(key, "alice", "e", proto.KindEdit, 1, `"x"`)
+	commitRows(t, st, again)
+	wantErr(t, again, proto.ErrRefNotFound)
+}
+
+// TestPostgresChangesTwoStores: two stores (two nodes) on one database
+// react to the same message at once, the same users on both: each user's
+// reaction is stored once, the other answered with its seq, and the count
+// is the number of users.
+func TestPostgresChangesTwoStores(t *testing.T) {
+	url := newTestDB(t)
+	a, b := openTestPG(t, url, PGConfig{}), openTestPG(t, url, PGConfig{})
+	defer a.Close()
+	defer b.Close()
+	const key, users = "a/hot", 60
+	m := req(key, "author", "m", `"hi"`)
+	commitRows(t, a, m)
+	errs := make(chan error, 2)
+	answers := make([][]*Row, 2)
+	for i, st := range []*Postgres{a, b} {
+		go func() {
+			var all []*Row
+			for start := 0; start < users; start += 7 {
+				var batch []*Row
+				for u := start; u < min(start+7, users); u++ {
+					batch = append(batch, change(key, fmt.Sprint("u", u), fmt.Sprint("r", i, "-", u), proto.KindReact, m.Seq, `"👍"`))
+				}
+				if err := st.CommitBatch(context.Background(), batch); err != nil {
+					errs <- err
+					return
+				}
+				all = append(all, batch...)
+			}
+			answers[i] = all
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := map[string]uint64{}
+	for i := range answers {
+		for _, r := range answers[i] {
+			if r.Err != nil {
+				t.Fatalf("%s: %v", r.ID, r.Err)
+			}
+			if !r.Duplicate {
+				if _, twice := stored[r.From]; twice {
+					t.Fatalf("%s's reaction stored twice", r.From)
+				}
+				stored[r.From] = r.Seq
+			}
+		}
+	}
+	for i := range answers {
+		for _, r := range answers[i] {
+			if r.Duplicate && r.Seq != stored[r.From] {
+				t.Fatalf("%s answered %d, its reaction is %d", r.ID, r.Seq, stored[r.From])
+			}
+		}
+	}
+	folded, _, err := a.Fold(context.Background(), key, FoldQuery{}, Bounds{Limit: 5})
+	if err != nil || len(stored) != users || len(folded) != 1 || len(folded[0].Reactions) != 1 || folded[0].Reactions[0].Count != users {
+		t.Fatalf("%d stored, folded %+v, %v", len(stored), folded, err)
+	}
+}
