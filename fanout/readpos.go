@@ -70,6 +70,7 @@ type positions struct {
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
 	hand   *readHandoff                 // marks on their way to a group commit
 	sent   map[posKey]uint64            // handed over at the last tick (maybe not written yet)
+	out    []byte                       // announcements of marks not sent yet (broadcast)
 	own    map[posKey]ownMove           // moves by the user's own publishes, announced once a second
 }
 
@@ -154,6 +155,9 @@ func (p *positions) run() {
 			return
 		case j := <-p.jobs:
 			p.do(j)
+			if len(p.jobs) == 0 {
+				p.sendOut()
+			}
 		case <-tick.C:
 			if p.handOver() {
 				idle.Reset(posIdleAfter)
@@ -526,7 +530,21 @@ func (p *positions) broadcast(key, user string, seq uint64, m *Member) {
 	if m != nil && m.chat != nil {
 		tag = m.chat.sig
 	}
-	p.send(appendReadEntry(nil, key, user, seq, tag, false))
+	// Gathered while marks keep coming (run sends them once the queue is
+	// empty): at 10,000 marks a second, a broker message and a loop event
+	// per mark cost the node more than the marks themselves.
+	p.out = appendReadEntry(p.out, key, user, seq, tag, false)
+	if len(p.out) >= readBatchBytes {
+		p.sendOut()
+	}
+}
+
+// sendOut sends the announcements gathered by broadcast.
+func (p *positions) sendOut() {
+	if len(p.out) > 0 {
+		p.send(p.out)
+		p.out = nil
+	}
 }
 
 // announceOwn sends, once a second, the positions that the users' own
