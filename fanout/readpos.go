@@ -643,54 +643,50 @@ func (n *Node) receivedRead(b []byte) {
 			}
 		}
 	})
+	// Only the loops holding one of the users (one lookup per entry).
+	mask := ^uint64(0)
+	if f := n.userLoops.Load(); f != nil {
+		mask = 0
+		readEntries(b, func(_ uint64, _ bool, userKey, _ []byte) { mask |= (*f)(string(userKey)) })
+	}
 	for i := 0; i < n.cfg.Loops; i++ {
+		if mask&(1<<i) == 0 {
+			continue
+		}
 		if t := n.tables[i].Load(); t != nil {
 			t.loop.Post(Event{kind: evUserFrame, frame: b})
 		}
 	}
 }
 
-// AddUser records m as a connection of user of app, so that the user's
-// read positions reach it. Loop only, once per member.
-func (t *Table) AddUser(m *Member, app, user string) {
-	c := m.Chat()
-	c.userKey = app + "/" + user
-	if t.users == nil {
-		t.users = map[string][]*Member{}
-	}
-	t.users[c.userKey] = append(t.users[c.userKey], m)
-}
+// SetUserLoops gives the node the loops' index of users: f returns the
+// set of loop indexes (bit i: loop i) holding a connection of user
+// "app/user". A read position from the broker is then posted to those
+// loops only, one lookup per position instead of one per loop; without
+// it, to every loop. Any goroutine; f is called on the broker's.
+func (n *Node) SetUserLoops(f func(userKey string) uint64) { n.userLoops.Store(&f) }
 
-func (t *Table) removeUser(m *Member) {
-	key := m.chat.userKey
-	ms := t.users[key]
-	for i, x := range ms {
-		if x == m {
-			ms[i] = ms[len(ms)-1]
-			ms[len(ms)-1] = nil
-			ms = ms[:len(ms)-1]
-			break
-		}
-	}
-	if len(ms) == 0 {
-		delete(t.users, key)
-	} else {
-		t.users[key] = ms
-	}
-}
+// SetUsers gives the table the loop's index of its users' connections:
+// f appends to dst the members of user "app/user" on this loop. A read
+// position reaches a user's connections through it (userFrame). The loop
+// keeps that index beside its per-user counts (one pointer per
+// connection), so an idle connection costs no per-loop map entry, key
+// string or chat state for it. Once, before the loop runs events.
+func (t *Table) SetUsers(f func(userKey string, dst []*Member) []*Member) { t.usersOf = f }
 
 // userFrames queues each announced position of a broker message (see
 // appendReadEntry) for the connections of its user on this loop but the
 // one that made it. An SSE connection gets it as "event: read", with no
 // id line: it moves no position of the stream.
 func (t *Table) userFrames(b []byte) {
-	if len(t.users) == 0 {
+	if t.usersOf == nil {
 		return
 	}
 	readEntries(b, func(tag uint64, _ bool, userKey, frame []byte) {
 		var event []byte
-		for _, m := range t.users[string(userKey)] {
-			if tag != 0 && m.chat.sig == tag {
+		t.userBuf = t.usersOf(string(userKey), t.userBuf[:0])
+		for _, m := range t.userBuf {
+			if tag != 0 && m.chat != nil && m.chat.sig == tag {
 				continue
 			}
 			if m.sse == nil {
@@ -703,6 +699,7 @@ func (t *Table) userFrames(b []byte) {
 			m.sse.events++
 			t.enqueue(m, event)
 		}
+		clear(t.userBuf)
 	})
 }
 

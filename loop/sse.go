@@ -139,7 +139,7 @@ func (c *conn) openSSE(req *proto.Request) {
 	s.Stats.SSEOpened.Add(1)
 	c.m.SetSSE(endAt)
 	// The user's read positions reach the stream as "event: read".
-	l.table.AddUser(&c.m, c.app.id, c.user)
+	c.app.linkWS(c)
 	receipts := sseReceipts(req.Query)
 	for _, r := range rooms {
 		key := l.roomKey(c, l.sseBuf[r.start:r.end])

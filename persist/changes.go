@@ -2,6 +2,7 @@ package persist
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -23,68 +24,61 @@ import (
 // batch however many reactions it got) and the rooms' seqs, and commits.
 // No read of its own per publish, and no row-at-a-time statement.
 const (
+	// changesLockSQL is a statement of its own: the reads that follow must
+	// see what the commits it waited for left (each statement of a READ
+	// COMMITTED transaction reads from its own snapshot).
 	changesLockSQL = `SELECT id, last_seq, msgs, now() FROM rooms WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
-	changesDupSQL  = `
-SELECT i.ord, m.seq, m.ts
+	// changesReadSQL: what = 1 a key stored already (a: ord, b: seq), 2 a
+	// message named (a: room, b: seq, c: kind, s1: sender, f: deleted),
+	// 3 a user's reaction (a: room, b: message, c: entry, s1: sender, s2:
+	// reaction, f: active).
+	changesReadSQL = `
+SELECT 1 AS what, i.ord::int8 AS a, m.seq AS b, 0::int8 AS c, m.ts, NULL::text AS s1, NULL::text AS s2, false AS f
 FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::int4[]) AS i (room_id, sender, idem_key, ord)
-JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key = i.idem_key`
-	changesRefSQL = `
-SELECT m.room_id, m.seq, m.kind, m.sender, m.ts, coalesce(st.deleted, false)
-FROM unnest($1::int8[], $2::int8[]) AS r (room_id, seq)
+JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key = i.idem_key
+UNION ALL
+SELECT 2, m.room_id, m.seq, m.kind, m.ts, m.sender, NULL, coalesce(st.deleted, false)
+FROM unnest($5::int8[], $6::int8[]) AS r (room_id, seq)
 JOIN messages m ON m.room_id = r.room_id AND m.seq = r.seq
-LEFT JOIN message_state st ON st.room_id = m.room_id AND st.seq = m.seq`
-	changesReactSQL = `
-SELECT x.room_id, x.seq, x.sender, x.reaction, x.entry, x.ts, x.active
-FROM unnest($1::int8[], $2::int8[], $3::text[], $4::text[]) AS k (room_id, seq, sender, reaction)
+LEFT JOIN message_state st ON st.room_id = m.room_id AND st.seq = m.seq
+UNION ALL
+SELECT 3, x.room_id, x.seq, x.entry, x.ts, x.sender, x.reaction, x.active
+FROM unnest($7::int8[], $8::int8[], $9::text[], $10::text[]) AS k (room_id, seq, sender, reaction)
 JOIN reactions x ON x.room_id = k.room_id AND x.seq = k.seq AND x.sender = k.sender AND x.reaction = k.reaction`
 
-	changesInsertSQL = `
-INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, ref, msgs)
-SELECT i.room_id, i.seq, i.sender, i.idem_key, now(), i.body, $9, i.kind, nullif(i.ref, 0), i.msgs
-FROM unnest($1::int8[], $2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int8[], $8::int8[])
-	AS i (room_id, seq, sender, idem_key, body, kind, ref, msgs)`
-	changesEditSQL = `
-INSERT INTO message_state AS st (room_id, seq, edited, body)
-SELECT room_id, seq, now(), body FROM unnest($1::int8[], $2::int8[], $3::bytea[]) AS e (room_id, seq, body)
-ON CONFLICT (room_id, seq) DO UPDATE SET edited = EXCLUDED.edited, body = EXCLUDED.body`
-	changesDeleteSQL = `
-INSERT INTO message_state AS st (room_id, seq, deleted)
-SELECT room_id, seq, true FROM unnest($1::int8[], $2::int8[]) AS d (room_id, seq)
-ON CONFLICT (room_id, seq) DO UPDATE SET deleted = true, body = NULL`
-	changesReactionsSQL = `
-INSERT INTO reactions AS x (room_id, seq, sender, reaction, entry, ts, active)
-SELECT room_id, seq, sender, reaction, entry, now(), active
-FROM unnest($1::int8[], $2::int8[], $3::text[], $4::text[], $5::int8[], $6::bool[]) AS k (room_id, seq, sender, reaction, entry, active)
-ON CONFLICT (room_id, seq, sender, reaction) DO UPDATE SET entry = EXCLUDED.entry, ts = EXCLUDED.ts, active = EXCLUDED.active`
-	// changesCountsSQL adds each message's reaction deltas to its counts,
-	// dropping those that reach 0: one write per message and batch.
-	// (changesStateSQL first makes the state rows that do not exist: a
-	// statement cannot update the rows it inserts.)
-	changesStateSQL = `
-INSERT INTO message_state (room_id, seq) SELECT DISTINCT room_id, seq FROM unnest($1::int8[], $2::int8[]) AS d (room_id, seq)
-ON CONFLICT (room_id, seq) DO NOTHING`
-	changesCountsSQL = `
-WITH d AS (
-	SELECT room_id, seq, t, sum(n)::int AS n FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int4[]) AS d (room_id, seq, t, n) GROUP BY 1, 2, 3
-), msgs AS (
-	SELECT DISTINCT room_id, seq FROM d
-), cur AS (
-	SELECT s.room_id, s.seq, e.key AS t, e.value::int AS n
-	FROM message_state s JOIN msgs USING (room_id, seq), jsonb_each_text(s.reactions) e
-), n AS (
-	SELECT m.room_id, m.seq, coalesce((
-		SELECT jsonb_object_agg(t, n) FROM (
-			SELECT t, sum(n) AS n FROM (
-				SELECT t, n FROM cur WHERE cur.room_id = m.room_id AND cur.seq = m.seq
-				UNION ALL
-				SELECT t, n FROM d WHERE d.room_id = m.room_id AND d.seq = m.seq
-			) a GROUP BY t
-		) b WHERE n > 0), '{}') AS reactions
-	FROM msgs m
+	// changesWriteSQL writes a batch's entries, the state of the messages
+	// it changed (one row per message: its latest edit, deleted, the sum
+	// of its reaction deltas added to its counts, those at 0 dropped),
+	// the users' standing reactions and the rooms' seqs, in one statement.
+	// A new state row gets no negative delta: an unreact takes back a
+	// reaction whose react made the row.
+	changesWriteSQL = `
+WITH ins AS (
+	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, ref, msgs)
+	SELECT i.room_id, i.seq, i.sender, i.idem_key, now(), i.body, $9, i.kind, nullif(i.ref, 0), i.msgs
+	FROM unnest($1::int8[], $2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int8[], $8::int8[])
+		AS i (room_id, seq, sender, idem_key, body, kind, ref, msgs)
+), state AS (
+	INSERT INTO message_state AS st (room_id, seq, edited, body, deleted, reactions)
+	SELECT s.room_id, s.seq, CASE WHEN s.edited THEN now() END, s.body, s.deleted, s.reactions::jsonb
+	FROM unnest($10::int8[], $11::int8[], $12::bool[], $13::bytea[], $14::bool[], $15::text[]) AS s (room_id, seq, edited, body, deleted, reactions)
+	ON CONFLICT (room_id, seq) DO UPDATE SET
+		edited = coalesce(EXCLUDED.edited, st.edited),
+		body = CASE WHEN EXCLUDED.deleted THEN NULL WHEN EXCLUDED.edited IS NOT NULL THEN EXCLUDED.body ELSE st.body END,
+		deleted = st.deleted OR EXCLUDED.deleted,
+		reactions = CASE WHEN EXCLUDED.reactions = '{}' THEN st.reactions ELSE (
+			SELECT coalesce(jsonb_object_agg(t, n) FILTER (WHERE n > 0), '{}') FROM (
+				SELECT t, sum(n::int) AS n FROM (
+					SELECT * FROM jsonb_each_text(st.reactions) UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.reactions)
+				) a (t, n) GROUP BY t
+			) b) END
+), rx AS (
+	INSERT INTO reactions AS x (room_id, seq, sender, reaction, entry, ts, active)
+	SELECT room_id, seq, sender, reaction, entry, now(), active
+	FROM unnest($16::int8[], $17::int8[], $18::text[], $19::text[], $20::int8[], $21::bool[]) AS k (room_id, seq, sender, reaction, entry, active)
+	ON CONFLICT (room_id, seq, sender, reaction) DO UPDATE SET entry = EXCLUDED.entry, ts = EXCLUDED.ts, active = EXCLUDED.active
 )
-UPDATE message_state st SET reactions = n.reactions FROM n WHERE st.room_id = n.room_id AND st.seq = n.seq`
-	changesRoomsSQL = `
-UPDATE rooms r SET last_seq = u.l, msgs = u.c FROM unnest($1::int8[], $2::int8[], $3::int8[]) AS u (id, l, c)
+UPDATE rooms r SET last_seq = u.l, msgs = u.c FROM unnest($22::int8[], $23::int8[], $24::int8[]) AS u (id, l, c)
 WHERE r.id = u.id AND r.last_seq <> u.l`
 )
 
@@ -135,9 +129,7 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(changesLockSQL, s.rooms)
-	b.Queue(changesDupSQL, s.uRoom, s.uSender, s.uKey, s.uOrd)
-	b.Queue(changesRefSQL, refRooms, refSeqs)
-	b.Queue(changesReactSQL, kRooms, kSeqs, kSenders, kTexts)
+	b.Queue(changesReadSQL, s.uRoom, s.uSender, s.uKey, s.uOrd, refRooms, refSeqs, kRooms, kSeqs, kSenders, kTexts)
 	br := conn.SendBatch(ctx, b)
 	rooms := make(map[int64]*roomSeqs, len(s.rooms))
 	dups := make(map[int32]Stored)
@@ -161,37 +153,22 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 		}
 		rows, _ = br.Query()
 		for rows.Next() {
-			var ord int32
-			var seq int64
+			var what int32
+			var a, b, c int64
 			var ts time.Time
-			if err := rows.Scan(&ord, &seq, &ts); err != nil {
+			var s1, s2 *string
+			var f bool
+			if err := rows.Scan(&what, &a, &b, &c, &ts, &s1, &s2, &f); err != nil {
 				return err
 			}
-			dups[ord] = Stored{Seq: uint64(seq), TS: ts.UnixMilli(), Duplicate: true}
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows, _ = br.Query()
-		for rows.Next() {
-			var k refKey
-			var st refState
-			if err := rows.Scan(&k.room, &k.seq, &st.kind, &st.sender, &st.ts, &st.deleted); err != nil {
-				return err
+			switch what {
+			case 1:
+				dups[int32(a)] = Stored{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
+			case 2:
+				refs[refKey{a, b}] = &refState{kind: int16(c), sender: *s1, ts: ts, deleted: f}
+			case 3:
+				reacts[reactKey{a, b, *s1, *s2}] = reactState{entry: c, ts: ts, active: f}
 			}
-			refs[k] = &st
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows, _ = br.Query()
-		for rows.Next() {
-			var k reactKey
-			var st reactState
-			if err := rows.Scan(&k.room, &k.seq, &k.sender, &k.text, &st.entry, &st.ts, &st.active); err != nil {
-				return err
-			}
-			reacts[k] = st
 		}
 		return rows.Err()
 	}()
@@ -204,14 +181,16 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 
 	// The rules, in batch order.
 	var w changeWrites
-	edits := map[refKey]int{} // message → index in w.edit*
-	deletes := map[refKey]bool{}
-	reactW := map[reactKey]int{} // reaction → index in w.r*
-	type delta struct {
-		refKey
-		text string
+	states := map[refKey]*stateWrite{}
+	state := func(k refKey) *stateWrite {
+		st := states[k]
+		if st == nil {
+			st = &stateWrite{}
+			states[k] = st
+		}
+		return st
 	}
-	deltas := map[delta]int32{}
+	reactW := map[reactKey]int{} // reaction → index in w.r*
 	nowMS := now.UnixMilli()
 	for j, ord := range s.uOrd {
 		r := rs[ord]
@@ -260,18 +239,11 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 		r.Stored = Stored{Seq: uint64(seq), TS: nowMS}
 		switch kind {
 		case proto.KindEdit:
-			if i, ok := edits[rk]; ok {
-				w.editBody[i] = s.uBody[j]
-			} else {
-				edits[rk] = len(w.editRoom)
-				w.editRoom, w.editSeq, w.editBody = append(w.editRoom, rk.room), append(w.editSeq, rk.seq), append(w.editBody, s.uBody[j])
-			}
+			st := state(rk)
+			st.edited, st.body = true, s.uBody[j]
 		case proto.KindDelete:
 			refs[rk].deleted = true
-			if !deletes[rk] {
-				deletes[rk] = true
-				w.delRoom, w.delSeq = append(w.delRoom, rk.room), append(w.delSeq, rk.seq)
-			}
+			state(rk).deleted = true
 		case proto.KindReact, proto.KindUnreact:
 			on := kind == proto.KindReact
 			k := reactKey{rk.room, rk.seq, s.uSender[j], text}
@@ -283,17 +255,34 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 				w.rRoom, w.rSeq, w.rSender, w.rText = append(w.rRoom, rk.room), append(w.rSeq, rk.seq), append(w.rSender, k.sender), append(w.rText, text)
 				w.rEntry, w.rActive = append(w.rEntry, seq), append(w.rActive, on)
 			}
+			st := state(rk)
+			if st.deltas == nil {
+				st.deltas = map[string]int{}
+			}
 			if on {
-				deltas[delta{rk, text}]++
+				st.deltas[text]++
 			} else {
-				deltas[delta{rk, text}]--
+				st.deltas[text]--
 			}
 		}
 	}
-	for d, n := range deltas {
-		if n != 0 {
-			w.dRoom, w.dSeq, w.dText, w.dN = append(w.dRoom, d.room), append(w.dSeq, d.seq), append(w.dText, d.text), append(w.dN, n)
+	for k, st := range states {
+		body := st.body
+		if st.deleted {
+			body = nil
 		}
+		deltas := map[string]int{}
+		for t, n := range st.deltas {
+			if n != 0 {
+				deltas[t] = n
+			}
+		}
+		js, err := json.Marshal(deltas)
+		if err != nil {
+			return err
+		}
+		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions = append(w.sRoom, k.room), append(w.sSeq, k.seq),
+			append(w.sEdited, st.edited), append(w.sBody, body), append(w.sDeleted, st.deleted), append(w.sReactions, string(js))
 	}
 	var rIDs, rLast, rMsgs []int64
 	for id, r := range rooms {
@@ -302,26 +291,13 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 
 	// The writes and the commit, in one round trip.
 	b = &pgx.Batch{}
-	if len(w.room) > 0 {
-		b.Queue(changesInsertSQL, w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token)
-	}
-	if len(w.editRoom) > 0 {
-		b.Queue(changesEditSQL, w.editRoom, w.editSeq, w.editBody)
-	}
-	if len(w.delRoom) > 0 {
-		b.Queue(changesDeleteSQL, w.delRoom, w.delSeq)
-	}
-	if len(w.rRoom) > 0 {
-		b.Queue(changesReactionsSQL, w.rRoom, w.rSeq, w.rSender, w.rText, w.rEntry, w.rActive)
-	}
-	if len(w.dRoom) > 0 {
-		b.Queue(changesStateSQL, w.dRoom, w.dSeq)
-		b.Queue(changesCountsSQL, w.dRoom, w.dSeq, w.dText, w.dN)
-	}
+	b.Queue(changesWriteSQL, w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token,
+		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
+		w.rRoom, w.rSeq, w.rSender, w.rText, w.rEntry, w.rActive,
+		rIDs, rLast, rMsgs)
 	if len(s.rRoom) > 0 {
 		b.Queue(saveReadsSQL, s.rRoom, s.rUser, s.rSeq) // the group commit's read marks (CommitReads)
 	}
-	b.Queue(changesRoomsSQL, rIDs, rLast, rMsgs)
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
 	for range b.Len() {
@@ -335,6 +311,13 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	return err
 }
 
+// stateWrite is what a batch changes of one message.
+type stateWrite struct {
+	edited, deleted bool
+	body            []byte
+	deltas          map[string]int
+}
+
 // changeWrites are the arrays of a changes commit's writes.
 type changeWrites struct {
 	room, seq, ref, msgs []int64
@@ -342,17 +325,14 @@ type changeWrites struct {
 	key, body            [][]byte
 	kind                 []int16
 
-	editRoom, editSeq []int64
-	editBody          [][]byte
-	delRoom, delSeq   []int64
+	sRoom, sSeq       []int64
+	sEdited, sDeleted []bool
+	sBody             [][]byte
+	sReactions        []string
 
 	rRoom, rSeq, rEntry []int64
 	rSender, rText      []string
 	rActive             []bool
-
-	dRoom, dSeq []int64
-	dText       []string
-	dN          []int32
 }
 
 func (w *changeWrites) add(s *pgScratch, j int, seq, msgs int64) {

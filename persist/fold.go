@@ -14,10 +14,14 @@ import (
 // foldSQL lists messages (kind 0) by the partial index messages_listed,
 // each joined with its state row when it changed: two rows read per
 // listed message at most, however many changes lie between them. It reads
-// one message more than the limit, to tell more.
+// one message more than the limit, to tell more. The state is a subquery
+// per message (LIMIT 1 keeps it one), so the plan is a probe of its
+// primary key whatever the statistics say.
 const (
 	foldColumns = `SELECT m.seq, m.idem_key, m.sender, m.ts, m.body, st.edited, st.body, coalesce(st.deleted, false), st.reactions
-FROM messages m LEFT JOIN message_state st ON st.room_id = m.room_id AND st.seq = m.seq
+FROM messages m LEFT JOIN LATERAL (
+	SELECT s.edited, s.body, s.deleted, s.reactions FROM message_state s WHERE s.room_id = m.room_id AND s.seq = m.seq LIMIT 1
+) st ON true
 WHERE m.room_id = $1 AND m.kind = 0 `
 	foldBackSQL    = foldColumns + `AND m.seq < $2 ORDER BY m.seq DESC LIMIT $3`
 	foldForwardSQL = foldColumns + `AND m.seq > $2 ORDER BY m.seq LIMIT $3`

@@ -449,6 +449,36 @@ func TestMemoryRetentionRemovesChanges(t *testing.T) {
 	}
 }
 
+// TestMemoryChangesAccounted: a message's state counts against the byte
+// budget and leaves it with the message.
+func TestMemoryChangesAccounted(t *testing.T) {
+	st := NewMemory(10)
+	const key = "a/r"
+	commitRows(t, st, req(key, "alice", "m", `1`))
+	before := st.Stats().Bytes
+	var rows []*Row
+	for i := range 5 {
+		rows = append(rows, change(key, fmt.Sprint("u", i), fmt.Sprint("r", i), proto.KindReact, 1, `"👍"`))
+	}
+	commitRows(t, st, rows...)
+	grown := st.Stats().Bytes
+	if grown <= before+5*msgCost {
+		t.Fatalf("5 reactions grew the store from %d to %d bytes: the state is not counted", before, grown)
+	}
+	for i := range 10 {
+		commitRows(t, st, req(key, "alice", fmt.Sprint("n", i), `1`))
+	}
+	// The ring holds the 10 newest messages, none of them changed: what
+	// the reactions and their state held is given back.
+	plain := NewMemory(10)
+	for i := range 10 {
+		commitRows(t, plain, req(key, "alice", fmt.Sprint("n", i), `1`))
+	}
+	if got, want := st.Stats().Bytes, plain.Stats().Bytes; got != want {
+		t.Fatalf("after the changed message left: %d bytes, a store that never had it %d", got, want)
+	}
+}
+
 func TestPostgresKinds(t *testing.T) {
 	testKindsContract(t, func(t *testing.T) Store { return newPG(t) })
 }
@@ -554,5 +584,69 @@ func TestPostgresChangesTwoStores(t *testing.T) {
 	folded, _, err := a.Fold(context.Background(), key, FoldQuery{}, Bounds{Limit: 5})
 	if err != nil || len(stored) != users || len(folded) != 1 || len(folded[0].Reactions) != 1 || folded[0].Reactions[0].Count != users {
 		t.Fatalf("%d stored, folded %+v, %v", len(stored), folded, err)
+	}
+}
+
+// TestPostgresResolveChangesInDoubt: a changes commit whose answer was
+// lost is settled by its token: committed, its new entries are answered
+// as new, and the rows that stored nothing (a standing reaction, a bad
+// ref) overloaded, so their clients send them again and get the rules'
+// answer; rolled back, all overloaded.
+func TestPostgresResolveChangesInDoubt(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	const k = "app/r"
+	commitRows(t, st, req(k, "alice", "m", `"hi"`), change(k, "bob", "r0", proto.KindReact, 1, `"x"`))
+	cause := errors.New("connection reset during COMMIT")
+	run := func(rows []*Row, token int64, execute bool) error {
+		s := st.scratchPool.Get().(*pgScratch)
+		s.reset(len(rows))
+		if err := st.prepare(ctx, s, rows); err != nil {
+			t.Fatal(err)
+		}
+		if execute {
+			conn, err := st.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.runCommit(ctx, conn, changesSQL, s, rows, token); err != nil {
+				t.Fatal(err)
+			}
+			conn.Release()
+		}
+		for _, r := range rows {
+			r.Stored = Stored{}
+		}
+		return st.resolve(s, rows, token, cause)
+	}
+	rows := []*Row{
+		change(k, "alice", "e", proto.KindEdit, 1, `"hi!"`),
+		change(k, "bob", "r1", proto.KindReact, 1, `"x"`), // stands: nothing stored
+		change(k, "bob", "bad", proto.KindEdit, 9, `"x"`),
+	}
+	if err := run(rows, 77, true); err != nil {
+		t.Fatal(err)
+	}
+	if rows[0].Err != nil || rows[0].Seq != 3 || rows[0].Duplicate {
+		t.Fatalf("the edit: %+v", rows[0].Stored)
+	}
+	for _, r := range rows[1:] {
+		if !errors.Is(r.Err, proto.ErrOverloaded) {
+			t.Fatalf("%s: %+v, want overloaded", r.ID, r.Stored)
+		}
+	}
+	// Sent again, they get the rules' answers.
+	again := []*Row{change(k, "bob", "r1", proto.KindReact, 1, `"x"`), change(k, "bob", "bad", proto.KindEdit, 9, `"x"`)}
+	commitRows(t, st, again...)
+	if !again[0].Duplicate || again[0].Seq != 2 {
+		t.Fatalf("r1 again: %+v", again[0].Stored)
+	}
+	wantErr(t, again[1], proto.ErrRefNotFound)
+	// Rolled back: overloaded.
+	if err := run([]*Row{change(k, "alice", "d", proto.KindDelete, 1, "")}, 78, false); !errors.Is(err, proto.ErrOverloaded) && !strings.Contains(err.Error(), "rolled back") {
+		t.Fatalf("rolled back: %v", err)
+	}
+	if last, _ := st.LastSeq(ctx, k); last != 3 {
+		t.Fatalf("last %d, want 3", last)
 	}
 }

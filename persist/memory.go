@@ -161,7 +161,12 @@ type memFold struct {
 	deleted bool
 	users   map[memReactKey]memReact // per user and reaction: the entry that stands
 	counts  map[string]int           // reactions held, by text
+	bytes   int64                    // what it counts against the byte budget (foldCost and its maps' entries)
 }
+
+// foldCost approximates a message's state and the entry of each change in
+// it: they count against the byte budget with the message and leave with it.
+const foldCost = 160
 
 type memReactKey struct{ from, text string }
 
@@ -433,7 +438,7 @@ func (m *Memory) commitLocked(sh *memShard, r *Row, ts int64) Stored {
 	room.idem[memKey{e.from, e.id()}] = e.seq
 	m.account(room, msgBytes(&e))
 	if r.Kind != proto.KindMsg {
-		room.applyChange(&e, text)
+		m.account(room, room.applyChange(&e, text))
 	}
 	if m.maxBytes > 0 {
 		m.touch(room)
@@ -460,6 +465,9 @@ func (m *Memory) dropOldest(r *memRoom) {
 					e.buf, e.idLen = nil, 0
 				}
 			}
+		}
+		if f := r.fold[old.seq]; f != nil {
+			m.account(r, -f.bytes)
 		}
 		delete(r.deps, old.seq)
 		delete(r.fold, old.seq)
@@ -526,16 +534,19 @@ func (room *memRoom) checkChange(r *Row) (text string, st Stored, done bool) {
 	return text, Stored{}, false
 }
 
-// applyChange records e, a change just stored, in its message's state.
-func (room *memRoom) applyChange(e *memEntry, text string) {
+// applyChange records e, a change just stored, in its message's state,
+// and returns the bytes that state grew by.
+func (room *memRoom) applyChange(e *memEntry, text string) int64 {
 	if room.fold == nil {
 		room.fold = make(map[uint64]*memFold)
 		room.deps = make(map[uint64][]uint64)
 	}
 	f := room.fold[e.ref]
+	grew := int64(16) // its seq in deps
 	if f == nil {
 		f = &memFold{}
 		room.fold[e.ref] = f
+		grew += foldCost
 	}
 	room.deps[e.ref] = append(room.deps[e.ref], e.seq)
 	switch e.kind {
@@ -549,13 +560,22 @@ func (room *memRoom) applyChange(e *memEntry, text string) {
 			f.counts = make(map[string]int)
 		}
 		on := e.kind == proto.KindReact
-		f.users[memReactKey{e.from, text}] = memReact{seq: e.seq, ts: e.ts, active: on}
+		k := memReactKey{e.from, text}
+		if _, ok := f.users[k]; !ok {
+			grew += int64(len(e.from)+len(text)) + 64
+		}
+		if _, ok := f.counts[text]; !ok && on {
+			grew += int64(len(text)) + 32
+		}
+		f.users[k] = memReact{seq: e.seq, ts: e.ts, active: on}
 		if on {
 			f.counts[text]++
 		} else if f.counts[text]--; f.counts[text] <= 0 {
 			delete(f.counts, text)
 		}
 	}
+	f.bytes += grew
+	return grew
 }
 
 // kept returns the entry of seq if the ring holds it and it is not gone.

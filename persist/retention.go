@@ -237,13 +237,20 @@ func withChanges(del string) string {
 WITH d AS (` + del + `
 	RETURNING seq, kind
 ), dep AS (
-	DELETE FROM messages m WHERE m.room_id = $1 AND m.ref IN (SELECT seq FROM d WHERE kind = 0)
-		AND m.seq > (SELECT max(seq) FROM d)
+	-- Each removed message's changes by messages_changes, one probe each
+	-- (never a walk of the room's newer rows), deleted by their ctids: a
+	-- plan that stays the same whatever the statistics say.
+	DELETE FROM messages m WHERE m.ctid = ANY (ARRAY(
+		SELECT c.ctid FROM d, LATERAL (
+			SELECT x.ctid, x.seq FROM messages x WHERE x.room_id = $1 AND x.ref = d.seq AND x.ref IS NOT NULL
+		) c WHERE d.kind = 0 AND c.seq > (SELECT max(seq) FROM d)))
 	RETURNING 1
 ), st AS (
-	DELETE FROM message_state s WHERE s.room_id = $1 AND s.seq IN (SELECT seq FROM d WHERE kind = 0)
+	DELETE FROM message_state s WHERE s.ctid = ANY (ARRAY(
+		SELECT c.ctid FROM d, LATERAL (SELECT y.ctid FROM message_state y WHERE y.room_id = $1 AND y.seq = d.seq LIMIT 1) c WHERE d.kind = 0))
 ), rx AS (
-	DELETE FROM reactions x WHERE x.room_id = $1 AND x.seq IN (SELECT seq FROM d WHERE kind = 0)
+	DELETE FROM reactions x WHERE x.ctid = ANY (ARRAY(
+		SELECT c.ctid FROM d, LATERAL (SELECT y.ctid FROM reactions y WHERE y.room_id = $1 AND y.seq = d.seq) c WHERE d.kind = 0))
 )
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM dep)`
 }
