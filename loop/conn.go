@@ -64,7 +64,7 @@ func (c *conn) linkOut() {
 }
 
 // membersOf appends to dst the members of user "app/user"'s open
-// WebSocket connections on loop l: the table's index for read positions
+// WebSocket connections and SSE streams on loop l: the table's index for read positions
 // (fanout.Table.SetUsers). Loop only.
 func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Member {
 	id, user, _ := strings.Cut(userKey, "/")
@@ -96,7 +96,7 @@ func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Me
 }
 
 // loopsOf is the set of loops (bit i: loop i) holding an open WebSocket
-// connection of user "app/user": the node posts a read position to those
+// connection or SSE stream of user "app/user": the node posts a read position to those
 // only (fanout.Node.SetUserLoops). Any goroutine.
 func (s *Server) loopsOf(userKey string) uint64 {
 	id, user, _ := strings.Cut(userKey, "/")
