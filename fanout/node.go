@@ -163,7 +163,7 @@ const (
 	evPresence                        // key, frame: a presence_diff for the room's presence subscribers
 	evSignal                          // key, seq (the sender's tag), frame, sse: a signal of a room (signal.go)
 	evReadDone                        // member, key, seq, err: the answer to a read mark (readpos.go)
-	evUserFrame                       // key ("app/user"), seq (the marker's tag), frame: for a user's connections
+	evUserFrame                       // frame: positions announced for users' connections (readpos.go: appendReadEntry)
 	evReceipts                        // key, frame: a receipts frame for the room's receipts subscribers
 )
 
@@ -213,10 +213,19 @@ func (t *Table) Run(ev *Event) {
 	case evReadDone:
 		t.readDone(ev)
 	case evUserFrame:
-		t.userFrame(ev.key, ev.seq, ev.frame)
+		t.userFrames(ev.frame)
 	case evReceipts:
+		var event []byte
 		for _, m := range t.receipts[ev.key] {
-			t.enqueue(m, ev.frame)
+			if m.sse == nil {
+				t.enqueue(m, ev.frame)
+				continue
+			}
+			if event == nil {
+				event = buildChatEvent(t.arena, "receipts", ev.frame)
+			}
+			m.sse.events++
+			t.enqueue(m, event)
 		}
 	case evPresence:
 		if r := t.rooms[ev.key]; r != nil {
@@ -348,6 +357,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		}
 	})
 	go n.pres.run()
+	p.Pool.reads = n.pos.hand
 	n.pool = newPool(p.Store, n.committed, p.Pool)
 	for i := 0; i < cfg.Readers; i++ {
 		n.wg.Add(1)
@@ -409,7 +419,7 @@ func (n *Node) committed(batch []*PubRequest) {
 		n.Stats.PublishLatency.Observe((now - req.Entered).Seconds())
 		if req.Err == nil && !req.Duplicate {
 			sc.pubs = append(sc.pubs, pubsub.Publication{Key: req.Key, Seq: req.Seq, Frame: req.Frame})
-			n.ownPublish(req.Key, req.From, req.Seq)
+			n.ownPublish(req.Key, req.From, req.Seq, req.Tag)
 		}
 	}
 	if k := len(sc.pubs); k > 0 {

@@ -32,6 +32,10 @@ type PubRequest struct {
 	// Node.committed observes the spans between them (AckPhases); the
 	// source observes what follows Answered.
 	Taken, Idle, Handed, CommitEnd, BrokerAt, Answered time.Duration
+	// Tag is the publishing connection's (Table.PubTag; 0: none, the
+	// API): the move of its user's read position to this message is
+	// announced to the user's other connections, not to it.
+	Tag uint64
 }
 
 // Stamp is the publish path's clock: monotonic, since an arbitrary epoch

@@ -79,9 +79,9 @@ func (p *positions) receipts(j posJob) {
 	}
 	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
 	if err == nil {
-		for k, seq := range p.dirty {
+		add := func(k posKey, seq uint64) {
 			if k.key != j.key {
-				continue
+				return
 			}
 			i := slices.IndexFunc(marks, func(m proto.Receipt) bool { return m.User == k.user })
 			if i < 0 {
@@ -89,6 +89,14 @@ func (p *positions) receipts(j posJob) {
 			} else {
 				marks[i].Seq = max(marks[i].Seq, seq)
 			}
+		}
+		// Moved here and maybe not written yet: not moved since the last
+		// hand-over, or handed over to a group commit at it.
+		for k, seq := range p.dirty {
+			add(k, seq)
+		}
+		for k, seq := range p.sent {
+			add(k, seq)
 		}
 		marks = sortMarks(marks)
 		more := len(marks) > MaxReceipts

@@ -65,7 +65,7 @@ func (c *conn) linkOut() {
 }
 
 // membersOf appends to dst the members of user "app/user"'s open
-// WebSocket connections on loop l: the table's index for read positions
+// WebSocket connections and SSE streams on loop l: the table's index for read positions
 // (fanout.Table.SetUsers). Loop only.
 func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Member {
 	id, user, _ := strings.Cut(userKey, "/")
@@ -97,7 +97,7 @@ func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Me
 }
 
 // loopsOf is the set of loops (bit i: loop i) holding an open WebSocket
-// connection of user "app/user": the node posts a read position to those
+// connection or SSE stream of user "app/user": the node posts a read position to those
 // only (fanout.Node.SetUserLoops). Any goroutine.
 func (s *Server) loopsOf(userKey string) uint64 {
 	id, user, _ := strings.Cut(userKey, "/")
@@ -850,6 +850,7 @@ func (c *conn) publish(req *fanout.PubRequest) {
 	l := c.l
 	ps := l.stamp(c, req)
 	req.Origin = ps
+	req.Tag = l.table.PubTag(&c.m)
 	c.m.Published(req.Key, req.ID)
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.fan.Publish(req); err != nil {

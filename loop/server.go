@@ -136,6 +136,18 @@ type Config struct {
 	DemoPage     []byte
 }
 
+// AppLimits are the defaults of every app's limits as the registry's
+// snapshots resolve them (tenancy.NewSnapshot): Limits, with the node's
+// --signal-rate and --signal-burst as the defaults of both chat buckets
+// (signals; read, unread and receipts requests), which an app's registry
+// entry may set apart.
+func (c *Config) AppLimits() tenancy.Limits {
+	lim := c.Limits
+	lim.SignalRate, lim.SignalBurst = c.SignalRate, int64(c.SignalBurst)
+	lim.ReadRate, lim.ReadBurst = c.SignalRate, int64(c.SignalBurst)
+	return lim
+}
+
 // Defaults returns the documented defaults.
 func Defaults() Config {
 	return Config{

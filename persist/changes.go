@@ -295,6 +295,9 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
 		w.rRoom, w.rSeq, w.rSender, w.rText, w.rEntry, w.rActive,
 		rIDs, rLast, rMsgs)
+	if len(s.rRoom) > 0 {
+		b.Queue(saveReadsSQL, s.rRoom, s.rUser, s.rSeq) // the group commit's read marks (CommitReads)
+	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
 	for range b.Len() {

@@ -453,6 +453,56 @@ WITH upd AS (
 )
 SELECT 1, id, base, now() FROM upd`
 
+// readsCTE upserts read marks in a commit statement (CommitReads), its
+// arrays at $first..$first+2: room ids, users, seqs, at most one per room
+// and user. PostgreSQL runs a data-modifying CTE that nothing reads once,
+// to completion, after the main query: a commit's rows are locked rooms
+// first (in id order), then read positions in (room, user) order, the
+// order of SaveReads too, so two nodes' commits wait on each other
+// without a cycle. The room ids are not checked against rooms (a lookup
+// per mark): a room deleted since its id was cached leaves at worst a row
+// no room will ever read.
+func readsCTE(first int) string {
+	return fmt.Sprintf(`rd AS (
+	INSERT INTO read_positions (room_id, user_id, seq)
+	SELECT k.r, k.u, k.s FROM unnest($%d::int8[], $%d::text[], $%d::int8[]) AS k (r, u, s)
+	ORDER BY k.r, k.u COLLATE "C"
+	ON CONFLICT (room_id, user_id) DO UPDATE SET seq = EXCLUDED.seq WHERE read_positions.seq < EXCLUDED.seq
+), `, first, first+1, first+2)
+}
+
+// freshReadsSQL and commitReadsSQL are freshSQL and commitSQL with read
+// marks (readsCTE) after their own parameters.
+var (
+	freshReadsSQL  = withReadsCTE(freshSQL)
+	commitReadsSQL = withReadsCTE(commitSQL)
+	withReads      = map[string]string{freshSQL: freshReadsSQL, commitSQL: commitReadsSQL}
+)
+
+// withReadsCTE puts readsCTE first in sql's WITH, its parameters after
+// the highest one sql uses.
+func withReadsCTE(sql string) string {
+	last := 0
+	for i := strings.IndexByte(sql, '$'); i >= 0; {
+		j := i + 1
+		for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+			j++
+		}
+		if n, err := strconv.Atoi(sql[i+1 : j]); err == nil {
+			last = max(last, n)
+		}
+		k := strings.IndexByte(sql[j:], '$')
+		if k < 0 {
+			break
+		}
+		i = j + k
+	}
+	if !strings.HasPrefix(strings.TrimSpace(sql), "WITH ") {
+		panic("BUG: a commit statement without WITH")
+	}
+	return strings.Replace(sql, "WITH ", "WITH "+readsCTE(last+1), 1)
+}
+
 // recheckFor: after a batch met a stored key, the batches of this long
 // are committed with commitSQL. Keys sent again come in runs (a client
 // that reconnects sends what was not acked), and each one met by
@@ -506,6 +556,12 @@ type pgScratch struct {
 	uText   []string
 	uAny    []bool
 	changes bool
+	// Read marks written with the batch (CommitReads): room ids, users,
+	// seqs; resolved: the commit's outcome was settled by resolve.
+	rRoom    []int64
+	rUser    []string
+	rSeq     []int64
+	resolved bool
 }
 
 func (s *pgScratch) reset(n int) {
@@ -524,6 +580,8 @@ func (s *pgScratch) reset(n int) {
 	s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd = s.uRoom[:0], s.uSender[:0], s.uKey[:0], s.uBody[:0], s.uOrd[:0]
 	s.uRank, s.rooms, s.counts = s.uRank[:0], s.rooms[:0], s.counts[:0]
 	clear(s.count)
+	clear(s.rUser)
+	s.rRoom, s.rUser, s.rSeq, s.resolved = s.rRoom[:0], s.rUser[:0], s.rSeq[:0], false
 	clear(s.uText)
 	s.uKind, s.uRef, s.uText, s.uAny, s.changes = s.uKind[:0], s.uRef[:0], s.uText[:0], s.uAny[:0], false
 }
@@ -562,13 +620,36 @@ const (
 // ack) and logged, and a retry of the same key returns the stored seq if it
 // did commit.
 func (p *Postgres) CommitBatch(ctx context.Context, rs []*Row) error {
+	return p.CommitReads(ctx, rs, nil)
+}
+
+// CommitReads implements Reads: the marks are upserted by the commit
+// statement itself (readsCTE), so they cost the batch's transaction a few
+// rows and no round trip. A batch that stores nothing (every row refused
+// by the room limit) saves them on their own.
+func (p *Postgres) CommitReads(ctx context.Context, rs []*Row, marks []ReadMark) error {
 	s := p.scratchPool.Get().(*pgScratch)
 	defer func() {
 		s.reset(0) // drop the references to the batch's requests
 		p.scratchPool.Put(s)
 	}()
 	s.reset(len(rs))
+	if err := p.markIDs(ctx, s, marks); err != nil {
+		for _, r := range rs {
+			r.Stored = Stored{Err: proto.ErrOverloaded}
+		}
+		return err
+	}
 	err := p.commit(ctx, s, rs)
+	if err == nil && len(s.rRoom) > 0 && (len(s.uOrd) == 0 || s.resolved) {
+		// Not written by a statement of this call that is known to have
+		// run: saved apart (positions only grow, so twice is harmless).
+		if err := p.saveReadIDs(ctx, s.rRoom, s.rUser, s.rSeq); err != nil {
+			// The rows are stored: only the marks failed. The caller hears
+			// of it and keeps them; the rows' answers stand.
+			return fmt.Errorf("%w: %w", ErrReadsNotSaved, err)
+		}
+	}
 	if err != nil {
 		rerr := err
 		if errors.Is(err, proto.ErrOverloaded) {
@@ -595,6 +676,8 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 	sql := p.commitStatement(time.Now())
 	if s.changes {
 		sql = changesSQL
+	} else if len(s.rRoom) > 0 {
+		sql = withReads[sql]
 	}
 	for attempt := 1; ; attempt++ {
 		token := int64(p.token.Add(1))
@@ -612,13 +695,16 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, rs, token, err)
 		}
-		if sql == freshSQL && isUniqueViolation(err) {
+		if (sql == freshSQL || sql == freshReadsSQL) && isUniqueViolation(err) {
 			// A key of the batch is stored already (or being stored by
 			// another node): the same batch again, looking its keys up.
 			// Not an attempt of its own: commitSQL gets all of them.
 			p.rechecks.Add(1)
 			p.sawStored(time.Now())
 			sql = commitSQL
+			if len(s.rRoom) > 0 {
+				sql = commitReadsSQL
+			}
 			attempt--
 			clear(s.isOld)
 			clear(s.base)
@@ -752,11 +838,17 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	if sql == changesSQL {
 		return p.runChanges(ctx, conn, s, rs, token)
 	}
-	if sql == freshSQL {
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token)
+	var args []any
+	if sql == freshSQL || sql == freshReadsSQL {
+		args = []any{s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token}
 	} else {
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
+		args = []any{s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token}
 	}
+	if sql == freshReadsSQL || sql == commitReadsSQL {
+		// readsCTE's arrays follow the statement's own parameters.
+		args = append(args, s.rRoom, s.rUser, s.rSeq)
+	}
+	rows, err = conn.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
@@ -825,6 +917,7 @@ func (p *Postgres) resolve(s *pgScratch, rs []*Row, token int64, cause error) er
 				return p.wrap("commit batch (rolled back)", cause)
 			}
 			p.resolvedCommitted.Add(1)
+			s.resolved = true
 			p.log.Info("persist: commit outcome resolved after a connection failure",
 				"requests", len(rs), "cause", cause)
 			s.answerRepeats(rs)
