@@ -67,8 +67,8 @@ func (p *positions) movedTo(key, user string, seq uint64) {
 }
 
 // receipts answers a receipts query: every user's position in the room,
-// newest first, at most MaxReceipts. The store's, with this node's moves
-// not written yet.
+// newest first, at most MaxReceipts. The store's, with the moves not
+// written yet that this node made or heard of from others.
 func (p *positions) receipts(j posJob) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -97,6 +97,17 @@ func (p *positions) receipts(j posJob) {
 		}
 		for k, seq := range p.sent {
 			add(k, seq)
+		}
+		// Moved on other nodes and announced here, maybe not written yet
+		// by them: a receipts frame may already have told the asker, so
+		// the answer must not go below it.
+		for k, seq := range p.floor {
+			add(k, seq)
+		}
+		for i := range marks {
+			if seq, ok := p.pos[posKey{j.key, marks[i].User}]; ok {
+				marks[i].Seq = max(marks[i].Seq, seq)
+			}
 		}
 		marks = sortMarks(marks)
 		more := len(marks) > MaxReceipts

@@ -416,6 +416,14 @@ func TestReceiptsTwoNodesPostgres(t *testing.T) {
 	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"carol":2}}` {
 		t.Fatal(got)
 	}
+	// Asked at once, before node b has written carol's mark: the answer
+	// holds what the receipts frame already told (bob's move by his own
+	// publish is announced within a second, so it may not be there yet).
+	alice.send(`{"op":"receipts","room":"r"}`)
+	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"carol":2}}` &&
+		got != `{"op":"receipts","room":"r","read":{"alice":2,"bob":2,"carol":2}}` {
+		t.Fatal("before the write:", got)
+	}
 	checkFor(t, 5*time.Second, func() bool { return b.fan.Stats.ReadMarksWritten.Load() >= 2 })
 	alice.send(`{"op":"receipts","room":"r"}`)
 	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"bob":2,"carol":2}}` {
