@@ -18,6 +18,7 @@ func testKindsContract(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Rules", func(t *testing.T) { testKindRules(t, newStore(t)) })
 	t.Run("Reactions", func(t *testing.T) { testKindReactions(t, newStore(t)) })
 	t.Run("SameBatch", func(t *testing.T) { testKindSameBatch(t, newStore(t)) })
+	t.Run("Resent", func(t *testing.T) { testKindResent(t, newStore(t)) })
 	t.Run("FoldModel", func(t *testing.T) { testFoldModel(t, newStore(t), 10000) })
 	t.Run("UnreadCount", func(t *testing.T) { testUnreadCountKinds(t, newStore(t)) })
 }
@@ -182,6 +183,58 @@ func testKindReactions(t *testing.T, st Store) {
 	}
 	if last, _ := st.LastSeq(context.Background(), key); last != r5.Seq || r5.Seq != 6 {
 		t.Fatalf("last %d, r5 %d: the duplicates stored something", last, r5.Seq)
+	}
+}
+
+// testKindResent: a change sent again (same from and id) is answered with
+// what it stored, whatever happened since, even where the rules would now
+// refuse it or take it as a no-op: PostgreSQL takes a batch's keys as new
+// (changesFreshSQL) and must still find these.
+func testKindResent(t *testing.T, st Store) {
+	const key = "a/r"
+	m := req(key, "alice", "m", `"hi"`)
+	commitRows(t, st, m)
+	e := change(key, "alice", "e", proto.KindEdit, m.Seq, `"hi!"`)
+	r := change(key, "bob", "r", proto.KindReact, m.Seq, `"👍"`)
+	commitRows(t, st, e, r)
+	wantNew(t, e)
+	wantNew(t, r)
+	// The react resent while it stands: the rules' no-op answer is its seq.
+	again := func(x *Row) *Row { return change(key, x.From, string(x.ID), x.Kind, x.Ref, string(x.Body)) }
+	check := func(name string, got, orig *Row) {
+		t.Helper()
+		if got.Err != nil || !got.Duplicate || got.Seq != orig.Seq {
+			t.Fatalf("%s resent: %+v, want duplicate of %d", name, got.Stored, orig.Seq)
+		}
+	}
+	fresh := func() { // PostgreSQL: the next batch takes its keys as new
+		if p, ok := st.(*Postgres); ok {
+			p.checkUntil.Store(0)
+		}
+	}
+	fresh()
+	r2 := again(r)
+	commitRows(t, st, r2)
+	check("react", r2, r)
+	// Taken back, then the react resent: the rules would store it again.
+	u := change(key, "bob", "u", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, st, u)
+	wantNew(t, u)
+	fresh()
+	r3 := again(r)
+	commitRows(t, st, r3)
+	check("react after its unreact", r3, r)
+	// Deleted, then the edit resent: the rules would answer not_found.
+	d := change(key, "alice", "d", proto.KindDelete, m.Seq, "")
+	commitRows(t, st, d)
+	wantNew(t, d)
+	fresh()
+	e2, u2 := again(e), again(u)
+	commitRows(t, st, e2, u2)
+	check("edit after the delete", e2, e)
+	check("unreact after the delete", u2, u)
+	if last, _ := st.LastSeq(context.Background(), key); last != d.Seq {
+		t.Fatalf("last %d, delete %d: a resend stored something", last, d.Seq)
 	}
 }
 
@@ -511,7 +564,7 @@ func TestPostgresRetentionRemovesChanges(t *testing.T) {
 		t.Fatalf("kept %v, want [5 6 7 8]", seqs)
 	}
 	var states, reacts int
-	if err := st.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM message_state), (SELECT count(*) FROM reactions)`).Scan(&states, &reacts); err != nil {
+	if err := st.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM message_state), (SELECT count(*) FROM messages WHERE kind IN (3, 4) AND ref NOT IN (SELECT seq FROM messages WHERE kind = 0))`).Scan(&states, &reacts); err != nil {
 		t.Fatal(err)
 	}
 	if states != 0 || reacts != 0 {

@@ -595,6 +595,9 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 	sql := p.commitStatement(time.Now())
 	if s.changes {
 		sql = changesSQL
+		if p.commitStatement(time.Now()) == freshSQL {
+			sql = changesFreshSQL
+		}
 	}
 	for attempt := 1; ; attempt++ {
 		token := int64(p.token.Add(1))
@@ -612,13 +615,16 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, rs, token, err)
 		}
-		if sql == freshSQL && isUniqueViolation(err) {
+		if (sql == freshSQL || sql == changesFreshSQL) && isUniqueViolation(err) {
 			// A key of the batch is stored already (or being stored by
 			// another node): the same batch again, looking its keys up.
 			// Not an attempt of its own: commitSQL gets all of them.
 			p.rechecks.Add(1)
 			p.sawStored(time.Now())
 			sql = commitSQL
+			if s.changes {
+				sql = changesSQL
+			}
 			attempt--
 			clear(s.isOld)
 			clear(s.base)
@@ -749,8 +755,8 @@ func containsString(list []string, s string) bool {
 func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, rs []*Row, token int64) error {
 	var rows pgx.Rows
 	var err error
-	if sql == changesSQL {
-		return p.runChanges(ctx, conn, s, rs, token)
+	if sql == changesSQL || sql == changesFreshSQL {
+		return p.runChanges(ctx, conn, s, rs, token, sql == changesSQL)
 	}
 	if sql == freshSQL {
 		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token)
@@ -787,6 +793,10 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 // deletes, reactions): runChanges (changes.go). Batches of messages alone
 // keep commitSQL and freshSQL.
 const changesSQL = "changes"
+
+// changesFreshSQL is changesSQL taking the batch's keys as new, as
+// freshSQL does for messages (changes.go).
+const changesFreshSQL = "changes, fresh"
 
 // readCommit reads the commit statement's answer (old reports stored keys
 // met); rows.Err after Close reports a failure up to the end of the
