@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -54,6 +55,19 @@ CROSS JOIN LATERAL (
 	ORDER BY m.seq DESC LIMIT 1
 ) x`
 
+	// changesGuardSQL locks the batch's rooms as changesLockSQL does and
+	// fails (division by zero) unless every room ($1, in id order) has
+	// the last_seq the node knows ($2) and every message named ($3, $4)
+	// is still stored: what a batch committed from the node's knowledge
+	// rests on. A room's row is checked as the lock finds it, after the
+	// commits the lock waited for (a row whose last_seq they changed is
+	// not locked, and the statement fails).
+	changesGuardSQL = `
+SELECT 1 / ((SELECT count(*) FROM (
+		SELECT r.id FROM rooms r JOIN unnest($1::int8[], $2::int8[]) AS g (id, last) ON r.id = g.id
+		WHERE r.last_seq = g.last ORDER BY r.id FOR NO KEY UPDATE OF r) l) = coalesce(cardinality($1::int8[]), 0)
+	AND (SELECT count(*) FROM unnest($3::int8[], $4::int8[]) AS g (room_id, seq) JOIN messages m ON m.room_id = g.room_id AND m.seq = g.seq AND m.kind = 0) = coalesce(cardinality($3::int8[]), 0))::int`
+
 	// changesKeysSQL: changesReadSQL's keys stored already, alone.
 	changesKeysSQL = `
 SELECT i.ord::int8, m.seq, m.ts
@@ -66,15 +80,18 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 	// the users' standing reactions and the rooms' seqs, in one statement.
 	// A new state row gets no negative delta: an unreact takes back a
 	// reaction whose react made the row.
+	// $20 is the entries' time: the transaction's now() as the lock read
+	// it, or the node's clock when the batch is committed from what the
+	// node knows (runChanges).
 	changesWriteSQL = `
 WITH ins AS (
 	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, ref, msgs, reaction)
-	SELECT i.room_id, i.seq, i.sender, i.idem_key, now(), i.body, $9, i.kind, nullif(i.ref, 0), i.msgs, nullif(i.reaction, '')
+	SELECT i.room_id, i.seq, i.sender, i.idem_key, $20, i.body, $9, i.kind, nullif(i.ref, 0), i.msgs, nullif(i.reaction, '')
 	FROM unnest($1::int8[], $2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int8[], $8::int8[], $16::text[])
 		AS i (room_id, seq, sender, idem_key, body, kind, ref, msgs, reaction)
 ), state AS (
 	INSERT INTO message_state AS st (room_id, seq, edited, body, deleted, reactions)
-	SELECT s.room_id, s.seq, CASE WHEN s.edited THEN now() END, s.body, s.deleted, s.reactions::jsonb
+	SELECT s.room_id, s.seq, CASE WHEN s.edited THEN $20::timestamptz END, s.body, s.deleted, s.reactions::jsonb
 	FROM unnest($10::int8[], $11::int8[], $12::bool[], $13::bytea[], $14::bool[], $15::text[]) AS s (room_id, seq, edited, body, deleted, reactions)
 	ON CONFLICT (room_id, seq) DO UPDATE SET
 		edited = coalesce(EXCLUDED.edited, st.edited),
@@ -123,7 +140,24 @@ type roomSeqs struct{ last, msgs int64 }
 // rules refuse or answer with a standing reaction, which write nothing,
 // are looked up in the second round trip, before the write, and answered
 // as stored if they are.
+//
+// With lookup false and every room, message named and standing reaction
+// of the batch known to the node (kindsCache), the batch is committed in
+// one round trip: the lock and a guard that fails the transaction unless
+// each room's last_seq is what the node knows and every message named is
+// still stored (retention), the writes and COMMIT; a failed guard drops
+// the node's knowledge of the batch's rooms and the batch is committed the
+// long way.
 func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, lookup bool) error {
+	if !lookup {
+		if k := p.kc.known(s); k != nil {
+			err := p.runChangesKnown(ctx, conn, s, rs, token, k)
+			if !errors.Is(err, errStale) {
+				return err
+			}
+			p.staleCommits.Add(1)
+		}
+	}
 	// The reads: the keys, the messages named (distinct), the reactions.
 	var refRooms, refSeqs []int64
 	seenRef := map[refKey]bool{}
@@ -199,6 +233,61 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	if err != nil {
 		return err
 	}
+	// What the reads found not to exist: no standing reaction.
+	for j := range kRooms {
+		k := reactKey{kRooms[j], kSeqs[j], kSenders[j], kTexts[j]}
+		if ref := refs[refKey{k.room, k.seq}]; ref != nil {
+			if _, ok := reacts[k]; !ok {
+				reacts[k] = reactState{entry: k.seq, ts: ref.ts}
+			}
+		}
+	}
+	k := &knownBatch{rooms: rooms, refs: refs, reacts: reacts}
+	return p.writeChanges(ctx, conn, s, rs, token, lookup, dups, k, now, nil)
+}
+
+// knownBatch is what a batch's rules start from: its rooms' seqs, the
+// messages it names, its users' standing reactions (a reaction with none
+// standing: entry is the message, active false).
+type knownBatch struct {
+	rooms  map[int64]*roomSeqs
+	refs   map[refKey]*refState
+	reacts map[reactKey]reactState
+}
+
+// runChangesKnown commits a batch from what the node knows, in one round
+// trip (see runChanges). errStale: the node's knowledge was out of date,
+// nothing was stored.
+func (p *Postgres) runChangesKnown(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, k *knownBatch) error {
+	var gLast, gRefRooms, gRefSeqs []int64
+	for _, id := range s.rooms { // in id order
+		gLast = append(gLast, k.rooms[id].last)
+	}
+	for rk := range k.refs {
+		gRefRooms, gRefSeqs = append(gRefRooms, rk.room), append(gRefSeqs, rk.seq)
+	}
+	pre := &pgx.Batch{}
+	pre.Queue("BEGIN")
+	pre.Queue(changesGuardSQL, s.rooms, gLast, gRefRooms, gRefSeqs)
+	now := time.Now().Truncate(time.Microsecond)
+	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, now, pre)
+}
+
+// errStale: a batch committed from what the node knew met a room or a
+// message that changed elsewhere; nothing was stored.
+var errStale = errors.New("the node's knowledge of a room is out of date")
+
+// writeChanges applies the rules to a batch from k and sends the writes
+// and COMMIT, after pre's statements when pre is not nil (in the same
+// round trip).
+func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, lookup bool,
+	dups map[int32]Stored, k *knownBatch, now time.Time, pre *pgx.Batch) error {
+	rooms, refs, reacts := k.rooms, k.refs, k.reacts
+	base := make(map[int64]roomSeqs, len(rooms))
+	for id, r := range rooms {
+		base[id] = *r
+	}
+	created := map[refKey]bool{}
 
 	// The rules, in batch order.
 	var w changeWrites
@@ -257,6 +346,7 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 			room.msgs++
 			// A change later in the batch may name it.
 			refs[refKey{s.uRoom[j], room.last}] = &refState{kind: int16(proto.KindMsg), sender: s.uSender[j], ts: now}
+			created[refKey{s.uRoom[j], room.last}] = true
 		}
 		seq := room.last
 		w.add(s, j, seq, room.msgs, text)
@@ -307,7 +397,11 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	}
 
 	// The writes and the commit, in one round trip.
-	b = &pgx.Batch{}
+	b := pre
+	if b == nil {
+		b = &pgx.Batch{}
+	}
+	nPre := b.Len()
 	var uRoom []int64
 	var uSender []string
 	var uKey [][]byte
@@ -323,10 +417,16 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	b.Queue(changesWriteSQL, w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token,
 		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
 		w.text,
-		rIDs, rLast, rMsgs)
+		rIDs, rLast, rMsgs, now)
 	b.Queue("COMMIT")
-	br = conn.SendBatch(ctx, b)
-	if len(uOrd) > 0 {
+	br := conn.SendBatch(ctx, b)
+	var err error
+	for range nPre {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if err == nil && len(uOrd) > 0 {
 		err = func() error {
 			rows, _ := br.Query()
 			for rows.Next() {
@@ -341,7 +441,7 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 			return rows.Err()
 		}()
 	}
-	for range b.Len() - min(len(uOrd), 1) {
+	for range b.Len() - nPre - min(len(uOrd), 1) {
 		if err != nil {
 			break
 		}
@@ -350,7 +450,19 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return err
+	if err != nil {
+		p.kc.forget(s.rooms)
+		if pre != nil && isDivisionByZero(err) {
+			// The guard: roll back here, the connection stays usable.
+			if _, rerr := conn.Exec(ctx, "ROLLBACK"); rerr != nil {
+				return rerr
+			}
+			return errStale
+		}
+		return err
+	}
+	p.kc.learn(base, k, created)
+	return nil
 }
 
 // stateWrite is what a batch changes of one message.

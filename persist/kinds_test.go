@@ -703,3 +703,53 @@ func TestPostgresResolveChangesInDoubt(t *testing.T) {
 		t.Fatalf("last %d, want 3", last)
 	}
 }
+
+// TestPostgresChangesKnownStale: a store commits a room's changes from
+// what it knows of the room (one round trip) only while nothing else wrote
+// to it: another node's reaction, or a message removed under it (retention
+// on another node), sends the batch the long way, answered as if alone.
+func TestPostgresChangesKnownStale(t *testing.T) {
+	url := newTestDB(t)
+	a, b := openTestPG(t, url, PGConfig{}), openTestPG(t, url, PGConfig{})
+	defer a.Close()
+	defer b.Close()
+	const key = "a/r"
+	m, m2 := req(key, "author", "m", `"hi"`), req(key, "author", "m2", `"hi"`)
+	commitRows(t, a, m, m2)
+	r1 := change(key, "u1", "r1", proto.KindReact, m.Seq, `"👍"`)
+	commitRows(t, a, r1)
+	wantNew(t, r1)
+	if a.CommitStats().Stale != 0 {
+		t.Fatalf("stale %d before any other writer", a.CommitStats().Stale)
+	}
+	// The other node takes the reaction back; a knows it as standing.
+	u1 := change(key, "u1", "u1", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, b, u1)
+	wantNew(t, u1)
+	u2 := change(key, "u1", "u2", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, a, u2)
+	if u2.Err != nil || !u2.Duplicate || u2.Seq != u1.Seq {
+		t.Fatalf("unreact after the other node's: %+v, want the standing %d", u2.Stored, u1.Seq)
+	}
+	if a.CommitStats().Stale != 1 {
+		t.Fatalf("stale %d, want 1", a.CommitStats().Stale)
+	}
+	// Known again (a read it all the long way): one round trip.
+	r2 := change(key, "u2", "r2", proto.KindReact, m2.Seq, `"🎉"`)
+	commitRows(t, a, r2)
+	wantNew(t, r2)
+	if a.CommitStats().Stale != 1 {
+		t.Fatalf("stale %d, want still 1", a.CommitStats().Stale)
+	}
+	// m2 removed under a (as retention on another node would): no longer
+	// a message to react to.
+	if _, err := b.pool.Exec(context.Background(), `DELETE FROM messages WHERE seq = $1 OR ref = $1`, int64(m2.Seq)); err != nil {
+		t.Fatal(err)
+	}
+	r3 := change(key, "u2", "r3", proto.KindUnreact, m2.Seq, `"🎉"`)
+	commitRows(t, a, r3)
+	wantErr(t, r3, proto.ErrRefNotFound)
+	if a.CommitStats().Stale != 2 {
+		t.Fatalf("stale %d, want 2", a.CommitStats().Stale)
+	}
+}

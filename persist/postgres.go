@@ -68,6 +68,11 @@ type Postgres struct {
 	// statements that met a stored key and were sent again as commitSQL.
 	checkUntil atomic.Int64
 	rechecks   atomic.Uint64
+	// kc is what the node knows of its rooms' changes (changes.go);
+	// staleCommits counts the batches committed from it that found it
+	// out of date.
+	kc           kindsCache
+	staleCommits atomic.Uint64
 
 	policy RetentionPolicy
 	// fileRetention, when not nil, is the apps' own retention from a
@@ -773,6 +778,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	if old {
 		p.sawStored(time.Now())
 	}
+	ext := p.kc.extending(s)
 	for _, ord := range s.uOrd {
 		if s.isOld[ord] {
 			continue
@@ -785,6 +791,12 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 		base++
 		s.base[room] = base
 		rs[ord].Stored = Stored{Seq: base, TS: freshTS}
+		if ext != nil {
+			ext.add(room, base, rs[ord].From, freshTS)
+		}
+	}
+	if ext != nil {
+		p.kc.extend(ext)
 	}
 	return nil
 }
@@ -957,14 +969,19 @@ type CommitStats struct {
 	Retries uint64
 	// Rechecks: batches committed without looking their keys up that met
 	// a stored key and were sent again looking them up (see freshSQL).
-	Rechecks                                          uint64
+	Rechecks uint64
+	// Stale: batches of changes committed from the node's knowledge of
+	// their rooms that found it out of date (another node wrote to the
+	// room, or retention removed a message named) and were committed
+	// again the long way (see runChanges).
+	Stale                                             uint64
 	ResolvedCommitted, ResolvedRolledBack, Unresolved uint64
 }
 
 // CommitStats returns the store's commit counters; it takes no lock.
 func (p *Postgres) CommitStats() CommitStats {
 	return CommitStats{
-		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(), Rechecks: p.rechecks.Load(),
+		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(), Rechecks: p.rechecks.Load(), Stale: p.staleCommits.Load(),
 		ResolvedCommitted: p.resolvedCommitted.Load(), ResolvedRolledBack: p.resolvedRolledBack.Load(), Unresolved: p.unresolved.Load(),
 	}
 }
@@ -1153,6 +1170,11 @@ func isRetryable(err error) bool {
 func isUniqueViolation(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+func isDivisionByZero(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22012"
 }
 
 func isDeadlock(err error) bool {
