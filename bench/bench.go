@@ -336,6 +336,9 @@ func writeTable(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintf(w, "RSS of %s from %.0fs: %.1f -> %.1f MiB (%+.1f%%)%s\n", g.Name, g.From, g.FirstMiB, g.LastMiB, g.GrowthPct, note)
 	}
+	if rep.Burst != nil {
+		fmt.Fprintln(w, burstLine(rep.Burst))
+	}
 	for _, t := range rep.Targets {
 		word := "met"
 		if !t.Met {

@@ -111,6 +111,7 @@ type connSpec struct {
 	join      bool
 	publish   bool
 	receivers int // joined members of the publisher's room (for expected deliveries)
+	burst     int // its share of --burst
 }
 
 // conn is one bench connection; only its loop touches it after add.
@@ -144,6 +145,7 @@ type conn struct {
 	nextID    uint64
 	inflight  []sendSlot // ring indexed by id, grown when a slot is still in flight
 	ackMax    uint64
+	burstSent int // of its spec.burst
 }
 
 type sendSlot struct {
@@ -151,6 +153,7 @@ type sendSlot struct {
 	t      int64
 	size   int32
 	resent bool
+	burst  bool // one of the --burst's publishes
 }
 
 // levelStats is what one loop (or one process) counted in one level. It is
@@ -188,6 +191,16 @@ type levelStats struct {
 	Away     uint64 `json:"away"`      // connections not joined when the level ended
 	Replayed uint64 `json:"replayed"`  // window deliveries that arrived as catch-up
 	Series   []slot `json:"-"`
+
+	// --burst: its publishes sent in the window (in Sent too), acked, and
+	// the last one's ack (Unix ns)
+	BurstSent    uint64 `json:"burst_sent"`
+	BurstAcked   uint64 `json:"burst_acked"`
+	BurstLastAck int64  `json:"burst_last_ack_ns"`
+
+	// --read-marks: marks sent in the window, and answers received
+	ReadMarks   uint64 `json:"read_marks"`
+	ReadAnswers uint64 `json:"read_answers"`
 }
 
 func newLevelStats() *levelStats {
@@ -222,6 +235,11 @@ func (s *levelStats) merge(o *levelStats) {
 	s.Away += o.Away
 	s.Replayed += o.Replayed
 	s.Series = mergeSlots(s.Series, o.Series)
+	s.BurstSent += o.BurstSent
+	s.BurstAcked += o.BurstAcked
+	s.BurstLastAck = max(s.BurstLastAck, o.BurstLastAck)
+	s.ReadMarks += o.ReadMarks
+	s.ReadAnswers += o.ReadAnswers
 	for r, v := range o.AckMax {
 		if s.AckMax == nil {
 			s.AckMax = map[int32]uint64{}
@@ -279,10 +297,14 @@ type engine struct {
 	rateBits atomic.Uint64 // per-publisher msgs/s as float64 bits
 	winStart atomic.Int64
 	winEnd   atomic.Int64
-	epoch    atomic.Uint64
-	stop     atomic.Bool
+	// --burst: when it starts (Unix ns; 0: none) and how long it takes
+	burstStart, burstOver atomic.Int64
+	epoch                 atomic.Uint64
+	stop                  atomic.Bool
 
 	sizeFn func(rng *uint64) int // body size of the next publish
+
+	readMarks bool // --read-marks: receivers mark each message read
 
 	reconnect          int
 	placed             int   // targets[:placed] are --url, the rest --reconnect-url
@@ -1171,6 +1193,9 @@ func (l *loop) onMsg(c *conn, seq uint64, stamp int64, now int64) {
 	if !fresh || stamp == 0 {
 		return
 	}
+	if l.e.readMarks && !c.spec.publish {
+		l.markRead(c, seq, now)
+	}
 	live := stamp >= c.joinSent
 	if s != nil {
 		if live {
@@ -1213,13 +1238,20 @@ func (l *loop) onFrame(c *conn, f *proto.ServerFrame, payload []byte, now int64)
 		if l.inWindow(s.t) {
 			l.st.Acked++
 			l.winAcked++
-			l.st.AckLat.Record(now - s.t)
+			if s.burst {
+				// the burst's own acks are counted, not mixed into the
+				// others' latencies (burst.go)
+				l.st.BurstAcked++
+				l.st.BurstLastAck = max(l.st.BurstLastAck, now)
+			} else {
+				l.st.AckLat.Record(now - s.t)
+			}
 		}
 		if sl := l.slotAt(now); sl != nil {
 			sl.Acked++
 			if s.resent {
 				sl.AckedAgain++
-			} else {
+			} else if !s.burst {
 				sl.AckLat.record(now - s.t)
 			}
 		}
@@ -1258,6 +1290,10 @@ func (l *loop) onFrame(c *conn, f *proto.ServerFrame, payload []byte, now int64)
 			return
 		}
 		l.pubFailed(c, f)
+	case "read":
+		if l.inWindow(now) {
+			l.st.ReadAnswers++
+		}
 	case "pong", "left":
 	default:
 		l.st.Errors["unexpected_op"]++
@@ -1274,6 +1310,9 @@ func (l *loop) publish(now int64) {
 	rate := math.Float64frombits(l.e.rateBits.Load())
 	if rate <= 0 {
 		return
+	}
+	if bs := l.e.burstStart.Load(); bs > 0 && now >= bs {
+		l.publishBurst(now, bs)
 	}
 	if now >= l.e.winEnd.Load() {
 		// nothing after the window: every publish is in it or long acked

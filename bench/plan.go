@@ -64,6 +64,11 @@ type params struct {
 	sizes                                              string
 	sizeMix                                            []sizeWeight // parsed --sizes
 
+	// --burst: extra publishes offered on top of the rate (burst.go)
+	burst              int
+	burstAt, burstOver time.Duration
+	readMarks          bool // receivers mark each message read (readmarks.go)
+
 	// set by the parent for worker processes
 	workerIndex, workerCount int
 	runID                    string
@@ -179,6 +184,10 @@ func newFlagSet(sc *scenario, p *params) *flag.FlagSet {
 	fs.Float64Var(&p.stepAdd, "step-add", 0, "each level adds this to the rate instead of multiplying")
 	fs.Float64Var(&p.stepMax, "step-max", 1e6, "highest level tried")
 	fs.DurationVar(&p.stepP99, "max-p99", 0, "a level whose p99 publish -> receipt is above this is not sustained (0: no latency bound)")
+	fs.BoolVar(&p.readMarks, "read-marks", false, "receivers (joined connections that do not publish) send a read mark ({\"op\":\"read\"}) for each message they receive: what read positions cost the node and the database")
+	fs.IntVar(&p.burst, "burst", 0, "publishes offered on top of the rate within --burst-over, spread over the publishers; those answered overloaded are sent again until acked; the report gives the time until the last is acked and the others' latencies meanwhile (0: none)")
+	fs.DurationVar(&p.burstAt, "burst-at", 0, "when the --burst starts, after the window's start (0: the window's middle)")
+	fs.DurationVar(&p.burstOver, "burst-over", time.Second, "how long the --burst's publishes take to be offered")
 	sc.flags(fs, p)
 	// worker-only flags, set by the parent
 	fs.IntVar(&p.workerIndex, "worker-index", 0, "internal")
@@ -254,6 +263,9 @@ func (p *params) validate() error {
 		return usagef("--events needs --series")
 	}
 	if _, err := parseTargets(p.targets); err != nil {
+		return err
+	}
+	if err := p.validateBurst(); err != nil {
 		return err
 	}
 	switch p.scenario {
@@ -410,6 +422,7 @@ func (p *params) buildPlan(ntargets, nsrcs int) *plan {
 		}
 		pl.rate = float64(pl.publishers) / p.interval.Seconds()
 	}
+	pl.spreadBurst(p.burst)
 	return pl
 }
 

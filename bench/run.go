@@ -53,6 +53,7 @@ func (d *localDriver) connect() error {
 	}
 	e.retryMin, e.retryMax = int64(d.p.retryMin), int64(d.p.retryMax)
 	e.sse = d.p.transport == "sse"
+	e.readMarks = d.p.readMarks
 	e.placed = len(splitList(d.p.urls))
 	d.e = e
 	return e.connect(d.specs, d.p.connectTimeout)
@@ -72,6 +73,10 @@ func (d *localDriver) level(rate float64, verify bool, start time.Time, mark fun
 	we := ws.Add(d.p.duration)
 	e.winStart.Store(ws.UnixNano())
 	e.winEnd.Store(we.UnixNano())
+	if d.p.burst > 0 {
+		e.burstOver.Store(int64(d.p.burstOver))
+		e.burstStart.Store(ws.Add(d.p.burstOffset()).UnixNano())
+	}
 	e.setRate(rate)
 	e.pubOn.Store(true)
 
@@ -169,6 +174,13 @@ type LevelResult struct {
 	Away     uint64 `json:"away_at_end,omitempty"`
 	Replayed uint64 `json:"replayed,omitempty"`
 
+	// --read-marks: marks sent in the window and answers received; the
+	// database's CPU per mark, all of it charged to the marks (compare a
+	// run without them for the part that is theirs)
+	ReadMarks     uint64  `json:"read_marks,omitempty"`
+	ReadAnswers   uint64  `json:"read_answers,omitempty"`
+	PGUsPerMarkUB float64 `json:"pg_cpu_us_per_read_mark_all,omitempty"`
+
 	Latency    Percentiles `json:"latency"`
 	AckLatency Percentiles `json:"ack_latency"`
 
@@ -231,7 +243,8 @@ type Report struct {
 	ConnectTime float64       `json:"connect_s"`
 	Levels      []LevelResult `json:"levels,omitempty"`
 	// the highest offered rate of a --step run that met the sustained rule
-	HighestSustained float64 `json:"highest_sustained_per_s,omitempty"`
+	HighestSustained float64      `json:"highest_sustained_per_s,omitempty"`
+	Burst            *BurstResult `json:"burst,omitempty"`
 
 	// publishes sent and text frames received since connect, over every
 	// level and warm-up: what the node's own counters should say
@@ -266,8 +279,9 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 		Latency: st.Lat.Summary(), AckLatency: st.AckLat.Summary(),
 		Closes: st.Closes, Errors: st.Errors,
 		Gaps: st.Gaps, Missing: st.Missing, Duplicates: st.Duplicates, Reordered: st.Reordered,
-		BenchCPU: benchCPU.Seconds(),
-		Rejoins:  st.Rejoins, Unrecov: st.Unrecov, ToldLost: st.ToldLost, Resent: st.Resent, Away: st.Away, Replayed: st.Replayed,
+		BenchCPU:  benchCPU.Seconds(),
+		ReadMarks: st.ReadMarks, ReadAnswers: st.ReadAnswers,
+		Rejoins: st.Rejoins, Unrecov: st.Unrecov, ToldLost: st.ToldLost, Resent: st.Resent, Away: st.Away, Replayed: st.Replayed,
 	}
 	if st.Expected > 0 {
 		r.DeliveryPct = 100 * float64(st.Delivered) / float64(st.Expected)
@@ -316,6 +330,9 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 		r.PGCPU = pg.Seconds()
 		if st.Acked > 0 {
 			r.PGUsPerPublish = float64(pg.Nanoseconds()) / 1e3 / float64(st.Acked)
+		}
+		if st.ReadMarks > 0 {
+			r.PGUsPerMarkUB = float64(pg.Nanoseconds()) / 1e3 / float64(st.ReadMarks)
 		}
 	}
 	// the sustained rule: achieved = offered within 1%, every delivery, no
@@ -420,6 +437,7 @@ func (p *params) execute(d driver, pl *plan, rep *Report, progress io.Writer) er
 		}
 		r := p.result(st, rate, pl.publishers, benchCPU, s0, s1)
 		rep.Levels = append(rep.Levels, r)
+		rep.Burst = p.burstResult(st, start)
 		if p.reconnect != "" || p.scenario == "soak" || p.verdict {
 			rep.Verdict = verdict(r)
 		}

@@ -26,6 +26,9 @@ func runScript(t *testing.T, name string, args ...string) (string, string) {
 		t.Skip("the scripts take 30-60 s each")
 	}
 	need := []string{"bash", "taskset", "curl"}
+	if name == "capacity.sh" || name == "scaleout.sh" {
+		need = append(need, "jq")
+	}
 	switch name {
 	case "one-channel.sh":
 	case "ab.sh": // PostgreSQL, no Redis; it builds from git
@@ -298,5 +301,81 @@ func TestScriptABShort(t *testing.T) {
 	tsv, err := os.ReadFile(filepath.Join(out, "ab.tsv"))
 	if err != nil || strings.Count(string(tsv), "\n") != 1+2*len(want) {
 		t.Errorf("ab.tsv: want a header and %d runs (%v):\n%s", 2*len(want), err, tsv)
+	}
+}
+
+// TestScriptNodeShareShort: one node on CPU 1 with 2,000 connections
+// through Redis and PostgreSQL, the bench on CPU 0; the targets are
+// reported (only delivery is held to on a shared CI machine).
+func TestScriptNodeShareShort(t *testing.T) {
+	out, log := runScript(t, "node-share.sh", "--short")
+	rep := readReport(t, filepath.Join(out, "node-share.json"))
+	r := rep.Levels[0]
+	if rep.Connections != 2000 || rep.Verdict == nil || !rep.Verdict.OK || r.DeliveryPct != 100 || len(r.Nodes) != 1 || len(r.Watched) != 1 {
+		t.Fatalf("report: %d connections verdict %+v level %+v\n%s", rep.Connections, rep.Verdict, r, log)
+	}
+	if len(rep.Targets) != 3 || !rep.Targets[0].Met || rep.Targets[2].Unit != "MiB" {
+		t.Errorf("targets %+v", rep.Targets)
+	}
+	if !strings.Contains(log, "SUMMARY node-share: 2000 connections") || !strings.Contains(log, "RESULTS node-share: ") {
+		t.Errorf("no summary line or results path:\n%s", log)
+	}
+}
+
+// TestScriptCapacityShort: the steady load, a burst on top, every publish
+// acked and delivered, the backlog's end and the latencies around it.
+func TestScriptCapacityShort(t *testing.T) {
+	out, log := runScript(t, "capacity.sh", "--short")
+	rep := readReport(t, filepath.Join(out, "capacity.json"))
+	b := rep.Burst
+	if rep.Verdict == nil || !rep.Verdict.OK || b == nil || b.Offered != 5000 || b.Sent != 5000 || b.Acked != 5000 || b.BacklogGoneS <= 0 {
+		t.Fatalf("verdict %+v burst %+v\n%s", rep.Verdict, b, log)
+	}
+	if b.Before == nil || b.Before.Acked == 0 || b.During == nil || b.During.Acked == 0 {
+		t.Fatalf("windows before %+v during %+v", b.Before, b.During)
+	}
+	noDeadlocks(t, filepath.Join(out, "capacity.json"))
+	if !strings.Contains(log, "BURST capacity: ") || !strings.Contains(log, "backlog gone") || !strings.Contains(log, "SUMMARY capacity: 600 connections") {
+		t.Errorf("no burst or summary line:\n%s", log)
+	}
+}
+
+// TestScriptScaleoutShort: 1 and 2 nodes, each in a cgroup of its own with
+// the quota, a step run each; the cgroups are gone afterwards.
+func TestScriptScaleoutShort(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("scaleout.sh needs root (a cgroup per node)")
+	}
+	out, log := runScript(t, "scaleout.sh", "--short")
+	b, err := os.ReadFile(filepath.Join(out, "scaleout.json"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	var s struct {
+		Quota  int `json:"quota_pct"`
+		Counts []struct {
+			Nodes      int     `json:"nodes"`
+			Highest    float64 `json:"highest_sustained_per_s"`
+			PerVCPU    float64 `json:"frames_per_s_per_vcpu"`
+			UsPerFrame float64 `json:"node_us_per_frame"`
+		} `json:"counts"`
+	}
+	if err := json.Unmarshal(b, &s); err != nil || s.Quota != 25 || len(s.Counts) != 2 {
+		t.Fatalf("scaleout.json %s: %v\n%s", b, err, log)
+	}
+	for i, c := range s.Counts {
+		if c.Nodes != i+1 || c.Highest < 200 || c.PerVCPU <= 0 || c.UsPerFrame <= 0 {
+			t.Errorf("count %d: %+v", i, c)
+		}
+		rep := readReport(t, filepath.Join(out, fmt.Sprintf("scaleout-%d.json", i+1)))
+		if len(rep.Levels) == 0 || len(rep.Levels[0].Nodes) != i+1 {
+			t.Errorf("%d node(s): levels %d", i+1, len(rep.Levels))
+		}
+	}
+	if !strings.Contains(log, "SCALEOUT 2 node(s) at 25% each") || !strings.Contains(log, "SUMMARY scaleout: ") {
+		t.Errorf("no scaleout lines:\n%s", log)
+	}
+	if m, _ := filepath.Glob("/sys/fs/cgroup/cpu/roost-scaleout-*"); len(m) > 0 {
+		t.Errorf("cgroups left behind: %v", m)
 	}
 }

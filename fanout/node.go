@@ -227,6 +227,9 @@ type Node struct {
 	pos       *positions
 	sigNode   uint64        // this node's part of its members' signal tags
 	sigSerial atomic.Uint32 // the members' part
+	// userLoops, when set (SetUserLoops), says which loops hold a user's
+	// connections, so that a read position is posted to those only.
+	userLoops atomic.Pointer[func(userKey string) uint64]
 	replays   *ReplayShare
 	retries   chan rebroadcast
 	done      chan struct{}

@@ -392,50 +392,48 @@ func (n *Node) receivedRead(b []byte) {
 			}
 		}
 	}
+	mask := ^uint64(0)
+	if f := n.userLoops.Load(); f != nil {
+		mask = (*f)(userKey)
+	}
 	for i := 0; i < n.cfg.Loops; i++ {
+		if mask&(1<<i) == 0 {
+			continue
+		}
 		if t := n.tables[i].Load(); t != nil {
 			t.loop.Post(Event{kind: evUserFrame, key: userKey, seq: tag, frame: frame})
 		}
 	}
 }
 
-// AddUser records m as a connection of user of app, so that the user's
-// read positions reach it. Loop only, once per member.
-func (t *Table) AddUser(m *Member, app, user string) {
-	c := m.Chat()
-	c.userKey = app + "/" + user
-	if t.users == nil {
-		t.users = map[string][]*Member{}
-	}
-	t.users[c.userKey] = append(t.users[c.userKey], m)
-}
+// SetUserLoops gives the node the loops' index of users: f returns the
+// set of loop indexes (bit i: loop i) holding a connection of user
+// "app/user". A read position from the broker is then posted to those
+// loops only, one lookup per position instead of one per loop; without
+// it, to every loop. Any goroutine; f is called on the broker's.
+func (n *Node) SetUserLoops(f func(userKey string) uint64) { n.userLoops.Store(&f) }
 
-func (t *Table) removeUser(m *Member) {
-	key := m.chat.userKey
-	ms := t.users[key]
-	for i, x := range ms {
-		if x == m {
-			ms[i] = ms[len(ms)-1]
-			ms[len(ms)-1] = nil
-			ms = ms[:len(ms)-1]
-			break
-		}
-	}
-	if len(ms) == 0 {
-		delete(t.users, key)
-	} else {
-		t.users[key] = ms
-	}
-}
+// SetUsers gives the table the loop's index of its users' connections:
+// f appends to dst the members of user "app/user" on this loop. A read
+// position reaches a user's connections through it (userFrame). The loop
+// keeps that index beside its per-user counts (one pointer per
+// connection), so an idle connection costs no per-loop map entry, key
+// string or chat state for it. Once, before the loop runs events.
+func (t *Table) SetUsers(f func(userKey string, dst []*Member) []*Member) { t.usersOf = f }
 
 // userFrame queues frame for the connections of a user on this loop but
 // the one tagged tag.
 func (t *Table) userFrame(userKey string, tag uint64, frame []byte) {
-	for _, m := range t.users[userKey] {
-		if tag == 0 || m.chat.sig != tag {
+	if t.usersOf == nil {
+		return
+	}
+	t.userBuf = t.usersOf(userKey, t.userBuf[:0])
+	for _, m := range t.userBuf {
+		if tag == 0 || m.chat == nil || m.chat.sig != tag {
 			t.enqueue(m, frame)
 		}
 	}
+	clear(t.userBuf)
 }
 
 // readDone answers a client's read mark.

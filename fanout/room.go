@@ -231,9 +231,6 @@ func (t *Table) Leave(m *Member, key []byte) {
 // Close forgets m everywhere: rooms, joins on the way, pending output.
 // The loop calls it when the connection is gone (its Out closed). Loop only.
 func (t *Table) Close(m *Member) {
-	if m.chat != nil && m.chat.userKey != "" {
-		t.removeUser(m)
-	}
 	t.dropReceipts(m)
 	if m.chat != nil && m.chat.own != nil {
 		for _, k := range m.chat.own.rooms {

@@ -37,10 +37,13 @@ type Member struct {
 
 // memberChat is what a WebSocket member holds for chat state, apart so
 // that the connection's own state stays small.
+//
+// It is made on the member's first signal, read mark, receipts request or
+// echo-off join, never for an idle connection (TestIdleConnNoChatState):
+// which connections a user's read positions reach is the loop's index
+// (SetUsers), not a field here.
 type memberChat struct {
-	// userKey is "app/user": its user's read positions reach it.
-	userKey string
-	sig     uint64 // its sender tag for signals and read marks (signal.go)
+	sig uint64 // its sender tag for signals and read marks (signal.go)
 	// SignalTAT is the connection's signal bucket (its theoretical
 	// arrival time), the loop's to spend.
 	SignalTAT int64
@@ -102,7 +105,11 @@ type Table struct {
 
 	paced []*Member // members whose next store read waits for their output to leave (pump)
 
-	users    map[string][]*Member // "app/user" -> its members on this loop (AddUser)
+	// usersOf lists a user's members on this loop ("app/user"), from the
+	// loop's own per-user records (SetUsers): a connection costs no entry
+	// in a per-loop map of users here. nil: no user frames (tests).
+	usersOf  func(userKey string, dst []*Member) []*Member
+	userBuf  []*Member            // usersOf's answer, reused
 	receipts map[string][]*Member // room key -> its receipts subscribers on this loop
 }
 
@@ -292,3 +299,8 @@ func (t *Table) CloseSlow() {
 func (t *Table) NeedsTick() bool {
 	return len(t.gaps) > 0 || len(t.tailRetry) > 0 || len(t.paced) > 0 || len(t.tailPaced) > 0
 }
+
+// ChatState reports whether m's chat state (memberChat) has been made:
+// never for a connection that only joined rooms (loop's
+// TestIdleConnNoChatState holds the density to it).
+func (m *Member) ChatState() bool { return m.chat != nil }

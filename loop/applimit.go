@@ -133,8 +133,7 @@ func (l *loopState) shed(r *shedRound) {
 	for _, c := range mine[:min(r.close[l.idx], len(mine))] {
 		// Released now: the node's next share says the count without
 		// those still finishing their close handshake.
-		c.app.release(c.user, c.au)
-		c.au = nil
+		c.app.releaseConn(c)
 		c.app.refused[RefusedConnLimit].Add(1)
 		c.closeWith(proto.ClosePolicy, connLimitReason)
 		r.closed.Add(1)

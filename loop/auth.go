@@ -64,9 +64,19 @@ type app struct {
 // appUser is one user of an app on this node: its connections (under
 // app.mu) and its publish bucket, shared by its connections on every loop.
 type appUser struct {
-	conns int64
+	conns int32
 	spent bool // in app.spent
 	pub   tenancy.Bucket
+	// ws and more are the user's open WebSocket connections on this node
+	// (any loop; under app.mu): the index a read position reaches the
+	// user's connections by (loopState.membersOf). ws is the first, more
+	// the others, allocated only for a user with more than one. They live
+	// here, in the record every admitted connection has anyway, so that an
+	// idle connection costs no per-loop map entry of its user (density:
+	// docs/bench-notes/2026-12-06.md, "Density"); the struct stays in the
+	// 32-byte size class.
+	ws   *conn
+	more *[]*conn
 }
 
 // appConfig is an app's view (tenancy.View, the same the server API reads)
@@ -264,7 +274,7 @@ func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 		u = &appUser{}
 		p.users[user] = u
 	}
-	if cfg.MaxUserConns > 0 && u.conns >= cfg.MaxUserConns {
+	if cfg.MaxUserConns > 0 && int64(u.conns) >= cfg.MaxUserConns {
 		p.mu.Unlock()
 		p.conns.Add(-1)
 		p.refused[RefusedUserConnLimit].Add(1)
@@ -279,6 +289,23 @@ func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 func (p *app) release(user string, u *appUser) {
 	p.conns.Add(-1)
 	p.mu.Lock()
+	p.releaseLocked(user, u)
+	p.mu.Unlock()
+}
+
+// releaseConn releases c's admission and takes c out of its user's
+// connections (linkWS); c.au is nil afterwards.
+func (p *app) releaseConn(c *conn) {
+	u := c.au
+	c.au = nil
+	p.conns.Add(-1)
+	p.mu.Lock()
+	u.unlink(c)
+	p.releaseLocked(c.user, u)
+	p.mu.Unlock()
+}
+
+func (p *app) releaseLocked(user string, u *appUser) {
 	u.conns--
 	if u.conns == 0 {
 		if u.pub.Full(tenancy.Now()) {
@@ -291,7 +318,51 @@ func (p *app) release(user string, u *appUser) {
 			p.spent = append(p.spent, user)
 		}
 	}
+}
+
+// linkWS adds c, an open WebSocket connection admitted as c.au, to its
+// user's connections: read positions reach it from now on, until
+// releaseConn.
+func (p *app) linkWS(c *conn) {
+	p.mu.Lock()
+	u := c.au
+	switch {
+	case u.ws == nil:
+		u.ws = c
+	case u.more == nil:
+		u.more = &[]*conn{c}
+	default:
+		*u.more = append(*u.more, c)
+	}
 	p.mu.Unlock()
+}
+
+// unlink takes c out of u's WebSocket connections, if there. Under
+// app.mu.
+func (u *appUser) unlink(c *conn) {
+	if u.ws == c {
+		u.ws = nil
+		if u.more == nil {
+			return
+		}
+		m := *u.more
+		u.ws, m[len(m)-1] = m[len(m)-1], nil
+		*u.more = m[:len(m)-1]
+	} else {
+		if u.more == nil {
+			return
+		}
+		m := *u.more
+		i := slices.Index(m, c)
+		if i < 0 {
+			return
+		}
+		m[i], m[len(m)-1] = m[len(m)-1], nil
+		*u.more = m[:len(m)-1]
+	}
+	if len(*u.more) == 0 {
+		u.more = nil
+	}
 }
 
 // maybePrune runs pruneUsers at most once a second, from whichever loop's

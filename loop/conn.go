@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -60,6 +61,66 @@ type conn struct {
 func (c *conn) linkOut() {
 	c.out.Owner = c
 	c.m.Out = &c.out
+}
+
+// membersOf appends to dst the members of user "app/user"'s open
+// WebSocket connections on loop l: the table's index for read positions
+// (fanout.Table.SetUsers). Loop only.
+func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Member {
+	id, user, _ := strings.Cut(userKey, "/")
+	a := l.srv.apps
+	a.mu.RLock()
+	p := a.byID[id]
+	a.mu.RUnlock()
+	if p == nil {
+		return dst
+	}
+	p.mu.Lock()
+	if u := p.users[user]; u != nil {
+		add := func(c *conn) {
+			if c.l == l && !c.closed { // c.l first: another loop's conn is not read further
+				dst = append(dst, &c.m)
+			}
+		}
+		if u.ws != nil {
+			add(u.ws)
+		}
+		if u.more != nil {
+			for _, c := range *u.more {
+				add(c)
+			}
+		}
+	}
+	p.mu.Unlock()
+	return dst
+}
+
+// loopsOf is the set of loops (bit i: loop i) holding an open WebSocket
+// connection of user "app/user": the node posts a read position to those
+// only (fanout.Node.SetUserLoops). Any goroutine.
+func (s *Server) loopsOf(userKey string) uint64 {
+	id, user, _ := strings.Cut(userKey, "/")
+	a := s.apps
+	a.mu.RLock()
+	p := a.byID[id]
+	a.mu.RUnlock()
+	if p == nil {
+		return 0
+	}
+	var mask uint64
+	p.mu.Lock()
+	if u := p.users[user]; u != nil {
+		if u.ws != nil {
+			mask |= 1 << u.ws.l.idx
+		}
+		if u.more != nil {
+			for _, c := range *u.more {
+				mask |= 1 << c.l.idx
+			}
+		}
+	}
+	p.mu.Unlock()
+	return mask
 }
 
 // OnOpen registers a new connection with its loop, or closes it at once
@@ -155,8 +216,7 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	if c.m.SSE() {
 		s.Stats.SSEConns.Add(-1)
 		if c.au != nil { // nil: released when closed over the app's limit (ShedNewest)
-			c.app.release(c.user, c.au)
-			c.au = nil
+			c.app.releaseConn(c)
 		}
 	} else if c.state == stateUpgrading || c.app == nil {
 		// Never upgraded: refused, timed out, or a plain HTTP request.
@@ -164,8 +224,7 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	} else {
 		s.Stats.Conns.Add(-1)
 		if c.au != nil {
-			c.app.release(c.user, c.au)
-			c.au = nil
+			c.app.releaseConn(c)
 		}
 	}
 	c.closed = true
@@ -382,7 +441,7 @@ func (c *conn) upgrade() bool {
 		return false
 	}
 	c.au = au
-	l.table.AddUser(&c.m, c.app.id, c.user)
+	c.app.linkWS(c)
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		// When each client came (and from where) is what a reconnect storm
 		// is read from; off by default, so the arguments are built only

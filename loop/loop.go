@@ -204,6 +204,7 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 		interns: make(map[string]string),
 	}
 	l.table = s.fan.NewTable(idx, l)
+	l.table.SetUsers(l.membersOf)
 	l.q = l.table.Queue()
 	l.arena = l.table.Arena()
 	l.drainF = l.drain

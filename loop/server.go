@@ -393,6 +393,9 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 	// (cheaply, by ETag) after five minutes.
 	s.script = newStaticFile(cfg.ClientScript, "text/javascript; charset=utf-8", "public, max-age=300")
 	s.demo = newStaticFile(cfg.DemoPage, "text/html; charset=utf-8", "no-cache")
+	if fan != nil {
+		fan.SetUserLoops(s.loopsOf)
+	}
 	return s, nil
 }
 

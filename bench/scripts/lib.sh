@@ -17,6 +17,7 @@ mkdir -p "$OUT"
 bin=$work/roost
 pg_admin=${ROOST_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
 started=()   # PIDs this script started (nodes, Redis), killed on exit by PID
+exit_hooks=() # functions run on exit after those are gone (e.g. removing cgroups)
 db=""
 redis_port=""
 
@@ -32,6 +33,7 @@ cleanup() {
   machine end
   for p in "${started[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
   for p in "${started[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+  for h in "${exit_hooks[@]:-}"; do [ -n "$h" ] && "$h" || true; done   # once the processes are gone (cgroups)
   if [ -n "$db" ] && [ -z "${KEEP_DB:-}" ]; then
     psql "$pg_admin" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
   fi
