@@ -59,14 +59,15 @@ CROSS JOIN LATERAL (
 	// fails (division by zero) unless every room ($1, in id order) has
 	// the last_seq the node knows ($2) and every message named ($3, $4)
 	// is still stored: what a batch committed from the node's knowledge
-	// rests on. A room's row is checked as the lock finds it, after the
+	// rests on; it answers the transaction's now(), the time of the
+	// entries. A room's row is checked as the lock finds it, after the
 	// commits the lock waited for (a row whose last_seq they changed is
 	// not locked, and the statement fails).
 	changesGuardSQL = `
 SELECT 1 / ((SELECT count(*) FROM (
 		SELECT r.id FROM rooms r JOIN unnest($1::int8[], $2::int8[]) AS g (id, last) ON r.id = g.id
 		WHERE r.last_seq = g.last ORDER BY r.id FOR NO KEY UPDATE OF r) l) = coalesce(cardinality($1::int8[]), 0)
-	AND (SELECT count(*) FROM unnest($3::int8[], $4::int8[]) AS g (room_id, seq) JOIN messages m ON m.room_id = g.room_id AND m.seq = g.seq AND m.kind = 0) = coalesce(cardinality($3::int8[]), 0))::int`
+	AND (SELECT count(*) FROM unnest($3::int8[], $4::int8[]) AS g (room_id, seq) JOIN messages m ON m.room_id = g.room_id AND m.seq = g.seq AND m.kind = 0) = coalesce(cardinality($3::int8[]), 0))::int, now()`
 
 	// changesKeysSQL: changesReadSQL's keys stored already, alone.
 	changesKeysSQL = `
@@ -81,17 +82,18 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 	// A new state row gets no negative delta: an unreact takes back a
 	// reaction whose react made the row.
 	// $20 is the entries' time: the transaction's now() as the lock read
-	// it, or the node's clock when the batch is committed from what the
-	// node knows (runChanges).
+	// it, or NULL for now() when the batch is committed from what the
+	// node knows (runChanges: the guard reads it, and the answers are
+	// given it after the commit).
 	changesWriteSQL = `
 WITH ins AS (
 	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, ref, msgs, reaction)
-	SELECT i.room_id, i.seq, i.sender, i.idem_key, $20, i.body, $9, i.kind, nullif(i.ref, 0), i.msgs, nullif(i.reaction, '')
+	SELECT i.room_id, i.seq, i.sender, i.idem_key, coalesce($20::timestamptz, now()), i.body, $9, i.kind, nullif(i.ref, 0), i.msgs, nullif(i.reaction, '')
 	FROM unnest($1::int8[], $2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int8[], $8::int8[], $16::text[])
 		AS i (room_id, seq, sender, idem_key, body, kind, ref, msgs, reaction)
 ), state AS (
 	INSERT INTO message_state AS st (room_id, seq, edited, body, deleted, reactions)
-	SELECT s.room_id, s.seq, CASE WHEN s.edited THEN $20::timestamptz END, s.body, s.deleted, s.reactions::jsonb
+	SELECT s.room_id, s.seq, CASE WHEN s.edited THEN coalesce($20::timestamptz, now()) END, s.body, s.deleted, s.reactions::jsonb
 	FROM unnest($10::int8[], $11::int8[], $12::bool[], $13::bytea[], $14::bool[], $15::text[]) AS s (room_id, seq, edited, body, deleted, reactions)
 	ON CONFLICT (room_id, seq) DO UPDATE SET
 		edited = coalesce(EXCLUDED.edited, st.edited),
@@ -269,9 +271,12 @@ func (p *Postgres) runChangesKnown(ctx context.Context, conn *pgxpool.Conn, s *p
 	pre := &pgx.Batch{}
 	pre.Queue("BEGIN")
 	pre.Queue(changesGuardSQL, s.rooms, gLast, gRefRooms, gRefSeqs)
-	now := time.Now().Truncate(time.Microsecond)
-	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, now, pre)
+	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, unknownNow, pre)
 }
+
+// unknownNow stands for the transaction's now() in the rules of a batch
+// committed from what the node knows, until the guard has read it.
+var unknownNow = time.UnixMilli(-1)
 
 // errStale: a batch committed from what the node knew met a room or a
 // message that changed elsewhere; nothing was stored.
@@ -417,12 +422,18 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 	b.Queue(changesWriteSQL, w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token,
 		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
 		w.text,
-		rIDs, rLast, rMsgs, now)
+		rIDs, rLast, rMsgs, nowArg(now))
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	var err error
-	for range nPre {
-		if _, err = br.Exec(); err != nil {
+	dbNow := now
+	for i := range nPre {
+		if i == 1 { // the guard
+			var one int32
+			if err = br.QueryRow().Scan(&one, &dbNow); err != nil {
+				break
+			}
+		} else if _, err = br.Exec(); err != nil {
 			break
 		}
 	}
@@ -461,8 +472,40 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 		}
 		return err
 	}
+	if now.Equal(unknownNow) {
+		fillNow(s, rs, k, dbNow)
+	}
 	p.kc.learn(base, k, created)
 	return nil
+}
+
+func nowArg(now time.Time) *time.Time {
+	if now.Equal(unknownNow) {
+		return nil
+	}
+	return &now
+}
+
+// fillNow gives the answers and the knowledge of a batch committed from
+// what the node knew the transaction's time, read by the guard.
+func fillNow(s *pgScratch, rs []*Row, k *knownBatch, now time.Time) {
+	ms := unknownNow.UnixMilli()
+	for _, ord := range s.uOrd {
+		if r := rs[ord]; r.Err == nil && r.TS == ms {
+			r.TS = now.UnixMilli()
+		}
+	}
+	for _, ref := range k.refs {
+		if ref.ts.Equal(unknownNow) {
+			ref.ts = now
+		}
+	}
+	for key, st := range k.reacts {
+		if st.ts.Equal(unknownNow) {
+			st.ts = now
+			k.reacts[key] = st
+		}
+	}
 }
 
 // stateWrite is what a batch changes of one message.

@@ -741,6 +741,11 @@ func TestPostgresChangesKnownStale(t *testing.T) {
 	if a.CommitStats().Stale != 1 {
 		t.Fatalf("stale %d, want still 1", a.CommitStats().Stale)
 	}
+	// Committed from what a knew: its time is the transaction's, as stored.
+	stored, _, err := a.Range(context.Background(), key, r2.Seq-1, r2.Seq, Bounds{Limit: 1})
+	if err != nil || len(stored) != 1 || stored[0].TS != r2.TS || r2.TS <= 0 {
+		t.Fatalf("r2 acked at %d, stored %+v, %v", r2.TS, stored, err)
+	}
 	// m2 removed under a (as retention on another node would): no longer
 	// a message to react to.
 	if _, err := b.pool.Exec(context.Background(), `DELETE FROM messages WHERE seq = $1 OR ref = $1`, int64(m2.Seq)); err != nil {
