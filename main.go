@@ -226,6 +226,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		DeliveryLag:    hists.deliveryLag,
 		PresenceGrace:  c.presenceGrace,
 		OnCommitted:    hooks.Committed,
+		ConnEvents:     hooks.WantsEvent, // connection events: the apps' --webhook-events
 	}
 	// Control messages (a server API disconnect, from any node) reach the
 	// loops once they exist; none can concern a connection before that.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -117,6 +118,7 @@ var webhookNames = []struct{ name, help string }{
 	{"webhook-rooms", "only the messages of these rooms, comma-separated, `prefix*` allowed (\"\" or \"*\": every room)"},
 	{"webhook-timeout", "bound of one webhook POST (default 5s, at most 1m)"},
 	{"webhook-max-age", "how long a message is retried before it becomes a dead letter (default 24h; PostgreSQL keeps dead letters)"},
+	{"webhook-events", "what the webhook receives, comma-separated: msg (messages), presence (joined, left), connection (online, offline) (default msg)"},
 }
 
 // proxyNames are the proxy hooks' settings (docs/protocol.md, Proxy hooks).
@@ -150,11 +152,12 @@ func (l *limitFlags) applyWebhook(a *proto.App) error {
 	rooms, hasRooms := l.set["webhook-rooms"]
 	to, hasTO := l.set["webhook-timeout"]
 	age, hasAge := l.set["webhook-max-age"]
-	if !hasURL && !hasRooms && !hasTO && !hasAge {
+	evs, hasEvents := l.set["webhook-events"]
+	if !hasURL && !hasRooms && !hasTO && !hasAge && !hasEvents {
 		return nil
 	}
 	if hasURL && (u == "none" || u == "") {
-		if hasRooms || hasTO || hasAge {
+		if hasRooms || hasTO || hasAge || hasEvents {
 			return errors.New("--webhook-url none removes the webhook: give no other --webhook- flag with it")
 		}
 		a.Webhook = nil
@@ -192,8 +195,46 @@ func (l *limitFlags) applyWebhook(a *proto.App) error {
 		}
 		w.MaxAge = proto.Duration(d)
 	}
+	if hasEvents {
+		events, err := parseWebhookEvents(evs)
+		if err != nil {
+			return err
+		}
+		w.Events = events
+	}
 	a.Webhook = &w
 	return nil
+}
+
+// parseWebhookEvents reads --webhook-events: kinds in a canonical order,
+// none for the default (msg alone), so that the registry holds one
+// spelling of each setting.
+func parseWebhookEvents(v string) ([]string, error) {
+	kinds := []string{proto.WebhookEventMsg, proto.WebhookEventPresence, proto.WebhookEventConnection}
+	given := map[string]bool{}
+	for _, k := range strings.Split(v, ",") {
+		k = strings.TrimSpace(k)
+		if k == "" {
+			continue
+		}
+		if !slices.Contains(kinds, k) {
+			return nil, fmt.Errorf("invalid --webhook-events %q: want a comma-separated list of msg, presence, connection", v)
+		}
+		given[k] = true
+	}
+	if len(given) == 0 {
+		return nil, fmt.Errorf("invalid --webhook-events %q: want at least one of msg, presence, connection", v)
+	}
+	if len(given) == 1 && given[proto.WebhookEventMsg] {
+		return nil, nil
+	}
+	var out []string
+	for _, k := range kinds {
+		if given[k] {
+			out = append(out, k)
+		}
+	}
+	return out, nil
 }
 
 // applyProxy writes the proxy hook settings given into a; with neither

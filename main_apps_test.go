@@ -96,6 +96,21 @@ func appCommands(t *testing.T, reg ...string) {
 			t.Fatalf("set %v: exit %d %s", bad, code, errs)
 		}
 	}
+	// Connection events: kinds in one spelling, msg alone is the default.
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--webhook-events", "connection, msg,presence")...)), &v); err != nil || v.Webhook == nil ||
+		strings.Join(v.Webhook.Events, ",") != "msg,presence,connection" || v.Webhook.URL != "https://backend.example/hook" {
+		t.Fatalf("webhook events: %v %+v", err, v.Webhook)
+	}
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--webhook-events", "msg")...)), &v); err != nil || v.Webhook == nil || v.Webhook.Events != nil {
+		t.Fatalf("webhook events back to msg: %v %+v", err, v.Webhook)
+	}
+	for _, bad := range []string{"typing", "", "msg,msgs"} {
+		if code, _, errs := roost(t, with("app", "set", "chat", "--webhook-events", bad)...); code != 2 || !strings.Contains(errs, "--webhook-events") {
+			t.Fatalf("--webhook-events %q: exit %d %s", bad, code, errs)
+		}
+	}
 	v = appView{}
 	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--webhook-url", "none")...)), &v); err != nil || v.Webhook != nil {
 		t.Fatalf("webhook after --webhook-url none: %v %+v", err, v.Webhook)

@@ -66,4 +66,5 @@ func (n *Node) writeMetrics(w io.Writer) {
 	c("roost_broker_errors_total", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())
 	c("roost_broker_dropped_total", fs.BrokerDropped.Load())
+	n.events.writeMetrics(w)
 }

@@ -66,6 +66,12 @@ type Parts struct {
 	// PresenceGrace: a user is left only after this long with no
 	// connection in the room (0: DefaultPresenceGrace).
 	PresenceGrace time.Duration
+	// ConnEvents, when set, says whether app's webhook wants the
+	// connection event e of room ("" for online and offline): those are
+	// committed to the app's proto.EventsRoom and handed to OnCommitted
+	// (connevents.go). It runs on the presence goroutine: it must not
+	// block.
+	ConnEvents func(e proto.ConnEvent, app, room string) bool
 }
 
 // Stats are fanout's counters, updated without locks.
@@ -216,6 +222,7 @@ type Node struct {
 	bus    pubsub.Broker
 	hub    *hub
 	pres   *presence
+	events *connEvents
 	tables [MaxLoops]atomic.Pointer[Table]
 
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
@@ -307,6 +314,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		p.PresenceGrace = DefaultPresenceGrace
 	}
 	n.pres = newPresence(n, pr, p.PresenceGrace)
+	n.events = newConnEvents(n, p.ConnEvents, p.OnCommitted)
 	// Node-wide and never unsubscribed, like the control messages.
 	n.bus.Subscribe(proto.PresenceKey, func(err error) {
 		if err != nil {
@@ -485,7 +493,7 @@ func (n *Node) Close() error {
 		n.pool.close()
 		close(n.done)
 		n.wg.Wait()
-		err = errors.Join(n.pres.close(), n.bus.Close())
+		err = errors.Join(n.pres.close(), n.events.close(), n.bus.Close())
 	})
 	return err
 }

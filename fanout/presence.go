@@ -539,9 +539,16 @@ func (pr *presence) apply(now int64) {
 	if len(diffs) == 0 {
 		return
 	}
+	// Every transition, watched or not, may be a connection event.
+	pr.n.events.transitions(diffs, now)
 	var buf []byte
 	for i := range diffs {
-		buf = appendPresenceDiff(buf, &diffs[i])
+		if diffs[i].Watched {
+			buf = appendPresenceDiff(buf, &diffs[i])
+		}
+	}
+	if len(buf) == 0 {
+		return
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
 	err = pr.n.bus.Publish(ctx, proto.PresenceKey, 0, buf)

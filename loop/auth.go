@@ -59,6 +59,8 @@ type app struct {
 	spent []string
 
 	refused [numRefusals]atomic.Uint64
+
+	reg *apps // for its online hook; nil in tests that make an app alone
 }
 
 // appUser is one user of an app on this node: its connections (under
@@ -66,7 +68,10 @@ type app struct {
 type appUser struct {
 	conns int32
 	spent bool // in app.spent
-	pub   tenancy.Bucket
+	// online: counted in the app's presence (apps.online): the app wants
+	// connection events.
+	online bool
+	pub    tenancy.Bucket
 	// ws and more are the user's open WebSocket connections on this node
 	// (any loop; under app.mu): the index a read position reaches the
 	// user's connections by (loopState.membersOf). ws is the first, more
@@ -148,6 +153,12 @@ type apps struct {
 	byID     map[string]*app
 	firstUse int
 	pruned   atomic.Int64 // Unix ms of the last pruneUsers
+
+	// online counts a user's first connection to an app on this node
+	// (on) and the end of its last one, for apps whose webhook wants
+	// connection events (fanout.Node.Online). Set once, before the loops
+	// run; called under app.mu (it takes a presence shard lock, a leaf).
+	online func(app, user string, on bool)
 }
 
 func newApps(cfg *Config, log *slog.Logger) *apps {
@@ -189,7 +200,7 @@ func (a *apps) firstUseApp(id []byte) (*app, *proto.HTTPError) {
 		return nil, errTooManyApps
 	}
 	a.firstUse++
-	p := &app{id: string(id), users: make(map[string]*appUser)}
+	p := &app{id: string(id), users: make(map[string]*appUser), reg: a}
 	p.cfg.Store(resolve(a.lim, a.maxRooms, &proto.App{ID: p.id}))
 	a.byID[p.id] = p
 	return p, nil
@@ -215,7 +226,7 @@ func (a *apps) set(snap *tenancy.Snapshot) (gone, rekeyed []*app) {
 	for id, cfg := range merged {
 		p := a.byID[id]
 		if p == nil {
-			p = &app{id: id, users: make(map[string]*appUser)}
+			p = &app{id: id, users: make(map[string]*appUser), reg: a}
 			a.byID[id] = p
 		}
 		old := p.cfg.Swap(cfg)
@@ -281,6 +292,10 @@ func (p *app) admit(cfg *appConfig, user string) (*appUser, string) {
 		return nil, "connection limit"
 	}
 	u.conns++
+	if u.conns == 1 && cfg.Online && p.reg != nil && p.reg.online != nil {
+		u.online = true
+		p.reg.online(p.id, user, true)
+	}
 	p.mu.Unlock()
 	return u, ""
 }
@@ -308,6 +323,12 @@ func (p *app) releaseConn(c *conn) {
 func (p *app) releaseLocked(user string, u *appUser) {
 	u.conns--
 	if u.conns == 0 {
+		if u.online {
+			// Counted when it came: ended however the app's settings
+			// changed since.
+			u.online = false
+			p.reg.online(p.id, user, false)
+		}
 		if u.pub.Full(tenancy.Now()) {
 			// Its bucket is full again: nothing to remember.
 			delete(p.users, user)

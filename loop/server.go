@@ -382,6 +382,9 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		gnetErrs: new(errLines),
 	}
 	s.perIP.n = make(map[netip.Addr]int32)
+	if fan != nil {
+		s.apps.online = fan.Online // connection events (fanout/connevents.go)
+	}
 	s.realLater = cfg.ProxyProtocol || cfg.TrustedProxies.Any()
 	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Latency: orNone(h.ProxyLatency), Log: log})
 	s.Stats.WriteFrames = orNone(h.WriteFrames)

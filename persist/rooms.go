@@ -118,6 +118,9 @@ func mergeSorted(dst, a, b []string) []string {
 // appsMu, as in countRoom).
 func (m *Memory) indexRoom(ma *memApp, key string) {
 	_, name := proto.SplitKey(key)
+	if name == proto.EventsRoom {
+		return // an app's connection events: no room anyone lists
+	}
 	m.appsMu.Lock()
 	ma.names.add(name)
 	m.appsMu.Unlock()
@@ -160,8 +163,9 @@ func (m *Memory) ListRooms(ctx context.Context, app, prefix, after string, limit
 
 // listRoomsSQL reads one page of an app's rooms in one range scan of
 // rooms_app_name_bytes (migration 0010), in byte order whatever the
-// database's collation. Room names are ASCII below 0x7f, so those with
-// prefix $2 are exactly those in [$2, $2 || '\x7f').
+// database's collation. Room names are ASCII below '~' (0x7e, which
+// starts only the reserved proto.EventsRoom, never listed), so those with
+// prefix $2 are exactly those in [$2, $2 || '~').
 const listRoomsSQL = `
 SELECT name, last_seq FROM rooms
 WHERE app = $1 AND name COLLATE "C" >= $2 AND name COLLATE "C" < $3 AND name COLLATE "C" > $4
@@ -175,7 +179,7 @@ func (p *Postgres) ListRooms(ctx context.Context, app, prefix, after string, lim
 	if p.closed.Load() {
 		return nil, false, proto.ErrClosed
 	}
-	rows, err := p.pool.Query(ctx, listRoomsSQL, app, prefix, prefix+"\x7f", after, limit+1)
+	rows, err := p.pool.Query(ctx, listRoomsSQL, app, prefix, prefix+"~", after, limit+1)
 	if err != nil {
 		return nil, false, p.wrap("list rooms", err)
 	}

@@ -159,7 +159,7 @@ func startHookCursors(ctx context.Context, q pgx.Tx, app string, before, after *
 			rows.Close()
 			return err
 		}
-		if after.Matches(name) && (before == nil || before.URL == "" || !before.Matches(name)) {
+		if after.Wants(name) && (before == nil || before.URL == "" || !before.Wants(name)) {
 			ids, lasts = append(ids, id), append(lasts, last)
 		}
 	}
@@ -175,6 +175,27 @@ INSERT INTO webhook_cursors (room_id, app, delivered)
 SELECT id, $3, last FROM unnest($1::int8[], $2::int8[]) AS v (id, last) ORDER BY id
 ON CONFLICT (room_id) DO UPDATE SET delivered = greatest(webhook_cursors.delivered, EXCLUDED.delivered)`, ids, lasts, app)
 	return err
+}
+
+// eventsKeep is how long a delivered connection event stays stored: long
+// past any retry of its commit (whose idempotency key finds it), short
+// enough that an app's events room holds only minutes of transitions.
+const eventsKeep = 10 * time.Minute
+
+// TrimHookEvents deletes the connection events of app (its
+// proto.EventsRoom) that its webhook was delivered, once older than
+// eventsKeep, at most limit of them; it returns how many it deleted. An
+// events room is no history anyone reads: what is delivered is done with.
+func (p *Postgres) TrimHookEvents(ctx context.Context, app string, limit int) (int64, error) {
+	tag, err := p.pool.Exec(ctx, `
+WITH r AS (SELECT r.id, c.delivered FROM rooms r JOIN webhook_cursors c ON c.room_id = r.id WHERE r.app = $1 AND r.name = $2)
+DELETE FROM messages m USING r WHERE m.room_id = r.id AND m.seq IN (
+	SELECT seq FROM messages WHERE room_id = r.id AND seq <= r.delivered ORDER BY seq LIMIT $3)
+AND m.ts < now() - $4::interval`, app, proto.EventsRoom, limit, leaseInterval(eventsKeep))
+	if err != nil {
+		return 0, p.wrap("trim connection events", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // DeadLetter is a batch of one room's events a receiver did not take

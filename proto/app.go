@@ -99,6 +99,9 @@ type Webhook struct {
 	// MaxAge is how long a message is retried before it becomes a dead
 	// letter (0: DefaultWebhookMaxAge).
 	MaxAge Duration `json:"max_age,omitzero"`
+	// Events are the kinds of events POSTed: WebhookEventMsg,
+	// WebhookEventPresence, WebhookEventConnection (empty: msg only).
+	Events []string `json:"events,omitempty"`
 }
 
 // DefaultWebhookMaxAge is how long a webhook event is retried unless the
@@ -134,6 +137,9 @@ func (w *Webhook) validate() error {
 	}
 	if w.MaxAge < 0 {
 		return fmt.Errorf("webhook max age %s: want 0 (the default, 24h) or more", time.Duration(w.MaxAge))
+	}
+	if err := w.validateEvents(); err != nil {
+		return err
 	}
 	for _, p := range w.Rooms {
 		name, _ := strings.CutSuffix(p, "*")

@@ -20,8 +20,10 @@ import (
 type Presence interface {
 	// Apply applies one tick's changes of this node, in order, in one
 	// round trip where there is a network, and returns the rooms whose
-	// users changed and that some node watches (a room nobody watches
-	// gets no diff). It also keeps this node's lease and ends the
+	// users changed, each marked Watched when some node watches it (only
+	// those are sent to presence subscribers; the others serve connection
+	// events). Each transition is returned to exactly one node: the one
+	// whose change made it. It also keeps this node's lease and ends the
 	// presence of nodes whose lease ended (their users appear in Left).
 	// Changes are idempotent: after an error the caller applies the same
 	// changes again. Called by one goroutine at a time. The returned
@@ -64,10 +66,12 @@ type PresenceChange struct {
 }
 
 // PresenceDiff is a room's users that joined (their first connection on
-// any node) and left (their last one, on every node).
+// any node) and left (their last one, on every node). Watched: some node
+// has presence subscribers in the room.
 type PresenceDiff struct {
 	Key          string
 	Joined, Left []string
+	Watched      bool
 }
 
 // MemoryPresence is the in-process Presence of a single node.
@@ -121,13 +125,14 @@ func (p *MemoryPresence) Apply(_ context.Context, changes []PresenceChange) ([]P
 				changed = true
 			}
 		}
-		if changed && r.watched {
+		if changed {
 			k, ok := at[c.Key]
 			if !ok {
 				k = len(diffs)
 				at[c.Key] = k
 				diffs = append(diffs, PresenceDiff{Key: c.Key})
 			}
+			diffs[k].Watched = r.watched
 			if c.Op == PresenceJoin {
 				diffs[k].Joined = append(diffs[k].Joined, c.User)
 			} else {

@@ -95,8 +95,8 @@ func (p *RedisPresence) Node() string { return p.node }
 // applyScript: KEYS users, node set, watchers; ARGV node, keep (ms), then
 // ops "+user", "-user", "w" (watch), "u" (unwatch). Returns {joined, left,
 // the node's users in the room plus 1 if it still watches it, or -1 when
-// nothing left or unwatched}; joined and left only when the room is
-// watched (asked only when there are some). The keys' expiry is renewed.
+// nothing left or unwatched, 1 if some node watches the room (asked only
+// when some joined or left) or 0}. The keys' expiry is renewed.
 var applyScript = script(`
 local joined, left = {}, {}
 local leaves = false
@@ -123,18 +123,20 @@ end
 for k = 1, 3 do
   redis.call('PEXPIRE', KEYS[k], ARGV[2])
 end
-if #joined + #left > 0 and redis.call('EXISTS', KEYS[3]) == 0 then
-  joined, left = {}, {}
+local watched = 0
+if #joined + #left > 0 then
+  watched = redis.call('EXISTS', KEYS[3])
 end
 local size = -1
 if leaves then
   size = redis.call('SCARD', KEYS[2]) + redis.call('SISMEMBER', KEYS[3], ARGV[1])
 end
-return {joined, left, size}
+return {joined, left, size, watched}
 `)
 
 // dropScript ends a node's presence in one room: KEYS users, node set,
-// watchers; ARGV node. Returns the users who left (when watched).
+// watchers; ARGV node. Returns {the users who left, 1 if some node
+// watches the room or 0}.
 var dropScript = script(`
 local left = {}
 for _, u in ipairs(redis.call('SMEMBERS', KEYS[2])) do
@@ -145,10 +147,7 @@ for _, u in ipairs(redis.call('SMEMBERS', KEYS[2])) do
 end
 redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[3], ARGV[1])
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  left = {}
-end
-return left
+return {left, redis.call('EXISTS', KEYS[3])}
 `)
 
 // renewScript: KEYS nodes; ARGV node, lease end. Returns the previous
@@ -274,14 +273,15 @@ func (p *RedisPresence) Apply(ctx context.Context, changes []PresenceChange) ([]
 			firstErr = cmp(firstErr, p.noScript(ctx, err))
 			continue
 		}
-		if len(v) != 3 {
+		if len(v) != 4 {
 			firstErr = cmp(firstErr, errors.New("presence script: unexpected answer"))
 			continue
 		}
 		joined, _ := v[0].AsStrSlice()
 		left, _ := v[1].AsStrSlice()
 		if len(joined)+len(left) > 0 {
-			diffs = append(diffs, PresenceDiff{Key: groups[i].key, Joined: joined, Left: left})
+			w, _ := v[3].AsInt64()
+			diffs = append(diffs, PresenceDiff{Key: groups[i].key, Joined: joined, Left: left, Watched: w == 1})
 		}
 		if n, _ := v[2].AsInt64(); n == 0 && !groups[i].join {
 			emptied = append(emptied, groups[i].key)
@@ -413,12 +413,17 @@ func (p *RedisPresence) drop(ctx context.Context, node string) ([]PresenceDiff, 
 			cmds = append(cmds, p.evalsha(dropScript, p.roomKeys(key, node), node))
 		}
 		for i, r := range p.client.DoMulti(ctx, cmds...) {
-			left, err := r.AsStrSlice()
+			v, err := r.ToArray()
 			if err != nil {
 				return diffs, p.noScript(ctx, err)
 			}
+			if len(v) != 2 {
+				return diffs, errors.New("presence drop script: unexpected answer")
+			}
+			left, _ := v[0].AsStrSlice()
 			if len(left) > 0 {
-				diffs = append(diffs, PresenceDiff{Key: rooms[i], Left: left})
+				w, _ := v[1].AsInt64()
+				diffs = append(diffs, PresenceDiff{Key: rooms[i], Left: left, Watched: w == 1})
 			}
 		}
 	}

@@ -19,7 +19,19 @@ func j(key, user string) ch { return ch{Op: PresenceJoin, Key: key, User: user} 
 func l(key, user string) ch { return ch{Op: PresenceLeave, Key: key, User: user} }
 func w(key string) ch       { return ch{Op: PresenceWatch, Key: key} }
 
+// apply returns the diffs of watched rooms (those presence subscribers
+// get); applyAll every transition (those connection events are made of).
 func apply(t testing.TB, p Presence, c ...ch) map[string][2][]string {
+	t.Helper()
+	return applyDiffs(t, p, true, c...)
+}
+
+func applyAll(t testing.TB, p Presence, c ...ch) map[string][2][]string {
+	t.Helper()
+	return applyDiffs(t, p, false, c...)
+}
+
+func applyDiffs(t testing.TB, p Presence, watchedOnly bool, c ...ch) map[string][2][]string {
 	t.Helper()
 	d, err := p.Apply(context.Background(), c)
 	if err != nil {
@@ -27,6 +39,9 @@ func apply(t testing.TB, p Presence, c ...ch) map[string][2][]string {
 	}
 	out := map[string][2][]string{}
 	for _, x := range d {
+		if watchedOnly && !x.Watched {
+			continue
+		}
 		e := out[x.Key]
 		e[0] = append(e[0], x.Joined...)
 		e[1] = append(e[1], x.Left...)
@@ -50,10 +65,18 @@ func count(t testing.TB, p Presence, key string) int {
 // Presence of each node of one deployment (one for the in-process one).
 func testPresenceContract(t *testing.T, nodes []Presence) {
 	a, b := nodes[0], nodes[len(nodes)-1]
-	// Unwatched: counted, no diff.
-	if d := apply(t, a, j("x/r", "alice"), j("x/r", "bob")); len(d) != 0 {
-		t.Fatalf("diff of an unwatched room: %v", d)
+	// Unwatched: counted, no watched diff, but its transitions all the
+	// same (connection events), once each.
+	if d := applyAll(t, a, j("x/r", "alice"), j("x/r", "bob")); !slices.Equal(d["x/r"][0], []string{"alice", "bob"}) || len(d) != 1 {
+		t.Fatalf("transitions of an unwatched room: %v", d)
 	}
+	if d := applyAll(t, a, j("x/r", "alice")); len(d) != 0 {
+		t.Fatalf("a repeated join made a transition: %v", d)
+	}
+	if d := applyAll(t, a, j("x/u", "alice"), l("x/u", "alice"), j("x/u", "dave")); !slices.Equal(d["x/u"][0], []string{"alice", "dave"}) || !slices.Equal(d["x/u"][1], []string{"alice"}) {
+		t.Fatalf("transitions of an unwatched room: %v", d)
+	}
+	applyAll(t, a, l("x/u", "dave"))
 	if n := count(t, b, "x/r"); n != 2 {
 		t.Fatalf("count %d", n)
 	}
@@ -155,6 +178,7 @@ func deadNode(t *testing.T, a, b *RedisPresence) {
 		key := fmt.Sprintf("x/d%d", r)
 		c = append(c, w(key), j(key, "gone"), j(key, "stays"))
 	}
+	c = append(c, j("x/du", "gone")) // unwatched: its transition still comes, unwatched
 	apply(t, a, c...)
 	var sc []ch
 	for r := 0; r < 20; r++ {
@@ -163,11 +187,21 @@ func deadNode(t *testing.T, a, b *RedisPresence) {
 	apply(t, b, sc...)
 	deadline := time.Now().Add(5 * time.Second)
 	left := map[string][]string{}
-	for len(left) < 20 && time.Now().Before(deadline) {
-		for k, v := range apply(t, b) {
-			left[k] = append(left[k], v[1]...)
+	for len(left) < 21 && time.Now().Before(deadline) {
+		d, err := b.Apply(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range d {
+			if strings.HasPrefix(x.Key, "x/d") && x.Watched == (x.Key == "x/du") {
+				t.Fatalf("room %s: watched %v", x.Key, x.Watched)
+			}
+			left[x.Key] = append(left[x.Key], x.Left...)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	if !slices.Equal(left["x/du"], []string{"gone"}) {
+		t.Fatalf("unwatched room: left %v", left["x/du"])
 	}
 	for r := 0; r < 20; r++ {
 		key := fmt.Sprintf("x/d%d", r)

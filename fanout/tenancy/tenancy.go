@@ -66,6 +66,10 @@ type View struct {
 	// Identity: what a token must say beyond its signature ("": not
 	// checked; UserClaim "": sub).
 	Issuer, Audience, UserClaim string
+
+	// Online: the app's webhook wants online and offline events, so its
+	// users' connections count in the app's presence (proto.OnlineRoom).
+	Online bool
 }
 
 // Resolve builds the view of a against the node's defaults.
@@ -106,6 +110,9 @@ func Resolve(lim Limits, a *proto.App) *View {
 		if v.UserClaim == "sub" {
 			v.UserClaim = ""
 		}
+	}
+	if w := a.Webhook; w != nil && w.URL != "" && !a.Disabled {
+		v.Online = w.WantsConnection()
 	}
 	v.UserRate = NewRate(f64(o.PubRate, lim.PubRate), i64(o.PubBurst, lim.PubBurst))
 	ar := f64(o.AppPubRate, lim.AppPubRate)

@@ -40,11 +40,13 @@ type dstate struct {
 	failed int       // POSTs failed in a row
 	retry  time.Time // no POST before this (backoff)
 	swept  time.Time // last sweep
-	kept   time.Time // last housekeep
-	dirty  []*room   // rooms whose cursor is to be written
-	wrote  time.Time // last cursor write
-	byID   map[int64]*room
-	body   []byte
+	// trimmed is the last trim of the app's delivered connection events.
+	trimmed time.Time
+	kept    time.Time // last housekeep
+	dirty   []*room   // rooms whose cursor is to be written
+	wrote   time.Time // last cursor write
+	byID    map[int64]*room
+	body    []byte
 	// free gives back the bytes of pending events trimmed or dropped: they
 	// count in the app's Window and the node's MaxBytes while held.
 	free func(evs []event)
@@ -68,6 +70,10 @@ type span struct {
 }
 
 const storeTimeout = 10 * time.Second
+
+// trimEvery is how often an app's delivered connection events are
+// deleted (persist.Postgres.TrimHookEvents), by a sweep.
+const trimEvery = time.Minute
 
 // inFlight is how long after the last event handed over for a room the
 // store's newer seqs are taken to be on their way (see fill).
@@ -162,6 +168,7 @@ func (d *Dispatcher) send(t *target, st *dstate) {
 		st.failed = 0
 		d.Stats.Posts.Add(1)
 		d.Stats.Delivered.Add(uint64(len(st.batch)))
+		d.countConn(st.batch)
 		d.advance(st)
 		return
 	}
@@ -280,9 +287,18 @@ func (d *Dispatcher) sweep(t *target, st *dstate) {
 		return
 	}
 	st.sweeping = true
+	trim := false
+	if h := t.cfg.Load().hook; (h.WantsPresence() || h.WantsConnection()) && time.Since(st.trimmed) >= trimEvery {
+		st.trimmed, trim = time.Now(), true
+	}
 	st.jobs <- func() func() {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
+		if trim {
+			if _, err := d.cfg.Store.TrimHookEvents(ctx, t.id, 10_000); err != nil {
+				d.log.Warn("webhook: cannot trim delivered connection events", "app", t.id, "err", err)
+			}
+		}
 		hs, err := d.cfg.Store.OwedHookRooms(ctx, t.id, d.cfg.Owner, 1000)
 		return func() {
 			st.sweeping = false
@@ -299,7 +315,7 @@ func (d *Dispatcher) swept(t *target, st *dstate, hs []persist.HookRoom) {
 	hc := t.cfg.Load()
 	now := time.Now()
 	for _, h := range hs {
-		if _, name := proto.SplitKey(h.Key); !hc.hook.Matches(name) {
+		if _, name := proto.SplitKey(h.Key); !hc.hook.Wants(name) {
 			continue
 		}
 		r, known := st.rooms[h.Key]
@@ -530,9 +546,15 @@ func (d *Dispatcher) fill(t *target, st *dstate) bool {
 				continue
 			}
 			sp.fromDB = true
+			events := isEventsRoom(r.key)
 			for i := range msgs {
 				m := &msgs[i]
-				b := proto.AppendMsgJSON(make([]byte, 0, persist.MsgSize(m)), m)
+				var b []byte
+				if events {
+					b = m.Body // a connection event: its object is the body (connevents.go)
+				} else {
+					b = proto.AppendMsgJSON(make([]byte, 0, persist.MsgSize(m)), m)
+				}
 				st.batch = append(st.batch, event{key: r.key, seq: m.Seq, ts: m.TS, frame: b})
 				size += len(b) + 1
 				sp.upto = m.Seq

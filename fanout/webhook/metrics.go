@@ -29,6 +29,7 @@ func (d *Dispatcher) writeMetrics(w io.Writer) {
 	d.writeBacklog(w)
 	vm.WriteCounterUint64(w, "roost_webhook_dead_total", ws.Dead.Load())
 	vm.WriteCounterUint64(w, "roost_webhook_read_total", ws.Read.Load())
+	vm.WriteCounterUint64(w, "roost_conn_events_delivered_total", ws.ConnSent.Load())
 	for _, g := range []struct {
 		name string
 		v    int64

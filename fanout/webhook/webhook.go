@@ -99,6 +99,7 @@ type Stats struct {
 	Dead      atomic.Uint64 // events past MaxAge recorded as dead letters (durable)
 	Read      atomic.Uint64 // events read back from the store (durable: owed but not committed here, or not in memory any more)
 	Owed      atomic.Int64  // events queued in memory and not yet delivered, all apps
+	ConnSent  atomic.Uint64 // connection events (proto.EventsRoom) among Delivered
 	Held      atomic.Int64  // bytes of owed events held in memory, all apps (bounded by MaxBytes, plus a batch in flight per app)
 }
 
@@ -304,10 +305,23 @@ func (d *Dispatcher) Committed(key string, seq uint64, ts int64, frame []byte) {
 	d.mu.RLock()
 	t := d.apps[app]
 	d.mu.RUnlock()
-	if t == nil || !t.cfg.Load().hook.Matches(room) {
+	if t == nil || !t.cfg.Load().hook.Wants(room) {
 		return
 	}
 	d.push(t, event{key: key, seq: seq, ts: ts, frame: frame, at: time.Now()})
+}
+
+// WantsEvent reports whether app's webhook wants the connection event e
+// of room ("" for online and offline): what fanout asks before it makes
+// one (fanout.Parts.ConnEvents). Any goroutine.
+func (d *Dispatcher) WantsEvent(e proto.ConnEvent, app, room string) bool {
+	if !d.any.Load() {
+		return false
+	}
+	d.mu.RLock()
+	t := d.apps[app]
+	d.mu.RUnlock()
+	return t != nil && t.cfg.Load().hook.WantsEvent(e, room)
 }
 
 // msgPrefix starts every msg object; an event is the same object with
@@ -315,9 +329,13 @@ func (d *Dispatcher) Committed(key string, seq uint64, ts int64, frame []byte) {
 const msgPrefix, eventPrefix = `{"op":"msg",`, `{"type":"msg",`
 
 // appendEvent appends ev's event object: the msg object of its frame with
-// "type" for "op", copied once, straight into the POST's body.
+// "type" for "op", copied once, straight into the POST's body; a
+// connection event's frame is its event object already (proto.EventsRoom).
 func appendEvent(dst []byte, ev *event) []byte {
 	b := msgJSON(ev.frame)
+	if bytes.HasPrefix(b, []byte(proto.EventPrefix)) {
+		return append(dst, b...)
+	}
 	if !bytes.HasPrefix(b, []byte(msgPrefix)) {
 		panic("BUG: webhook: a msg object does not start with " + msgPrefix)
 	}
@@ -538,6 +556,7 @@ func (d *Dispatcher) deliver(t *target) {
 			d.release(batch)
 			d.Stats.Posts.Add(1)
 			d.Stats.Delivered.Add(uint64(len(batch)))
+			d.countConn(batch)
 			batch = batch[:0]
 			continue
 		}
@@ -558,6 +577,24 @@ func (d *Dispatcher) deliver(t *target) {
 		case <-timer.C:
 		}
 	}
+}
+
+// countConn counts the connection events of a delivered batch.
+func (d *Dispatcher) countConn(batch []event) {
+	n := 0
+	for i := range batch {
+		if isEventsRoom(batch[i].key) {
+			n++
+		}
+	}
+	if n > 0 {
+		d.Stats.ConnSent.Add(uint64(n))
+	}
+}
+
+func isEventsRoom(key string) bool {
+	_, room := proto.SplitKey(key)
+	return room == proto.EventsRoom
 }
 
 // takeBatch moves the next batch (MaxBatch events, MaxBatchBytes) out of

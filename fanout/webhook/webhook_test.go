@@ -459,3 +459,43 @@ func TestCommittedReusesFrames(t *testing.T) {
 		}
 	}
 }
+
+// Connection events: an app that wants presence but not msg gets the
+// events of its events room, each event's object as it was committed,
+// and none of its messages; WantsEvent says what fanout may make.
+func TestConnEventsDelivered(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	d := New(Config{Client: srv.Client()})
+	defer d.Close()
+	d.SetApps([]proto.App{{ID: "chat", Secret: "0123456789abcdef", Webhook: &proto.Webhook{URL: srv.URL, Rooms: []string{"team-*"}, Events: []string{proto.WebhookEventPresence}}}})
+	if !d.WantsEvent(proto.EventJoined, "chat", "team-a") || d.WantsEvent(proto.EventJoined, "chat", "lobby") || d.WantsEvent(proto.EventOnline, "chat", "") || d.WantsEvent(proto.EventJoined, "other", "team-a") {
+		t.Fatal("WantsEvent")
+	}
+	d.Committed("chat/team-a", 1, 5, proto.AppendMsgFrame(nil, "team-a", 1, []byte("m"), "bob", 5, []byte(`1`)))
+	ev := proto.AppendConnEvent(nil, proto.EventJoined, "team-a", "bob", 7)
+	d.Committed("chat/"+proto.EventsRoom, 1, 7, ev)
+	prototest.WaitFor(t, 5*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(bodies) == 0 {
+			return fmt.Errorf("no POST")
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if want := `{"app":"chat","events":[` + string(ev) + `]}`; len(bodies) != 1 || bodies[0] != want {
+		t.Fatalf("POSTs %q, want %s", bodies, want)
+	}
+	if d.Stats.ConnSent.Load() != 1 {
+		t.Fatalf("conn events sent %d", d.Stats.ConnSent.Load())
+	}
+}
