@@ -68,6 +68,11 @@ type Postgres struct {
 	// statements that met a stored key and were sent again as commitSQL.
 	checkUntil atomic.Int64
 	rechecks   atomic.Uint64
+	// kc is what the node knows of its rooms' changes (changes.go);
+	// staleCommits counts the batches committed from it that found it
+	// out of date.
+	kc           kindsCache
+	staleCommits atomic.Uint64
 
 	policy RetentionPolicy
 	// fileRetention, when not nil, is the apps' own retention from a
@@ -676,6 +681,9 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 	sql := p.commitStatement(time.Now())
 	if s.changes {
 		sql = changesSQL
+		if p.commitStatement(time.Now()) == freshSQL {
+			sql = changesFreshSQL
+		}
 	} else if len(s.rRoom) > 0 {
 		sql = withReads[sql]
 	}
@@ -695,14 +703,16 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, rs, token, err)
 		}
-		if (sql == freshSQL || sql == freshReadsSQL) && isUniqueViolation(err) {
+		if (sql == freshSQL || sql == freshReadsSQL || sql == changesFreshSQL) && isUniqueViolation(err) {
 			// A key of the batch is stored already (or being stored by
 			// another node): the same batch again, looking its keys up.
 			// Not an attempt of its own: commitSQL gets all of them.
 			p.rechecks.Add(1)
 			p.sawStored(time.Now())
 			sql = commitSQL
-			if len(s.rRoom) > 0 {
+			if s.changes {
+				sql = changesSQL
+			} else if len(s.rRoom) > 0 {
 				sql = commitReadsSQL
 			}
 			attempt--
@@ -835,8 +845,8 @@ func containsString(list []string, s string) bool {
 func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, rs []*Row, token int64) error {
 	var rows pgx.Rows
 	var err error
-	if sql == changesSQL {
-		return p.runChanges(ctx, conn, s, rs, token)
+	if sql == changesSQL || sql == changesFreshSQL {
+		return p.runChanges(ctx, conn, s, rs, token, sql == changesSQL)
 	}
 	var args []any
 	if sql == freshSQL || sql == freshReadsSQL {
@@ -859,6 +869,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	if old {
 		p.sawStored(time.Now())
 	}
+	ext := p.kc.extending(s)
 	for _, ord := range s.uOrd {
 		if s.isOld[ord] {
 			continue
@@ -871,6 +882,12 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 		base++
 		s.base[room] = base
 		rs[ord].Stored = Stored{Seq: base, TS: freshTS}
+		if ext != nil {
+			ext.add(room, base, rs[ord].From, freshTS)
+		}
+	}
+	if ext != nil {
+		p.kc.extend(ext)
 	}
 	return nil
 }
@@ -879,6 +896,10 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 // deletes, reactions): runChanges (changes.go). Batches of messages alone
 // keep commitSQL and freshSQL.
 const changesSQL = "changes"
+
+// changesFreshSQL is changesSQL taking the batch's keys as new, as
+// freshSQL does for messages (changes.go).
+const changesFreshSQL = "changes, fresh"
 
 // readCommit reads the commit statement's answer (old reports stored keys
 // met); rows.Err after Close reports a failure up to the end of the
@@ -1040,14 +1061,19 @@ type CommitStats struct {
 	Retries uint64
 	// Rechecks: batches committed without looking their keys up that met
 	// a stored key and were sent again looking them up (see freshSQL).
-	Rechecks                                          uint64
+	Rechecks uint64
+	// Stale: batches of changes committed from the node's knowledge of
+	// their rooms that found it out of date (another node wrote to the
+	// room, or retention removed a message named) and were committed
+	// again the long way (see runChanges).
+	Stale                                             uint64
 	ResolvedCommitted, ResolvedRolledBack, Unresolved uint64
 }
 
 // CommitStats returns the store's commit counters; it takes no lock.
 func (p *Postgres) CommitStats() CommitStats {
 	return CommitStats{
-		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(), Rechecks: p.rechecks.Load(),
+		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(), Rechecks: p.rechecks.Load(), Stale: p.staleCommits.Load(),
 		ResolvedCommitted: p.resolvedCommitted.Load(), ResolvedRolledBack: p.resolvedRolledBack.Load(), Unresolved: p.unresolved.Load(),
 	}
 }
@@ -1236,6 +1262,11 @@ func isRetryable(err error) bool {
 func isUniqueViolation(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+func isDivisionByZero(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22012"
 }
 
 func isDeadlock(err error) bool {
