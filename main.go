@@ -224,6 +224,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		PublishLatency: hists.publishLatency,
 		BrokerLatency:  hists.brokerLatency,
 		DeliveryLag:    hists.deliveryLag,
+		AckPhases:      hists.fanoutAckPhases(),
 		PresenceGrace:  c.presenceGrace,
 		OnCommitted:    hooks.Committed,
 		ConnEvents:     hooks.WantsEvent, // connection events: the apps' --webhook-events
@@ -270,7 +271,9 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 
 	// 5. The loops in front of it (their listener opens at step 9).
 	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
-	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency, ProxyLatency: hists.proxyCall})
+	ackInbox, ackWrite := hists.loopAckPhases()
+	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency,
+		AckInbox: ackInbox, AckWrite: ackWrite, ProxyLatency: hists.proxyCall})
 	if err != nil {
 		return fatal(err)
 	}

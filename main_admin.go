@@ -45,14 +45,35 @@ var (
 // server API and the webhooks (as Observers main hands them), and written
 // by the scrape through the metrics library (RegisterMetrics).
 type histograms struct {
-	writeFrames    *histogram // frames per writev: the batch size of one write
-	publishLatency *histogram // seconds from a pub frame read to its commit
-	ackLatency     *histogram // seconds from a pub frame read to its ack queued
-	brokerLatency  *histogram // seconds one broker round trip of a commit batch takes
-	deliveryLag    *histogram // seconds from commit to arrival through the broker, sampled
-	apiPublish     *histogram // seconds from a server API publish request read to its commit answered
-	proxyCall      *histogram // seconds of one proxy hook call, asked to answered
-	webhookLag     *histogram // seconds from a committed message handed to the webhooks to its POST answered 2xx
+	writeFrames    *histogram  // frames per writev: the batch size of one write
+	publishLatency *histogram  // seconds from a pub frame read to its commit
+	ackLatency     *histogram  // seconds from a pub frame read to its ack queued
+	brokerLatency  *histogram  // seconds one broker round trip of a commit batch takes
+	deliveryLag    *histogram  // seconds from commit to arrival through the broker, sampled
+	apiPublish     *histogram  // seconds from a server API publish request read to its commit answered
+	proxyCall      *histogram  // seconds of one proxy hook call, asked to answered
+	webhookLag     *histogram  // seconds from a committed message handed to the webhooks to its POST answered 2xx
+	ackPhases      *histFamily // roost_ack_phase_seconds{phase}: an ack's time split (ackPhaseNames)
+}
+
+// ackPhaseNames are the phase label values of roost_ack_phase_seconds, in
+// the order a publish passes them (docs/operations.md).
+var ackPhaseNames = []string{"queue", "pipeline", "window", "commit", "answer", "broker", "inbox", "write"}
+
+// ackPhaseBuckets are finer than latencyBuckets where an ack's phases
+// differ: a few milliseconds.
+var ackPhaseBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1}
+
+// fanoutAckPhases and loopAckPhases hand the phases' histograms to their
+// packages.
+func (h *histograms) fanoutAckPhases() fanout.AckPhases {
+	f := h.ackPhases.get
+	return fanout.AckPhases{Queue: f(0), Pipeline: f(1), Window: f(2), Commit: f(3), Answer: f(4), Broker: f(5)}
+}
+
+// loopAckPhases are the loops' phases: inbox and write.
+func (h *histograms) loopAckPhases() (inbox, write fanout.Observer) {
+	return h.ackPhases.get(6), h.ackPhases.get(7)
 }
 
 func newHistograms() *histograms {
@@ -65,6 +86,7 @@ func newHistograms() *histograms {
 		apiPublish:     newHistogram("roost_api_publish_seconds", latencyBuckets),
 		proxyCall:      newHistogram("roost_proxy_call_seconds", latencyBuckets),
 		webhookLag:     newHistogram("roost_webhook_lag_seconds", latencyBuckets),
+		ackPhases:      newHistFamily("roost_ack_phase_seconds", "phase", ackPhaseNames, ackPhaseBuckets),
 	}
 	return h
 }
@@ -77,6 +99,7 @@ func (h *histograms) RegisterMetrics(set *vm.Set) {
 		for _, x := range all {
 			x.write(e)
 		}
+		h.ackPhases.write(e)
 	})
 }
 

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -97,6 +98,10 @@ var limitNames = []struct{ name, help string }{
 	{"max-msg", "largest message body in bytes"},
 	{"max-rooms", "rooms one connection may join (only lowers the node's --max-rooms; 0: the node's)"},
 	{"max-presence", "presence subscribers of one room, per node (joins with presence past it get err forbidden)"},
+	{"signal-rate", "signals (typing, cursors) per second of one connection (0: no limit; node default --signal-rate)"},
+	{"signal-burst", "signals one connection may send at once (node default --signal-burst)"},
+	{"read-rate", "read, unread and receipts requests per second of one connection (0: no limit; node default --signal-rate)"},
+	{"read-burst", "read, unread and receipts requests one connection may send at once (node default --signal-burst)"},
 	{"keep-age", "retention: delete messages older than this (0: forever)"},
 	{"keep-count", "retention: keep this many newest messages per room (at most the memory store's --keep; 0: all)"},
 	{"max-token-ttl", "refuse tokens whose exp lies further ahead than this duration, such as 24h (0: no bound; node default --max-token-ttl, 7 days)"},
@@ -370,19 +375,24 @@ func (l *limitFlags) apply(a *proto.App) error {
 		def := v == "default"
 		bad := func(want string) error { return fmt.Errorf("invalid --%s %q: want %s or \"default\"", name, v, want) }
 		switch name {
-		case "pub-rate", "app-pub-rate":
+		case "pub-rate", "app-pub-rate", "signal-rate", "read-rate":
 			var p *float64
 			if !def {
 				f, err := strconv.ParseFloat(v, 64)
-				if err != nil || !(f >= 0) {
-					return bad("publishes per second (0: no limit)")
+				if err != nil || !(f >= 0) || math.IsInf(f, 0) {
+					return bad("events per second (0: no limit)")
 				}
 				p = &f
 			}
-			if name == "pub-rate" {
+			switch name {
+			case "pub-rate":
 				a.Limits.PubRate = p
-			} else {
+			case "app-pub-rate":
 				a.Limits.AppPubRate = p
+			case "signal-rate":
+				a.Limits.SignalRate = p
+			case "read-rate":
+				a.Limits.ReadRate = p
 			}
 		case "max-token-ttl":
 			var p *proto.Duration
@@ -434,6 +444,15 @@ func (l *limitFlags) apply(a *proto.App) error {
 				a.Limits.MaxRooms = p
 			case "max-presence":
 				a.Limits.MaxPresence = p
+			case "signal-burst", "read-burst":
+				if p != nil && *p < 1 {
+					return bad("a whole number of at least 1")
+				}
+				if name == "signal-burst" {
+					a.Limits.SignalBurst = p
+				} else {
+					a.Limits.ReadBurst = p
+				}
 			}
 		}
 	}

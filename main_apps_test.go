@@ -77,6 +77,21 @@ func appCommands(t *testing.T, reg ...string) {
 		*v.Limits.MaxPresence != 7 {
 		t.Fatalf("set: %v %s", err, set)
 	}
+	// The chat state's limits (signals, read requests) per connection.
+	v = appView{}
+	set = mustRoost(t, with("app", "set", "chat", "--signal-rate", "2", "--signal-burst", "3", "--read-rate", "0.5", "--read-burst", "1")...)
+	if err := json.Unmarshal([]byte(set), &v); err != nil || *v.Limits.SignalRate != 2 || *v.Limits.SignalBurst != 3 || *v.Limits.ReadRate != 0.5 || *v.Limits.ReadBurst != 1 {
+		t.Fatalf("set chat limits: %v %s", err, set)
+	}
+	for _, bad := range [][]string{{"--signal-rate", "-1"}, {"--signal-burst", "0"}, {"--read-rate", "often"}, {"--read-burst", "1.5"}} {
+		if code, _, errs := roost(t, with(append([]string{"app", "set", "chat"}, bad...)...)...); code != 2 || !strings.Contains(errs, "invalid "+bad[0]) {
+			t.Fatalf("set %v: exit %d %s", bad, code, errs)
+		}
+	}
+	v = appView{}
+	if err := json.Unmarshal([]byte(mustRoost(t, with("app", "set", "chat", "--signal-rate", "default", "--read-burst", "default")...)), &v); err != nil || v.Limits.SignalRate != nil || v.Limits.ReadBurst != nil || *v.Limits.SignalBurst != 3 {
+		t.Fatalf("chat limits back to the defaults: %v %+v", err, v.Limits)
+	}
 	if code, _, errs := roost(t, with("app", "set", "chat", "--pub-rate", "fast")...); code != 2 || !strings.Contains(errs, "invalid --pub-rate") {
 		t.Fatalf("bad value: %d %s", code, errs)
 	}
@@ -457,5 +472,31 @@ func TestREADMEServiceExample(t *testing.T) {
 	var out bytes.Buffer
 	if err := printConfig(&out, &c); err != nil || !strings.Contains(out.String(), "token (HS256") || strings.Contains(out.String(), "PASSWORD") {
 		t.Fatalf("print-config: %v\n%s", err, out.String())
+	}
+}
+
+// An app's chat limits in the registry reach the node's edges, and the
+// node's --signal-rate and --signal-burst are the other apps' defaults.
+func TestChatLimitsFromRegistry(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "apps.json")
+	var a, b struct{ Secret string }
+	json.Unmarshal([]byte(mustRoost(t, "app", "create", "a", "--apps", f, "--signal-rate", "0.001", "--signal-burst", "2")), &a)
+	json.Unmarshal([]byte(mustRoost(t, "app", "create", "b", "--apps", f)), &b)
+	addr, _, _ := inProcessServe(t, "--apps", f, "--signal-rate", "0.001", "--signal-burst", "1")
+	for _, c := range []struct {
+		app, secret string
+		burst       int
+	}{{"a", a.Secret, 2}, {"b", b.Secret, 1}} {
+		token, _ := proto.SignToken([]byte(c.secret), c.app, "u", time.Now().Add(time.Hour), nil)
+		conn := dialOps(t, addr, "token="+token)
+		for i := 0; i < c.burst; i++ {
+			conn.send(`{"op":"signal","room":"r","body":1}`)
+		}
+		conn.send(`{"op":"ping"}`)
+		conn.expect("pong") // the burst passed: no err before the pong
+		conn.send(`{"op":"signal","room":"r","body":1}`)
+		if fr := conn.expect("err"); fr.json["code"] != "rate_limited" {
+			t.Fatalf("app %s: want rate_limited after a burst of %d, got %v", c.app, c.burst, fr.json)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 // writes these, with the node's other series. Any goroutine.
 type histogram struct {
 	name   string
+	labels string          // the series' labels besides le (`phase="commit"`), "" for none
 	bounds []float64       // upper bounds, ascending; +Inf is implicit
 	les    []string        // the le label of each bound
 	counts []atomic.Uint64 // len(bounds)+1, per bucket (not cumulative)
@@ -56,13 +57,52 @@ func (h *histogram) Observe(v float64) {
 // Prometheus tolerates that.
 func (h *histogram) write(e *expo) {
 	e.family(h.name, "histogram")
+	h.series(e)
+}
+
+// series prints the histogram's lines without the family's metadata: a
+// family of several labelled histograms (histFamily) prints that once.
+func (h *histogram) series(e *expo) {
+	bucket, other := h.name+`_bucket{`, ""
+	if h.labels != "" {
+		bucket += h.labels + ","
+		other = "{" + h.labels + "}"
+	}
 	var cum uint64
 	for i, le := range h.les {
 		cum += h.counts[i].Load()
-		e.line(h.name+`_bucket{le="`+le+`"}`, float64(cum))
+		e.line(bucket+`le="`+le+`"}`, float64(cum))
 	}
 	cum += h.counts[len(h.bounds)].Load()
-	e.line(h.name+`_bucket{le="+Inf"}`, float64(cum))
-	e.line(h.name+"_sum", math.Float64frombits(h.sum.Load()))
-	e.line(h.name+"_count", float64(cum))
+	e.line(bucket+`le="+Inf"}`, float64(cum))
+	e.line(h.name+"_sum"+other, math.Float64frombits(h.sum.Load()))
+	e.line(h.name+"_count"+other, float64(cum))
+}
+
+// histFamily is one histogram family whose series differ by one label.
+type histFamily struct {
+	name string
+	hs   []*histogram
+}
+
+// newHistFamily returns a family of histograms named name, one per value
+// of label, in that order (see get).
+func newHistFamily(name, label string, values []string, bounds []float64) *histFamily {
+	f := &histFamily{name: name}
+	for _, v := range values {
+		h := newHistogram(name, bounds)
+		h.labels = label + `="` + v + `"`
+		f.hs = append(f.hs, h)
+	}
+	return f
+}
+
+// get returns the family's histogram of the i-th label value.
+func (f *histFamily) get(i int) *histogram { return f.hs[i] }
+
+func (f *histFamily) write(e *expo) {
+	e.family(f.name, "histogram")
+	for _, h := range f.hs {
+		h.series(e)
+	}
 }

@@ -38,6 +38,9 @@ var exposedMetrics = []string{
 	"roost_ack_latency_seconds_bucket",
 	"roost_ack_latency_seconds_count",
 	"roost_ack_latency_seconds_sum",
+	"roost_ack_phase_seconds_bucket",
+	"roost_ack_phase_seconds_count",
+	"roost_ack_phase_seconds_sum",
 	"roost_acks_total",
 	"roost_broker_delivery_lag_seconds_bucket",
 	"roost_broker_delivery_lag_seconds_count",
@@ -268,6 +271,7 @@ func TestHistogramObserveAllocationFree(t *testing.T) {
 		h.ackLatency.Observe(0.004)
 		h.brokerLatency.Observe(0.0002)
 		h.deliveryLag.Observe(0.02)
+		h.ackPhases.get(3).Observe(0.002)
 	})
 	if n != 0 {
 		t.Fatalf("Observe allocates %v times per run, want 0", n)
@@ -310,6 +314,30 @@ roost_test_seconds_bucket{le="4"} 6
 roost_test_seconds_bucket{le="+Inf"} 8
 roost_test_seconds_sum 117
 roost_test_seconds_count 8
+`
+	if b.String() != want {
+		t.Fatalf("exposition:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// A family of labelled histograms: one TYPE line, the label before le
+// and on _sum and _count.
+func TestHistFamilyExposition(t *testing.T) {
+	f := newHistFamily("roost_test_phase_seconds", "phase", []string{"a", "b"}, []float64{1})
+	f.get(0).Observe(0.5)
+	f.get(1).Observe(2)
+	var b strings.Builder
+	f.write(&expo{w: &b})
+	want := `# HELP roost_test_phase_seconds
+# TYPE roost_test_phase_seconds histogram
+roost_test_phase_seconds_bucket{phase="a",le="1"} 1
+roost_test_phase_seconds_bucket{phase="a",le="+Inf"} 1
+roost_test_phase_seconds_sum{phase="a"} 0.5
+roost_test_phase_seconds_count{phase="a"} 1
+roost_test_phase_seconds_bucket{phase="b",le="1"} 0
+roost_test_phase_seconds_bucket{phase="b",le="+Inf"} 1
+roost_test_phase_seconds_sum{phase="b"} 2
+roost_test_phase_seconds_count{phase="b"} 1
 `
 	if b.String() != want {
 		t.Fatalf("exposition:\n%s\nwant:\n%s", b.String(), want)

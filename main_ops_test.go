@@ -238,6 +238,10 @@ func TestMetricsAfterScriptedSession(t *testing.T) {
 			`roost_write_frames_bucket{le="+Inf"}`: m["roost_writes_total"],
 			"roost_commit_batch_size_count":        m["roost_commit_batches_total"],
 		}
+		// Every ack's time split: one observation per phase per ack.
+		for _, ph := range ackPhaseNames {
+			want[`roost_ack_phase_seconds_count{phase="`+ph+`"}`] = pubs
+		}
 		for k, v := range want {
 			if got, ok := m[k]; !ok {
 				bad = append(bad, k+" missing from /metrics")

@@ -43,7 +43,7 @@ func registryRetention(apps []proto.App) map[string]persist.Retention {
 // --app-secret apps alone, and it returns a nil Registry.
 func startRegistry(ctx context.Context, c *config, log *slog.Logger, store persist.Store, pg *persist.Postgres, srv *loop.Server, hooks *webhook.Dispatcher, apiSrv *api.Server) (persist.Registry, error) {
 	share := func(apps []proto.App) {
-		snap := tenancy.NewSnapshot(c.node.Limits, c.node.Apps, apps)
+		snap := tenancy.NewSnapshot(c.node.AppLimits(), c.node.Apps, apps)
 		srv.SetApps(snap)
 		if apiSrv != nil {
 			apiSrv.SetApps(snap)

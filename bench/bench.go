@@ -53,6 +53,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if args[0] == "presence" {
 		return presenceBench(args[1:], stdout, stderr)
 	}
+	if args[0] == "reads" {
+		return readsBench(args[1:], stdout, stderr)
+	}
+	if args[0] == "kinds" {
+		return kindsBench(args[1:], stdout, stderr)
+	}
 	if args[0] == "broker" {
 		return brokerBench(args[1:], stdout, stderr)
 	}
@@ -217,7 +223,9 @@ func listScenarios(w io.Writer) {
 	}
 	fmt.Fprintln(w, "tools:")
 	fmt.Fprintf(w, "  %-9s %s\n", "broker", "Redis CPU per message per subscribing node, N brokers as N nodes, no node (roost bench broker -h)")
+	fmt.Fprintf(w, "  %-9s %s\n", "kinds", "reactions into one hot room (ack latency, node and PostgreSQL CPU per reaction) or folded history reads (roost bench kinds -h)")
 	fmt.Fprintf(w, "  %-9s %s\n", "presence", "users moving between rooms: node CPU and Redis commands per presence join+leave (roost bench presence -h)")
+	fmt.Fprintf(w, "  %-9s %s\n", "reads", "read positions under a publish load: ack latency and PostgreSQL CPU per publish and per read mark, unread round trips (roost bench reads -h)")
 	fmt.Fprintf(w, "  %-9s %s\n", "proxy-backend", "an app backend for the proxy hooks: allows every call after --delay (prints its URL; stops after --for)")
 }
 

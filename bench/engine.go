@@ -283,6 +283,7 @@ type engine struct {
 	app     string
 	secret  []byte // non-nil: connect with a token of app minted per connection
 	sse     bool   // receivers listen over SSE (--transport sse)
+	signals bool   // publishers send signals (delivery --signals): no id, no ack, no seq
 
 	loops []*loop
 	sem   chan struct{}
@@ -1290,6 +1291,22 @@ func (l *loop) onFrame(c *conn, f *proto.ServerFrame, payload []byte, now int64)
 			return
 		}
 		l.pubFailed(c, f)
+	case "signal":
+		// At most once and without a seq: counted and timed, never checked
+		// for order.
+		l.recv++
+		if l.inWindow(now) {
+			l.st.RecvFrames++
+		}
+		if s := l.slotAt(now); s != nil {
+			s.Frames++
+		}
+		if stamp := bodyStamp(f.Body); l.inWindow(stamp) {
+			l.st.Delivered++
+			l.winDel++
+			l.st.Lat.Record(now - stamp)
+			l.sec.Record(now - stamp)
+		}
 	case "read":
 		if l.inWindow(now) {
 			l.st.ReadAnswers++
@@ -1353,8 +1370,12 @@ func (l *loop) publish(now int64) {
 			if inWin {
 				l.st.Sent++
 				l.winSent++
-				l.st.Expected += uint64(c.spec.receivers)
-				l.winExp += uint64(c.spec.receivers)
+				recv := uint64(c.spec.receivers)
+				if l.e.signals && c.spec.join && recv > 0 {
+					recv-- // a signal skips its sending connection
+				}
+				l.st.Expected += recv
+				l.winExp += recv
 			}
 			if s := l.slotAt(now); s != nil {
 				s.Sent++
@@ -1388,6 +1409,10 @@ func (l *loop) owed() {
 // appendPub appends one pub frame whose body is {"p":"xx…","t":NOW} padded
 // to the configured size, and remembers its send time for the ack.
 func (l *loop) appendPub(c *conn, now int64) {
+	if l.e.signals {
+		l.appendSignalFrame(c, now, l.e.sizeFn(&l.rng))
+		return
+	}
 	c.nextID++
 	id := c.nextID
 	slot := &c.inflight[id&uint64(len(c.inflight)-1)]
@@ -1432,6 +1457,27 @@ func (l *loop) appendPubFrame(c *conn, id uint64, now int64, size int) {
 	p = append(p, c.room...)
 	p = append(p, mid...)
 	p = append(p, ids...)
+	p = append(p, bodyPre...)
+	for i := 0; i < pad; i++ {
+		p = append(p, 'x')
+	}
+	p = append(p, bodyMid...)
+	p = append(p, ts...)
+	p = append(p, end...)
+	l.scratch = p
+	c.out = proto.AppendClientFrame(c.out, ws.OpText, l.mask(), p)
+}
+
+// appendSignalFrame appends a signal frame whose body is {"p":"xx…","t":NOW}
+// padded to size (at most the node's 1 KiB for a signal body).
+func (l *loop) appendSignalFrame(c *conn, now int64, size int) {
+	var tsb [20]byte
+	ts := strconv.AppendInt(tsb[:0], now, 10)
+	const pre, bodyPre, bodyMid, end = `{"op":"signal","room":"`, `","body":{"p":"`, `","t":`, `}}`
+	pad := min(size, 1000) - (len(`{"p":"`) + len(bodyMid) + len(ts) + len(`}`))
+	p := l.scratch[:0]
+	p = append(p, pre...)
+	p = append(p, c.room...)
 	p = append(p, bodyPre...)
 	for i := 0; i < pad; i++ {
 		p = append(p, 'x')

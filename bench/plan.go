@@ -46,6 +46,7 @@ type params struct {
 	loops          int
 	dialConc       int
 	transport      string // ws or sse: how receivers listen
+	signals        bool   // delivery: publishers send signals, not pubs
 	cpuProfile     string
 
 	step       bool
@@ -83,6 +84,7 @@ type scenario struct {
 
 var scenarios = []scenario{
 	{"delivery", "fan-out in one room: --members receivers plus --publishers publishing into it", func(fs *flag.FlagSet, p *params) {
+		fs.BoolVar(&p.signals, "signals", false, "publishers send signals (typing: never stored, no ack) instead of messages; the node needs --signal-rate 0 or a rate per publisher above --rate/--publishers")
 		fs.IntVar(&p.members, "members", 300, "receivers joined to the room")
 		fs.IntVar(&p.publishers, "publishers", 30, "publishers (joined too unless --publishers-join=false)")
 		fs.BoolVar(&p.pubJoin, "publishers-join", true, "publishers are members of the room and receive as well")

@@ -379,3 +379,42 @@ func TestScriptScaleoutShort(t *testing.T) {
 		t.Errorf("cgroups left behind: %v", m)
 	}
 }
+
+// TestScriptAckSplitShort: the ack's time split is read from both nodes
+// over the window: one observation per phase for each acked publish, and
+// the scheduler's line.
+func TestScriptAckSplitShort(t *testing.T) {
+	out, log := runScript(t, "acksplit.sh", "--short")
+	rep := readReport(t, filepath.Join(out, "acksplit.json"))
+	r := rep.Levels[0]
+	if r.Acked == 0 || r.Acked != r.Sent {
+		t.Fatalf("acked %d of %d\n%s", r.Acked, r.Sent, log)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "acksplit-split.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	phases := map[string]int{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 6 && f[0] != "phase" {
+			var n int
+			if _, err := fmt.Sscan(f[1], &n); err == nil {
+				phases[f[0]] = n
+			}
+		}
+	}
+	for _, ph := range []string{"queue", "pipeline", "window", "commit", "answer", "broker", "inbox", "write", "read-to-queued"} {
+		// The window's publishes, give or take those answered across its
+		// edges (the warmup's, the drain's).
+		if n := phases[ph]; n < int(r.Acked)*9/10 {
+			t.Errorf("phase %s: %d observations over the window, want about the %d acked", ph, n, r.Acked)
+		}
+	}
+	if !strings.Contains(string(b), "scheduler over ") {
+		t.Errorf("no scheduler line")
+	}
+	if t.Failed() {
+		t.Fatalf("split:\n%s\n%s", b, log)
+	}
+}

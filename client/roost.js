@@ -980,14 +980,17 @@ export class Roost {
     this._closeSSE();
     const u = new URL(this._url(httpURL(this.url).replace(/\/ws(\?|$)/, "/sse$1"), token));
     const since = [];
+    let receipts = false;
     for (const r of this.rooms.values()) {
       u.searchParams.append("room", r.name);
+      if (r._opts.receipts || r._opts.onReceipts) receipts = true;
       const p = r._position();
       if (p) since.push(`${r.name}:${p.seq}`);
       r._sentSince = p ? p.seq : undefined;
       r._joining = true;
     }
     if (since.length) u.searchParams.set("since", since.join(","));
+    if (receipts) u.searchParams.set("receipts", "true"); // the stream's rooms all get them: rooms without onReceipts ignore them
     const es = new this._EventSource(u.toString());
     this._es = es;
     const data = (ev) => {
@@ -998,7 +1001,7 @@ export class Roost {
       }
     };
     // Each event's data is the WebSocket frame of its name.
-    for (const op of ["joined", "msg", "err", "signal"]) {
+    for (const op of ["joined", "msg", "err", "signal", "read", "receipts"]) {
       es.addEventListener(op, (ev) => {
         const f = data(ev);
         if (this._es === es && f) this._frame({ ...f, op });

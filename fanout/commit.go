@@ -53,6 +53,10 @@ type PoolConfig struct {
 	// Logger gets failed commits and refused publishes, at most one line
 	// of each a second; default slog.Default().
 	Logger *slog.Logger
+
+	// reads: coalesced read marks for the next commit to write in its
+	// transaction (readpos.go); nil: none.
+	reads *readHandoff
 }
 
 func (c *PoolConfig) setDefaults() {
@@ -164,6 +168,7 @@ type worker struct {
 	lastHand time.Time  // the previous hand-off
 	seen     arrivals   // publishes per hand-off interval, for the rate
 	timer    *time.Timer
+	idleAt   time.Duration // when the gatherer last took the idle token (Stamp)
 
 	// The pipeline: todo carries a gathered batch to the committer, which
 	// passes it on through committed to the answerer. idle holds a token
@@ -323,7 +328,7 @@ func (w *worker) gather() {
 		if !idle {
 			select {
 			case <-w.idle:
-				idle = true
+				idle, w.idleAt = true, Stamp()
 			default:
 			}
 		}
@@ -376,7 +381,7 @@ func (w *worker) gather() {
 		case r := <-qc:
 			w.add(r)
 		case <-ic:
-			idle = true
+			idle, w.idleAt = true, Stamp()
 		case next = <-fc:
 		case <-tc:
 		case <-stop:
@@ -395,6 +400,7 @@ func (w *worker) add(r *PubRequest) {
 	w.cur.batch = append(w.cur.batch, r)
 	w.cur.rows = append(w.cur.rows, &r.Row)
 	w.held.Add(1)
+	r.Taken = Stamp()
 }
 
 // commitAt returns when the gathered batch is due for commit, given that
@@ -488,6 +494,10 @@ func (w *worker) handOff(now time.Time) {
 		w.seen.handOff(len(w.cur.batch), now.Sub(w.lastHand))
 	}
 	w.lastHand = now
+	for h, i := now.Sub(monoEpoch), 0; i < len(w.cur.batch); i++ {
+		r := w.cur.batch[i] // the ack's time split (AckPhases)
+		r.Idle, r.Handed = max(w.idleAt, r.Taken), h
+	}
 	w.todo <- w.cur
 }
 
@@ -503,6 +513,9 @@ func (w *worker) commitLoop() {
 	timer.Stop()
 	for sl := range w.todo {
 		w.commit(sl)
+		for t, i := Stamp(), 0; i < len(sl.batch); i++ {
+			sl.batch[i].CommitEnd = t // the ack's time split (AckPhases)
+		}
 		w.committed <- sl
 		if sl.ok {
 			backoff = 0
@@ -523,12 +536,16 @@ func (w *worker) commitLoop() {
 // false when the store was unreachable. A batch above MaxBatch means the store is behind: it
 // is spread over up to Spread room-disjoint commits of about MaxBatch each
 // that run in parallel.
+//
+// The read marks offered since the last commit (readHandoff) go into the
+// transaction of this one (of its first part when spread).
 func (w *worker) commit(sl *batchSlot) {
+	marks := w.p.cfg.reads.take(len(sl.rows))
 	if n := len(sl.rows); n > w.p.cfg.MaxBatch {
-		w.commitSpread(sl, min(len(w.parts), (n+w.p.cfg.MaxBatch-1)/w.p.cfg.MaxBatch))
+		w.commitSpread(sl, min(len(w.parts), (n+w.p.cfg.MaxBatch-1)/w.p.cfg.MaxBatch), marks)
 		return
 	}
-	sl.ok = w.store(sl.rows)
+	sl.ok = w.store(sl.rows, marks)
 }
 
 // store commits rows, which get their results. A store that cannot be reached fails
@@ -539,13 +556,31 @@ func (w *worker) commit(sl *batchSlot) {
 // order), until the request that fails stands alone: it alone gets the
 // error, logged with the reason. Each bad request costs about 2·log2(batch)
 // extra commits. It reports false only when the store was unreachable.
-func (w *worker) store(rows []*persist.Row) bool {
+//
+// marks (nil mostly) are read marks written in the same transaction; a
+// failed commit gives them back to the positions goroutine and the rows
+// are not tried with them again: a mark never costs a publish.
+func (w *worker) store(rows []*persist.Row, marks []persist.ReadMark) bool {
 	p := w.p
 	for _, r := range rows {
 		r.Stored = persist.Stored{}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
-	err := p.st.CommitBatch(ctx, rows)
+	var err error
+	if len(marks) > 0 {
+		err = p.cfg.reads.reads.CommitReads(ctx, rows, marks)
+		p.cfg.reads.done(marks, err == nil)
+		switch {
+		case errors.Is(err, persist.ErrReadsNotSaved):
+			err = nil // the rows are stored; the marks go again later
+		case err != nil && !isOverload(err) && !errors.Is(err, proto.ErrClosed):
+			// Refused with the marks: the rows alone, as if they had come
+			// without them.
+			err = p.st.CommitBatch(ctx, rows)
+		}
+	} else {
+		err = p.st.CommitBatch(ctx, rows)
+	}
 	cancel()
 	if err == nil {
 		p.batches.Add(1)
@@ -556,8 +591,8 @@ func (w *worker) store(rows []*persist.Row) bool {
 	overload := isOverload(err) || errors.Is(err, proto.ErrClosed)
 	if !overload && len(rows) > 1 {
 		h := len(rows) / 2
-		a := w.store(rows[:h])
-		b := w.store(rows[h:])
+		a := w.store(rows[:h], nil)
+		b := w.store(rows[h:], nil)
 		return a && b
 	}
 	// Never acknowledge what the store did not confirm, whatever it left
@@ -620,8 +655,9 @@ type part struct {
 // commitSpread splits sl.rows by room over w.parts and commits the parts
 // in parallel (each room's publishes stay together and in order); each
 // row holds its own result, so nothing is gathered back. A part that
-// fails fails alone: the others are stored and acknowledged.
-func (w *worker) commitSpread(sl *batchSlot, parts int) {
+// fails fails alone: the others are stored and acknowledged. The read
+// marks go with the first part.
+func (w *worker) commitSpread(sl *batchSlot, parts int, marks []persist.ReadMark) {
 	k := uint32(parts)
 	for _, pt := range w.parts {
 		pt.rows = pt.rows[:0]
@@ -642,7 +678,9 @@ func (w *worker) commitSpread(sl *batchSlot, parts int) {
 	}
 	first := w.parts[0]
 	if len(first.rows) > 0 {
-		first.ok = w.store(first.rows)
+		first.ok = w.store(first.rows, marks)
+	} else if marks != nil {
+		w.p.cfg.reads.done(marks, false) // back for the next commit
 	}
 	wg.Wait()
 	sl.ok = true
@@ -659,7 +697,7 @@ func (w *worker) commitSpread(sl *batchSlot, parts int) {
 func (w *worker) spreadLoop() {
 	defer w.p.wg.Done()
 	for pt := range w.spread {
-		pt.ok = w.store(pt.rows)
+		pt.ok = w.store(pt.rows, nil)
 		pt.wg.Done()
 	}
 }

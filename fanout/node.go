@@ -45,6 +45,9 @@ type Parts struct {
 	// Histograms; nil ones are not observed.
 	PublishLatency Observer // seconds from a publish entering to its commit
 	BrokerLatency  Observer // seconds one broker Publish of a committed message takes
+	// AckPhases split each publish's time in the publish path (seconds,
+	// one observation per publish answered).
+	AckPhases AckPhases
 	// DeliveryLag is seconds from a message's commit (its ts) to its
 	// arrival at this node from the broker, sampled one message in 64.
 	// Across nodes it includes their clock offset.
@@ -72,6 +75,26 @@ type Parts struct {
 	// (connevents.go). It runs on the presence goroutine: it must not
 	// block.
 	ConnEvents func(e proto.ConnEvent, app, room string) bool
+}
+
+// AckPhases are the histograms of the publish path's share of an ack's
+// time, one observation per publish answered (committed, duplicate or
+// failed); nil ones are not observed. Together with the source's share
+// (a loop's inbox and write-out) they add up to the time from Publish to
+// the ack on the socket.
+type AckPhases struct {
+	Queue    Observer // Publish until its worker's gatherer takes it (the worker's queue)
+	Pipeline Observer // taken until no commit is in flight (the previous batch's commit)
+	Window   Observer // from then until its batch is handed to the committer (the batch window: company awaited)
+	Commit   Observer // the batch's CommitBatch (PostgreSQL: the transaction and its WAL flush)
+	Answer   Observer // the commit's end until the batch's broker publish begins (encoding, the previous batch's answer)
+	Broker   Observer // the batch's broker publish (Redis: one pipelined round trip) and the OnCommitted hook
+}
+
+func (a *AckPhases) orNone() {
+	for _, o := range []*Observer{&a.Queue, &a.Pipeline, &a.Window, &a.Commit, &a.Answer, &a.Broker} {
+		*o = orNone(*o)
+	}
 }
 
 // Stats are fanout's counters, updated without locks.
@@ -113,6 +136,7 @@ type Stats struct {
 	PublishLatency Observer
 	BrokerLatency  Observer
 	DeliveryLag    Observer
+	AckPhases      AckPhases
 }
 
 // Loop is an event loop as fanout reaches it. A loop's Table runs on the
@@ -139,7 +163,7 @@ const (
 	evPresence                        // key, frame: a presence_diff for the room's presence subscribers
 	evSignal                          // key, seq (the sender's tag), frame, sse: a signal of a room (signal.go)
 	evReadDone                        // member, key, seq, err: the answer to a read mark (readpos.go)
-	evUserFrame                       // key ("app/user"), seq (the marker's tag), frame: for a user's connections
+	evUserFrame                       // frame: positions announced for users' connections (readpos.go: appendReadEntry)
 	evReceipts                        // key, frame: a receipts frame for the room's receipts subscribers
 )
 
@@ -189,10 +213,19 @@ func (t *Table) Run(ev *Event) {
 	case evReadDone:
 		t.readDone(ev)
 	case evUserFrame:
-		t.userFrame(ev.key, ev.seq, ev.frame)
+		t.userFrames(ev.frame)
 	case evReceipts:
+		var event []byte
 		for _, m := range t.receipts[ev.key] {
-			t.enqueue(m, ev.frame)
+			if m.sse == nil {
+				t.enqueue(m, ev.frame)
+				continue
+			}
+			if event == nil {
+				event = buildChatEvent(t.arena, "receipts", ev.frame)
+			}
+			m.sse.events++
+			t.enqueue(m, event)
 		}
 	case evPresence:
 		if r := t.rooms[ev.key]; r != nil {
@@ -280,6 +313,8 @@ func New(cfg Config, p Parts) (*Node, error) {
 	n.Stats.PublishLatency = orNone(p.PublishLatency)
 	n.Stats.BrokerLatency = orNone(p.BrokerLatency)
 	n.Stats.DeliveryLag = orNone(p.DeliveryLag)
+	n.Stats.AckPhases = p.AckPhases
+	n.Stats.AckPhases.orNone()
 	n.hub = newHub(n, cfg.Loops)
 	if p.NewBroker == nil {
 		n.bus = pubsub.NewMemory(n)
@@ -326,6 +361,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		}
 	})
 	go n.pres.run()
+	p.Pool.reads = n.pos.hand
 	n.pool = newPool(p.Store, n.committed, p.Pool)
 	for i := 0; i < cfg.Readers; i++ {
 		n.wg.Add(1)
@@ -383,10 +419,11 @@ func (n *Node) committed(batch []*PubRequest) {
 	now := time.Since(monoEpoch)
 	sc := brokerBatchPool.Get().(*brokerBatch)
 	for _, req := range batch {
+		req.BrokerAt = now
 		n.Stats.PublishLatency.Observe((now - req.Entered).Seconds())
 		if req.Err == nil && !req.Duplicate {
 			sc.pubs = append(sc.pubs, pubsub.Publication{Key: req.Key, Seq: req.Seq, Frame: req.Frame})
-			n.ownPublish(req.Key, req.From, req.Seq)
+			n.ownPublish(req.Key, req.From, req.Seq, req.Tag)
 		}
 	}
 	if k := len(sc.pubs); k > 0 {
@@ -420,8 +457,28 @@ func (n *Node) committed(batch []*PubRequest) {
 			}
 		}
 	}
+	n.observePhases(batch)
 	for _, req := range batch {
 		req.Origin.Published(req)
+	}
+}
+
+// observePhases stamps the batch answered and observes each publish's
+// phases in the publish path (AckPhases).
+func (n *Node) observePhases(batch []*PubRequest) {
+	now := time.Since(monoEpoch)
+	a := &n.Stats.AckPhases
+	for _, req := range batch {
+		req.Answered = now
+		if req.CommitEnd == 0 {
+			continue // not from the pool (a test's hand-made batch)
+		}
+		a.Queue.Observe((req.Taken - req.Entered).Seconds())
+		a.Pipeline.Observe((req.Idle - req.Taken).Seconds())
+		a.Window.Observe((req.Handed - req.Idle).Seconds())
+		a.Commit.Observe((req.CommitEnd - req.Handed).Seconds())
+		a.Answer.Observe((req.BrokerAt - req.CommitEnd).Seconds())
+		a.Broker.Observe((now - req.BrokerAt).Seconds())
 	}
 }
 

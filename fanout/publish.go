@@ -24,7 +24,23 @@ type PubRequest struct {
 	// Entered is when the publish entered the publish path (monotonic,
 	// since an arbitrary epoch of the process), for its commit latency.
 	Entered time.Duration
+	// The ack's time split, on the same clock (Stamp): when the worker's
+	// gatherer took the publish off its queue, when no commit was in
+	// flight any more (Taken if none was), when its batch was handed to
+	// the committer, when the commit returned, when its batch's broker
+	// publish began, and when its source was told (Origin.Published).
+	// Node.committed observes the spans between them (AckPhases); the
+	// source observes what follows Answered.
+	Taken, Idle, Handed, CommitEnd, BrokerAt, Answered time.Duration
+	// Tag is the publishing connection's (Table.PubTag; 0: none, the
+	// API): the move of its user's read position to this message is
+	// announced to the user's other connections, not to it.
+	Tag uint64
 }
+
+// Stamp is the publish path's clock: monotonic, since an arbitrary epoch
+// of the process, the clock of PubRequest's stamps. Any goroutine.
+func Stamp() time.Duration { return time.Since(monoEpoch) }
 
 // Origin is the source of a publish (a connection's loop, the server
 // API): it is told the outcome of each of its publishes exactly once.

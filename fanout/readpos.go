@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/roost-chat/roost/persist"
@@ -16,8 +18,10 @@ import (
 // seq, keeps the larger of the stored position and the mark, answers the
 // client, sends the answer to the user's other connections on every node
 // (through the broker, on proto.ReadKey) and writes the positions that
-// moved to the store coalesced: the latest per user and room, all of them
-// in one statement once a second.
+// moved to the store coalesced: the latest per user and room, at most once
+// a second each, handed to the publish pool so that they are written in
+// the transaction of its next group commit (readHandoff); a second with no
+// commit writes them on its own within a quarter second (idleFlush).
 
 // ErrReadBeyond refuses a read mark past the room's newest seq.
 var ErrReadBeyond = errors.New("seq is beyond the room's newest message")
@@ -25,13 +29,18 @@ var ErrReadBeyond = errors.New("seq is beyond the room's newest message")
 const (
 	posQueue      = 8192        // marks waiting for the positions goroutine
 	posFlushEvery = time.Second // the most often a position is written
-	posCacheMax   = 200_000     // cached positions past which clean ones are forgotten
+	// posIdleAfter: how long marks handed to the publish pool wait for a
+	// group commit to take them before the positions goroutine writes them
+	// itself (a node with no publishes).
+	posIdleAfter = 250 * time.Millisecond
+	posCacheMax  = 200_000 // cached positions past which clean ones are forgotten
 )
 
 type posKey struct{ key, user string }
 
 type posJob struct {
-	own      bool // a publish of the user (no answer, no check)
+	own      bool // a publish of the user (no answer, no check); tag: its connection's (0: none). With seen: another node's such move
+	tag      uint64
 	seen     bool // another node's answer: a floor for this node's view
 	receipts bool // a receipts query
 	key      string
@@ -59,13 +68,20 @@ type positions struct {
 	dirty  map[posKey]uint64            // moved since the last write
 	newest map[string]uint64            // rooms' newest seqs seen
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
-	buf    []persist.ReadMark
+	hand   *readHandoff                 // marks on their way to a group commit
+	sent   map[posKey]uint64            // handed over at the last tick (maybe not written yet)
+	out    []byte                       // announcements of marks not sent yet (broadcast)
+	own    map[posKey]ownMove           // moves by the user's own publishes, announced once a second
 }
 
 func newPositions(n *Node, st persist.Store) *positions {
 	p := &positions{n: n, jobs: make(chan posJob, posQueue), pos: map[posKey]uint64{},
-		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, floor: map[posKey]uint64{}, moved: map[string]map[string]uint64{}}
+		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, floor: map[posKey]uint64{}, moved: map[string]map[string]uint64{},
+		own: map[posKey]ownMove{}, sent: map[posKey]uint64{}}
 	p.reads, _ = st.(persist.Reads)
+	if p.reads != nil {
+		p.hand = &readHandoff{reads: p.reads, written: &n.Stats.ReadMarksWritten}
+	}
 	return p
 }
 
@@ -102,12 +118,22 @@ func (n *Node) MarkRead(ctx context.Context, key, user string, seq uint64) (uint
 	}
 }
 
+// PubTag is the tag of m's publishes (PubRequest.Tag), so that the move
+// of its user's read position they make is announced to the user's other
+// connections only. Loop only.
+func (t *Table) PubTag(m *Member) uint64 {
+	if t.node == nil {
+		return 0
+	}
+	return t.node.tagOf(m)
+}
+
 // ownPublish moves the publisher's position to its new message: one who
 // writes has read up to there. Publish workers; never blocks (a full
 // queue skips it, counted).
-func (n *Node) ownPublish(key, user string, seq uint64) {
+func (n *Node) ownPublish(key, user string, seq, tag uint64) {
 	select {
-	case n.pos.jobs <- posJob{own: true, key: key, user: user, seq: seq}:
+	case n.pos.jobs <- posJob{own: true, key: key, user: user, seq: seq, tag: tag}:
 	default:
 		n.Stats.ReadMarksDropped.Add(1)
 	}
@@ -117,16 +143,29 @@ func (p *positions) run() {
 	defer p.n.wg.Done()
 	tick := time.NewTicker(posFlushEvery)
 	defer tick.Stop()
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
 	for {
 		select {
 		case <-p.n.done:
-			p.flush()
+			// The publish pool has stopped: what it did not take is
+			// written here.
+			p.handOver()
+			p.idleFlush(true)
 			return
 		case j := <-p.jobs:
 			p.do(j)
+			if len(p.jobs) == 0 {
+				p.sendOut()
+			}
 		case <-tick.C:
-			p.flush()
+			if p.handOver() {
+				idle.Reset(posIdleAfter)
+			}
 			p.receiptsFlush()
+			p.announceOwn()
+		case <-idle.C:
+			p.idleFlush(false)
 		}
 	}
 }
@@ -139,8 +178,11 @@ func (p *positions) do(j posJob) {
 	}
 	if j.seen {
 		// Another node wrote it (coalesced, maybe not yet): this node's
-		// answers must not go below it meanwhile.
-		p.movedTo(j.key, j.user, j.seq)
+		// answers must not go below it meanwhile. A move by the user's own
+		// publish is no news to the room's receipts.
+		if !j.own {
+			p.movedTo(j.key, j.user, j.seq)
+		}
 		p.newest[j.key] = max(p.newest[j.key], j.seq)
 		if cur, ok := p.pos[k]; ok {
 			p.pos[k] = max(cur, j.seq)
@@ -158,6 +200,11 @@ func (p *positions) do(j posJob) {
 	}
 	if j.own {
 		p.newest[j.key] = max(p.newest[j.key], j.seq)
+		if j.seq > p.pos[k] {
+			// Announced to the user's other connections with the next
+			// tick's, coalesced like the write.
+			p.own[k] = ownMove{seq: j.seq, tag: j.tag}
+		}
 		p.move(k, j.seq)
 		return
 	}
@@ -277,6 +324,14 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 		}
 	}
 	cur, ok := p.pos[k]
+	if nw, known := p.newest[k.key]; !ok && p.reads != nil && known && seq > 0 && seq == nw {
+		// Marked up to the room's newest message (what a client showing
+		// the room does): no stored position can be ahead of it, so the
+		// store is not asked. 10,000 users' first marks would otherwise
+		// be 10,000 reads on this goroutine.
+		cur, ok = p.floor[k], true
+		delete(p.floor, k)
+	}
 	if !ok && p.reads != nil {
 		var err error
 		if cur, err = p.reads.ReadPosition(ctx, k.key, k.user); err != nil {
@@ -297,7 +352,8 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 func (p *positions) remember(k posKey, seq uint64) {
 	if len(p.pos) >= posCacheMax {
 		for c := range p.pos {
-			if _, d := p.dirty[c]; !d {
+			_, d := p.dirty[c]
+			if _, s := p.sent[c]; !d && !s {
 				delete(p.pos, c)
 			}
 		}
@@ -319,48 +375,207 @@ func (p *positions) move(k posKey, seq uint64) {
 	p.dirty[k] = seq
 }
 
-// flush writes the positions that moved, all in one statement. Without a
-// store that keeps them (persist.Reads) the cache is the record and is
+// handOver hands the positions that moved since the last tick to the
+// publish pool, whose next group commit writes them in its transaction,
+// and reports whether it did. Marks handed at the last tick that no commit
+// took, or that a failed commit gave back, move again with these. Without
+// a store that keeps them (persist.Reads) the cache is the record and is
 // never forgotten.
-func (p *positions) flush() {
-	if len(p.dirty) == 0 {
-		return
-	}
-	if p.reads == nil {
+func (p *positions) handOver() bool {
+	if p.hand == nil {
 		clear(p.dirty)
+		return false
+	}
+	p.redirty(p.hand.reclaim())
+	clear(p.sent)
+	if len(p.dirty) == 0 {
+		return false
+	}
+	marks := make([]persist.ReadMark, 0, len(p.dirty))
+	for k, seq := range p.dirty {
+		marks = append(marks, persist.ReadMark{Key: k.key, User: k.user, Seq: seq})
+		p.sent[k] = seq
+	}
+	clear(p.dirty)
+	p.hand.offer(marks)
+	return true
+}
+
+// idleFlush writes the marks no group commit took since handOver (no
+// publish on this node), in one statement of their own. While commits are
+// taking marks, what they did not take yet waits for them (the next tick
+// hands it over again with the newer marks), unless all is set.
+func (p *positions) idleFlush(all bool) {
+	if p.hand == nil || !all && p.hand.tookAny.Load() {
 		return
 	}
-	p.buf = p.buf[:0]
-	for k, seq := range p.dirty {
-		p.buf = append(p.buf, persist.ReadMark{Key: k.key, User: k.user, Seq: seq})
+	marks := p.hand.reclaim()
+	if len(marks) == 0 {
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	err := p.reads.SaveReads(ctx, p.buf)
+	err := p.reads.SaveReads(ctx, marks)
 	cancel()
 	if err != nil {
-		// Kept dirty: the next tick tries again.
+		// Dirty again: the next tick hands them over again.
 		p.n.Stats.ReadSaveErrors.Add(1)
+		p.redirty(marks)
 		return
 	}
-	p.n.Stats.ReadMarksWritten.Add(uint64(len(p.buf)))
-	clear(p.dirty)
+	p.n.Stats.ReadMarksWritten.Add(uint64(len(marks)))
 }
+
+// redirty puts marks that were not written back among the moved ones.
+func (p *positions) redirty(marks []persist.ReadMark) {
+	for _, m := range marks {
+		k := posKey{m.Key, m.User}
+		p.dirty[k] = max(p.dirty[k], m.Seq)
+	}
+}
+
+// readHandoff passes coalesced read marks from the positions goroutine to
+// the publish pool's committers: once a second the positions goroutine
+// offers what moved; the next committer to commit a batch takes them all
+// and writes them in the batch's transaction (persist.Reads.CommitReads),
+// or gives them back when the commit fails. A committer looks at one
+// atomic when nothing is offered.
+type readHandoff struct {
+	reads   persist.Reads
+	written *atomic.Uint64 // Stats.ReadMarksWritten
+
+	offered atomic.Bool // marks or back hold something
+	tookAny atomic.Bool // a committer took marks since the last offer
+	mu      sync.Mutex
+	marks   []persist.ReadMark // offered, not taken
+	back    []persist.ReadMark // taken, not written: for the positions goroutine
+}
+
+// offer hands marks over (positions goroutine).
+func (h *readHandoff) offer(marks []persist.ReadMark) {
+	h.mu.Lock()
+	h.marks = append(h.marks, marks...)
+	h.offered.Store(true)
+	h.tookAny.Store(false)
+	h.mu.Unlock()
+}
+
+// A commit takes at most max(readsPerCommit, readsPerRow × its publishes)
+// marks: a second's marks of 10,000 users in one statement would hold that
+// commit (and the publishes queued behind it) for tens of ms; spread over
+// the second's commits, each adds a few rows per publish (a mark costs
+// PostgreSQL a fraction of a publish), and a busier node's bigger commits
+// take more.
+const (
+	readsPerCommit = 256
+	readsPerRow    = 4
+)
+
+// take takes marks offered for a commit of rows publishes, nil when none
+// (committers).
+func (h *readHandoff) take(rows int) []persist.ReadMark {
+	if h == nil || !h.offered.Load() {
+		return nil
+	}
+	h.mu.Lock()
+	n := min(len(h.marks), max(readsPerCommit, readsPerRow*rows))
+	m := h.marks[:n:n]
+	h.marks = h.marks[n:]
+	if len(h.marks) == 0 {
+		h.marks = nil
+	}
+	h.offered.Store(len(h.marks) > 0 || len(h.back) > 0)
+	if n > 0 {
+		h.tookAny.Store(true)
+	}
+	h.mu.Unlock()
+	return m
+}
+
+// done settles marks a committer took: counted written, or given back to
+// be written later.
+func (h *readHandoff) done(marks []persist.ReadMark, ok bool) {
+	if ok {
+		h.written.Add(uint64(len(marks)))
+		return
+	}
+	h.mu.Lock()
+	h.back = append(h.back, marks...)
+	h.offered.Store(true)
+	h.mu.Unlock()
+}
+
+// reclaim takes back everything not written: offered and not taken, or
+// given back (positions goroutine).
+func (h *readHandoff) reclaim() []persist.ReadMark {
+	if !h.offered.Load() {
+		return nil
+	}
+	h.mu.Lock()
+	m := append(h.marks, h.back...)
+	h.marks, h.back = nil, nil
+	h.offered.Store(false)
+	h.mu.Unlock()
+	return m
+}
+
+// ownMove is a position moved by the user's own publish, not announced
+// yet: the publishing connection's tag (0: the API's) and the seq.
+type ownMove struct{ seq, tag uint64 }
 
 // broadcast sends the user's new position to its connections on every
 // node but the marking one, through the broker (the signals' queue: at
-// most once, like them). Payload: the marker's tag (8 bytes), the length
-// of "app/user" (2 bytes), "app/user", then the read frame.
+// most once, like them).
 func (p *positions) broadcast(key, user string, seq uint64, m *Member) {
-	app, room := proto.SplitKey(key)
 	tag := signalBit | p.n.sigNode // the API's: no member has serial 0
 	if m != nil && m.chat != nil {
 		tag = m.chat.sig
 	}
-	b := make([]byte, 0, 10+len(app)+1+len(user)+proto.SignalFrameLen(room, "", nil)+20)
-	b = binary.BigEndian.AppendUint64(b, tag)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(app)+1+len(user)))
-	b = append(append(append(b, app...), '/'), user...)
-	b = proto.AppendReadFrame(b, room, seq)
+	// Gathered while marks keep coming (run sends them once the queue is
+	// empty): at 10,000 marks a second, a broker message and a loop event
+	// per mark cost the node more than the marks themselves.
+	p.out = appendReadEntry(p.out, key, user, seq, tag, false)
+	if len(p.out) >= readBatchBytes {
+		p.sendOut()
+	}
+}
+
+// sendOut sends the announcements gathered by broadcast.
+func (p *positions) sendOut() {
+	if len(p.out) > 0 {
+		p.send(p.out)
+		p.out = nil
+	}
+}
+
+// announceOwn sends, once a second, the positions that the users' own
+// publishes moved to their other connections on every node, many in one
+// broker message. Positions goroutine.
+func (p *positions) announceOwn() {
+	if len(p.own) == 0 {
+		return
+	}
+	var b []byte
+	for k, o := range p.own {
+		tag := o.tag
+		if tag == 0 {
+			tag = signalBit | p.n.sigNode
+		}
+		b = appendReadEntry(b, k.key, k.user, o.seq, tag, true)
+		if len(b) >= readBatchBytes {
+			p.send(b)
+			b = nil
+		}
+	}
+	clear(p.own)
+	if len(b) > 0 {
+		p.send(b)
+	}
+}
+
+// readBatchBytes bounds one broker message of announced positions.
+const readBatchBytes = 32 << 10
+
+func (p *positions) send(b []byte) {
 	select {
 	case p.n.signals <- signalJob{key: proto.ReadKey, tag: 0, frame: b}:
 	default:
@@ -368,40 +583,78 @@ func (p *positions) broadcast(key, user string, seq uint64, m *Member) {
 	}
 }
 
-// receivedRead hands a read frame from the broker to every loop, which
-// sends it to the user's connections there. Broker goroutine.
+// appendReadEntry appends one announced position to a broker message on
+// proto.ReadKey, which holds one or more of them: the marker's tag (8
+// bytes), 1 when the user's own publish moved it (no news for receipts)
+// else 0 (1 byte), the length of "app/user" (2 bytes), "app/user", the
+// length of the read frame (2 bytes), the frame.
+func appendReadEntry(b []byte, key, user string, seq, tag uint64, own bool) []byte {
+	app, room := proto.SplitKey(key)
+	b = binary.BigEndian.AppendUint64(b, tag)
+	if own {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.BigEndian.AppendUint16(b, uint16(len(app)+1+len(user)))
+	b = append(append(append(b, app...), '/'), user...)
+	at := len(b)
+	b = append(b, 0, 0)
+	b = proto.AppendReadFrame(b, room, seq)
+	binary.BigEndian.PutUint16(b[at:], uint16(len(b)-at-2))
+	return b
+}
+
+// readEntries calls f with each entry of a broker message on
+// proto.ReadKey (see appendReadEntry); a malformed tail is ignored.
+func readEntries(b []byte, f func(tag uint64, own bool, userKey, frame []byte)) {
+	for len(b) >= 11 {
+		tag, own := binary.BigEndian.Uint64(b), b[8] == 1
+		ul := int(binary.BigEndian.Uint16(b[9:]))
+		if len(b) < 13+ul {
+			return
+		}
+		userKey := b[11 : 11+ul]
+		fl := int(binary.BigEndian.Uint16(b[11+ul:]))
+		b = b[13+ul:]
+		if len(b) < fl {
+			return
+		}
+		f(tag, own, userKey, b[:fl])
+		b = b[fl:]
+	}
+}
+
+// receivedRead hands a broker message of announced positions to every
+// loop, which sends each to the user's connections there. Broker
+// goroutine.
 func (n *Node) receivedRead(b []byte) {
-	if len(b) < 10 {
-		return
-	}
-	tag := binary.BigEndian.Uint64(b)
-	ul := int(binary.BigEndian.Uint16(b[8:]))
-	if len(b) < 10+ul {
-		return
-	}
-	userKey, frame := string(b[10:10+ul]), b[10+ul:]
-	if tag&signalNodeMask != signalBit|n.sigNode {
+	readEntries(b, func(tag uint64, own bool, userKey, frame []byte) {
+		if tag&signalNodeMask == signalBit|n.sigNode {
+			return
+		}
 		// Another node's: a floor for this node's answers.
 		payload, _ := proto.ServerFramePayload(frame)
 		if room, seq, ok := proto.ReadFrameOf(payload); ok {
-			app, _, _ := strings.Cut(userKey, "/")
-			_, user, _ := strings.Cut(userKey, "/")
+			app, user, _ := strings.Cut(string(userKey), "/")
 			select {
-			case n.pos.jobs <- posJob{seen: true, key: proto.RoomKey(app, room), user: user, seq: seq}:
+			case n.pos.jobs <- posJob{seen: true, own: own, key: proto.RoomKey(app, room), user: user, seq: seq}:
 			default:
 			}
 		}
-	}
+	})
+	// Only the loops holding one of the users (one lookup per entry).
 	mask := ^uint64(0)
 	if f := n.userLoops.Load(); f != nil {
-		mask = (*f)(userKey)
+		mask = 0
+		readEntries(b, func(_ uint64, _ bool, userKey, _ []byte) { mask |= (*f)(string(userKey)) })
 	}
 	for i := 0; i < n.cfg.Loops; i++ {
 		if mask&(1<<i) == 0 {
 			continue
 		}
 		if t := n.tables[i].Load(); t != nil {
-			t.loop.Post(Event{kind: evUserFrame, key: userKey, seq: tag, frame: frame})
+			t.loop.Post(Event{kind: evUserFrame, frame: b})
 		}
 	}
 }
@@ -421,19 +674,33 @@ func (n *Node) SetUserLoops(f func(userKey string) uint64) { n.userLoops.Store(&
 // string or chat state for it. Once, before the loop runs events.
 func (t *Table) SetUsers(f func(userKey string, dst []*Member) []*Member) { t.usersOf = f }
 
-// userFrame queues frame for the connections of a user on this loop but
-// the one tagged tag.
-func (t *Table) userFrame(userKey string, tag uint64, frame []byte) {
+// userFrames queues each announced position of a broker message (see
+// appendReadEntry) for the connections of its user on this loop but the
+// one that made it. An SSE connection gets it as "event: read", with no
+// id line: it moves no position of the stream.
+func (t *Table) userFrames(b []byte) {
 	if t.usersOf == nil {
 		return
 	}
-	t.userBuf = t.usersOf(userKey, t.userBuf[:0])
-	for _, m := range t.userBuf {
-		if tag == 0 || m.chat == nil || m.chat.sig != tag {
-			t.enqueue(m, frame)
+	readEntries(b, func(tag uint64, _ bool, userKey, frame []byte) {
+		var event []byte
+		t.userBuf = t.usersOf(string(userKey), t.userBuf[:0])
+		for _, m := range t.userBuf {
+			if tag != 0 && m.chat != nil && m.chat.sig == tag {
+				continue
+			}
+			if m.sse == nil {
+				t.enqueue(m, frame)
+				continue
+			}
+			if event == nil {
+				event = buildChatEvent(t.arena, "read", frame)
+			}
+			m.sse.events++
+			t.enqueue(m, event)
 		}
-	}
-	clear(t.userBuf)
+		clear(t.userBuf)
+	})
 }
 
 // readDone answers a client's read mark.

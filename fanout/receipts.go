@@ -67,8 +67,8 @@ func (p *positions) movedTo(key, user string, seq uint64) {
 }
 
 // receipts answers a receipts query: every user's position in the room,
-// newest first, at most MaxReceipts. The store's, with this node's moves
-// not written yet.
+// newest first, at most MaxReceipts. The store's, with the moves not
+// written yet that this node made or heard of from others.
 func (p *positions) receipts(j posJob) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -79,14 +79,33 @@ func (p *positions) receipts(j posJob) {
 	}
 	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
 	if err == nil {
-		for k, seq := range p.dirty {
+		add := func(k posKey, seq uint64) {
 			if k.key != j.key {
-				continue
+				return
 			}
 			i := slices.IndexFunc(marks, func(m proto.Receipt) bool { return m.User == k.user })
 			if i < 0 {
 				marks = append(marks, proto.Receipt{User: k.user, Seq: seq})
 			} else {
+				marks[i].Seq = max(marks[i].Seq, seq)
+			}
+		}
+		// Moved here and maybe not written yet: not moved since the last
+		// hand-over, or handed over to a group commit at it.
+		for k, seq := range p.dirty {
+			add(k, seq)
+		}
+		for k, seq := range p.sent {
+			add(k, seq)
+		}
+		// Moved on other nodes and announced here, maybe not written yet
+		// by them: a receipts frame may already have told the asker, so
+		// the answer must not go below it.
+		for k, seq := range p.floor {
+			add(k, seq)
+		}
+		for i := range marks {
+			if seq, ok := p.pos[posKey{j.key, marks[i].User}]; ok {
 				marks[i].Seq = max(marks[i].Seq, seq)
 			}
 		}

@@ -159,10 +159,15 @@ func (t *Table) signal(r *Room, tag uint64, frame, event []byte) {
 
 // buildSignalEvent builds the SSE event of a signal frame: "event:
 // signal" and no id line, since a signal moves no position.
-func buildSignalEvent(a *Arena, frame []byte) []byte {
+func buildSignalEvent(a *Arena, frame []byte) []byte { return buildChatEvent(a, "signal", frame) }
+
+// buildChatEvent builds the SSE event of a chat frame that moves no
+// position of the stream (signal, read, receipts): "event: NAME", the
+// frame's JSON as data, and no id line.
+func buildChatEvent(a *Arena, name string, frame []byte) []byte {
 	payload, _ := proto.ServerFramePayload(frame)
-	b := a.Space(proto.SSEEventLen("signal", len(payload), 0) + 1)
-	b = proto.AppendSSEEvent(b, "signal", payload)
+	b := a.Space(proto.SSEEventLen(name, len(payload), 0) + 1)
+	b = proto.AppendSSEEvent(b, name, payload)
 	b = append(b, '\n')
 	return a.Keep(b)
 }

@@ -34,11 +34,13 @@ const (
 	RefusedDisabled             // connection attempts of a disabled app, and connections closed by disable
 	RefusedProxy                // connections and publishes the app's proxy hooks refused (or failed closed)
 	RefusedPresenceLimit        // joins with presence in a room with the app's maximum of presence subscribers
+	RefusedSignalRate           // signals over a connection's signal rate
+	RefusedReadRate             // read, unread and receipts requests over a connection's read rate
 	numRefusals
 )
 
 // RefusalNames label the refusal counters in metrics.
-var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled", "proxy", "presence_limit"}
+var RefusalNames = [numRefusals]string{"conn_limit", "user_conn_limit", "user_rate", "app_rate", "too_large", "room_limit", "auth", "disabled", "proxy", "presence_limit", "signal_rate", "read_rate"}
 
 // app is a tenant on this node. It lives as long as the node (the map only
 // grows: registered apps, bounded first-use apps in insecure mode); its
@@ -168,12 +170,13 @@ func newApps(cfg *Config, log *slog.Logger) *apps {
 	if every <= 0 {
 		every = DefaultJWKSRefresh
 	}
-	a := &apps{insecure: cfg.Insecure, maxFirstUse: cfg.InsecureMaxApps, lim: cfg.Limits, maxRooms: cfg.MaxRooms,
+	lim := cfg.AppLimits()
+	a := &apps{insecure: cfg.Insecure, maxFirstUse: cfg.InsecureMaxApps, lim: lim, maxRooms: cfg.MaxRooms,
 		byID: make(map[string]*app),
 		jwks: &jwksSources{every: every, log: log, byURL: map[string]*jwksSource{}}}
 	// The static apps until the node hands its registry's snapshot over
 	// (SetApps); a node without a registry hands the same one.
-	a.set(tenancy.NewSnapshot(cfg.Limits, cfg.Apps, nil))
+	a.set(tenancy.NewSnapshot(lim, cfg.Apps, nil))
 	return a
 }
 
@@ -343,9 +346,9 @@ func (p *app) releaseLocked(user string, u *appUser) {
 	}
 }
 
-// linkWS adds c, an open WebSocket connection admitted as c.au, to its
-// user's connections: read positions reach it from now on, until
-// releaseConn.
+// linkWS adds c, an open WebSocket connection or SSE stream admitted as
+// c.au, to its user's connections: read positions reach it from now on,
+// until releaseConn.
 func (p *app) linkWS(c *conn) {
 	p.mu.Lock()
 	u := c.au

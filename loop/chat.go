@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -55,8 +56,9 @@ func (c *conn) signal(cmd *proto.Command) {
 		c.sendErr(cmd.Room, proto.CodeForbidden, msg)
 		return
 	}
-	if wait := c.take(&c.m.Chat().SignalTAT); wait > 0 {
+	if wait := c.take(&c.m.Chat().SignalTAT, false); wait > 0 {
 		l.srv.fan.Stats.SignalsLimited.Add(1)
+		c.app.refused[RefusedSignalRate].Add(1)
 		c.sendRateLimited(cmd.Room, "signal rate of this connection exceeded: retry after retry_after ms", wait)
 		return
 	}
@@ -130,32 +132,42 @@ func (c *conn) mayAsk(room []byte) bool {
 // requests (the signal rate, in a bucket of their own), answering the
 // refusal itself.
 func (c *conn) admitRead(ref []byte) bool {
-	if wait := c.take(&c.m.Chat().ReadTAT); wait > 0 {
+	if wait := c.take(&c.m.Chat().ReadTAT, true); wait > 0 {
 		c.l.srv.fan.Stats.ReadsLimited.Add(1)
+		c.app.refused[RefusedReadRate].Add(1)
 		c.sendRateLimited(ref, "read request rate of this connection exceeded: retry after retry_after ms", wait)
 		return false
 	}
 	return true
 }
 
-// take spends one request of a connection's bucket at the signal rate
-// (GCRA over tat, the theoretical arrival time in ns since monoEpoch) and
-// returns how long to wait when it is empty, else 0. Loop only: the bucket
-// is the connection's, so it needs no atomics.
-func (c *conn) take(tat *int64) int64 {
-	cfg := &c.l.srv.cfg
-	if cfg.SignalRate <= 0 {
+// take spends one request of a connection's bucket (GCRA over tat, the
+// theoretical arrival time in ns since monoEpoch) at the app's signal
+// rate, or its read rate, and returns how long to wait when it is empty,
+// else 0. Loop only: the bucket is the connection's, so it needs no
+// atomics.
+func (c *conn) take(tat *int64, read bool) int64 {
+	r := c.chatRate(read)
+	if r.Unlimited() {
 		return 0
 	}
-	interval := int64(float64(time.Second) / cfg.SignalRate)
-	tolerance := interval * int64(max(cfg.SignalBurst-1, 0))
-	now := int64(time.Since(monoEpoch))
-	t := max(*tat, now)
-	if wait := t - now - tolerance; wait > 0 {
-		return wait
+	return r.Take(tat, int64(time.Since(monoEpoch)))
+}
+
+// chatRate is the app's signal or read rate (the node's defaults when the
+// app is not registered).
+func (c *conn) chatRate(read bool) tenancy.Rate {
+	if cfg := c.app.cfg.Load(); cfg != nil {
+		if read {
+			return cfg.ReadRate
+		}
+		return cfg.SignalRate
 	}
-	*tat = t + interval
-	return 0
+	lim := &c.l.srv.apps.lim
+	if read {
+		return tenancy.NewRate(lim.ReadRate, lim.ReadBurst)
+	}
+	return tenancy.NewRate(lim.SignalRate, lim.SignalBurst)
 }
 
 // pushSignal hands a signal to the loop, or drops it with the inbox full:

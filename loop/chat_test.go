@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
 )
 
@@ -413,6 +416,14 @@ func TestReceiptsTwoNodesPostgres(t *testing.T) {
 	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"carol":2}}` {
 		t.Fatal(got)
 	}
+	// Asked at once, before node b has written carol's mark: the answer
+	// holds what the receipts frame already told (bob's move by his own
+	// publish is announced within a second, so it may not be there yet).
+	alice.send(`{"op":"receipts","room":"r"}`)
+	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"carol":2}}` &&
+		got != `{"op":"receipts","room":"r","read":{"alice":2,"bob":2,"carol":2}}` {
+		t.Fatal("before the write:", got)
+	}
 	checkFor(t, 5*time.Second, func() bool { return b.fan.Stats.ReadMarksWritten.Load() >= 2 })
 	alice.send(`{"op":"receipts","room":"r"}`)
 	if got := string(alice.recvRaw()); got != `{"op":"receipts","room":"r","read":{"alice":2,"bob":2,"carol":2}}` {
@@ -482,4 +493,201 @@ func TestSignalNotResumed(t *testing.T) {
 	c.expect(map[string]any{"op": "msg", "seq": 1})
 	c.send(`{"op":"ping"}`)
 	c.expect(map[string]any{"op": "pong"})
+}
+
+// An SSE stream of the user gets the user's read positions as "event:
+// read" (no id: it moves no position of the stream), and with
+// receipts=true the rooms' receipts as "event: receipts".
+func TestReadAndReceiptsSSE(t *testing.T) {
+	n := startNode(t, nil)
+	bob := n.dial(t, "bob")
+	publish(t, bob, "r", "m", 3)
+	s := n.sse(t, "user=alice&app=test&room=r&receipts=true")
+	s.expect("joined")
+	id := s.lastID
+	alice := n.dial(t, "alice")
+	alice.send(`{"op":"read","room":"r","seq":2}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 2})
+	ev := s.expect("read")
+	if ev.data != `{"op":"read","room":"r","seq":2}` || s.lastID != id {
+		t.Fatalf("read event %+v, id %q (was %q)", ev, s.lastID, id)
+	}
+	// alice's own mark and bob's are the room's receipts.
+	ev = s.expect("receipts")
+	if ev.data != `{"op":"receipts","room":"r","read":{"alice":2}}` || s.lastID != id {
+		t.Fatalf("receipts event %+v", ev)
+	}
+	bob.send(`{"op":"read","room":"r","seq":1}`) // his publishes moved it to 3: no news
+	bob.expect(map[string]any{"op": "read", "seq": 3})
+	carol := n.dial(t, "carol")
+	carol.send(`{"op":"read","room":"r","seq":3}`)
+	carol.expect(map[string]any{"op": "read", "seq": 3})
+	ev = s.expect("receipts")
+	if ev.data != `{"op":"receipts","room":"r","read":{"carol":3}}` {
+		t.Fatalf("receipts event %+v", ev)
+	}
+	// A stream without receipts=true gets none, and nobody else's reads.
+	s2 := n.sse(t, "user=dave&app=test&room=r")
+	s2.expect("joined")
+	carol.send(`{"op":"read","room":"r","seq":3}`)
+	carol.expect(map[string]any{"op": "read", "seq": 3})
+	bob.send(`{"op":"pub","room":"r","id":"after","body":1}`)
+	bob.skipTo("ack")
+	if ev := s2.expect("msg"); !strings.Contains(ev.data, `"seq":4`) {
+		t.Fatalf("want msg 4, got %+v", ev)
+	}
+}
+
+// A user's own publish moves its read position, and the move reaches the
+// user's other connections on every node (once a second, coalesced), not
+// the publishing one; it survives a node restart with PostgreSQL.
+func TestOwnPublishReadReachesOtherNode(t *testing.T) {
+	a, b, url, prefix := pgRedisNodes(t)
+	aliceA, aliceA2, aliceB := a.dial(t, "alice"), a.dial(t, "alice"), b.dial(t, "alice")
+	aliceB.send(`{"op":"ping"}`) // connected on b before the publishes
+	aliceB.expect(map[string]any{"op": "pong"})
+	publish(t, aliceA, "r", "m", 3)
+	aliceB.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	aliceA2.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	// The publisher got its acks, and no read frame: its next frame is the pong.
+	aliceA.send(`{"op":"ping"}`)
+	aliceA.expect(map[string]any{"op": "pong"})
+	// Never back, on either node.
+	aliceB.send(`{"op":"read","room":"r","seq":1}`)
+	aliceB.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	checkFor(t, 5*time.Second, func() bool {
+		p, err := openPGRead(t, url, "test/r", "alice")
+		return err == nil && p == 3
+	})
+	pgC := openPG(t, url)
+	t.Cleanup(pgC.Close)
+	c := startNodeWith(t, testConfig(), pgC, testLogger(), redisBroker(t, redistest.Addr, prefix))
+	aliceC := c.dial(t, "alice")
+	aliceC.send(`{"op":"read","room":"r","seq":0}`)
+	aliceC.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+}
+
+// openPGRead reads a position from the database through a store of its own.
+func openPGRead(t *testing.T, url, key, user string) (uint64, error) {
+	st := openPG(t, url)
+	defer st.Close()
+	return st.ReadPosition(context.Background(), key, user)
+}
+
+// Read marks are written by the group commit's transactions while
+// publishes flow (the position's row carries a batch's transaction id),
+// and on their own within about a second on an idle node.
+func TestReadMarksInGroupCommitPostgres(t *testing.T) {
+	a, _, url, _ := pgRedisNodes(t)
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(ctx) })
+	bob, alice := a.dial(t, "bob"), a.dial(t, "alice")
+	publish(t, bob, "r", "m", 2)
+	// Publishes keep coming into r (bob's reader only drains his acks);
+	// alice keeps marking it read up to bob's latest: each second's mark
+	// rides one of the publishes' commits.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			bob.send(fmt.Sprintf(`{"op":"pub","room":"r","id":"o%d","body":1}`, i))
+		}
+	}()
+	var inBatch bool
+	checkFor(t, 10*time.Second, func() bool {
+		time.Sleep(200 * time.Millisecond) // within alice's read rate
+		var seq int64
+		if db.QueryRow(ctx, `SELECT last_seq FROM rooms WHERE name = 'r'`).Scan(&seq) != nil {
+			return false
+		}
+		alice.send(fmt.Sprintf(`{"op":"read","room":"r","seq":%d}`, seq)) // moves it: written again
+		alice.skipTo("read")
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM read_positions rp JOIN messages m ON m.xmin::text = rp.xmin::text
+WHERE rp.user_id = 'alice')`).Scan(&inBatch)
+		return err == nil && inBatch
+	})
+	close(stop)
+	<-done
+	// Idle: no publish, a mark is still written within about a second.
+	var last int64
+	checkFor(t, 5*time.Second, func() bool {
+		return db.QueryRow(ctx, `SELECT last_seq FROM rooms WHERE name = 'r'`).Scan(&last) == nil && last > 2
+	})
+	time.Sleep(300 * time.Millisecond) // the publishes' last acks and commits
+	alice.send(fmt.Sprintf(`{"op":"read","room":"r","seq":%d}`, last))
+	alice.skipTo("read")
+	written := a.fan.Stats.ReadMarksWritten.Load()
+	checkFor(t, 3*time.Second, func() bool {
+		var seq int64
+		err := db.QueryRow(ctx, `SELECT seq FROM read_positions WHERE user_id = 'alice'`).Scan(&seq)
+		return err == nil && seq == last
+	})
+	checkFor(t, time.Second, func() bool { return a.fan.Stats.ReadMarksWritten.Load() > written })
+}
+
+// An app's registry entry sets its own signal and read-request limits;
+// another app keeps the node's.
+func TestChatLimitsPerApp(t *testing.T) {
+	two, one := int64(2), int64(1)
+	rate, slow := 1.0/3600, 0.0
+	n := secureNode(t, nil,
+		proto.App{ID: "a", Secret: secretA, Limits: proto.AppLimits{SignalRate: &rate, SignalBurst: &two, ReadRate: &rate, ReadBurst: &one}},
+		proto.App{ID: "b", Secret: secretB, Limits: proto.AppLimits{ReadRate: &slow}})
+	a, b := n.dialApp(t, "a", "alice"), n.dialApp(t, "b", "bob")
+	for i := 0; i < 2; i++ {
+		a.send(`{"op":"signal","room":"r","body":1}`)
+	}
+	a.send(`{"op":"signal","room":"r","body":1}`)
+	a.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": "r"})
+	a.send(`{"op":"read","room":"r","seq":0}`)
+	a.expect(map[string]any{"op": "read", "seq": 0})
+	a.send(`{"op":"read","room":"r","seq":0}`)
+	a.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": "r"})
+	// App b: the node's signal bucket (burst 20), no read limit.
+	for i := 0; i < 20; i++ {
+		b.send(`{"op":"signal","room":"r","body":1}`)
+	}
+	b.send(`{"op":"signal","room":"r","body":1}`)
+	b.expect(map[string]any{"op": "err", "code": "rate_limited", "ref": "r"})
+	for i := 0; i < 40; i++ {
+		b.send(`{"op":"read","room":"r","seq":0}`)
+		b.expect(map[string]any{"op": "read", "seq": 0})
+	}
+	if got := n.fan.Stats.SignalsLimited.Load(); got != 2 {
+		t.Fatalf("signals limited %d, want 2", got)
+	}
+}
+
+// Two nodes on PostgreSQL and Redis: the user's SSE stream on one node
+// gets the read frames of the user's WebSocket on the other, and the
+// position never moves back.
+func TestReadSSETwoNodesPostgres(t *testing.T) {
+	a, b, _, _ := pgRedisNodes(t)
+	bob := a.dial(t, "bob")
+	publish(t, bob, "r", "m", 4)
+	s := b.sse(t, "user=alice&app=test&room=r")
+	s.expect("joined")
+	alice := a.dial(t, "alice")
+	alice.send(`{"op":"read","room":"r","seq":3}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	if ev := s.expect("read"); ev.data != `{"op":"read","room":"r","seq":3}` {
+		t.Fatalf("read event %+v", ev)
+	}
+	alice.send(`{"op":"read","room":"r","seq":1}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 3}) // not moved: nothing announced
+	alice.send(`{"op":"read","room":"r","seq":4}`)
+	alice.expect(map[string]any{"op": "read", "room": "r", "seq": 4})
+	if ev := s.expect("read"); ev.data != `{"op":"read","room":"r","seq":4}` {
+		t.Fatalf("read event %+v", ev)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -64,7 +65,7 @@ func (c *conn) linkOut() {
 }
 
 // membersOf appends to dst the members of user "app/user"'s open
-// WebSocket connections on loop l: the table's index for read positions
+// WebSocket connections and SSE streams on loop l: the table's index for read positions
 // (fanout.Table.SetUsers). Loop only.
 func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Member {
 	id, user, _ := strings.Cut(userKey, "/")
@@ -94,7 +95,7 @@ func (l *loopState) membersOf(userKey string, dst []*fanout.Member) []*fanout.Me
 }
 
 // loopsOf is the set of loops (bit i: loop i) holding an open WebSocket
-// connection of user "app/user": the node posts a read position to those
+// connection or SSE stream of user "app/user": the node posts a read position to those
 // only (fanout.Node.SetUserLoops). Any goroutine.
 func (s *Server) loopsOf(userKey string) uint64 {
 	id, user, _ := strings.Cut(userKey, "/")
@@ -845,6 +846,7 @@ func (c *conn) publish(req *fanout.PubRequest) {
 	l := c.l
 	ps := l.stamp(c, req)
 	req.Origin = ps
+	req.Tag = l.table.PubTag(&c.m)
 	c.m.Published(req.Key, req.ID)
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.fan.Publish(req); err != nil {
@@ -884,7 +886,48 @@ func (l *loopState) ack(ps *pubStamp) {
 	c.m.Acked(req.Key, req.ID, seq)
 	l.srv.Stats.Acks.Add(1)
 	l.srv.Stats.AckLatency.Observe(waited.Seconds())
+	now := fanout.Stamp()
+	if req.Answered != 0 {
+		l.srv.Stats.AckInbox.Observe((now - req.Answered).Seconds())
+	}
 	c.send(a.Keep(proto.AppendAckFrame(a.Space(64+6*len(req.ID)+len(room)), req.ID, room, seq)))
+	if len(l.acksOut) < maxAcksOut {
+		l.acksOut = append(l.acksOut, ackOut{c: c, at: now})
+	}
+}
+
+// maxAcksOut bounds the acks a loop tracks until written (writeAcks,
+// ackWritten walk them after every round of writes): publishers that do
+// not read their socket must not make every flush slower. Past it an ack
+// leaves with its connection's next write, unobserved.
+const maxAcksOut = 4096
+
+// ackOut is an ack queued on c at (fanout.Stamp) and not written yet.
+type ackOut struct {
+	c  *conn
+	at time.Duration
+}
+
+// ackWritten observes the write-out of the acks whose connections have
+// nothing pending any more (written, or closed) and forgets them. Loop
+// only; after each round of writes.
+func (l *loopState) ackWritten() {
+	if len(l.acksOut) == 0 {
+		return
+	}
+	now := fanout.Stamp()
+	keep := l.acksOut[:0]
+	for _, a := range l.acksOut {
+		switch {
+		case a.c.closed:
+		case a.c.out.PendingBytes() == 0:
+			l.srv.Stats.AckWrite.Observe((now - a.at).Seconds())
+		default:
+			keep = append(keep, a)
+		}
+	}
+	clear(l.acksOut[len(keep):])
+	l.acksOut = keep
 }
 
 func (c *conn) history(cmd *proto.Command) {

@@ -32,6 +32,7 @@ func (l *loopState) flushFresh() {
 		l.out(m)
 	}
 	l.sendQueued()
+	l.ackWritten()
 }
 
 // flush writes every dirty connection's pending frames, one writev each,
@@ -109,6 +110,7 @@ func (l *loopState) writeSlice(ms []*connOut, budget time.Duration) (wrote, done
 		wrote++
 	}
 	l.sendQueued()
+	l.ackWritten()
 	return wrote, len(ms)
 }
 

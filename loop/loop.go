@@ -180,6 +180,9 @@ type loopState struct {
 	peers     map[*conn]netip.AddrPort // client addresses a proxy named (realaddr.go); not in conn, which stays small
 	draining  bool
 	stamps    []*pubStamp // free list of publish stamps (server.go)
+	// acksOut: acks queued and not written yet, with when (fanout.Stamp),
+	// for the write-out phase of their time (ackWritten).
+	acksOut []ackOut
 	// pubQueues are the connections with publishes waiting for their
 	// app's publish proxy (proxy.go): kept here, not in conn, which
 	// stays small for the connections of apps without one.

@@ -136,6 +136,18 @@ type Config struct {
 	DemoPage     []byte
 }
 
+// AppLimits are the defaults of every app's limits as the registry's
+// snapshots resolve them (tenancy.NewSnapshot): Limits, with the node's
+// --signal-rate and --signal-burst as the defaults of both chat buckets
+// (signals; read, unread and receipts requests), which an app's registry
+// entry may set apart.
+func (c *Config) AppLimits() tenancy.Limits {
+	lim := c.Limits
+	lim.SignalRate, lim.SignalBurst = c.SignalRate, int64(c.SignalBurst)
+	lim.ReadRate, lim.ReadBurst = c.SignalRate, int64(c.SignalBurst)
+	return lim
+}
+
 // Defaults returns the documented defaults.
 func Defaults() Config {
 	return Config{
@@ -267,6 +279,12 @@ type Stats struct {
 	// allocates nothing.
 	WriteFrames fanout.Observer // frames per writev: the batch size of one write
 	AckLatency  fanout.Observer // seconds from a pub frame read to its ack queued
+	// The loop's share of an ack's time (fanout.AckPhases has the publish
+	// path's): seconds from the publish path's answer to the ack queued
+	// (the loop's inbox), and from the ack queued to its write to the
+	// socket (the flush).
+	AckInbox fanout.Observer
+	AckWrite fanout.Observer
 
 	// InboxDepth[i] is how many tasks loop i took in its latest inbox drain:
 	// a loop falling behind shows as a growing number here.
@@ -278,6 +296,8 @@ type Stats struct {
 type Histograms struct {
 	WriteFrames fanout.Observer
 	AckLatency  fanout.Observer
+	AckInbox    fanout.Observer // see Stats.AckInbox
+	AckWrite    fanout.Observer // see Stats.AckWrite
 	// ProxyLatency observes each proxy hook call's seconds.
 	ProxyLatency fanout.Observer
 }
@@ -389,6 +409,8 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Latency: orNone(h.ProxyLatency), Log: log})
 	s.Stats.WriteFrames = orNone(h.WriteFrames)
 	s.Stats.AckLatency = orNone(h.AckLatency)
+	s.Stats.AckInbox = orNone(h.AckInbox)
+	s.Stats.AckWrite = orNone(h.AckWrite)
 	if cfg.NodeID != "" {
 		s.nodeHeader = []byte("X-Roost-Node: " + cfg.NodeID + "\r\n\r\n")
 	}

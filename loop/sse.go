@@ -138,6 +138,9 @@ func (c *conn) openSSE(req *proto.Request) {
 	s.Stats.SSEConns.Add(1)
 	s.Stats.SSEOpened.Add(1)
 	c.m.SetSSE(endAt)
+	// The user's read positions reach the stream as "event: read".
+	c.app.linkWS(c)
+	receipts := sseReceipts(req.Query)
 	for _, r := range rooms {
 		key := l.roomKey(c, l.sseBuf[r.start:r.end])
 		c.m.SSEResume(l.intern(key), r.since, r.hasSince) // one string per room for all its listeners
@@ -153,6 +156,9 @@ func (c *conn) openSSE(req *proto.Request) {
 			c.closeWith(proto.CloseTryAgain, nil)
 			break
 		}
+		if receipts {
+			l.table.SetReceipts(&c.m, l.intern(l.roomKey(c, room)), true)
+		}
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		s.log.Debug("sse stream open", "app", c.app.id, "user", c.user, "rooms", len(rooms), "remote", c.clientAddr())
@@ -162,6 +168,14 @@ func (c *conn) openSSE(req *proto.Request) {
 	}
 	l.settle()
 	l.kick()
+}
+
+// sseReceipts reports whether the query asks the rooms' receipts
+// (receipts=true, as a WebSocket join's "receipts":true).
+func sseReceipts(query []byte) bool {
+	var buf [8]byte
+	v, ok := proto.QueryValue(query, "receipts", buf[:0])
+	return ok && string(v) == "true"
 }
 
 // refuseSSE answers a refused stream. The connection never counted as

@@ -21,7 +21,34 @@ import (
 // a tick later. The output is then held until the loop's last publish is
 // answered (its ack is pushed right behind its delivery) or for
 // holdMax, whichever comes first, and leaves in one write per member.
+//
+// Acks wait for neither (writeAcks).
 func (l *loopState) kick() {
+	l.kickOut()
+	l.writeAcks()
+}
+
+// writeAcks writes the connections that got an ack in this wake-up and
+// still hold it, whatever the tick: a publisher is a member of its room,
+// so its own message's delivery (from the broker, which answers the
+// publish path a moment later than it delivers) has usually just been
+// written in this tick's period, and its ack would otherwise wait for the
+// next tick, up to --flush, or for a hold. That is one write more per
+// publish at most, with whatever else is pending for that connection.
+func (l *loopState) writeAcks() {
+	if len(l.acksOut) == 0 {
+		return
+	}
+	for _, a := range l.acksOut {
+		if c := a.c; !c.closed && c.out.PendingBytes() > 0 {
+			l.out(&c.out)
+		}
+	}
+	l.sendQueued()
+	l.ackWritten()
+}
+
+func (l *loopState) kickOut() {
 	if l.passing {
 		if !l.passFresh {
 			l.passOn()

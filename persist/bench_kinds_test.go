@@ -15,7 +15,8 @@ import (
 // hot room, as 5,000 publishes a second gather them (a 10 ms window):
 // plain messages (set-based statements), the same without the index 0007
 // added to every message (what kinds cost a plain publish), and reactions
-// (roost_commit_changes: every row checked in the transaction), each user
+// (runChanges: from what the store knows of the room after the first
+// batches, one round trip), each user
 // reacting and taking it back in turn so that every row is stored.
 //
 //	go test -run XXX -bench PGCommitKinds -benchtime 200x ./persist/

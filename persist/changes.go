@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,11 +18,15 @@ import (
 // batch's rooms (in id order, the one order of every commit of every node)
 // and reads what the rules need, set-based: the keys stored already, the
 // messages the changes name and their state, the users' standing
-// reactions; the rules are then applied here, row after row in batch
+// reactions (their latest react or unreact entry, by messages_changes);
+// the rules are then applied here, row after row in batch
 // order (an edit of a message of the same batch, a react then an unreact,
 // a change after a delete: each answered as if alone); the second writes
 // the new entries, the changed messages' state (one row per message and
 // batch however many reactions it got) and the rooms' seqs, and commits.
+// A reaction writes its entry alone (messages: the row, its keys and the
+// messages_changes entry), as a plain message does, and its message's
+// state row once per batch.
 // No read of its own per publish, and no row-at-a-time statement.
 const (
 	// changesLockSQL is a statement of its own: the reads that follow must
@@ -42,9 +47,33 @@ FROM unnest($5::int8[], $6::int8[]) AS r (room_id, seq)
 JOIN messages m ON m.room_id = r.room_id AND m.seq = r.seq
 LEFT JOIN message_state st ON st.room_id = m.room_id AND st.seq = m.seq
 UNION ALL
-SELECT 3, x.room_id, x.seq, x.entry, x.ts, x.sender, x.reaction, x.active
+SELECT 3, k.room_id, k.seq, x.seq, x.ts, k.sender, k.reaction, x.kind = 3
 FROM unnest($7::int8[], $8::int8[], $9::text[], $10::text[]) AS k (room_id, seq, sender, reaction)
-JOIN reactions x ON x.room_id = k.room_id AND x.seq = k.seq AND x.sender = k.sender AND x.reaction = k.reaction`
+CROSS JOIN LATERAL (
+	SELECT m.seq, m.ts, m.kind FROM messages m
+	WHERE m.room_id = k.room_id AND m.ref = k.seq AND m.ref IS NOT NULL AND m.sender = k.sender AND m.reaction = k.reaction
+	ORDER BY m.seq DESC LIMIT 1
+) x`
+
+	// changesGuardSQL locks the batch's rooms as changesLockSQL does and
+	// fails (division by zero) unless every room ($1, in id order) has
+	// the last_seq the node knows ($2) and every message named ($3, $4)
+	// is still stored: what a batch committed from the node's knowledge
+	// rests on; it answers the transaction's now(), the time of the
+	// entries. A room's row is checked as the lock finds it, after the
+	// commits the lock waited for (a row whose last_seq they changed is
+	// not locked, and the statement fails).
+	changesGuardSQL = `
+SELECT 1 / ((SELECT count(*) FROM (
+		SELECT r.id FROM rooms r JOIN unnest($1::int8[], $2::int8[]) AS g (id, last) ON r.id = g.id
+		WHERE r.last_seq = g.last ORDER BY r.id FOR NO KEY UPDATE OF r) l) = coalesce(cardinality($1::int8[]), 0)
+	AND (SELECT count(*) FROM unnest($3::int8[], $4::int8[]) AS g (room_id, seq) JOIN messages m ON m.room_id = g.room_id AND m.seq = g.seq AND m.kind = 0) = coalesce(cardinality($3::int8[]), 0))::int, now()`
+
+	// changesKeysSQL: changesReadSQL's keys stored already, alone.
+	changesKeysSQL = `
+SELECT i.ord::int8, m.seq, m.ts
+FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::int4[]) AS i (room_id, sender, idem_key, ord)
+JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key = i.idem_key`
 
 	// changesWriteSQL writes a batch's entries, the state of the messages
 	// it changed (one row per message: its latest edit, deleted, the sum
@@ -52,15 +81,19 @@ JOIN reactions x ON x.room_id = k.room_id AND x.seq = k.seq AND x.sender = k.sen
 	// the users' standing reactions and the rooms' seqs, in one statement.
 	// A new state row gets no negative delta: an unreact takes back a
 	// reaction whose react made the row.
+	// $20 is the entries' time: the transaction's now() as the lock read
+	// it, or NULL for now() when the batch is committed from what the
+	// node knows (runChanges: the guard reads it, and the answers are
+	// given it after the commit).
 	changesWriteSQL = `
 WITH ins AS (
-	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, ref, msgs)
-	SELECT i.room_id, i.seq, i.sender, i.idem_key, now(), i.body, $9, i.kind, nullif(i.ref, 0), i.msgs
-	FROM unnest($1::int8[], $2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int8[], $8::int8[])
-		AS i (room_id, seq, sender, idem_key, body, kind, ref, msgs)
+	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, ref, msgs, reaction)
+	SELECT i.room_id, i.seq, i.sender, i.idem_key, coalesce($20::timestamptz, now()), i.body, $9, i.kind, nullif(i.ref, 0), i.msgs, nullif(i.reaction, '')
+	FROM unnest($1::int8[], $2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int8[], $8::int8[], $16::text[])
+		AS i (room_id, seq, sender, idem_key, body, kind, ref, msgs, reaction)
 ), state AS (
 	INSERT INTO message_state AS st (room_id, seq, edited, body, deleted, reactions)
-	SELECT s.room_id, s.seq, CASE WHEN s.edited THEN now() END, s.body, s.deleted, s.reactions::jsonb
+	SELECT s.room_id, s.seq, CASE WHEN s.edited THEN coalesce($20::timestamptz, now()) END, s.body, s.deleted, s.reactions::jsonb
 	FROM unnest($10::int8[], $11::int8[], $12::bool[], $13::bytea[], $14::bool[], $15::text[]) AS s (room_id, seq, edited, body, deleted, reactions)
 	ON CONFLICT (room_id, seq) DO UPDATE SET
 		edited = coalesce(EXCLUDED.edited, st.edited),
@@ -72,13 +105,8 @@ WITH ins AS (
 					SELECT * FROM jsonb_each_text(st.reactions) UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.reactions)
 				) a (t, n) GROUP BY t
 			) b) END
-), rx AS (
-	INSERT INTO reactions AS x (room_id, seq, sender, reaction, entry, ts, active)
-	SELECT room_id, seq, sender, reaction, entry, now(), active
-	FROM unnest($16::int8[], $17::int8[], $18::text[], $19::text[], $20::int8[], $21::bool[]) AS k (room_id, seq, sender, reaction, entry, active)
-	ON CONFLICT (room_id, seq, sender, reaction) DO UPDATE SET entry = EXCLUDED.entry, ts = EXCLUDED.ts, active = EXCLUDED.active
 )
-UPDATE rooms r SET last_seq = u.l, msgs = u.c FROM unnest($22::int8[], $23::int8[], $24::int8[]) AS u (id, l, c)
+UPDATE rooms r SET last_seq = u.l, msgs = u.c FROM unnest($17::int8[], $18::int8[], $19::int8[]) AS u (id, l, c)
 WHERE r.id = u.id AND r.last_seq <> u.l`
 )
 
@@ -106,7 +134,32 @@ type roomSeqs struct{ last, msgs int64 }
 
 // runChanges commits s's distinct publishes (a batch holding changes) on
 // conn and fills their rows' Stored.
-func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64) error {
+//
+// With lookup false (changesFreshSQL), the batch's keys are taken as new,
+// as freshSQL takes a batch of messages: the read does not look them up,
+// a stored key among the rows written fails the write with a unique
+// violation (the batch is then sent again with lookup), and the rows the
+// rules refuse or answer with a standing reaction, which write nothing,
+// are looked up in the second round trip, before the write, and answered
+// as stored if they are.
+//
+// With lookup false and every room, message named and standing reaction
+// of the batch known to the node (kindsCache), the batch is committed in
+// one round trip: the lock and a guard that fails the transaction unless
+// each room's last_seq is what the node knows and every message named is
+// still stored (retention), the writes and COMMIT; a failed guard drops
+// the node's knowledge of the batch's rooms and the batch is committed the
+// long way.
+func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, lookup bool) error {
+	if !lookup {
+		if k := p.kc.known(s); k != nil {
+			err := p.runChangesKnown(ctx, conn, s, rs, token, k)
+			if !errors.Is(err, errStale) {
+				return err
+			}
+			p.staleCommits.Add(1)
+		}
+	}
 	// The reads: the keys, the messages named (distinct), the reactions.
 	var refRooms, refSeqs []int64
 	seenRef := map[refKey]bool{}
@@ -129,7 +182,11 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(changesLockSQL, s.rooms)
-	b.Queue(changesReadSQL, s.uRoom, s.uSender, s.uKey, s.uOrd, refRooms, refSeqs, kRooms, kSeqs, kSenders, kTexts)
+	if lookup {
+		b.Queue(changesReadSQL, s.uRoom, s.uSender, s.uKey, s.uOrd, refRooms, refSeqs, kRooms, kSeqs, kSenders, kTexts)
+	} else {
+		b.Queue(changesReadSQL, []int64(nil), []string(nil), [][]byte(nil), []int32(nil), refRooms, refSeqs, kRooms, kSeqs, kSenders, kTexts)
+	}
 	br := conn.SendBatch(ctx, b)
 	rooms := make(map[int64]*roomSeqs, len(s.rooms))
 	dups := make(map[int32]Stored)
@@ -178,6 +235,64 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	if err != nil {
 		return err
 	}
+	// What the reads found not to exist: no standing reaction.
+	for j := range kRooms {
+		k := reactKey{kRooms[j], kSeqs[j], kSenders[j], kTexts[j]}
+		if ref := refs[refKey{k.room, k.seq}]; ref != nil {
+			if _, ok := reacts[k]; !ok {
+				reacts[k] = reactState{entry: k.seq, ts: ref.ts}
+			}
+		}
+	}
+	k := &knownBatch{rooms: rooms, refs: refs, reacts: reacts}
+	return p.writeChanges(ctx, conn, s, rs, token, lookup, dups, k, now, nil)
+}
+
+// knownBatch is what a batch's rules start from: its rooms' seqs, the
+// messages it names, its users' standing reactions (a reaction with none
+// standing: entry is the message, active false).
+type knownBatch struct {
+	rooms  map[int64]*roomSeqs
+	refs   map[refKey]*refState
+	reacts map[reactKey]reactState
+}
+
+// runChangesKnown commits a batch from what the node knows, in one round
+// trip (see runChanges). errStale: the node's knowledge was out of date,
+// nothing was stored.
+func (p *Postgres) runChangesKnown(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, k *knownBatch) error {
+	var gLast, gRefRooms, gRefSeqs []int64
+	for _, id := range s.rooms { // in id order
+		gLast = append(gLast, k.rooms[id].last)
+	}
+	for rk := range k.refs {
+		gRefRooms, gRefSeqs = append(gRefRooms, rk.room), append(gRefSeqs, rk.seq)
+	}
+	pre := &pgx.Batch{}
+	pre.Queue("BEGIN")
+	pre.Queue(changesGuardSQL, s.rooms, gLast, gRefRooms, gRefSeqs)
+	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, unknownNow, pre)
+}
+
+// unknownNow stands for the transaction's now() in the rules of a batch
+// committed from what the node knows, until the guard has read it.
+var unknownNow = time.UnixMilli(-1)
+
+// errStale: a batch committed from what the node knew met a room or a
+// message that changed elsewhere; nothing was stored.
+var errStale = errors.New("the node's knowledge of a room is out of date")
+
+// writeChanges applies the rules to a batch from k and sends the writes
+// and COMMIT, after pre's statements when pre is not nil (in the same
+// round trip).
+func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, lookup bool,
+	dups map[int32]Stored, k *knownBatch, now time.Time, pre *pgx.Batch) error {
+	rooms, refs, reacts := k.rooms, k.refs, k.reacts
+	base := make(map[int64]roomSeqs, len(rooms))
+	for id, r := range rooms {
+		base[id] = *r
+	}
+	created := map[refKey]bool{}
 
 	// The rules, in batch order.
 	var w changeWrites
@@ -190,8 +305,8 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 		}
 		return st
 	}
-	reactW := map[reactKey]int{} // reaction → index in w.r*
 	nowMS := now.UnixMilli()
+	var unwritten []int // with lookup false: the rows that write nothing
 	for j, ord := range s.uOrd {
 		r := rs[ord]
 		if d, ok := dups[int32(ord)]; ok {
@@ -209,10 +324,12 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 			ref := refs[rk]
 			if ref == nil || ref.kind != int16(proto.KindMsg) || ref.deleted {
 				r.Stored = Stored{Err: proto.ErrRefNotFound}
+				unwritten = append(unwritten, j)
 				continue
 			}
 			if (kind == proto.KindEdit || kind == proto.KindDelete) && !s.uAny[j] && ref.sender != s.uSender[j] {
 				r.Stored = Stored{Err: proto.ErrRefForbidden}
+				unwritten = append(unwritten, j)
 				continue
 			}
 			if kind.IsReaction() {
@@ -224,6 +341,7 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 				}
 				if cur.active == (kind == proto.KindReact) {
 					r.Stored = Stored{Seq: uint64(cur.entry), TS: cur.ts.UnixMilli(), Duplicate: true}
+					unwritten = append(unwritten, j)
 					continue
 				}
 			}
@@ -233,9 +351,10 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 			room.msgs++
 			// A change later in the batch may name it.
 			refs[refKey{s.uRoom[j], room.last}] = &refState{kind: int16(proto.KindMsg), sender: s.uSender[j], ts: now}
+			created[refKey{s.uRoom[j], room.last}] = true
 		}
 		seq := room.last
-		w.add(s, j, seq, room.msgs)
+		w.add(s, j, seq, room.msgs, text)
 		r.Stored = Stored{Seq: uint64(seq), TS: nowMS}
 		switch kind {
 		case proto.KindEdit:
@@ -248,13 +367,6 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 			on := kind == proto.KindReact
 			k := reactKey{rk.room, rk.seq, s.uSender[j], text}
 			reacts[k] = reactState{entry: seq, ts: now, active: on}
-			if i, ok := reactW[k]; ok {
-				w.rEntry[i], w.rActive[i] = seq, on
-			} else {
-				reactW[k] = len(w.rRoom)
-				w.rRoom, w.rSeq, w.rSender, w.rText = append(w.rRoom, rk.room), append(w.rSeq, rk.seq), append(w.rSender, k.sender), append(w.rText, text)
-				w.rEntry, w.rActive = append(w.rEntry, seq), append(w.rActive, on)
-			}
 			st := state(rk)
 			if st.deltas == nil {
 				st.deltas = map[string]int{}
@@ -290,22 +402,113 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	}
 
 	// The writes and the commit, in one round trip.
-	b = &pgx.Batch{}
+	b := pre
+	if b == nil {
+		b = &pgx.Batch{}
+	}
+	nPre := b.Len()
+	var uRoom []int64
+	var uSender []string
+	var uKey [][]byte
+	var uOrd []int32
+	if !lookup {
+		for _, j := range unwritten {
+			uRoom, uSender, uKey, uOrd = append(uRoom, s.uRoom[j]), append(uSender, s.uSender[j]), append(uKey, s.uKey[j]), append(uOrd, s.uOrd[j])
+		}
+	}
+	if len(uOrd) > 0 {
+		b.Queue(changesKeysSQL, uRoom, uSender, uKey, uOrd)
+	}
 	b.Queue(changesWriteSQL, w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token,
 		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
-		w.rRoom, w.rSeq, w.rSender, w.rText, w.rEntry, w.rActive,
-		rIDs, rLast, rMsgs)
+		w.text,
+		rIDs, rLast, rMsgs, nowArg(now))
+	if len(s.rRoom) > 0 {
+		b.Queue(saveReadsSQL, s.rRoom, s.rUser, s.rSeq) // the group commit's read marks (CommitReads)
+	}
 	b.Queue("COMMIT")
-	br = conn.SendBatch(ctx, b)
-	for range b.Len() {
-		if _, err = br.Exec(); err != nil {
+	br := conn.SendBatch(ctx, b)
+	var err error
+	dbNow := now
+	for i := range nPre {
+		if i == 1 { // the guard
+			var one int32
+			if err = br.QueryRow().Scan(&one, &dbNow); err != nil {
+				break
+			}
+		} else if _, err = br.Exec(); err != nil {
 			break
 		}
+	}
+	if err == nil && len(uOrd) > 0 {
+		err = func() error {
+			rows, _ := br.Query()
+			for rows.Next() {
+				var ord, seq int64
+				var ts time.Time
+				if err := rows.Scan(&ord, &seq, &ts); err != nil {
+					return err
+				}
+				rs[ord].Stored = Stored{Seq: uint64(seq), TS: ts.UnixMilli(), Duplicate: true}
+				p.sawStored(time.Now())
+			}
+			return rows.Err()
+		}()
+	}
+	for range b.Len() - nPre - min(len(uOrd), 1) {
+		if err != nil {
+			break
+		}
+		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return err
+	if err != nil {
+		p.kc.forget(s.rooms)
+		if pre != nil && isDivisionByZero(err) {
+			// The guard: roll back here, the connection stays usable.
+			if _, rerr := conn.Exec(ctx, "ROLLBACK"); rerr != nil {
+				return rerr
+			}
+			return errStale
+		}
+		return err
+	}
+	if now.Equal(unknownNow) {
+		fillNow(s, rs, k, dbNow)
+	}
+	p.kc.learn(base, k, created)
+	return nil
+}
+
+func nowArg(now time.Time) *time.Time {
+	if now.Equal(unknownNow) {
+		return nil
+	}
+	return &now
+}
+
+// fillNow gives the answers and the knowledge of a batch committed from
+// what the node knew the transaction's time, read by the guard.
+func fillNow(s *pgScratch, rs []*Row, k *knownBatch, now time.Time) {
+	ms := unknownNow.UnixMilli()
+	for _, ord := range s.uOrd {
+		if r := rs[ord]; r.Err == nil && r.TS == ms {
+			r.TS = now.UnixMilli()
+		}
+	}
+	for _, ref := range k.refs {
+		if ref.ts.Equal(unknownNow) {
+			ref.ts = now
+		}
+	}
+	for key, st := range k.reacts {
+		if st.ts.Equal(unknownNow) {
+			st.ts = now
+			k.reacts[key] = st
+		}
+	}
 }
 
 // stateWrite is what a batch changes of one message.
@@ -327,16 +530,15 @@ type changeWrites struct {
 	sBody             [][]byte
 	sReactions        []string
 
-	rRoom, rSeq, rEntry []int64
-	rSender, rText      []string
-	rActive             []bool
+	text []string // a reaction's, else ""
 }
 
-func (w *changeWrites) add(s *pgScratch, j int, seq, msgs int64) {
+func (w *changeWrites) add(s *pgScratch, j int, seq, msgs int64, text string) {
 	body := s.uBody[j]
 	if body == nil {
 		body = []byte{} // a delete: no body, not NULL
 	}
 	w.room, w.seq, w.sender, w.key, w.body = append(w.room, s.uRoom[j]), append(w.seq, seq), append(w.sender, s.uSender[j]), append(w.key, s.uKey[j]), append(w.body, body)
 	w.kind, w.ref, w.msgs = append(w.kind, s.uKind[j]), append(w.ref, s.uRef[j]), append(w.msgs, msgs)
+	w.text = append(w.text, text)
 }

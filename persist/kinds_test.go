@@ -18,6 +18,7 @@ func testKindsContract(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Rules", func(t *testing.T) { testKindRules(t, newStore(t)) })
 	t.Run("Reactions", func(t *testing.T) { testKindReactions(t, newStore(t)) })
 	t.Run("SameBatch", func(t *testing.T) { testKindSameBatch(t, newStore(t)) })
+	t.Run("Resent", func(t *testing.T) { testKindResent(t, newStore(t)) })
 	t.Run("FoldModel", func(t *testing.T) { testFoldModel(t, newStore(t), 10000) })
 	t.Run("UnreadCount", func(t *testing.T) { testUnreadCountKinds(t, newStore(t)) })
 }
@@ -182,6 +183,58 @@ func testKindReactions(t *testing.T, st Store) {
 	}
 	if last, _ := st.LastSeq(context.Background(), key); last != r5.Seq || r5.Seq != 6 {
 		t.Fatalf("last %d, r5 %d: the duplicates stored something", last, r5.Seq)
+	}
+}
+
+// testKindResent: a change sent again (same from and id) is answered with
+// what it stored, whatever happened since, even where the rules would now
+// refuse it or take it as a no-op: PostgreSQL takes a batch's keys as new
+// (changesFreshSQL) and must still find these.
+func testKindResent(t *testing.T, st Store) {
+	const key = "a/r"
+	m := req(key, "alice", "m", `"hi"`)
+	commitRows(t, st, m)
+	e := change(key, "alice", "e", proto.KindEdit, m.Seq, `"hi!"`)
+	r := change(key, "bob", "r", proto.KindReact, m.Seq, `"👍"`)
+	commitRows(t, st, e, r)
+	wantNew(t, e)
+	wantNew(t, r)
+	// The react resent while it stands: the rules' no-op answer is its seq.
+	again := func(x *Row) *Row { return change(key, x.From, string(x.ID), x.Kind, x.Ref, string(x.Body)) }
+	check := func(name string, got, orig *Row) {
+		t.Helper()
+		if got.Err != nil || !got.Duplicate || got.Seq != orig.Seq {
+			t.Fatalf("%s resent: %+v, want duplicate of %d", name, got.Stored, orig.Seq)
+		}
+	}
+	fresh := func() { // PostgreSQL: the next batch takes its keys as new
+		if p, ok := st.(*Postgres); ok {
+			p.checkUntil.Store(0)
+		}
+	}
+	fresh()
+	r2 := again(r)
+	commitRows(t, st, r2)
+	check("react", r2, r)
+	// Taken back, then the react resent: the rules would store it again.
+	u := change(key, "bob", "u", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, st, u)
+	wantNew(t, u)
+	fresh()
+	r3 := again(r)
+	commitRows(t, st, r3)
+	check("react after its unreact", r3, r)
+	// Deleted, then the edit resent: the rules would answer not_found.
+	d := change(key, "alice", "d", proto.KindDelete, m.Seq, "")
+	commitRows(t, st, d)
+	wantNew(t, d)
+	fresh()
+	e2, u2 := again(e), again(u)
+	commitRows(t, st, e2, u2)
+	check("edit after the delete", e2, e)
+	check("unreact after the delete", u2, u)
+	if last, _ := st.LastSeq(context.Background(), key); last != d.Seq {
+		t.Fatalf("last %d, delete %d: a resend stored something", last, d.Seq)
 	}
 }
 
@@ -511,7 +564,7 @@ func TestPostgresRetentionRemovesChanges(t *testing.T) {
 		t.Fatalf("kept %v, want [5 6 7 8]", seqs)
 	}
 	var states, reacts int
-	if err := st.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM message_state), (SELECT count(*) FROM reactions)`).Scan(&states, &reacts); err != nil {
+	if err := st.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM message_state), (SELECT count(*) FROM messages WHERE kind IN (3, 4) AND ref NOT IN (SELECT seq FROM messages WHERE kind = 0))`).Scan(&states, &reacts); err != nil {
 		t.Fatal(err)
 	}
 	if states != 0 || reacts != 0 {
@@ -648,5 +701,60 @@ func TestPostgresResolveChangesInDoubt(t *testing.T) {
 	}
 	if last, _ := st.LastSeq(ctx, k); last != 3 {
 		t.Fatalf("last %d, want 3", last)
+	}
+}
+
+// TestPostgresChangesKnownStale: a store commits a room's changes from
+// what it knows of the room (one round trip) only while nothing else wrote
+// to it: another node's reaction, or a message removed under it (retention
+// on another node), sends the batch the long way, answered as if alone.
+func TestPostgresChangesKnownStale(t *testing.T) {
+	url := newTestDB(t)
+	a, b := openTestPG(t, url, PGConfig{}), openTestPG(t, url, PGConfig{})
+	defer a.Close()
+	defer b.Close()
+	const key = "a/r"
+	m, m2 := req(key, "author", "m", `"hi"`), req(key, "author", "m2", `"hi"`)
+	commitRows(t, a, m, m2)
+	r1 := change(key, "u1", "r1", proto.KindReact, m.Seq, `"👍"`)
+	commitRows(t, a, r1)
+	wantNew(t, r1)
+	if a.CommitStats().Stale != 0 {
+		t.Fatalf("stale %d before any other writer", a.CommitStats().Stale)
+	}
+	// The other node takes the reaction back; a knows it as standing.
+	u1 := change(key, "u1", "u1", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, b, u1)
+	wantNew(t, u1)
+	u2 := change(key, "u1", "u2", proto.KindUnreact, m.Seq, `"👍"`)
+	commitRows(t, a, u2)
+	if u2.Err != nil || !u2.Duplicate || u2.Seq != u1.Seq {
+		t.Fatalf("unreact after the other node's: %+v, want the standing %d", u2.Stored, u1.Seq)
+	}
+	if a.CommitStats().Stale != 1 {
+		t.Fatalf("stale %d, want 1", a.CommitStats().Stale)
+	}
+	// Known again (a read it all the long way): one round trip.
+	r2 := change(key, "u2", "r2", proto.KindReact, m2.Seq, `"🎉"`)
+	commitRows(t, a, r2)
+	wantNew(t, r2)
+	if a.CommitStats().Stale != 1 {
+		t.Fatalf("stale %d, want still 1", a.CommitStats().Stale)
+	}
+	// Committed from what a knew: its time is the transaction's, as stored.
+	stored, _, err := a.Range(context.Background(), key, r2.Seq-1, r2.Seq, Bounds{Limit: 1})
+	if err != nil || len(stored) != 1 || stored[0].TS != r2.TS || r2.TS <= 0 {
+		t.Fatalf("r2 acked at %d, stored %+v, %v", r2.TS, stored, err)
+	}
+	// m2 removed under a (as retention on another node would): no longer
+	// a message to react to.
+	if _, err := b.pool.Exec(context.Background(), `DELETE FROM messages WHERE seq = $1 OR ref = $1`, int64(m2.Seq)); err != nil {
+		t.Fatal(err)
+	}
+	r3 := change(key, "u2", "r3", proto.KindUnreact, m2.Seq, `"🎉"`)
+	commitRows(t, a, r3)
+	wantErr(t, r3, proto.ErrRefNotFound)
+	if a.CommitStats().Stale != 2 {
+		t.Fatalf("stale %d, want 2", a.CommitStats().Stale)
 	}
 }

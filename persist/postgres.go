@@ -68,6 +68,11 @@ type Postgres struct {
 	// statements that met a stored key and were sent again as commitSQL.
 	checkUntil atomic.Int64
 	rechecks   atomic.Uint64
+	// kc is what the node knows of its rooms' changes (changes.go);
+	// staleCommits counts the batches committed from it that found it
+	// out of date.
+	kc           kindsCache
+	staleCommits atomic.Uint64
 
 	policy RetentionPolicy
 	// fileRetention, when not nil, is the apps' own retention from a
@@ -453,6 +458,56 @@ WITH upd AS (
 )
 SELECT 1, id, base, now() FROM upd`
 
+// readsCTE upserts read marks in a commit statement (CommitReads), its
+// arrays at $first..$first+2: room ids, users, seqs, at most one per room
+// and user. PostgreSQL runs a data-modifying CTE that nothing reads once,
+// to completion, after the main query: a commit's rows are locked rooms
+// first (in id order), then read positions in (room, user) order, the
+// order of SaveReads too, so two nodes' commits wait on each other
+// without a cycle. The room ids are not checked against rooms (a lookup
+// per mark): a room deleted since its id was cached leaves at worst a row
+// no room will ever read.
+func readsCTE(first int) string {
+	return fmt.Sprintf(`rd AS (
+	INSERT INTO read_positions (room_id, user_id, seq)
+	SELECT k.r, k.u, k.s FROM unnest($%d::int8[], $%d::text[], $%d::int8[]) AS k (r, u, s)
+	ORDER BY k.r, k.u COLLATE "C"
+	ON CONFLICT (room_id, user_id) DO UPDATE SET seq = EXCLUDED.seq WHERE read_positions.seq < EXCLUDED.seq
+), `, first, first+1, first+2)
+}
+
+// freshReadsSQL and commitReadsSQL are freshSQL and commitSQL with read
+// marks (readsCTE) after their own parameters.
+var (
+	freshReadsSQL  = withReadsCTE(freshSQL)
+	commitReadsSQL = withReadsCTE(commitSQL)
+	withReads      = map[string]string{freshSQL: freshReadsSQL, commitSQL: commitReadsSQL}
+)
+
+// withReadsCTE puts readsCTE first in sql's WITH, its parameters after
+// the highest one sql uses.
+func withReadsCTE(sql string) string {
+	last := 0
+	for i := strings.IndexByte(sql, '$'); i >= 0; {
+		j := i + 1
+		for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+			j++
+		}
+		if n, err := strconv.Atoi(sql[i+1 : j]); err == nil {
+			last = max(last, n)
+		}
+		k := strings.IndexByte(sql[j:], '$')
+		if k < 0 {
+			break
+		}
+		i = j + k
+	}
+	if !strings.HasPrefix(strings.TrimSpace(sql), "WITH ") {
+		panic("BUG: a commit statement without WITH")
+	}
+	return strings.Replace(sql, "WITH ", "WITH "+readsCTE(last+1), 1)
+}
+
 // recheckFor: after a batch met a stored key, the batches of this long
 // are committed with commitSQL. Keys sent again come in runs (a client
 // that reconnects sends what was not acked), and each one met by
@@ -506,6 +561,12 @@ type pgScratch struct {
 	uText   []string
 	uAny    []bool
 	changes bool
+	// Read marks written with the batch (CommitReads): room ids, users,
+	// seqs; resolved: the commit's outcome was settled by resolve.
+	rRoom    []int64
+	rUser    []string
+	rSeq     []int64
+	resolved bool
 }
 
 func (s *pgScratch) reset(n int) {
@@ -524,6 +585,8 @@ func (s *pgScratch) reset(n int) {
 	s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd = s.uRoom[:0], s.uSender[:0], s.uKey[:0], s.uBody[:0], s.uOrd[:0]
 	s.uRank, s.rooms, s.counts = s.uRank[:0], s.rooms[:0], s.counts[:0]
 	clear(s.count)
+	clear(s.rUser)
+	s.rRoom, s.rUser, s.rSeq, s.resolved = s.rRoom[:0], s.rUser[:0], s.rSeq[:0], false
 	clear(s.uText)
 	s.uKind, s.uRef, s.uText, s.uAny, s.changes = s.uKind[:0], s.uRef[:0], s.uText[:0], s.uAny[:0], false
 }
@@ -562,13 +625,36 @@ const (
 // ack) and logged, and a retry of the same key returns the stored seq if it
 // did commit.
 func (p *Postgres) CommitBatch(ctx context.Context, rs []*Row) error {
+	return p.CommitReads(ctx, rs, nil)
+}
+
+// CommitReads implements Reads: the marks are upserted by the commit
+// statement itself (readsCTE), so they cost the batch's transaction a few
+// rows and no round trip. A batch that stores nothing (every row refused
+// by the room limit) saves them on their own.
+func (p *Postgres) CommitReads(ctx context.Context, rs []*Row, marks []ReadMark) error {
 	s := p.scratchPool.Get().(*pgScratch)
 	defer func() {
 		s.reset(0) // drop the references to the batch's requests
 		p.scratchPool.Put(s)
 	}()
 	s.reset(len(rs))
+	if err := p.markIDs(ctx, s, marks); err != nil {
+		for _, r := range rs {
+			r.Stored = Stored{Err: proto.ErrOverloaded}
+		}
+		return err
+	}
 	err := p.commit(ctx, s, rs)
+	if err == nil && len(s.rRoom) > 0 && (len(s.uOrd) == 0 || s.resolved) {
+		// Not written by a statement of this call that is known to have
+		// run: saved apart (positions only grow, so twice is harmless).
+		if err := p.saveReadIDs(ctx, s.rRoom, s.rUser, s.rSeq); err != nil {
+			// The rows are stored: only the marks failed. The caller hears
+			// of it and keeps them; the rows' answers stand.
+			return fmt.Errorf("%w: %w", ErrReadsNotSaved, err)
+		}
+	}
 	if err != nil {
 		rerr := err
 		if errors.Is(err, proto.ErrOverloaded) {
@@ -595,6 +681,11 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 	sql := p.commitStatement(time.Now())
 	if s.changes {
 		sql = changesSQL
+		if p.commitStatement(time.Now()) == freshSQL {
+			sql = changesFreshSQL
+		}
+	} else if len(s.rRoom) > 0 {
+		sql = withReads[sql]
 	}
 	for attempt := 1; ; attempt++ {
 		token := int64(p.token.Add(1))
@@ -612,13 +703,18 @@ func (p *Postgres) commit(ctx context.Context, s *pgScratch, rs []*Row) error {
 		if !pgconn.SafeToRetry(err) && !isStatementError(err) {
 			return p.resolve(s, rs, token, err)
 		}
-		if sql == freshSQL && isUniqueViolation(err) {
+		if (sql == freshSQL || sql == freshReadsSQL || sql == changesFreshSQL) && isUniqueViolation(err) {
 			// A key of the batch is stored already (or being stored by
 			// another node): the same batch again, looking its keys up.
 			// Not an attempt of its own: commitSQL gets all of them.
 			p.rechecks.Add(1)
 			p.sawStored(time.Now())
 			sql = commitSQL
+			if s.changes {
+				sql = changesSQL
+			} else if len(s.rRoom) > 0 {
+				sql = commitReadsSQL
+			}
 			attempt--
 			clear(s.isOld)
 			clear(s.base)
@@ -749,14 +845,20 @@ func containsString(list []string, s string) bool {
 func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string, s *pgScratch, rs []*Row, token int64) error {
 	var rows pgx.Rows
 	var err error
-	if sql == changesSQL {
-		return p.runChanges(ctx, conn, s, rs, token)
+	if sql == changesSQL || sql == changesFreshSQL {
+		return p.runChanges(ctx, conn, s, rs, token, sql == changesSQL)
 	}
-	if sql == freshSQL {
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token)
+	var args []any
+	if sql == freshSQL || sql == freshReadsSQL {
+		args = []any{s.uRoom, s.uSender, s.uKey, s.uBody, s.uRank, s.rooms, s.counts, token}
 	} else {
-		rows, err = conn.Query(ctx, sql, s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token)
+		args = []any{s.uRoom, s.uSender, s.uKey, s.uBody, s.uOrd, token}
 	}
+	if sql == freshReadsSQL || sql == commitReadsSQL {
+		// readsCTE's arrays follow the statement's own parameters.
+		args = append(args, s.rRoom, s.rUser, s.rSeq)
+	}
+	rows, err = conn.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
@@ -767,6 +869,7 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 	if old {
 		p.sawStored(time.Now())
 	}
+	ext := p.kc.extending(s)
 	for _, ord := range s.uOrd {
 		if s.isOld[ord] {
 			continue
@@ -779,6 +882,12 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 		base++
 		s.base[room] = base
 		rs[ord].Stored = Stored{Seq: base, TS: freshTS}
+		if ext != nil {
+			ext.add(room, base, rs[ord].From, freshTS)
+		}
+	}
+	if ext != nil {
+		p.kc.extend(ext)
 	}
 	return nil
 }
@@ -787,6 +896,10 @@ func (p *Postgres) runCommit(ctx context.Context, conn *pgxpool.Conn, sql string
 // deletes, reactions): runChanges (changes.go). Batches of messages alone
 // keep commitSQL and freshSQL.
 const changesSQL = "changes"
+
+// changesFreshSQL is changesSQL taking the batch's keys as new, as
+// freshSQL does for messages (changes.go).
+const changesFreshSQL = "changes, fresh"
 
 // readCommit reads the commit statement's answer (old reports stored keys
 // met); rows.Err after Close reports a failure up to the end of the
@@ -825,6 +938,7 @@ func (p *Postgres) resolve(s *pgScratch, rs []*Row, token int64, cause error) er
 				return p.wrap("commit batch (rolled back)", cause)
 			}
 			p.resolvedCommitted.Add(1)
+			s.resolved = true
 			p.log.Info("persist: commit outcome resolved after a connection failure",
 				"requests", len(rs), "cause", cause)
 			s.answerRepeats(rs)
@@ -947,14 +1061,19 @@ type CommitStats struct {
 	Retries uint64
 	// Rechecks: batches committed without looking their keys up that met
 	// a stored key and were sent again looking them up (see freshSQL).
-	Rechecks                                          uint64
+	Rechecks uint64
+	// Stale: batches of changes committed from the node's knowledge of
+	// their rooms that found it out of date (another node wrote to the
+	// room, or retention removed a message named) and were committed
+	// again the long way (see runChanges).
+	Stale                                             uint64
 	ResolvedCommitted, ResolvedRolledBack, Unresolved uint64
 }
 
 // CommitStats returns the store's commit counters; it takes no lock.
 func (p *Postgres) CommitStats() CommitStats {
 	return CommitStats{
-		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(), Rechecks: p.rechecks.Load(),
+		Deadlocks: p.deadlocks.Load(), Retries: p.retries.Load(), Rechecks: p.rechecks.Load(), Stale: p.staleCommits.Load(),
 		ResolvedCommitted: p.resolvedCommitted.Load(), ResolvedRolledBack: p.resolvedRolledBack.Load(), Unresolved: p.unresolved.Load(),
 	}
 }
@@ -1143,6 +1262,11 @@ func isRetryable(err error) bool {
 func isUniqueViolation(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+func isDivisionByZero(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22012"
 }
 
 func isDeadlock(err error) bool {

@@ -30,6 +30,14 @@ type Reads interface {
 	// of work. A mark of a room that holds no message is dropped: no seq
 	// of it can have been read.
 	SaveReads(ctx context.Context, marks []ReadMark) error
+	// CommitReads is CommitBatch(ctx, rows) that also stores marks as
+	// SaveReads does, in the same unit of work (PostgreSQL: the same
+	// statement and transaction): both or neither. The group commit writes
+	// the coalesced read marks this way, so that they cost no transaction
+	// of their own. An error wrapping ErrReadsNotSaved means the rows
+	// were committed (their Stored holds the answers) and only the marks
+	// were not.
+	CommitReads(ctx context.Context, rows []*Row, marks []ReadMark) error
 	// Unread fills last[i], read[i] and count[i] for the room keys[i] (all
 	// of one app), in one read: the room's newest seq, user's position
 	// there (the larger of the stored one and read[i] as given: a floor
@@ -40,6 +48,10 @@ type Reads interface {
 	// first, at most limit of them.
 	ReadPositions(ctx context.Context, key string, limit int) ([]proto.Receipt, error)
 }
+
+// ErrReadsNotSaved is CommitReads' error when the rows were committed and
+// answered but the marks were not saved: the caller keeps the marks.
+var ErrReadsNotSaved = errors.New("read marks not saved")
 
 // memReads is the memory store's read positions: room key -> user -> seq.
 type memReads struct {
@@ -55,7 +67,14 @@ func (m *Memory) ReadPosition(_ context.Context, key, user string) (uint64, erro
 }
 
 // SaveReads implements Reads.
-func (m *Memory) SaveReads(_ context.Context, marks []ReadMark) error {
+func (m *Memory) SaveReads(ctx context.Context, marks []ReadMark) error {
+	keep := marks[:0:0]
+	for _, r := range marks {
+		if last, _ := m.LastSeq(ctx, r.Key); last > 0 {
+			keep = append(keep, r)
+		}
+	}
+	marks = keep
 	m.reads.mu.Lock()
 	defer m.reads.mu.Unlock()
 	if m.reads.pos == nil {
@@ -73,6 +92,14 @@ func (m *Memory) SaveReads(_ context.Context, marks []ReadMark) error {
 		users[r.User] = max(users[r.User], r.Seq)
 	}
 	return nil
+}
+
+// CommitReads implements Reads.
+func (m *Memory) CommitReads(ctx context.Context, rows []*Row, marks []ReadMark) error {
+	if err := m.CommitBatch(ctx, rows); err != nil {
+		return err
+	}
+	return m.SaveReads(ctx, marks)
 }
 
 // ReadPositions implements Reads.
@@ -210,9 +237,21 @@ func (p *Postgres) ReadPosition(ctx context.Context, key, user string) (uint64, 
 // locked in (room, user) order so that two nodes saving overlapping
 // batches wait on each other without a cycle.
 func (p *Postgres) SaveReads(ctx context.Context, marks []ReadMark) error {
-	ids := make([]int64, 0, len(marks))
-	users := make([]string, 0, len(marks))
-	seqs := make([]int64, 0, len(marks))
+	s := p.scratchPool.Get().(*pgScratch)
+	defer func() {
+		s.reset(0)
+		p.scratchPool.Put(s)
+	}()
+	s.reset(0)
+	if err := p.markIDs(ctx, s, marks); err != nil {
+		return err
+	}
+	return p.saveReadIDs(ctx, s.rRoom, s.rUser, s.rSeq)
+}
+
+// markIDs fills s's read arrays with marks, by room id; a mark of a room
+// never published to (no id) or of seq 0 is left out.
+func (p *Postgres) markIDs(ctx context.Context, s *pgScratch, marks []ReadMark) error {
 	for _, r := range marks {
 		if r.Seq == 0 {
 			continue
@@ -224,15 +263,24 @@ func (p *Postgres) SaveReads(ctx context.Context, marks []ReadMark) error {
 		if !ok {
 			continue
 		}
-		ids, users, seqs = append(ids, id), append(users, r.User), append(seqs, int64(r.Seq))
+		s.rRoom, s.rUser, s.rSeq = append(s.rRoom, id), append(s.rUser, r.User), append(s.rSeq, int64(r.Seq))
 	}
+	return nil
+}
+
+// saveReadsSQL upserts read marks by room id (at most one per room and
+// user), locking the rows in (room, user) order as readsCTE does.
+const saveReadsSQL = `
+INSERT INTO read_positions (room_id, user_id, seq)
+SELECT k.r, k.u, k.s FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS k (r, u, s)
+ORDER BY k.r, k.u COLLATE "C"
+ON CONFLICT (room_id, user_id) DO UPDATE SET seq = EXCLUDED.seq WHERE read_positions.seq < EXCLUDED.seq`
+
+func (p *Postgres) saveReadIDs(ctx context.Context, ids []int64, users []string, seqs []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := p.pool.Exec(ctx, `
-INSERT INTO read_positions (room_id, user_id, seq)
-SELECT r, u, s FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS k (r, u, s) ORDER BY r, u COLLATE "C"
-ON CONFLICT (room_id, user_id) DO UPDATE SET seq = GREATEST(read_positions.seq, EXCLUDED.seq)`, ids, users, seqs)
+	_, err := p.pool.Exec(ctx, saveReadsSQL, ids, users, seqs)
 	if err != nil {
 		return p.wrap("save read positions", err)
 	}

@@ -229,7 +229,8 @@ AND ts < now() - make_interval(secs => $2)`),
 
 // withChanges makes del, a DELETE of a room's oldest entries, remove with
 // each message its changes (edits, deletes, reactions: newer entries that
-// name it, found by messages_changes), its state and its users' reactions.
+// name it, found by messages_changes) and its state; the users' standing reactions
+// are those entries.
 // The changes removed are those newer than every entry del removes, so no
 // row is removed twice. It answers the entries del removed and the changes.
 func withChanges(del string) string {
@@ -248,9 +249,6 @@ WITH d AS (` + del + `
 ), st AS (
 	DELETE FROM message_state s WHERE s.ctid = ANY (ARRAY(
 		SELECT c.ctid FROM d, LATERAL (SELECT y.ctid FROM message_state y WHERE y.room_id = $1 AND y.seq = d.seq LIMIT 1) c WHERE d.kind = 0))
-), rx AS (
-	DELETE FROM reactions x WHERE x.ctid = ANY (ARRAY(
-		SELECT c.ctid FROM d, LATERAL (SELECT y.ctid FROM reactions y WHERE y.room_id = $1 AND y.seq = d.seq) c WHERE d.kind = 0))
 )
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM dep)`
 }

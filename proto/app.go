@@ -172,6 +172,10 @@ type AppLimits struct {
 	MaxRooms     *int64    `json:"max_rooms,omitempty"`      // rooms one connection may join
 	MaxPresence  *int64    `json:"max_presence,omitempty"`   // presence subscribers of one room, per node
 	MaxTokenTTL  *Duration `json:"max_token_ttl,omitempty"`  // how far ahead a token's exp may lie (0: no bound)
+	SignalRate   *float64  `json:"signal_rate,omitempty"`    // signals per second of one connection
+	SignalBurst  *int64    `json:"signal_burst,omitempty"`   // signals one connection may send at once
+	ReadRate     *float64  `json:"read_rate,omitempty"`      // read, unread and receipts requests per second of one connection
+	ReadBurst    *int64    `json:"read_burst,omitempty"`     // such requests one connection may send at once
 }
 
 // Duration is a time.Duration that reads and writes as "1h30m" in JSON.

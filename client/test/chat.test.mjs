@@ -6,7 +6,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import { Roost, RoostError } from "../roost.js";
-import { FakeClock, fakeWebSocket, fakeFetch, storage, seeded, jwt } from "./fakes.mjs";
+import { FakeClock, fakeWebSocket, fakeEventSource, fakeFetch, storage, seeded, jwt } from "./fakes.mjs";
 
 function setup(options = {}) {
   const clock = new FakeClock();
@@ -243,4 +243,22 @@ test("folded history enters the view; live changes apply on top", async () => {
     [4, "edited", false, { "👍": 3 }],
     [6, null, true, {}],
   ]);
+});
+
+test("over SSE: read events move the position, receipts events reach onReceipts (the stream asks receipts=true)", async () => {
+  const ES = fakeEventSource();
+  const env = setup({ transport: "sse", EventSource: ES });
+  const reads = [];
+  const receipts = [];
+  const room = env.client.room("r", { onRead: (r) => reads.push(r.seq), onReceipts: (r) => receipts.push(r.read) });
+  await env.clock.advance(0);
+  const es = ES.last();
+  assert.equal(es.query.get("receipts"), "true");
+  es.open();
+  es.event("joined", { op: "joined", room: "r", seq: 4, epoch: "E" });
+  es.event("read", { op: "read", room: "r", seq: 3 });
+  assert.equal(room.read, 3);
+  assert.deepEqual(reads, [3]);
+  es.event("receipts", { op: "receipts", room: "r", read: { bob: 4 } });
+  assert.deepEqual(receipts, [{ bob: 4 }]);
 });

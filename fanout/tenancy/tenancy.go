@@ -28,6 +28,12 @@ type Limits struct {
 	AppPubRate   float64 // publishes per second of one app on this node; its burst is one second's worth
 	MaxMsg       int64   // bytes of one pub body (too_large above)
 	MaxPresence  int64   // presence subscribers of one room of an app, per node (0: no limit)
+	// Chat state, per connection: signals (typing, cursors), and read,
+	// unread and receipts requests in a bucket of their own.
+	SignalRate  float64
+	SignalBurst int64
+	ReadRate    float64
+	ReadBurst   int64
 	// MaxTokenTTL refuses tokens whose exp lies further ahead (0: no
 	// bound): a leaked token is good for at most this long.
 	MaxTokenTTL time.Duration
@@ -45,6 +51,10 @@ func DefaultLimits() Limits {
 		AppPubRate:   50_000,
 		MaxMsg:       64 << 10,
 		MaxPresence:  10_000,
+		SignalRate:   10,
+		SignalBurst:  20,
+		ReadRate:     10,
+		ReadBurst:    20,
 		MaxTokenTTL:  proto.DefaultMaxTokenTTL,
 	}
 }
@@ -62,6 +72,9 @@ type View struct {
 	MaxPresence            int
 	MaxTokenTTL            time.Duration // 0: no bound
 	UserRate, AppRate      Rate          // publishes of one user, of the app (per node)
+	// SignalRate: signals of one connection; ReadRate: its read, unread
+	// and receipts requests.
+	SignalRate, ReadRate Rate
 
 	// Identity: what a token must say beyond its signature ("": not
 	// checked; UserClaim "": sub).
@@ -115,6 +128,8 @@ func Resolve(lim Limits, a *proto.App) *View {
 		v.Online = w.WantsConnection()
 	}
 	v.UserRate = NewRate(f64(o.PubRate, lim.PubRate), i64(o.PubBurst, lim.PubBurst))
+	v.SignalRate = NewRate(f64(o.SignalRate, lim.SignalRate), i64(o.SignalBurst, lim.SignalBurst))
+	v.ReadRate = NewRate(f64(o.ReadRate, lim.ReadRate), i64(o.ReadBurst, lim.ReadBurst))
 	ar := f64(o.AppPubRate, lim.AppPubRate)
 	v.AppRate = NewRate(ar, int64(math.Ceil(ar)))
 	return v
@@ -186,6 +201,21 @@ func NewRate(perSec float64, burst int64) Rate {
 	}
 	interval := max(1, int64(float64(time.Second)/perSec))
 	return Rate{interval: interval, tolerance: (max(burst, 1) - 1) * interval}
+}
+
+// Take spends one event of a bucket owned by one goroutine (tat, its
+// theoretical arrival time) at now: 0 if allowed, else the ns to wait.
+// Bucket.Take's rule without the atomic.
+func (r Rate) Take(tat *int64, now int64) int64 {
+	if r.interval == 0 {
+		return 0
+	}
+	t := max(*tat, now)
+	if wait := t - now - r.tolerance; wait > 0 {
+		return wait
+	}
+	*tat = t + r.interval
+	return 0
 }
 
 // Unlimited reports whether r lets everything through.

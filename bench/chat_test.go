@@ -1,0 +1,73 @@
+//go:build linux
+
+package bench
+
+import (
+	"bytes"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/roost-chat/roost/persist/pgtest"
+)
+
+// delivery --signals: every signal reaches every member but its sender,
+// nothing is stored or acked, and the node's CPU per frame is reported.
+func TestDeliverySignals(t *testing.T) {
+	n := startNode(t, "--signal-rate", "0")
+	rep := runBench(t, "delivery", "--signals", "--url", n.url, "--members=40", "--publishers=5", "--rate=200",
+		"--pid", strconv.Itoa(n.pid))
+	r := rep.Levels[0]
+	if r.Sent == 0 || r.Acked != 0 {
+		t.Fatalf("sent %d signals, %d acked (want none)", r.Sent, r.Acked)
+	}
+	if r.Expected != r.Sent*44 || r.Delivered != r.Expected {
+		t.Errorf("delivered %d of %d expected (sent %d × 44 other members)", r.Delivered, r.Expected, r.Sent)
+	}
+	if r.Latency.Count != r.Delivered || len(r.Closes) != 0 || len(r.Errors) != 0 {
+		t.Errorf("latency count %d, closes %v, errors %v", r.Latency.Count, r.Closes, r.Errors)
+	}
+	if r.NodeUsPerFrame <= 0 {
+		t.Errorf("no node CPU per frame: %+v", r)
+	}
+	if got := n.metric(t, "roost_publishes_total"); got != 0 {
+		t.Errorf("node stored %d publishes for signals", got)
+	}
+	if got := n.metric(t, "roost_signals_sent_total"); got < r.Delivered {
+		t.Errorf("node counts %d signals sent, bench received %d", got, r.Delivered)
+	}
+}
+
+// reads in its short form, on PostgreSQL: every phase acks its publishes,
+// the marks are answered and written, unread requests are answered, and
+// the figures are reported.
+func TestReads(t *testing.T) {
+	db := pgtest.NewDB(t)
+	n := startNodeAt(t, "", "", "--database-url", db, "--migrate", "--log-level", "warn")
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := Main([]string{"reads", "--url", n.url, "--rooms=20", "--users=100", "--pub-rate=200", "--unread-conns=2", "--unread-rate=10",
+		"--unread-rooms=20", "--warmup=1500ms", "--duration=2s", "--pid", strconv.Itoa(n.pid), "--pg-db", strings.TrimPrefix(u.Path, "/"),
+		"--admin", n.admin}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, errb.String(), out.String())
+	}
+	s := out.String()
+	t.Log(s)
+	for _, want := range []string{"A: publishes: ", "B: publishes + read marks: ", "read marks/s sent", "µs per read mark (net of A)",
+		"ack p99 ", "C: publishes + unread: ", "unread of 20 rooms: ", "µs per publish"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(s, "errors:") {
+		t.Errorf("errors in the run")
+	}
+	if got := n.metric(t, "roost_read_marks_written_total"); got == 0 {
+		t.Errorf("no read mark written")
+	}
+}

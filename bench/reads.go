@@ -1,0 +1,528 @@
+//go:build linux
+
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+
+	"github.com/roost-chat/roost/proto"
+)
+
+// readsBench is `roost bench reads`: read positions under a publish load,
+// in phases of one window each on the same connections (docs/protocol.md,
+// Chat state):
+//
+//   - A: --pub-rate publishes/s over --rooms rooms, one publisher per room
+//     (each publish moves its publisher's read position too);
+//   - B: the same publishes, and --users users (one connection each, spread
+//     over the rooms) each marking its room read once per --mark-every, up
+//     to the room's newest acked seq;
+//   - C (with --unread-conns): the same publishes, and `unread` requests of
+//     --unread-rooms rooms each at --unread-rate, all connections together.
+//
+// It reports per phase the publishes' ack latency, PostgreSQL's CPU (with
+// --pg-db) and the nodes' (with --pid) per publish, B's PostgreSQL CPU per
+// read mark net of A, and C's unread round trip. Connections are held by
+// this process, a goroutine each: the load is thousands of frames a second,
+// not a fan-out.
+type readsParams struct {
+	url, app, pids, pgDB, admin string
+	rooms, users                int
+	unreadConns, unreadRooms    int
+	pubRate, unreadRate         float64
+	markEvery, warmup, window   time.Duration
+	size                        int
+}
+
+func readsBench(args []string, stdout, stderr io.Writer) int {
+	var p readsParams
+	fs := flag.NewFlagSet("roost bench reads", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&p.url, "url", "ws://127.0.0.1:8080/ws", "node WebSocket URLs, comma-separated (insecure mode: ?user=&app= is added); connections go round-robin")
+	fs.StringVar(&p.app, "app", "bench", "app id")
+	fs.StringVar(&p.pids, "pid", "", "the nodes' process ids, comma-separated, for their CPU")
+	fs.StringVar(&p.pgDB, "pg-db", "", "count the CPU of this PostgreSQL database's backends and the server's own processes (empty: not measured)")
+	fs.StringVar(&p.admin, "admin", "", "a node's admin HOST:PORT: its roost_read_marks_written_total per phase (empty: not read)")
+	fs.IntVar(&p.rooms, "rooms", 1000, "rooms, one publisher each")
+	fs.IntVar(&p.users, "users", 10000, "users marking read in phase B, one connection each, round-robin over the rooms (0: no phase B)")
+	fs.Float64Var(&p.pubRate, "pub-rate", 5000, "publishes per second, all rooms together")
+	fs.DurationVar(&p.markEvery, "mark-every", time.Second, "how often each user marks its room read")
+	fs.IntVar(&p.unreadConns, "unread-conns", 0, "connections asking unread counts in phase C (0: no phase C)")
+	fs.IntVar(&p.unreadRooms, "unread-rooms", 100, "rooms per unread request (at most 100)")
+	fs.Float64Var(&p.unreadRate, "unread-rate", 100, "unread requests per second, all --unread-conns together (each connection's read rate is 10/s by default)")
+	fs.DurationVar(&p.warmup, "warmup", 5*time.Second, "warm-up before each phase's window")
+	fs.DurationVar(&p.window, "duration", 20*time.Second, "each phase's measurement window")
+	fs.IntVar(&p.size, "size", 100, "publish body size in bytes")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "roost bench reads: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	case p.rooms < 1 || p.users < 0 || p.unreadConns < 0 || p.pubRate <= 0 || p.markEvery <= 0 || p.window <= 0 || p.warmup < 0:
+		fmt.Fprintln(stderr, "roost bench reads: want --rooms >= 1, --users >= 0, --unread-conns >= 0, positive --pub-rate, --mark-every and --duration")
+		return 2
+	case p.unreadConns > 0 && (p.unreadRooms < 1 || p.unreadRooms > 100 || p.unreadRate <= 0):
+		fmt.Fprintln(stderr, "roost bench reads: --unread-rooms must be 1..100 and --unread-rate positive")
+		return 2
+	case p.size < 0 || p.size > 60000:
+		fmt.Fprintln(stderr, "roost bench reads: --size must be 0..60000")
+		return 2
+	}
+	r, err := runReads(&p, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "roost bench reads:", err)
+		return 1
+	}
+	r.print(stdout, &p)
+	return 0
+}
+
+// readsConn is one connection of the reads bench: its writes under mu, its
+// frames read by a goroutine of its own.
+type readsConn struct {
+	mu     sync.Mutex
+	c      net.Conn
+	room   int
+	sentAt int64 // ns: the unread request in flight (askers)
+}
+
+func (rc *readsConn) send(b []byte) error {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return wsutil.WriteClientText(rc.c, b)
+}
+
+// readsRun is what the connections saw, shared by their goroutines.
+type readsRun struct {
+	p      *readsParams
+	runID  string
+	newest []atomic.Uint64 // per room: the newest acked seq
+
+	mu               sync.Mutex
+	phase            int   // 0 warm-up, 1..3 the phases' windows (ack and unread latencies land there)
+	winStart, winEnd int64 // ns of the current window
+	ack              [4]Hist
+	unread           Hist
+	acked            [4]uint64
+	marks, answered  [4]uint64
+	errs             map[string]uint64
+}
+
+// readsPhase is one window's figures.
+type readsPhase struct {
+	name                   string
+	acked, marks, answered uint64
+	ack                    Percentiles
+	node, pg               time.Duration
+	written                uint64
+	pgOK, writtenOK        bool
+}
+
+type readsResult struct {
+	phases []readsPhase
+	unread Percentiles
+	errs   map[string]uint64
+	secs   float64
+}
+
+func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
+	urls := splitList(p.url)
+	if len(urls) == 0 {
+		return nil, fmt.Errorf("--url is empty")
+	}
+	run := &readsRun{p: p, runID: "rd" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36), newest: make([]atomic.Uint64, p.rooms), errs: map[string]uint64{}}
+	var all []*readsConn
+	defer func() {
+		for _, c := range all {
+			c.c.Close()
+		}
+	}()
+	var joined atomic.Int64
+	dial := func(user string, k, room int) (*readsConn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, br, _, err := ws.Dial(ctx, urls[k%len(urls)]+"?user="+user+"&app="+p.app)
+		if err != nil {
+			return nil, fmt.Errorf("cannot connect %s: %w", user, err)
+		}
+		if br == nil {
+			br = bufio.NewReader(c)
+		}
+		rc := &readsConn{c: c, room: room}
+		all = append(all, rc)
+		go run.read(rc, br, &joined)
+		return rc, nil
+	}
+	pubs := make([]*readsConn, p.rooms)
+	for i := range pubs {
+		rc, err := dial("p"+strconv.Itoa(i), i, i)
+		if err != nil {
+			return nil, err
+		}
+		pubs[i] = rc
+	}
+	markers := make([]*readsConn, p.users)
+	for i := range markers {
+		rc, err := dial("m"+strconv.Itoa(i), i, i%p.rooms)
+		if err != nil {
+			return nil, err
+		}
+		markers[i] = rc
+	}
+	askers := make([]*readsConn, p.unreadConns)
+	for i := range askers {
+		rc, err := dial("q"+strconv.Itoa(i), i, 0)
+		if err != nil {
+			return nil, err
+		}
+		askers[i] = rc
+	}
+	// Every connection pings once: its pong says it is up.
+	for _, rc := range all {
+		if err := rc.send([]byte(`{"op":"ping"}`)); err != nil {
+			return nil, err
+		}
+	}
+	for end := time.Now().Add(time.Minute); joined.Load() < int64(len(all)); {
+		if time.Now().After(end) {
+			return nil, fmt.Errorf("%d of %d connections answered", joined.Load(), len(all))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Fprintf(stderr, "%d connections up (%d publishers, %d markers, %d unread askers)\n", len(all), len(pubs), len(markers), len(askers))
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	wg.Add(1)
+	go func() { defer wg.Done(); run.publish(pubs, stop) }()
+	marking := make(chan struct{})
+	asking := make(chan struct{})
+	res := &readsResult{secs: p.window.Seconds()}
+	measure := func(k int, name string) {
+		time.Sleep(p.warmup)
+		n0, pg0, w0, pgOK, wOK := run.sample(stderr)
+		run.mu.Lock()
+		run.phase = k
+		run.winStart = time.Now().UnixNano()
+		run.winEnd = run.winStart + int64(p.window)
+		run.mu.Unlock()
+		time.Sleep(p.window)
+		n1, pg1, w1, _, _ := run.sample(stderr)
+		run.mu.Lock()
+		run.phase = 0
+		ph := readsPhase{name: name, acked: run.acked[k], marks: run.marks[k], answered: run.answered[k], ack: run.ack[k].Summary(),
+			node: n1 - n0, pg: pg1 - pg0, written: w1 - w0, pgOK: pgOK, writtenOK: wOK}
+		run.mu.Unlock()
+		res.phases = append(res.phases, ph)
+		fmt.Fprintf(stderr, "phase %s done\n", name)
+	}
+	measure(1, "A: publishes")
+	if len(markers) > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); run.mark(markers, stop, marking) }()
+		measure(2, "B: publishes + read marks")
+		close(marking)
+	}
+	if len(askers) > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); run.askUnread(askers, stop, asking) }()
+		measure(3, "C: publishes + unread")
+		close(asking)
+	}
+	run.mu.Lock()
+	res.unread = run.unread.Summary()
+	res.errs = run.errs
+	run.mu.Unlock()
+	return res, nil
+}
+
+// read handles one connection's frames: pong (up), ack (latency, the
+// room's newest seq), read (a mark answered), unread (its round trip from
+// the request's send time, see askUnread), err (counted).
+func (run *readsRun) read(rc *readsConn, br *bufio.Reader, up *atomic.Int64) {
+	rd := wsutil.Reader{Source: br, State: ws.StateClientSide, CheckUTF8: false}
+	var f proto.ServerFrame
+	buf := make([]byte, 0, 4096)
+	for {
+		h, err := rd.NextFrame()
+		if err != nil {
+			return
+		}
+		buf = buf[:0]
+		for {
+			if len(buf) == cap(buf) {
+				buf = append(buf, 0)[:len(buf)]
+			}
+			n, err := rd.Read(buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+n]
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return
+			}
+		}
+		if h.OpCode != ws.OpText {
+			continue
+		}
+		now := time.Now().UnixNano()
+		if proto.DecodeServer(buf, &f) != nil {
+			continue
+		}
+		switch string(f.Op) {
+		case "pong":
+			up.Add(1)
+		case "ack":
+			sent, _ := strconv.ParseInt(string(f.ID), 10, 64)
+			for {
+				cur := run.newest[rc.room].Load()
+				if f.Seq <= cur || run.newest[rc.room].CompareAndSwap(cur, f.Seq) {
+					break
+				}
+			}
+			run.mu.Lock()
+			if k := run.phase; k > 0 && sent >= run.winStart && sent < run.winEnd {
+				run.acked[k]++
+				run.ack[k].Record(now - sent)
+			}
+			run.mu.Unlock()
+		case "read":
+			run.mu.Lock()
+			run.answered[run.phase]++
+			run.mu.Unlock()
+		case "unread":
+			rc.mu.Lock()
+			sent := rc.sentAt
+			rc.mu.Unlock()
+			run.mu.Lock()
+			if run.phase > 0 {
+				run.unread.Record(now - sent)
+			}
+			run.mu.Unlock()
+		case "err":
+			run.mu.Lock()
+			run.errs[string(f.Code)]++
+			run.mu.Unlock()
+		}
+	}
+}
+
+// publish sends --pub-rate publishes a second round-robin over the rooms'
+// publishers, in 1 ms steps; each id is its send time (ns), so the ack
+// carries its own latency.
+func (run *readsRun) publish(pubs []*readsConn, stop chan struct{}) {
+	body := `{"p":"` + strings.Repeat("x", max(0, run.p.size-8)) + `"}`
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	start := time.Now()
+	var sent float64
+	next := 0
+	var b []byte
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			owed := now.Sub(start).Seconds()*run.p.pubRate - sent
+			for ; owed >= 1; owed-- {
+				rc := pubs[next]
+				next = (next + 1) % len(pubs)
+				b = append(b[:0], `{"op":"pub","room":"`...)
+				b = append(b, run.runID...)
+				b = append(b, "-r"...)
+				b = strconv.AppendInt(b, int64(rc.room), 10)
+				b = append(b, `","id":"`...)
+				b = strconv.AppendInt(b, time.Now().UnixNano(), 10)
+				b = append(b, `","body":`...)
+				b = append(b, body...)
+				b = append(b, '}')
+				_ = rc.send(b)
+				sent++
+			}
+		}
+	}
+}
+
+// mark has each marker mark its room read at the room's newest acked seq
+// once per --mark-every, the markers spread evenly over the period.
+func (run *readsRun) mark(markers []*readsConn, stop, done chan struct{}) {
+	const step = 10 * time.Millisecond
+	per := max(1, int(float64(len(markers))*step.Seconds()/run.p.markEvery.Seconds()+0.5))
+	t := time.NewTicker(step)
+	defer t.Stop()
+	next := 0
+	var b []byte
+	for {
+		select {
+		case <-stop:
+			return
+		case <-done:
+			return
+		case <-t.C:
+		}
+		for i := 0; i < per; i++ {
+			rc := markers[next]
+			next = (next + 1) % len(markers)
+			seq := run.newest[rc.room].Load()
+			if seq == 0 {
+				continue
+			}
+			b = append(b[:0], `{"op":"read","room":"`...)
+			b = append(b, run.runID...)
+			b = append(b, "-r"...)
+			b = strconv.AppendInt(b, int64(rc.room), 10)
+			b = append(b, `","seq":`...)
+			b = strconv.AppendUint(b, seq, 10)
+			b = append(b, '}')
+			if rc.send(b) == nil {
+				run.mu.Lock()
+				run.marks[run.phase]++
+				run.mu.Unlock()
+			}
+		}
+	}
+}
+
+// askUnread sends --unread-rate unread requests a second over the askers,
+// each for --unread-rooms rooms, one in flight per asker.
+func (run *readsRun) askUnread(askers []*readsConn, stop, done chan struct{}) {
+	var rooms []byte
+	for i := 0; i < run.p.unreadRooms; i++ {
+		if i > 0 {
+			rooms = append(rooms, ',')
+		}
+		rooms = append(rooms, '"')
+		rooms = append(rooms, run.runID...)
+		rooms = append(rooms, "-r"...)
+		rooms = strconv.AppendInt(rooms, int64(i%run.p.rooms), 10)
+		rooms = append(rooms, '"')
+	}
+	req := append(append([]byte(`{"op":"unread","rooms":[`), rooms...), "]}"...)
+	every := time.Duration(float64(time.Second) / run.p.unreadRate)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	next := 0
+	for {
+		select {
+		case <-stop:
+			return
+		case <-done:
+			return
+		case <-t.C:
+		}
+		rc := askers[next]
+		next = (next + 1) % len(askers)
+		rc.mu.Lock()
+		rc.sentAt = time.Now().UnixNano()
+		_ = wsutil.WriteClientText(rc.c, req)
+		rc.mu.Unlock()
+	}
+}
+
+// sample reads the nodes' CPU, PostgreSQL's and the read marks written.
+func (run *readsRun) sample(stderr io.Writer) (node, pg time.Duration, written uint64, pgOK, wOK bool) {
+	for _, s := range splitList(run.p.pids) {
+		pid, _ := strconv.Atoi(s)
+		c, err := procCPU(pid)
+		if err != nil {
+			fmt.Fprintln(stderr, "node cpu:", err)
+		}
+		node += c
+	}
+	if run.p.pgDB != "" {
+		var err error
+		pg, _, err = commCPU("postgres", pgProcessOf(run.p.pgDB))
+		pgOK = err == nil
+	}
+	if run.p.admin != "" {
+		v, err := adminCounter(run.p.admin, "roost_read_marks_written_total")
+		written, wOK = v, err == nil
+	}
+	return
+}
+
+// adminCounter reads one counter from a node's /metrics.
+func adminCounter(admin, name string) (uint64, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && f[0] == name {
+			v, err := strconv.ParseFloat(f[1], 64)
+			return uint64(v), err
+		}
+	}
+	return 0, fmt.Errorf("no metric %s", name)
+}
+
+func (r *readsResult) print(w io.Writer, p *readsParams) {
+	var a *readsPhase
+	for i := range r.phases {
+		ph := &r.phases[i]
+		fmt.Fprintf(w, "%s: %.0f publishes/s acked, ack p50 %s p99 %s p999 %s", ph.name, float64(ph.acked)/r.secs,
+			fmtDur(ph.ack.P50), fmtDur(ph.ack.P99), fmtDur(ph.ack.P999))
+		if ph.marks > 0 {
+			fmt.Fprintf(w, "; %.0f read marks/s sent, %.0f/s answered", float64(ph.marks)/r.secs, float64(ph.answered)/r.secs)
+		}
+		if ph.writtenOK {
+			fmt.Fprintf(w, ", %.0f/s written", float64(ph.written)/r.secs)
+		}
+		fmt.Fprintln(w)
+		if ph.node > 0 && ph.acked > 0 {
+			fmt.Fprintf(w, "  node CPU %.1f%%, %.1f µs per publish\n", 100*ph.node.Seconds()/r.secs, float64(ph.node.Nanoseconds())/1e3/float64(ph.acked))
+		}
+		if ph.pgOK && ph.acked > 0 {
+			fmt.Fprintf(w, "  PostgreSQL CPU %.1f%%, %.1f µs per publish", 100*ph.pg.Seconds()/r.secs, float64(ph.pg.Nanoseconds())/1e3/float64(ph.acked))
+			if a != nil && ph.marks > 0 {
+				// net of phase A's cost per publish, at this phase's publishes
+				net := ph.pg.Seconds() - a.pg.Seconds()*float64(ph.acked)/float64(max(a.acked, 1))
+				fmt.Fprintf(w, "; %.2f µs per read mark (net of A)", net*1e6/float64(ph.marks))
+				if ph.writtenOK && ph.written > 0 {
+					fmt.Fprintf(w, ", %.2f µs per mark written", net*1e6/float64(ph.written))
+				}
+			}
+			fmt.Fprintln(w)
+		}
+		if a != nil && ph.marks > 0 && a.ack.P99 > 0 {
+			fmt.Fprintf(w, "  ack p99 %+.1f%% against A\n", 100*(float64(ph.ack.P99)/float64(a.ack.P99)-1))
+		}
+		if i == 0 {
+			a = ph
+		}
+	}
+	if r.unread.Count > 0 {
+		fmt.Fprintf(w, "unread of %d rooms: %d answers, p50 %s p99 %s p999 %s max %s\n", p.unreadRooms, r.unread.Count,
+			fmtDur(r.unread.P50), fmtDur(r.unread.P99), fmtDur(r.unread.P999), fmtDur(r.unread.Max))
+	}
+	if len(r.errs) > 0 {
+		b, _ := json.Marshal(r.errs)
+		fmt.Fprintf(w, "errors: %s\n", b)
+	}
+}
