@@ -709,6 +709,7 @@ func (t *Table) readDone(ev *Event) {
 	if m.Out.Closed() {
 		return
 	}
+	t.answer(m)
 	if ev.frame != nil {
 		t.enqueue(m, ev.frame)
 		return

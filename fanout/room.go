@@ -437,6 +437,7 @@ func (t *Table) historyDone(ev *Event) {
 	if m.Out.Closed() {
 		return
 	}
+	t.answer(m)
 	defer t.pump(m)
 	if ev.err != nil {
 		msg := "cannot read history now: retry"

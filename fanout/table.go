@@ -111,6 +111,33 @@ type Table struct {
 	usersOf  func(userKey string, dst []*Member) []*Member
 	userBuf  []*Member            // usersOf's answer, reused
 	receipts map[string][]*Member // room key -> its receipts subscribers on this loop
+
+	// answered are the queues of members that got the answer to a request
+	// of theirs (history, presence, read, unread, receipts) since the
+	// loop last took them (TakeAnswered): a client waiting on an answer
+	// should not wait for the next flush tick as well. At most maxAnswered.
+	answered []*outq.Out[Owner]
+}
+
+// maxAnswered bounds Table.answered: past it an answer leaves with the
+// next tick, as any frame.
+const maxAnswered = 4096
+
+// answer records that m got the answer to a request of its own.
+func (t *Table) answer(m *Member) {
+	if len(t.answered) < maxAnswered {
+		t.answered = append(t.answered, m.Out)
+	}
+}
+
+// Answered returns the queues of members answered since the last
+// ClearAnswered, for the loop to write at the end of its wake-up. Loop only.
+func (t *Table) Answered() []*outq.Out[Owner] { return t.answered }
+
+// ClearAnswered forgets the queues Answered returned. Loop only.
+func (t *Table) ClearAnswered() {
+	clear(t.answered)
+	t.answered = t.answered[:0]
 }
 
 // newTable returns an empty table. limit is the outbound limit per member

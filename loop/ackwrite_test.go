@@ -73,3 +73,31 @@ func TestAckSkipsTheTick(t *testing.T) {
 		t.Fatalf("write-out observed %d times, want 2", wrote.n.Load())
 	}
 }
+
+// TestAnswerSkipsTheTick: the answer to a request (history, read, unread)
+// leaves at the end of the wake-up that brought it, not at the next flush
+// tick, even on a connection written in this tick's period. With a tick of
+// a second, an answer that waited for it would come ~1 s after the
+// connection's last write.
+func TestAnswerSkipsTheTick(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.FlushInterval = time.Second })
+	a := n.dial(t, "alice")
+	for _, req := range []string{
+		`{"op":"history","room":"r"}`,
+		`{"op":"read","room":"r","seq":1}`,
+		`{"op":"unread","rooms":["r"]}`,
+	} {
+		// A publish: its msg and ack are written at once, and the loop
+		// ticks from there.
+		a.send(`{"op":"pub","room":"r","id":"` + req[7:11] + `","body":1}`)
+		a.expect(map[string]any{"op": "ack"})
+		start := time.Now()
+		a.send(req)
+		got := a.recv()
+		took := time.Since(start)
+		t.Logf("%s: %v", req, took)
+		if took > 600*time.Millisecond {
+			t.Fatalf("%s: answer %v came after %v, the flush tick's wait", req, got["op"], took)
+		}
+	}
+}

@@ -22,7 +22,8 @@ import (
 // answered (its ack is pushed right behind its delivery) or for
 // holdMax, whichever comes first, and leaves in one write per member.
 //
-// Acks wait for neither (writeAcks).
+// Acks and the answers to a connection's requests wait for neither
+// (writeAcks).
 func (l *loopState) kick() {
 	l.kickOut()
 	l.writeAcks()
@@ -35,8 +36,13 @@ func (l *loopState) kick() {
 // written in this tick's period, and its ack would otherwise wait for the
 // next tick, up to --flush, or for a hold. That is one write more per
 // publish at most, with whatever else is pending for that connection.
+//
+// The same holds for the answer to a request (history, presence, read,
+// unread, receipts: fanout.Table.Answered): the client is waiting on it,
+// and the connection has often just been written for the room's traffic.
 func (l *loopState) writeAcks() {
-	if len(l.acksOut) == 0 {
+	answered := l.table.Answered()
+	if len(l.acksOut) == 0 && len(answered) == 0 {
 		return
 	}
 	for _, a := range l.acksOut {
@@ -44,6 +50,12 @@ func (l *loopState) writeAcks() {
 			l.out(&c.out)
 		}
 	}
+	for _, o := range answered {
+		if !o.Closed() && o.PendingBytes() > 0 {
+			l.out(o)
+		}
+	}
+	l.table.ClearAnswered()
 	l.sendQueued()
 	l.ackWritten()
 }
