@@ -16,15 +16,16 @@ import (
 // listed.
 var layers = map[string][]string{
 	".":                   {"*"}, // main wires everything
-	"loop":                {"fanout", "fanout/outq", "fanout/proxy", "fanout/tenancy", "loop/internal/uring", "proto", "loop/realip"},
+	"loop":                {"fanout", "fanout/hist", "fanout/outq", "fanout/proxy", "fanout/tenancy", "loop/internal/uring", "proto", "loop/realip"},
 	"loop/internal/uring": {},
-	"fanout/api":          {"fanout", "fanout/tenancy", "fanout/api/httpedge", "persist", "proto"},
+	"fanout/api":          {"fanout", "fanout/hist", "fanout/tenancy", "fanout/api/httpedge", "persist", "proto"},
 	"fanout/tenancy":      {"proto"},
-	"fanout/webhook":      {"fanout/hooknet", "persist", "proto"},
-	"fanout/proxy":        {"fanout/hooknet", "proto"},
+	"fanout/webhook":      {"fanout/hist", "fanout/hooknet", "persist", "proto"},
+	"fanout/proxy":        {"fanout/hist", "fanout/hooknet", "proto"},
 	"fanout/hooknet":      {"proto"},
 	"fanout/outq":         {},
-	"fanout":              {"fanout/outq", "persist", "pubsub", "proto"},
+	"fanout":              {"fanout/hist", "fanout/outq", "persist", "pubsub", "proto"},
+	"fanout/hist":         {},
 	"persist":             {"proto"},
 	"persist/pgtest":      {},
 	"pubsub":              {"proto"},

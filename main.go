@@ -7,8 +7,9 @@
 // commands (main.go), serve's script that builds the parts in dependency
 // order and stops them in reverse through one stop list (main.go,
 // main_stop.go), the registry's readings handed to the edges
-// (main_registry.go), the admin listener with the node's metrics set and
-// histograms (main_admin*.go, main_metrics.go), and the CLIs of the app
+// (main_registry.go), the admin listener with the node's metrics set
+// (main_admin*.go: node info and runtime/process series; each part
+// registers its own), and the CLIs of the app
 // registry, tokens, webhooks and migrations.
 package main
 
@@ -161,12 +162,10 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	}
 
 	// Every part registers its own series on the node's set as it is
-	// built; the admin listener's /metrics writes the set. The latency
-	// histograms are the node's, observed by the parts.
+	// built (its latency histograms too); the admin listener's /metrics
+	// writes the set.
 	set := vm.NewSet()
 	nodeInfo(set, c.node.NodeID)
-	hists := newHistograms()
-	hists.RegisterMetrics(set)
 
 	// 2. The store.
 	ctx := context.Background()
@@ -184,7 +183,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 
 	// 3. The webhooks: they take each committed batch before its acks;
 	// with no app having one, that costs one atomic load per batch.
-	hcfg := webhook.Config{Log: log, Lag: hists.webhookLag.Observe, MaxBytes: c.webhookBacklogN}
+	hcfg := webhook.Config{Log: log, MaxBytes: c.webhookBacklogN}
 	if pg != nil {
 		// Durable: what is owed is the messages past each room's cursor.
 		// The lease owner names this process (two nodes may share a
@@ -218,16 +217,12 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	var redisAddrs []string
 	t0 = time.Now()
 	parts := fanout.Parts{
-		Store:          store,
-		Pool:           fanout.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log},
-		Log:            log,
-		PublishLatency: hists.publishLatency,
-		BrokerLatency:  hists.brokerLatency,
-		DeliveryLag:    hists.deliveryLag,
-		AckPhases:      hists.fanoutAckPhases(),
-		PresenceGrace:  c.presenceGrace,
-		OnCommitted:    hooks.Committed,
-		ConnEvents:     hooks.WantsEvent, // connection events: the apps' --webhook-events
+		Store:         store,
+		Pool:          fanout.PoolConfig{Workers: c.workers, MaxBatch: c.batchMax, Window: window, QueueLen: c.queueLen, Timeout: c.stmtTimeout, Logger: log},
+		Log:           log,
+		PresenceGrace: c.presenceGrace,
+		OnCommitted:   hooks.Committed,
+		ConnEvents:    hooks.WantsEvent, // connection events: the apps' --webhook-events
 	}
 	// Control messages (a server API disconnect, from any node) reach the
 	// loops once they exist; none can concern a connection before that.
@@ -271,9 +266,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 
 	// 5. The loops in front of it (their listener opens at step 9).
 	c.node.ClientScript, c.node.DemoPage = clientScript, demoPage
-	ackInbox, ackWrite := hists.loopAckPhases()
-	srv, err := loop.New(c.node, fan, log, loop.Histograms{WriteFrames: hists.writeFrames, AckLatency: hists.ackLatency,
-		AckInbox: ackInbox, AckWrite: ackWrite, ProxyLatency: hists.proxyCall})
+	srv, err := loop.New(c.node, fan, log)
 	if err != nil {
 		return fatal(err)
 	}
@@ -300,7 +293,7 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 		apiSrv = api.New(api.Config{Rate: c.apiRate, Burst: c.apiBurst, MaxMsg: c.node.Limits.MaxMsg, Static: c.node.Apps,
 			Edge: api.Edge{MaxConns: c.apiMaxConns, AppMaxConns: c.apiAppMaxConns, AppInFlight: c.apiAppInFlight},
 			Dev:  c.node.Insecure && loopbackAddr(c.api), DevMaxApps: c.node.InsecureMaxApps},
-			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log, PublishLatency: hists.apiPublish})
+			api.Parts{Fan: fan, Store: store, Disconnect: srv.Disconnect, Log: log})
 		apiSrv.RegisterMetrics(set)
 	}
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -33,74 +32,6 @@ type admin struct {
 	ready   *atomic.Bool
 	token   string       // --admin-token: "" leaves the listener open
 	board   *statusBoard // the admin page's samples
-}
-
-// Bucket bounds of the node's histograms.
-var (
-	latencyBuckets     = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
-	writeFramesBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
-)
-
-// histograms are the node's histograms, fed by the loops, fanout, the
-// server API and the webhooks (as Observers main hands them), and written
-// by the scrape through the metrics library (RegisterMetrics).
-type histograms struct {
-	writeFrames    *histogram  // frames per writev: the batch size of one write
-	publishLatency *histogram  // seconds from a pub frame read to its commit
-	ackLatency     *histogram  // seconds from a pub frame read to its ack queued
-	brokerLatency  *histogram  // seconds one broker round trip of a commit batch takes
-	deliveryLag    *histogram  // seconds from commit to arrival through the broker, sampled
-	apiPublish     *histogram  // seconds from a server API publish request read to its commit answered
-	proxyCall      *histogram  // seconds of one proxy hook call, asked to answered
-	webhookLag     *histogram  // seconds from a committed message handed to the webhooks to its POST answered 2xx
-	ackPhases      *histFamily // roost_ack_phase_seconds{phase}: an ack's time split (ackPhaseNames)
-}
-
-// ackPhaseNames are the phase label values of roost_ack_phase_seconds, in
-// the order a publish passes them (docs/operations.md).
-var ackPhaseNames = []string{"queue", "pipeline", "window", "commit", "answer", "broker", "inbox", "write"}
-
-// ackPhaseBuckets are finer than latencyBuckets where an ack's phases
-// differ: a few milliseconds.
-var ackPhaseBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1}
-
-// fanoutAckPhases and loopAckPhases hand the phases' histograms to their
-// packages.
-func (h *histograms) fanoutAckPhases() fanout.AckPhases {
-	f := h.ackPhases.get
-	return fanout.AckPhases{Queue: f(0), Pipeline: f(1), Window: f(2), Commit: f(3), Answer: f(4), Broker: f(5)}
-}
-
-// loopAckPhases are the loops' phases: inbox and write.
-func (h *histograms) loopAckPhases() (inbox, write fanout.Observer) {
-	return h.ackPhases.get(6), h.ackPhases.get(7)
-}
-
-func newHistograms() *histograms {
-	h := &histograms{
-		writeFrames:    newHistogram("roost_write_frames", writeFramesBuckets),
-		publishLatency: newHistogram("roost_publish_latency_seconds", latencyBuckets),
-		ackLatency:     newHistogram("roost_ack_latency_seconds", latencyBuckets),
-		brokerLatency:  newHistogram("roost_broker_publish_seconds", latencyBuckets),
-		deliveryLag:    newHistogram("roost_broker_delivery_lag_seconds", latencyBuckets),
-		apiPublish:     newHistogram("roost_api_publish_seconds", latencyBuckets),
-		proxyCall:      newHistogram("roost_proxy_call_seconds", latencyBuckets),
-		webhookLag:     newHistogram("roost_webhook_lag_seconds", latencyBuckets),
-		ackPhases:      newHistFamily("roost_ack_phase_seconds", "phase", ackPhaseNames, ackPhaseBuckets),
-	}
-	return h
-}
-
-// RegisterMetrics adds the histograms to set.
-func (h *histograms) RegisterMetrics(set *vm.Set) {
-	all := []*histogram{h.writeFrames, h.publishLatency, h.ackLatency, h.brokerLatency, h.deliveryLag, h.apiPublish, h.proxyCall, h.webhookLag}
-	set.RegisterMetricsWriter(func(w io.Writer) {
-		e := &expo{w: w}
-		for _, x := range all {
-			x.write(e)
-		}
-		h.ackPhases.write(e)
-	})
 }
 
 // adminMux serves operators, apart from clients: pprof from the first day,
@@ -207,7 +138,8 @@ func maskSecretValue(v string) string {
 // writeMetrics prints the node's metrics in the Prometheus text format
 // through the metrics library: the series each part registered on
 // a.metrics (counters and gauges read from the atomics the part bumps, so
-// the hot path only adds to them; the histograms), the Go runtime's heap
+// the hot path only adds to them, and its latency histograms), the node's
+// info, the Go runtime's heap
 // figures, and the library's standard go_* and process_* series. The
 // formatting cost is the scraper's.
 func writeMetrics(w io.Writer, a *admin) error {
@@ -257,23 +189,6 @@ func writeFDMetrics(w io.Writer) {
 	}
 	vm.WriteGaugeUint64(w, "process_max_fds", lim.Cur) // the soft limit, as /proc/self/limits gives it
 	vm.WriteGaugeUint64(w, "process_open_fds", uint64(fi.Size()))
-}
-
-// expo writes the histograms' series, with the library's HELP/TYPE
-// metadata (vm.ExposeMetadata, set in main): once per family, before its
-// first series.
-type expo struct{ w io.Writer }
-
-// family writes the metadata of a family whose series follow as lines.
-func (e *expo) family(name, typ string) { vm.WriteMetadataIfNeeded(e.w, name, typ) }
-
-// line writes one series (name with its labels) without metadata.
-func (e *expo) line(series string, v float64) {
-	num := strconv.FormatFloat(v, 'g', -1, 64)
-	if v == math.Trunc(v) && math.Abs(v) < 1<<53 {
-		num = strconv.FormatInt(int64(v), 10) // counts read better without an exponent
-	}
-	_, _ = io.WriteString(e.w, series+" "+num+"\n")
 }
 
 // Prometheus reads a family's type from its TYPE line; without it every

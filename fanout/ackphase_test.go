@@ -67,11 +67,12 @@ func TestAckPhasesSplitAnAck(t *testing.T) {
 		logs[i] = &phaseLog{}
 	}
 	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 1, GapWindow: 10 * time.Millisecond},
-		Parts{Store: st, Pool: PoolConfig{Window: -1},
-			AckPhases: AckPhases{Queue: logs[0], Pipeline: logs[1], Window: logs[2], Commit: logs[3], Answer: logs[4], Broker: logs[5]}})
+		Parts{Store: st, Pool: PoolConfig{Window: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Before the first publish, which the workers take through a channel.
+	n.Stats.AckPhases = AckPhases{Queue: logs[0], Pipeline: logs[1], Window: logs[2], Commit: logs[3], Answer: logs[4], Broker: logs[5]}
 	defer n.Close()
 	sink := &stampSink{reqs: map[string]PubRequest{}, done: make(chan struct{}, 8)}
 	pub := func(id string) {

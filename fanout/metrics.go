@@ -10,7 +10,8 @@ import (
 // RegisterMetrics adds the publish path's series to set: the publish
 // pool (batches, their sizes, duplicates, refusals, the queue), rooms and
 // memberships, delivery repairs, presence, signals, read positions and
-// the broker hand-off. They are read from the counters at scrape time, so
+// the broker hand-off, and the publish path's latency histograms (with
+// the loops' phases of roost_ack_phase_seconds). They are read from the counters at scrape time, so
 // the hot path only adds to atomics.
 func (n *Node) RegisterMetrics(set *vm.Set) {
 	set.RegisterMetricsWriter(n.writeMetrics)
@@ -67,4 +68,5 @@ func (n *Node) writeMetrics(w io.Writer) {
 	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())
 	c("roost_broker_dropped_total", fs.BrokerDropped.Load())
 	n.events.writeMetrics(w)
+	n.hists.write(w)
 }

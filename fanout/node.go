@@ -24,13 +24,10 @@ type Config struct {
 	GapWindow     time.Duration // how long a missing seq may be awaited before repair
 }
 
-// Observer is a histogram as fanout and the loops feed it (the node's
-// metrics library provides it). Observe must not block or allocate.
+// Observer is a histogram as fanout and the loops feed it (a
+// *hist.Histogram, which the package recording into it owns and
+// registers). Observe must not block or allocate.
 type Observer interface{ Observe(v float64) }
-
-type noObserver struct{}
-
-func (noObserver) Observe(float64) {}
 
 // Parts are what a Node is built on, in dependency order: the store, the
 // publish pool's settings, and how to build the broker (fanout builds it,
@@ -42,16 +39,6 @@ type Parts struct {
 	// in-process broker.
 	NewBroker func(h pubsub.Handler) (pubsub.Broker, error)
 	Log       *slog.Logger
-	// Histograms; nil ones are not observed.
-	PublishLatency Observer // seconds from a publish entering to its commit
-	BrokerLatency  Observer // seconds one broker Publish of a committed message takes
-	// AckPhases split each publish's time in the publish path (seconds,
-	// one observation per publish answered).
-	AckPhases AckPhases
-	// DeliveryLag is seconds from a message's commit (its ts) to its
-	// arrival at this node from the broker, sampled one message in 64.
-	// Across nodes it includes their clock offset.
-	DeliveryLag Observer
 	// OnControl, when set, receives every control message the broker
 	// delivers (proto.ControlKey), from any node, this one included. It
 	// runs on the broker's goroutine: it must not block, and msg is valid
@@ -79,7 +66,7 @@ type Parts struct {
 
 // AckPhases are the histograms of the publish path's share of an ack's
 // time, one observation per publish answered (committed, duplicate or
-// failed); nil ones are not observed. Together with the source's share
+// failed). Together with the source's share
 // (a loop's inbox and write-out) they add up to the time from Publish to
 // the ack on the socket.
 type AckPhases struct {
@@ -89,12 +76,6 @@ type AckPhases struct {
 	Commit   Observer // the batch's CommitBatch (PostgreSQL: the transaction and its WAL flush)
 	Answer   Observer // the commit's end until the batch's broker publish begins (encoding, the previous batch's answer)
 	Broker   Observer // the batch's broker publish (Redis: one pipelined round trip) and the OnCommitted hook
-}
-
-func (a *AckPhases) orNone() {
-	for _, o := range []*Observer{&a.Queue, &a.Pipeline, &a.Window, &a.Commit, &a.Answer, &a.Broker} {
-		*o = orNone(*o)
-	}
 }
 
 // Stats are fanout's counters, updated without locks.
@@ -133,10 +114,17 @@ type Stats struct {
 	ReadSaveErrors     atomic.Uint64
 	ReadsLimited       atomic.Uint64 // read, unread and receipts requests refused for the connection's rate
 
-	PublishLatency Observer
-	BrokerLatency  Observer
-	DeliveryLag    Observer
-	AckPhases      AckPhases
+	// The histograms the publish path records into (New sets them to the
+	// node's own, registered by RegisterMetrics).
+	PublishLatency Observer // seconds from a publish entering to its commit
+	BrokerLatency  Observer // seconds one broker Publish of a committed message takes
+	// DeliveryLag is seconds from a message's commit (its ts) to its
+	// arrival at this node from the broker, sampled one message in 64.
+	// Across nodes it includes their clock offset.
+	DeliveryLag Observer
+	// AckPhases split each publish's time in the publish path (seconds,
+	// one observation per publish answered).
+	AckPhases AckPhases
 }
 
 // Loop is an event loop as fanout reaches it. A loop's Table runs on the
@@ -256,6 +244,7 @@ type Node struct {
 	hub    *hub
 	pres   *presence
 	events *connEvents
+	hists  *histograms
 	tables [MaxLoops]atomic.Pointer[Table]
 
 	brokerLogged atomic.Int64 // Unix ns of the last broker error logged
@@ -310,11 +299,9 @@ func New(cfg Config, p Parts) (*Node, error) {
 	}
 	n.replays.reads, n.replays.served = &n.Stats.ReplayReads, &n.Stats.Replays
 	n.pos = newPositions(n, p.Store)
-	n.Stats.PublishLatency = orNone(p.PublishLatency)
-	n.Stats.BrokerLatency = orNone(p.BrokerLatency)
-	n.Stats.DeliveryLag = orNone(p.DeliveryLag)
-	n.Stats.AckPhases = p.AckPhases
-	n.Stats.AckPhases.orNone()
+	n.hists = newHistograms()
+	n.Stats.PublishLatency, n.Stats.BrokerLatency, n.Stats.DeliveryLag = n.hists.publish, n.hists.broker, n.hists.deliveryLag
+	n.Stats.AckPhases = n.hists.fanoutAckPhases()
 	n.hub = newHub(n, cfg.Loops)
 	if p.NewBroker == nil {
 		n.bus = pubsub.NewMemory(n)
@@ -379,13 +366,6 @@ func New(cfg Config, p Parts) (*Node, error) {
 	n.wg.Add(1)
 	go n.pos.run()
 	return n, nil
-}
-
-func orNone(o Observer) Observer {
-	if o == nil {
-		return noObserver{}
-	}
-	return o
 }
 
 // NewTable returns the Table of loop idx, which reaches the loop through

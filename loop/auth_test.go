@@ -102,11 +102,11 @@ func TestInsecureNeedsLoopback(t *testing.T) {
 	cfg := Defaults()
 	cfg.Insecure = true
 	cfg.Listen = "0.0.0.0:8080"
-	if _, err := New(cfg, nil, nil, Histograms{}); err == nil || !strings.Contains(err.Error(), "loopback") {
+	if _, err := New(cfg, nil, nil); err == nil || !strings.Contains(err.Error(), "loopback") {
 		t.Fatalf("want loopback refusal, got %v", err)
 	}
 	cfg.Insecure = false
-	if _, err := New(cfg, nil, nil, Histograms{}); err == nil || !strings.Contains(err.Error(), "--app-secret") {
+	if _, err := New(cfg, nil, nil); err == nil || !strings.Contains(err.Error(), "--app-secret") {
 		t.Fatalf("want app-secret hint, got %v", err)
 	}
 }

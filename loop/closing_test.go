@@ -78,7 +78,7 @@ func startNodes(t *testing.T, k int) []*node {
 				errs[i] = err
 				return
 			}
-			srv, err := New(cfg, fan, testLogger(), Histograms{})
+			srv, err := New(cfg, fan, testLogger())
 			if err == nil {
 				err = srv.Start()
 			}

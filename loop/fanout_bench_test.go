@@ -57,7 +57,7 @@ func newFanoutRig(tb testing.TB, n int, drain bool) *fanoutRig {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = fan.Close() })
-	s, err := New(cfg, fan, log, Histograms{})
+	s, err := New(cfg, fan, log)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func memNode(tb testing.TB, set func(*Config)) (*Server, *memLoop) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = fan.Close() })
-	s, err := New(cfg, fan, log, Histograms{})
+	s, err := New(cfg, fan, log)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 
 // RegisterMetrics adds the loops' series to set: connections per app,
 // admissions and refusals, frames, writes, the io_uring, ticks, publishes,
-// the inboxes, and (through the proxy pool the loops own) the proxy
-// calls. They are read from the counters the loops bump at scrape time,
+// the inboxes, the loops' histograms (frames per write, ack latency),
+// and (through the proxy pool the loops own) the proxy calls. They are read from the counters the loops bump at scrape time,
 // so the hot path only adds to atomics. With the library's metadata on
 // (vm.ExposeMetadata), each family gets its HELP and TYPE lines once.
 func (s *Server) RegisterMetrics(set *vm.Set) {
@@ -89,4 +89,6 @@ func (s *Server) writeMetrics(w io.Writer) {
 			io.WriteString(w, "roost_loop_inbox_depth{loop=\""+strconv.Itoa(i)+"\"} "+strconv.FormatInt(st.InboxDepth[i].Load(), 10)+"\n")
 		}
 	}
+	s.hists.writeFrames.Write(w)
+	s.hists.ackLatency.Write(w)
 }

@@ -73,7 +73,7 @@ func startNodeWith(t testing.TB, cfg Config, store persist.Store, log *slog.Logg
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(cfg, fan, log, Histograms{})
+	srv, err := New(cfg, fan, log)
 	if err != nil {
 		_ = fan.Close()
 		t.Fatal(err)

@@ -42,7 +42,7 @@ func benchPresenceQuery(b *testing.B, redisAddr, prefix string, mk func(pubsub.B
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := New(cfg, fan, testLogger(), Histograms{})
+	srv, err := New(cfg, fan, testLogger())
 	if err != nil {
 		b.Fatal(err)
 	}

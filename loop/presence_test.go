@@ -43,7 +43,7 @@ func presenceNode(t *testing.T, redisAddr, prefix string, grace, lease time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(cfg, fan, testLogger(), Histograms{})
+	srv, err := New(cfg, fan, testLogger())
 	if err != nil {
 		_ = fan.Close()
 		t.Fatal(err)

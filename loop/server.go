@@ -44,6 +44,7 @@ import (
 	"github.com/panjf2000/gnet/v2/pkg/pool/goroutine"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/hist"
 	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/loop/internal/uring"
@@ -188,6 +189,9 @@ type Server struct {
 	fan  *fanout.Node
 	apps *apps
 	jwt  *jwt.Parser
+	// hists are the loops' own histograms (Stats holds them as
+	// Observers).
+	hists histograms
 	// proxy asks the apps' backends (their proxy hooks, proxy.go).
 	proxy *proxy.Pool
 	// nodeHeader ends every 101 response: "X-Roost-Node: ID\r\n\r\n".
@@ -275,8 +279,9 @@ type Stats struct {
 	// set and they did not start with a valid PROXY header.
 	RefusedProxyHeader atomic.Uint64
 
-	// Histograms (Histograms given to New). Observe takes no lock and
-	// allocates nothing.
+	// Histograms: the loops' own (RegisterMetrics writes them), and the
+	// loops' phases of fanout's roost_ack_phase_seconds. Observe takes no
+	// lock and allocates nothing.
 	WriteFrames fanout.Observer // frames per writev: the batch size of one write
 	AckLatency  fanout.Observer // seconds from a pub frame read to its ack queued
 	// The loop's share of an ack's time (fanout.AckPhases has the publish
@@ -291,27 +296,19 @@ type Stats struct {
 	InboxDepth [fanout.MaxLoops]atomic.Int64
 }
 
-// Histograms are the loops' histograms (the node's metrics library
-// provides them); nil ones are not observed.
-type Histograms struct {
-	WriteFrames fanout.Observer
-	AckLatency  fanout.Observer
-	AckInbox    fanout.Observer // see Stats.AckInbox
-	AckWrite    fanout.Observer // see Stats.AckWrite
-	// ProxyLatency observes each proxy hook call's seconds.
-	ProxyLatency fanout.Observer
+// histograms are the loops' own histograms, registered by
+// RegisterMetrics.
+type histograms struct {
+	writeFrames *hist.Histogram // frames per writev: the batch size of one write
+	ackLatency  *hist.Histogram // seconds from a pub frame read to its ack queued
 }
+
+// writeFramesBuckets are the bounds of roost_write_frames.
+var writeFramesBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
 
 type noObserver struct{}
 
 func (noObserver) Observe(float64) {}
-
-func orNone(o fanout.Observer) fanout.Observer {
-	if o == nil {
-		return noObserver{}
-	}
-	return o
-}
 
 // monoEpoch anchors the publish stamps: time.Since reads the monotonic
 // clock, so a wall-clock step cannot produce a negative latency.
@@ -382,7 +379,7 @@ func (l *loopState) shedding() bool {
 
 // New builds the client side of a node in front of fan, whose Config must
 // be cfg.Config. It checks cfg first (Validate).
-func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server, error) {
+func New(cfg Config, fan *fanout.Node, log *slog.Logger) (*Server, error) {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -406,11 +403,16 @@ func New(cfg Config, fan *fanout.Node, log *slog.Logger, h Histograms) (*Server,
 		s.apps.online = fan.Online // connection events (fanout/connevents.go)
 	}
 	s.realLater = cfg.ProxyProtocol || cfg.TrustedProxies.Any()
-	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Latency: orNone(h.ProxyLatency), Log: log})
-	s.Stats.WriteFrames = orNone(h.WriteFrames)
-	s.Stats.AckLatency = orNone(h.AckLatency)
-	s.Stats.AckInbox = orNone(h.AckInbox)
-	s.Stats.AckWrite = orNone(h.AckWrite)
+	s.proxy = proxy.New(proxy.Config{Workers: cfg.ProxyInFlight, Queue: cfg.ProxyQueue, Log: log})
+	s.hists = histograms{
+		writeFrames: hist.New("roost_write_frames", writeFramesBuckets),
+		ackLatency:  hist.New("roost_ack_latency_seconds", hist.LatencyBuckets),
+	}
+	s.Stats.WriteFrames, s.Stats.AckLatency = s.hists.writeFrames, s.hists.ackLatency
+	s.Stats.AckInbox, s.Stats.AckWrite = noObserver{}, noObserver{}
+	if fan != nil {
+		s.Stats.AckInbox, s.Stats.AckWrite = fan.LoopAckPhases()
+	}
 	if cfg.NodeID != "" {
 		s.nodeHeader = []byte("X-Roost-Node: " + cfg.NodeID + "\r\n\r\n")
 	}

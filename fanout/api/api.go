@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/roost-chat/roost/fanout"
+	"github.com/roost-chat/roost/fanout/hist"
 	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -69,9 +70,6 @@ type Parts struct {
 	// with 1008 "disconnected" and returns how many it closed.
 	Disconnect func(app, user string, wait time.Duration) int
 	Log        *slog.Logger
-	// PublishLatency observes seconds from a publish request read to its
-	// commit answered; nil: not observed.
-	PublishLatency fanout.Observer
 }
 
 // Routes, counted in Stats.
@@ -120,7 +118,7 @@ type Server struct {
 	store persist.Store
 	disc  func(app, user string, wait time.Duration) int
 	log   *slog.Logger
-	pubLa fanout.Observer
+	pubLa *hist.Histogram // seconds from a publish request read to its commit answered (roost_api_publish_seconds)
 
 	rate tenancy.Rate // of each app's requests, all routes together
 
@@ -141,19 +139,12 @@ type tenant struct {
 	req *tenancy.Bucket // kept across registry changes
 }
 
-type noObserver struct{}
-
-func (noObserver) Observe(float64) {}
-
 // New builds the API. SetApps gives it the registry.
 func New(cfg Config, p Parts) *Server {
-	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: p.PublishLatency, apps: map[string]*tenant{}, dev: map[string]*tenant{},
+	s := &Server{cfg: cfg, fan: p.Fan, store: p.Store, disc: p.Disconnect, log: p.Log, pubLa: hist.New("roost_api_publish_seconds", hist.LatencyBuckets), apps: map[string]*tenant{}, dev: map[string]*tenant{},
 		rate: tenancy.NewRate(cfg.Rate, int64(max(1, cfg.Burst)))}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
-	}
-	if s.pubLa == nil {
-		s.pubLa = noObserver{}
 	}
 	s.edge.init(cfg.Edge)
 	// The static apps until the node hands its registry's snapshot over

@@ -9,8 +9,8 @@ import (
 
 // RegisterMetrics adds the server API's series to set, read from Stats
 // and EdgeStats at scrape time: requests by route and answer, publishes,
-// disconnects, and the listener's budget (who holds its connections, and
-// what it refused or pushed out).
+// disconnects, the listener's budget (who holds its connections, and
+// what it refused or pushed out), and the publishes' latency histogram.
 func (s *Server) RegisterMetrics(set *vm.Set) {
 	set.RegisterMetricsWriter(s.writeMetrics)
 }
@@ -62,4 +62,5 @@ func (s *Server) writeMetrics(w io.Writer) {
 	s.AppBudgets(func(app string, _, inflight int64) {
 		fmt.Fprintf(w, "roost_api_app_inflight{app=%q} %d\n", app, inflight)
 	})
+	s.pubLa.Write(w)
 }

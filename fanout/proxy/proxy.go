@@ -28,6 +28,7 @@ import (
 
 	"github.com/bytedance/sonic"
 
+	"github.com/roost-chat/roost/fanout/hist"
 	"github.com/roost-chat/roost/fanout/hooknet"
 	"github.com/roost-chat/roost/proto"
 )
@@ -137,9 +138,7 @@ type Config struct {
 	// burst needs room here even while workers are free. Past it a call
 	// is answered at once with Full and the app's fail mode.
 	Queue int
-	// Latency observes each call's seconds (asked to answered).
-	Latency interface{ Observe(float64) }
-	Log     *slog.Logger
+	Log   *slog.Logger
 	// Client, when set, makes every call (tests, a custom transport);
 	// else plain-HTTP calls are made directly (direct.go) and https ones
 	// through a kept-alive net/http pool.
@@ -157,6 +156,9 @@ type Pool struct {
 	log    *slog.Logger
 	client *http.Client
 	Stats  Stats
+	// latency: each call's seconds, asked to answered
+	// (roost_proxy_call_seconds).
+	latency *hist.Histogram
 
 	// direct: plain-HTTP calls are made by the workers themselves
 	// (direct.go), not through client.
@@ -195,9 +197,6 @@ func New(cfg Config) *Pool {
 	if cfg.Queue <= 0 {
 		cfg.Queue = DefaultQueue
 	}
-	if cfg.Latency == nil {
-		cfg.Latency = noObserver{}
-	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -221,12 +220,9 @@ func New(cfg Config) *Pool {
 		}}
 	}
 	return &Pool{cfg: cfg, log: cfg.Log, client: c, direct: cfg.Client == nil && directOK(),
-		apps: map[string]*appQueue{}, stop: make(chan struct{})}
+		latency: hist.New("roost_proxy_call_seconds", hist.LatencyBuckets),
+		apps:    map[string]*appQueue{}, stop: make(chan struct{})}
 }
-
-type noObserver struct{}
-
-func (noObserver) Observe(float64) {}
 
 // Ask queues c for t's backend and never blocks. It reports false when c
 // was not queued (the app's queue is full, or the pool is closed): c then
@@ -519,7 +515,7 @@ func (p *Pool) fail(q *appQueue, c *Call, r Result, err error, t0 time.Time) {
 }
 
 func (p *Pool) done(c *Call, t0 time.Time) {
-	p.cfg.Latency.Observe(time.Since(t0).Seconds())
+	p.latency.Observe(time.Since(t0).Seconds())
 	c.Done(c)
 }
 

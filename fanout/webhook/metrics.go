@@ -14,7 +14,8 @@ import (
 
 // RegisterMetrics adds the webhooks' series to set, read from Stats and
 // the apps' queues at scrape time: events taken, delivered, dropped (per
-// app) and dead; POSTs; and each app's backlog and lag.
+// app) and dead; POSTs; each app's backlog and lag; and the delivery lag
+// histogram roost_webhook_lag_seconds.
 func (d *Dispatcher) RegisterMetrics(set *vm.Set) {
 	set.RegisterMetricsWriter(d.writeMetrics)
 }
@@ -37,6 +38,7 @@ func (d *Dispatcher) writeMetrics(w io.Writer) {
 		vm.WriteMetadataIfNeeded(w, g.name, "gauge")
 		fmt.Fprintf(w, "%s %d\n", g.name, g.v)
 	}
+	d.lag.Write(w)
 }
 
 // writeDropped writes roost_webhook_dropped_total per app: the events each

@@ -38,6 +38,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/roost-chat/roost/fanout/hist"
 	"github.com/roost-chat/roost/fanout/hooknet"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
@@ -77,10 +78,6 @@ type Config struct {
 	// CursorEvery is how often delivered cursors are written (default
 	// 100ms): a crash sends up to that much again.
 	CursorEvery time.Duration
-	// Lag, when set, observes for each delivered event handed over by
-	// Committed on this node the seconds from that hand-off to the 2xx of
-	// its POST (events read back from the store are not observed).
-	Lag func(seconds float64)
 }
 
 // Defaults are the dispatcher's bounds unless told otherwise.
@@ -116,6 +113,11 @@ type Dispatcher struct {
 	log    *slog.Logger
 	client *http.Client
 	any    atomic.Bool // some app has a webhook: Committed does nothing otherwise
+	// lag observes for each delivered event handed over by Committed on
+	// this node the seconds from that hand-off to the 2xx of its POST
+	// (events read back from the store are not observed):
+	// roost_webhook_lag_seconds.
+	lag *hist.Histogram
 
 	mu   sync.RWMutex
 	apps map[string]*target
@@ -222,7 +224,8 @@ func New(cfg Config) *Dispatcher {
 			return http.ErrUseLastResponse
 		}}
 	}
-	return &Dispatcher{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*target{}, dropped: map[string]*atomic.Uint64{}}
+	return &Dispatcher{cfg: cfg, log: cfg.Log, client: c, apps: map[string]*target{}, dropped: map[string]*atomic.Uint64{},
+		lag: hist.New("roost_webhook_lag_seconds", hist.LatencyBuckets)}
 }
 
 // Durable reports whether what is owed survives a restart (a Store).
@@ -629,15 +632,12 @@ func (d *Dispatcher) release(evs []event) {
 	d.Stats.Owed.Add(-int64(len(evs)))
 }
 
-// observeLag reports the lag of a delivered batch's events (Config.Lag).
+// observeLag reports the lag of a delivered batch's events (d.lag).
 func (d *Dispatcher) observeLag(batch []event) {
-	if d.cfg.Lag == nil {
-		return
-	}
 	now := time.Now()
 	for i := range batch {
 		if at := batch[i].at; !at.IsZero() {
-			d.cfg.Lag(now.Sub(at).Seconds())
+			d.lag.Observe(now.Sub(at).Seconds())
 		}
 	}
 }
