@@ -22,13 +22,7 @@
 # scheduling before and after the window; ends with a SUMMARY line.
 . "$(dirname "$0")/lib.sh"
 
-short=0
-for a in "$@"; do
-  case $a in
-    --short) short=1 ;;
-    *) die "unknown argument $a (want --short)" ;;
-  esac
-done
+parse_short "$@"
 if [ $short = 1 ]; then
   conns=500 rate=250 duration=10 warmup=2s
 else

@@ -23,13 +23,7 @@
 # BURST line, a SUMMARY line and the report's path (RESULTS).
 . "$(dirname "$0")/lib.sh"
 
-short=0
-for a in "$@"; do
-  case $a in
-    --short) short=1 ;;
-    *) die "unknown argument $a (want --short)" ;;
-  esac
-done
+parse_short "$@"
 if [ $short = 1 ]; then
   rooms=300 rate=1000 steady=4 burst=5000 after=4 warmup=2s series=250ms drain=30s
 else

@@ -198,3 +198,15 @@ summary() {
   fi
   echo "RESULTS $1: $2"
 }
+
+# parse_short sets short=1 for --short, the one argument the scripts that
+# use it take; anything else ends the script.
+parse_short() {
+  short=0
+  for a in "$@"; do
+    case $a in
+      --short) short=1 ;;
+      *) die "unknown argument $a (want --short)" ;;
+    esac
+  done
+}

@@ -23,13 +23,7 @@
 # SUMMARY line and the report's path (RESULTS).
 . "$(dirname "$0")/lib.sh"
 
-short=0
-for a in "$@"; do
-  case $a in
-    --short) short=1 ;;
-    *) die "unknown argument $a (want --short)" ;;
-  esac
-done
+parse_short "$@"
 if [ $short = 1 ]; then
   rooms=20 procs=1 srcs=1 interval=1s warmup=3s duration=15s rsstail=10s
 else

@@ -30,13 +30,7 @@
 # line and the path of scaleout.json (RESULTS).
 . "$(dirname "$0")/lib.sh"
 
-short=0
-for a in "$@"; do
-  case $a in
-    --short) short=1 ;;
-    *) die "unknown argument $a (want --short)" ;;
-  esac
-done
+parse_short "$@"
 quota=${QUOTA_PCT:-25}
 if [ $short = 1 ]; then
   counts=(1 2) start=200 factor=2 max=800 warmup=1s duration=3s
