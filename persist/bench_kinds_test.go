@@ -110,7 +110,7 @@ func BenchmarkPGFold(b *testing.B) {
 		`INSERT INTO message_state (room_id, seq, edited, body, reactions)
 		SELECT $1, g, CASE WHEN g % 8 = 1 THEN now() END, CASE WHEN g % 8 = 1 THEN convert_to('"edited"', 'UTF8') END, '{"👍": 2, "🎉": 1}'
 		FROM generate_series(5, ` + fmt.Sprint(entries) + `, 4) g`,
-		`UPDATE rooms SET last_seq = ` + fmt.Sprint(entries) + `, msgs = ` + fmt.Sprint(entries/4) + ` WHERE id = $1`,
+		`UPDATE rooms SET last_seq = ` + fmt.Sprint(entries) + `, msgs = ` + fmt.Sprint(entries/4) + `, listed_from = 2 WHERE id = $1`,
 		`ANALYZE messages`, `ANALYZE message_state`,
 	} {
 		args := []any{id}
