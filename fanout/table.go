@@ -29,17 +29,20 @@ type Member struct {
 	// any join); its Owner is the connection.
 	Out   *outq.Out[Owner]
 	slots []slot
-	joins []*joinState
-	reads *readQueue  // its store reads; nil until it makes one
+	// joins: its joins on the way, a list through joinState.next (a
+	// pointer, not a slice: the connection stays in its size class,
+	// TestConnStateSmall).
+	joins *joinState
 	sse   *sseMember  // nil for a WebSocket member
-	chat  *memberChat // its user, signal, echo and receipts state; nil until first needed
+	chat  *memberChat // its user, signal, echo, receipts and store reads state; nil until first needed
 }
 
 // memberChat is what a WebSocket member holds for chat state, apart so
 // that the connection's own state stays small.
 //
-// It is made on the member's first signal, read mark, receipts request or
-// echo-off join, never for an idle connection (TestIdleConnNoChatState):
+// It is made on the member's first signal, read mark, receipts request,
+// echo-off join or store read (history, presence, catch-up), never for an
+// idle connection (TestIdleConnNoChatState):
 // which connections a user's read positions reach is the loop's index
 // (SetUsers), not a field here.
 type memberChat struct {
@@ -52,6 +55,21 @@ type memberChat struct {
 	ReadTAT  int64
 	receipts []string // keys of the rooms it gets receipts of
 	own      *ownPubs // its echo-off rooms and publishes in them (echo.go); nil: none
+	// reads: its store reads (history, presence, catch-up); nil until it
+	// makes one. Here rather than in Member, so that the connection stays
+	// in its size class (TestConnStateSmall). Set once, on the loop, before
+	// the first read job leaves for a reader.
+	reads *readQueue
+}
+
+// readQ is m's store reads, nil if it never made one. On a reader
+// goroutine only for a member whose read job it holds (the fields were
+// set before the job was sent, and never change after).
+func (m *Member) readQ() *readQueue {
+	if m.chat == nil {
+		return nil
+	}
+	return m.chat.reads
 }
 
 type slot struct {
@@ -64,7 +82,12 @@ type slot struct {
 func (m *Member) Rooms() int { return len(m.slots) }
 
 // Joining is the number of m's joins not yet live.
-func (m *Member) Joining() int { return len(m.joins) }
+func (m *Member) Joining() (n int) {
+	for j := m.joins; j != nil; j = j.next {
+		n++
+	}
+	return n
+}
 
 // in reports whether m is a live member of r.
 func (m *Member) in(r *Room) bool {

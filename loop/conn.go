@@ -28,7 +28,7 @@ const (
 
 // conn is one client connection. Loop only. Kept small: an idle joined
 // connection costs this struct, its user id and its room slots (plus gnet's
-// own state), no buffers and no goroutine. It fits the heap's 256-byte
+// own state), no buffers and no goroutine. It fits the heap's 224-byte
 // size class (TestConnFitsItsSizeClass); what only some connections need
 // lives elsewhere (the source address counted against MaxConnsPerIP in
 // loopState.ips, the publish proxy's queue in loopState.pubQueues).
@@ -46,7 +46,6 @@ type conn struct {
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
 	skip     int32       // closing: payload bytes of the client's current frame still to discard; -1: discard all
-	fragOp   ws.OpCode
 	state    uint8
 	pinged   bool
 	closed   bool
@@ -511,7 +510,6 @@ func (c *conn) frame(b []byte) int {
 		if !h.Fin {
 			buf := append(make([]byte, 0, min(int(h.Length)*2, s.cfg.MaxFrame)), payload...)
 			c.frag = &buf
-			c.fragOp = ws.OpText
 			return total
 		}
 		c.message(payload)
