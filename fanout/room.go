@@ -247,7 +247,7 @@ func (t *Table) Close(m *Member) {
 	}
 	m.joins = nil
 	t.leaveAll(m)
-	t.q.Drop(m.Out)
+	t.q.Drop(&m.Out)
 }
 
 // Presence queues a presence answer of the room key to m: its number of
@@ -723,7 +723,7 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 	// The store answered but the gap stays: give up on this stream.
 	t.node.Stats.GapCloses.Add(1)
 	for _, m := range append([]*Member(nil), r.members...) { // a close leaves r
-		t.q.Drop(m.Out)
+		t.q.Drop(&m.Out)
 		m.Out.Owner.Resync()
 	}
 	r.last = r.held[0].Seq - 1

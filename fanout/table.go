@@ -25,9 +25,11 @@ type Owner interface {
 // outbound queue, which the loop holds beside the Member and the loop's
 // outq.Queue owns. Every field is owned by the member's loop.
 type Member struct {
-	// Out is the connection's outbound queue (set once by the loop, before
-	// any join); its Owner is the connection.
-	Out   *outq.Out[Owner]
+	// Out is the connection's outbound queue, in the Member rather than
+	// pointed to (the connection stays in its size class,
+	// TestConnStateSmall); its Owner, the connection, is set once by the
+	// loop before any join.
+	Out   outq.Out[Owner]
 	slots []slot
 	// joins: its joins on the way, a list through joinState.next (a
 	// pointer, not a slice: the connection stays in its size class,
@@ -149,7 +151,7 @@ const maxAnswered = 4096
 // answer records that m got the answer to a request of its own.
 func (t *Table) answer(m *Member) {
 	if len(t.answered) < maxAnswered {
-		t.answered = append(t.answered, m.Out)
+		t.answered = append(t.answered, &m.Out)
 	}
 }
 
@@ -294,7 +296,7 @@ func (t *Table) fan(r *Room, seq uint64, frame, event []byte) {
 			continue
 		}
 		if m.sse == nil {
-			t.q.Enqueue(m.Out, frame)
+			t.q.Enqueue(&m.Out, frame)
 			continue
 		}
 		if event == nil {
@@ -306,7 +308,7 @@ func (t *Table) fan(r *Room, seq uint64, frame, event []byte) {
 
 // enqueue queues one frame for one member (an ack, a joined, a message)
 // under the outbound limit.
-func (t *Table) enqueue(m *Member, frame []byte) { t.q.Enqueue(m.Out, frame) }
+func (t *Table) enqueue(m *Member, frame []byte) { t.q.Enqueue(&m.Out, frame) }
 
 // enqueueReplay queues a page of a replay (catch-up, history answer)
 // without the outbound limit: a replay's next page is read only once the
@@ -320,7 +322,7 @@ func (t *Table) enqueueReplay(m *Member, r *Room, frame []byte) {
 	if m.sse != nil {
 		frame = t.sseFrames(m, r, frame, nil)
 	}
-	t.q.Push(m.Out, frame)
+	t.q.Push(&m.Out, frame)
 }
 
 // CloseSlow closes the members that passed the outbound limit: what they
