@@ -64,7 +64,7 @@ type positions struct {
 	reads  persist.Reads // nil: the store keeps none, so the node keeps them in memory
 	jobs   chan posJob
 	pos    map[posKey]uint64            // known positions (a cache over reads)
-	floor  map[posKey]uint64            // positions other nodes announced, not yet known here
+	floor  floors                       // positions other nodes announced, not yet known here (receipts.go)
 	dirty  map[posKey]uint64            // moved since the last write
 	newest map[string]uint64            // rooms' newest seqs seen
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
@@ -76,7 +76,7 @@ type positions struct {
 
 func newPositions(n *Node, st persist.Store) *positions {
 	p := &positions{n: n, jobs: make(chan posJob, posQueue), pos: map[posKey]uint64{},
-		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, floor: map[posKey]uint64{}, moved: map[string]map[string]uint64{},
+		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, moved: map[string]map[string]uint64{},
 		own: map[posKey]ownMove{}, sent: map[posKey]uint64{}}
 	p.reads, _ = st.(persist.Reads)
 	if p.reads != nil {
@@ -187,10 +187,7 @@ func (p *positions) do(j posJob) {
 		if cur, ok := p.pos[k]; ok {
 			p.pos[k] = max(cur, j.seq)
 		} else {
-			if len(p.floor) >= posCacheMax {
-				clear(p.floor)
-			}
-			p.floor[k] = max(p.floor[k], j.seq)
+			p.floor.raise(k, j.seq)
 		}
 		return
 	}
@@ -276,7 +273,7 @@ func (p *positions) unread(j posJob) {
 	defer cancel()
 	for i, k := range keys {
 		pk := posKey{k, j.user}
-		read[i] = max(p.pos[pk], p.floor[pk])
+		read[i] = max(p.pos[pk], p.floor.get(pk))
 	}
 	var err error
 	if p.reads != nil {
@@ -329,16 +326,14 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 		// the room does): no stored position can be ahead of it, so the
 		// store is not asked. 10,000 users' first marks would otherwise
 		// be 10,000 reads on this goroutine.
-		cur, ok = p.floor[k], true
-		delete(p.floor, k)
+		cur, ok = p.floor.take(k), true
 	}
 	if !ok && p.reads != nil {
 		var err error
 		if cur, err = p.reads.ReadPosition(ctx, k.key, k.user); err != nil {
 			return 0, err
 		}
-		cur = max(cur, p.floor[k])
-		delete(p.floor, k)
+		cur = max(cur, p.floor.take(k))
 		p.remember(k, cur)
 	}
 	if seq > cur {
