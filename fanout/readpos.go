@@ -323,22 +323,33 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 		}
 	}
 	cur, ok := p.pos[k]
+	// Another node's announced position stays in the floor until this
+	// node moves past it (dirty then holds it): a receipts query lists
+	// the room's users from the store, dirty, sent and the floor, and the
+	// other node's write may not have landed yet.
+	fl := p.floor.get(k)
 	if nw, known := p.newest[k.key]; !ok && p.reads != nil && known && seq > 0 && seq == nw {
 		// Marked up to the room's newest message (what a client showing
 		// the room does): no stored position can be ahead of it, so the
 		// store is not asked. 10,000 users' first marks would otherwise
 		// be 10,000 reads on this goroutine.
-		cur, ok = p.floor.take(k), true
+		cur, ok = fl, true
 	}
 	if !ok && p.reads != nil {
-		var err error
-		if cur, err = p.reads.ReadPosition(ctx, k.key, k.user); err != nil {
+		stored, err := p.reads.ReadPosition(ctx, k.key, k.user)
+		if err != nil {
 			return 0, err
 		}
-		cur = max(cur, p.floor.take(k))
+		cur = max(stored, fl)
 		p.remember(k, cur)
+		if fl <= stored {
+			p.floor.take(k) // the store has it
+		}
 	}
 	if seq > cur {
+		if fl > 0 {
+			p.floor.take(k)
+		}
 		p.move(k, seq)
 		p.movedTo(k.key, k.user, seq)
 		return seq, nil

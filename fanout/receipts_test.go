@@ -91,3 +91,42 @@ func BenchmarkReceiptsQuery(b *testing.B) {
 		askReceipts(b, p, l, "test/r500")
 	}
 }
+
+// A mark on this node at or below the position another node announced and
+// has not written yet keeps the user in the room's receipts answer, at the
+// announced position: the answer shows the largest known position of
+// every user with one in the room.
+func TestReceiptsKeepsAnnouncedUnderLowerMark(t *testing.T) {
+	st := persist.NewMemory(0)
+	n, l := receiptsNode(t, st)
+	commit(t, st, "test/r", 9)
+	commit(t, st, "test/q", 5)
+	p := newPositions(n, st)
+	p.do(posJob{seen: true, key: "test/r", user: "carol", seq: 5})
+	p.do(posJob{seen: true, key: "test/q", user: "carol", seq: 5})
+	p.do(posJob{key: "test/r", user: "carol", seq: 3, m: &Member{}}) // below: the store is asked
+	p.do(posJob{key: "test/q", user: "carol", seq: 5, m: &Member{}}) // the room's newest: it is not
+	l.mu.Lock()
+	if len(l.evs) != 2 || l.evs[0].seq != 5 || l.evs[1].seq != 5 {
+		t.Fatalf("the marks' answers: %+v", l.evs)
+	}
+	l.evs = nil
+	l.mu.Unlock()
+	if got := askReceipts(t, p, l, "test/r"); got != `{"op":"receipts","room":"r","read":{"carol":5}}` {
+		t.Fatal("below the announced:", got)
+	}
+	if got := askReceipts(t, p, l, "test/q"); got != `{"op":"receipts","room":"q","read":{"carol":5}}` {
+		t.Fatal("at the announced:", got)
+	}
+	// Moved past it here: the node's own move stands for it.
+	p.do(posJob{key: "test/r", user: "carol", seq: 7, m: &Member{}})
+	l.mu.Lock()
+	l.evs = nil
+	l.mu.Unlock()
+	if got := askReceipts(t, p, l, "test/r"); got != `{"op":"receipts","room":"r","read":{"carol":7}}` {
+		t.Fatal("past it:", got)
+	}
+	if p.floor.n != 1 {
+		t.Fatal("floor entries:", p.floor.n)
+	}
+}
