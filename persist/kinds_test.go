@@ -710,7 +710,9 @@ func TestPostgresResolveChangesInDoubt(t *testing.T) {
 // on another node), sends the batch the long way, answered as if alone.
 func TestPostgresChangesKnownStale(t *testing.T) {
 	url := newTestDB(t)
-	a, b := openTestPG(t, url, PGConfig{}), openTestPG(t, url, PGConfig{})
+	// a on one connection: the batch it sends again after a failed guard
+	// goes on the connection whose implicit transaction the guard failed.
+	a, b := openTestPG(t, url, PGConfig{MaxConns: 1}), openTestPG(t, url, PGConfig{})
 	defer a.Close()
 	defer b.Close()
 	const key = "a/r"
@@ -741,8 +743,10 @@ func TestPostgresChangesKnownStale(t *testing.T) {
 	if a.CommitStats().Stale != 1 {
 		t.Fatalf("stale %d, want still 1", a.CommitStats().Stale)
 	}
-	// Committed from what a knew: its time is the transaction's, as stored.
-	stored, _, err := a.Range(context.Background(), key, r2.Seq-1, r2.Seq, Bounds{Limit: 1})
+	// Committed from what a knew (no BEGIN, no COMMIT: the pipeline's
+	// implicit transaction, committed at its Sync): another store sees it,
+	// and its time is the transaction's, as stored.
+	stored, _, err := b.Range(context.Background(), key, r2.Seq-1, r2.Seq, Bounds{Limit: 1})
 	if err != nil || len(stored) != 1 || stored[0].TS != r2.TS || r2.TS <= 0 {
 		t.Fatalf("r2 acked at %d, stored %+v, %v", r2.TS, stored, err)
 	}
