@@ -29,6 +29,18 @@ import (
 // state row once per batch.
 // No read of its own per publish, and no row-at-a-time statement.
 const (
+	// genericPlansSQL makes the statements after it in its transaction
+	// run on their generic plans. PostgreSQL plans a prepared statement
+	// for its parameters (a custom plan) until it finds the generic plan
+	// no dearer, and for the statements of a batch of changes, through a
+	// node, it kept choosing custom plans: perf showed 15 % of the
+	// backends' CPU under reactions spent planning. Their generic plans
+	// are what the custom ones are (every scan an index's, arrays
+	// unnested; enable_seqscan is off), so the planning is saved whole.
+	// Local to the transaction: the store's other statements keep
+	// PostgreSQL's choice.
+	genericPlansSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
+
 	// changesLockSQL is a statement of its own: the reads that follow must
 	// see what the commits it waited for left (each statement of a READ
 	// COMMITTED transaction reads from its own snapshot).
@@ -55,6 +67,20 @@ CROSS JOIN LATERAL (
 	ORDER BY m.seq DESC LIMIT 1
 ) x`
 
+	// changesGuardSQL locks the batch's rooms as changesLockSQL does and
+	// fails (division by zero) unless every room ($1, in id order) has
+	// the last_seq the node knows ($2) and every message named ($3, $4)
+	// is still stored: what a batch committed from the node's knowledge
+	// rests on; it answers the transaction's now(), the time of the
+	// entries. A room's row is checked as the lock finds it, after the
+	// commits the lock waited for (a row whose last_seq they changed is
+	// not locked, and the statement fails).
+	changesGuardSQL = `
+SELECT 1 / ((SELECT count(*) FROM (
+		SELECT r.id FROM rooms r JOIN unnest($1::int8[], $2::int8[]) AS g (id, last) ON r.id = g.id
+		WHERE r.last_seq = g.last ORDER BY r.id FOR NO KEY UPDATE OF r) l) = coalesce(cardinality($1::int8[]), 0)
+	AND (SELECT count(*) FROM unnest($3::int8[], $4::int8[]) AS g (room_id, seq) JOIN messages m ON m.room_id = g.room_id AND m.seq = g.seq AND m.kind = 0) = coalesce(cardinality($3::int8[]), 0))::int, now()`
+
 	// changesKeysSQL: changesReadSQL's keys stored already, alone.
 	changesKeysSQL = `
 SELECT i.ord::int8, m.seq, m.ts
@@ -69,39 +95,10 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 	// reaction whose react made the row.
 	// $20 is the entries' time: the transaction's now() as the lock read
 	// it, or NULL for now() when the batch is committed from what the
-	// node knows (changesKnownSQL answers it, and the answers are given
-	// it after the commit).
+	// node knows (runChanges: the guard reads it, and the answers are
+	// given it after the commit).
 	changesWriteSQL = `
-WITH ` + changesWritesCTEs + `
-` + changesRoomsSQL
-
-	// changesKnownSQL is changesWriteSQL for a batch committed from what
-	// the node knows (runChangesKnown), with its guard: g locks the
-	// batch's rooms as changesLockSQL does and fails (division by zero)
-	// unless every room ($21, in id order) has the last_seq the node
-	// knows ($22) and every message named ($23, $24) is still stored:
-	// what a batch committed from the node's knowledge rests on. A room's
-	// row is checked as the lock finds it, after the commits the lock
-	// waited for (a row whose last_seq they changed is not locked, and g
-	// fails). g is the main query, which PostgreSQL runs before the
-	// data-modifying CTEs it does not read (they run to completion after
-	// it): the rooms are locked first, in id order, as by every commit,
-	// and nothing is written unless g passed. It answers the transaction's
-	// now(), the time of the entries ($20 is NULL).
-	changesKnownSQL = `
-WITH g AS MATERIALIZED (
-	SELECT 1 / ((SELECT count(*) FROM (
-		SELECT r.id FROM rooms r JOIN unnest($21::int8[], $22::int8[]) AS g (id, last) ON r.id = g.id
-		WHERE r.last_seq = g.last ORDER BY r.id FOR NO KEY UPDATE OF r) l) = coalesce(cardinality($21::int8[]), 0)
-	AND (SELECT count(*) FROM unnest($23::int8[], $24::int8[]) AS g (room_id, seq) JOIN messages m ON m.room_id = g.room_id AND m.seq = g.seq AND m.kind = 0) = coalesce(cardinality($23::int8[]), 0))::int AS ok
-), ` + changesWritesCTEs + `, upd AS (
-` + changesRoomsSQL + `
-)
-SELECT ok, now() FROM g`
-
-	// changesWritesCTEs are the writes of changesWriteSQL and
-	// changesKnownSQL but the rooms' seqs (changesRoomsSQL).
-	changesWritesCTEs = `ins AS (
+WITH ins AS (
 	INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, ref, msgs, reaction)
 	SELECT i.room_id, i.seq, i.sender, i.idem_key, coalesce($20::timestamptz, now()), i.body, $9, i.kind, nullif(i.ref, 0), i.msgs, nullif(i.reaction, '')
 	FROM unnest($1::int8[], $2::int8[], $3::text[], $4::bytea[], $5::bytea[], $6::int2[], $7::int8[], $8::int8[], $16::text[])
@@ -120,8 +117,8 @@ SELECT ok, now() FROM g`
 					SELECT * FROM jsonb_each_text(st.reactions) UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.reactions)
 				) a (t, n) GROUP BY t
 			) b) END
-)`
-	changesRoomsSQL = `UPDATE rooms r SET last_seq = u.l, msgs = u.c FROM unnest($17::int8[], $18::int8[], $19::int8[]) AS u (id, l, c)
+)
+UPDATE rooms r SET last_seq = u.l, msgs = u.c FROM unnest($17::int8[], $18::int8[], $19::int8[]) AS u (id, l, c)
 WHERE r.id = u.id AND r.last_seq <> u.l`
 )
 
@@ -160,11 +157,11 @@ type roomSeqs struct{ last, msgs int64 }
 //
 // With lookup false and every room, message named and standing reaction
 // of the batch known to the node (kindsCache), the batch is committed in
-// one statement, as a plain batch is (changesKnownSQL): the lock and a
-// guard that fails it unless each room's last_seq is what the node knows
-// and every message named is still stored (retention), then the writes; a
-// failed guard drops the node's knowledge of the batch's rooms and the
-// batch is committed the long way.
+// one round trip and one implicit transaction, as a plain batch is: the
+// lock and a guard that fails the transaction unless each room's last_seq
+// is what the node knows and every message named is still stored
+// (retention), then the writes; a failed guard drops the node's knowledge
+// of the batch's rooms and the batch is committed the long way.
 func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, lookup bool) error {
 	if !lookup {
 		if k := p.kc.known(s); k != nil {
@@ -196,6 +193,7 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	b.Queue(genericPlansSQL)
 	b.Queue(changesLockSQL, s.rooms)
 	if lookup {
 		b.Queue(changesReadSQL, s.uRoom, s.uSender, s.uKey, s.uOrd, refRooms, refSeqs, kRooms, kSeqs, kSenders, kTexts)
@@ -209,8 +207,10 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	reacts := make(map[reactKey]reactState, len(kRooms))
 	var now time.Time
 	err := func() error {
-		if _, err := br.Exec(); err != nil {
-			return err
+		for range 2 { // BEGIN, genericPlansSQL
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
 		}
 		rows, _ := br.Query()
 		for rows.Next() {
@@ -278,25 +278,22 @@ type knownBatch struct {
 //
 // No BEGIN or COMMIT: the statements of one pipeline (pgx sends a batch
 // with one Sync) are one implicit transaction, which PostgreSQL commits at
-// the Sync, or rolls back whole when a statement fails. The guard is a
-// CTE of the write: a reaction's batch is one statement, as a plain
-// batch is, not four (BEGIN, the guard, the write, COMMIT), whose
-// overhead was PostgreSQL CPU a reaction cost and a plain publish did not.
+// the Sync, or rolls back whole when a statement fails; each statement
+// still reads from its own snapshot (READ COMMITTED), so the writes see
+// what the commits the guard's lock waited for left. Two statements fewer
+// per batch: PostgreSQL CPU a reaction costs and a plain publish does not.
 func (p *Postgres) runChangesKnown(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, k *knownBatch) error {
-	g := &guardArgs{rooms: s.rooms}
+	var gLast, gRefRooms, gRefSeqs []int64
 	for _, id := range s.rooms { // in id order
-		g.last = append(g.last, k.rooms[id].last)
+		gLast = append(gLast, k.rooms[id].last)
 	}
 	for rk := range k.refs {
-		g.refRooms, g.refSeqs = append(g.refRooms, rk.room), append(g.refSeqs, rk.seq)
+		gRefRooms, gRefSeqs = append(gRefRooms, rk.room), append(gRefSeqs, rk.seq)
 	}
-	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, unknownNow, g)
-}
-
-// guardArgs are changesKnownSQL's guard's: the batch's rooms in id order
-// and the last_seq the node knows of each, the messages named.
-type guardArgs struct {
-	rooms, last, refRooms, refSeqs []int64
+	pre := &pgx.Batch{}
+	pre.Queue(genericPlansSQL)
+	pre.Queue(changesGuardSQL, s.rooms, gLast, gRefRooms, gRefSeqs)
+	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, unknownNow, pre)
 }
 
 // unknownNow stands for the transaction's now() in the rules of a batch
@@ -308,9 +305,10 @@ var unknownNow = time.UnixMilli(-1)
 var errStale = errors.New("the node's knowledge of a room is out of date")
 
 // writeChanges applies the rules to a batch from k and sends the writes
-// and COMMIT, or, with g (runChangesKnown), changesKnownSQL and no COMMIT.
+// and COMMIT, or, when pre is not nil (runChangesKnown), pre's statements,
+// the guard last, then the writes, in one implicit transaction.
 func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, lookup bool,
-	dups map[int32]Stored, k *knownBatch, now time.Time, g *guardArgs) error {
+	dups map[int32]Stored, k *knownBatch, now time.Time, pre *pgx.Batch) error {
 	rooms, refs, reacts := k.rooms, k.refs, k.reacts
 	base := make(map[int64]roomSeqs, len(rooms))
 	for id, r := range rooms {
@@ -425,9 +423,12 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 		rIDs, rLast, rMsgs = append(rIDs, id), append(rLast, r.last), append(rMsgs, r.msgs)
 	}
 
-	// The writes and the commit, in one round trip; the keys of the rows
-	// that write nothing are looked up after the write, under its locks.
-	b := &pgx.Batch{}
+	// The writes and the commit, in one round trip.
+	b := pre
+	if b == nil {
+		b = &pgx.Batch{}
+	}
+	nPre := b.Len()
 	var uRoom []int64
 	var uSender []string
 	var uKey [][]byte
@@ -437,32 +438,31 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 			uRoom, uSender, uKey, uOrd = append(uRoom, s.uRoom[j]), append(uSender, s.uSender[j]), append(uKey, s.uKey[j]), append(uOrd, s.uOrd[j])
 		}
 	}
-	args := []any{w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token,
-		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
-		w.text,
-		rIDs, rLast, rMsgs, nowArg(now)}
-	if g != nil {
-		b.Queue(changesKnownSQL, append(args, g.rooms, g.last, g.refRooms, g.refSeqs)...)
-	} else {
-		b.Queue(changesWriteSQL, args...)
-	}
 	if len(uOrd) > 0 {
 		b.Queue(changesKeysSQL, uRoom, uSender, uKey, uOrd)
 	}
+	b.Queue(changesWriteSQL, w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token,
+		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
+		w.text,
+		rIDs, rLast, rMsgs, nowArg(now))
 	if len(s.rRoom) > 0 {
 		b.Queue(saveReadsSQL, s.rRoom, s.rUser, s.rSeq) // the group commit's read marks (CommitReads)
 	}
-	if g == nil {
+	if pre == nil {
 		b.Queue("COMMIT")
 	}
 	br := conn.SendBatch(ctx, b)
 	var err error
 	dbNow := now
-	if g != nil {
-		var one int32
-		err = br.QueryRow().Scan(&one, &dbNow)
-	} else {
-		_, err = br.Exec()
+	for i := range nPre {
+		if i == nPre-1 { // the guard
+			var one int32
+			if err = br.QueryRow().Scan(&one, &dbNow); err != nil {
+				break
+			}
+		} else if _, err = br.Exec(); err != nil {
+			break
+		}
 	}
 	if err == nil && len(uOrd) > 0 {
 		err = func() error {
@@ -479,7 +479,7 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 			return rows.Err()
 		}()
 	}
-	for range b.Len() - 1 - min(len(uOrd), 1) {
+	for range b.Len() - nPre - min(len(uOrd), 1) {
 		if err != nil {
 			break
 		}
@@ -490,7 +490,7 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 	}
 	if err != nil {
 		p.kc.forget(s.rooms)
-		if g != nil && isDivisionByZero(err) {
+		if pre != nil && isDivisionByZero(err) {
 			// The guard: the pipeline's Sync rolled the transaction back,
 			// the connection stays usable.
 			return errStale

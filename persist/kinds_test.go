@@ -768,9 +768,9 @@ func TestPostgresChangesKnownStale(t *testing.T) {
 
 // TestPostgresNodesReactInSharedRooms: nodes (one store each, one
 // database) commit batches of reactions, unreactions and messages over
-// rooms they share, most of them from what each node knows (one statement
-// whose guard locks the rooms first) and the others the long way after
-// another node wrote: no deadlock, no failed publish, every room's seqs
+// rooms they share, some from what each node knows (one round trip whose
+// guard locks the rooms first) and the others the long way after another
+// node wrote: no deadlock, no failed publish, every room's seqs
 // dense, and every message's counts those of its log (each user's latest
 // react or unreact of each reaction).
 func TestPostgresNodesReactInSharedRooms(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 // count its last commit left, the messages (kind msg) it saw stored and
 // the users' standing reactions it saw. It is right only while nothing
 // else wrote to the room: every batch committed from it carries a guard
-// (changesKnownSQL) that checks the room's last_seq and the messages named
+// (changesGuardSQL) that checks the room's last_seq and the messages named
 // under the room lock, and a failed guard or any failed commit forgets
 // the rooms. Bounded: a room past kcMaxRefs messages or kcMaxReacts
 // reactions is forgotten (its next batch reads, as without the cache),
