@@ -26,6 +26,7 @@ import (
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // roost runs a command line in process and returns its exit code, stdout
@@ -292,7 +293,7 @@ func TestSIGHUPReloadsRegistry(t *testing.T) {
 	waitLog(t, logs, `"msg":"app registry read"`)
 }
 
-func waitLog(t *testing.T, logs *syncBuffer, s string) {
+func waitLog(t *testing.T, logs *harness.SyncBuffer, s string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logs.String(), s) {

@@ -25,6 +25,7 @@ import (
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto/prototest"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // opsFrame is a received frame with its JSON decoded.
@@ -54,24 +55,6 @@ func (c *opsClient) expect(op string) opsFrame {
 		c.t.Fatal(err)
 	}
 	return opsFrame{f, m}
-}
-
-// syncBuffer collects a node's log while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // logAddr finds the addr attribute of the JSON log line with message msg.
@@ -104,7 +87,7 @@ func inProcessNodeStop(t *testing.T, args ...string) (addr, admin string, stop f
 func inProcessServe(t *testing.T, args ...string) (addr, admin string, stop func()) {
 	t.Helper()
 	sig := make(chan os.Signal, 1)
-	logs := &syncBuffer{}
+	logs := &harness.SyncBuffer{}
 	done := make(chan int, 1)
 	args = append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--api", "off", "--log-format", "json", "--loops", "2", "--flush", "1ms", "--drain", "100ms"}, args...)
 	go func() { done <- serve(args, io.Discard, logs, sig) }()
@@ -522,7 +505,7 @@ func TestMetricsWithRedis(t *testing.T) {
 // fix; --migrate brings it up to date and serves.
 func TestServeRefusesOutdatedSchema(t *testing.T) {
 	url := pgtest.NewDB(t) // empty: no migration applied
-	logs := &syncBuffer{}
+	logs := &harness.SyncBuffer{}
 	sig := make(chan os.Signal, 1)
 	done := make(chan int, 1)
 	go func() {

@@ -19,6 +19,7 @@ import (
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/pubsub/redistest"
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // /healthz counts the loops the node runs, not the ones that happen to
@@ -141,9 +142,9 @@ func TestHealthCommand(t *testing.T) {
 
 // serveAppsFile runs a node on the registry file f until the test ends and
 // returns its (JSON) log once it serves.
-func serveAppsFile(t *testing.T, f string) *syncBuffer {
+func serveAppsFile(t *testing.T, f string) *harness.SyncBuffer {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &harness.SyncBuffer{}
 	sig := make(chan os.Signal, 1)
 	done := make(chan int, 1)
 	go func() {

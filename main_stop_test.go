@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/roost-chat/roost/test/harness"
 )
 
 // The stop list stops last first, each once.
@@ -35,7 +37,7 @@ func TestFailedStartStopsWhatStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	logs := &syncBuffer{}
+	logs := &harness.SyncBuffer{}
 	code := serve([]string{"--insecure", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--api", taken.Addr().String(),
 		"--log-format", "json", "--loops", "2"}, io.Discard, logs, nil)
 	if code != 1 {

@@ -39,6 +39,31 @@ const workerArg = "__worker"
 // the arguments after os.Args[1] ("bench").
 const WorkerEnv = "ROOST_BENCH_WORKER"
 
+// modeFlags is the flag set of `roost bench NAME`, whose errors and usage
+// go to stderr.
+func modeFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("roost bench "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parseMode parses a mode's args with fs. When the mode must stop there
+// it returns false and the exit code: 0 after -h (the usage is what was
+// asked for), 2 for a bad flag or an argument that is not one.
+func parseMode(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return 2, false
+	}
+	return 0, true
+}
+
 // Main runs `roost bench`; args are the arguments after "bench". It returns
 // the exit code: 0 done, 1 the run failed (or a soak found errors), 2 bad
 // usage.
@@ -80,15 +105,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	p := &params{}
 	fs := newFlagSet(sc, p)
 	fs.SetOutput(stderr)
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "roost bench %s: unexpected argument %q\n", sc.name, fs.Arg(0))
-		return 2
+	if code, ok := parseMode(fs, args[1:]); !ok {
+		return code
 	}
 	if p.pgDB != "" {
 		p.pg = true

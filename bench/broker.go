@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -61,8 +60,7 @@ type BrokerResult struct {
 
 func brokerBench(args []string, stdout, stderr io.Writer) int {
 	var p brokerParams
-	fs := flag.NewFlagSet("roost bench broker", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := modeFlags("broker", stderr)
 	fs.StringVar(&p.redisURL, "redis-url", "redis://127.0.0.1:6379", "Redis (or a Redis Cluster) as the nodes' --redis-url; the run uses a prefix of its own")
 	fs.IntVar(&p.nodes, "nodes", 8, "brokers subscribing as nodes (1 to 64)")
 	fs.IntVar(&p.rooms, "rooms", 100, "rooms; every node subscribes to each")
@@ -72,11 +70,8 @@ func brokerBench(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&p.warmup, "warmup", 2*time.Second, "publishing before the measured window")
 	fs.DurationVar(&p.dur, "for", 10*time.Second, "the measured window")
 	fs.BoolVar(&p.json, "json", false, "print the result as JSON")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseMode(fs, args); !ok {
+		return code
 	}
 	if p.nodes < 1 || p.nodes > 64 || p.rooms < 1 || p.rate <= 0 || p.size < 64 || p.batch <= 0 || p.dur <= 0 {
 		fmt.Fprintln(stderr, "roost bench broker: --nodes 1 to 64, --rooms ≥ 1, --rate > 0, --size ≥ 64, --batch and --for > 0")

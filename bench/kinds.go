@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -66,8 +65,7 @@ type KindsReport struct {
 
 func kindsBench(args []string, stdout, stderr io.Writer) int {
 	var p kindsParams
-	fs := flag.NewFlagSet("roost bench kinds", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := modeFlags("kinds", stderr)
 	fs.StringVar(&p.mode, "mode", "react", "react (reactions), msg (plain publishes, the baseline) or fold (folded history reads)")
 	fs.StringVar(&p.url, "url", "ws://127.0.0.1:8080/ws", "the node's WebSocket URL (insecure mode: ?user=&app= is added)")
 	fs.StringVar(&p.app, "app", "bench", "app id")
@@ -83,12 +81,8 @@ func kindsBench(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&p.pgDB, "pg-db", "", "PostgreSQL database the node uses, for PostgreSQL's CPU (this host's postgres processes)")
 	fs.IntVar(&p.nodePID, "node-pid", 0, "the node's process id, for its CPU")
 	fs.BoolVar(&p.jsonOut, "json", false, "print the report as JSON")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "roost bench kinds: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseMode(fs, args); !ok {
+		return code
 	}
 	var rep *KindsReport
 	var err error

@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -47,8 +46,7 @@ type presenceParams struct {
 
 func presenceBench(args []string, stdout, stderr io.Writer) int {
 	var p presenceParams
-	fs := flag.NewFlagSet("roost bench presence", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := modeFlags("presence", stderr)
 	fs.StringVar(&p.urls, "url", "ws://127.0.0.1:8080/ws", "node WebSocket URLs, comma-separated (insecure mode: ?user=&app= is added)")
 	fs.StringVar(&p.pids, "node-pids", "", "the nodes' process ids, comma-separated, for their CPU")
 	fs.StringVar(&p.redis, "redis", "", "Redis host:port for INFO commandstats (empty: not measured)")
@@ -62,8 +60,8 @@ func presenceBench(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&p.reload, "reload", false, "each move leaves and rejoins the same room (a reload: no presence change)")
 	fs.IntVar(&p.worker, "worker", -1, "internal: run as worker N")
 	fs.StringVar(&p.app, "app", "bench", "app id")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseMode(fs, args); !ok {
+		return code
 	}
 	if p.worker >= 0 {
 		return presenceWorker(&p, os.Stdin, stdout, stderr)

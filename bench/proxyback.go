@@ -8,7 +8,6 @@ import (
 	"container/heap"
 	"crypto/hmac"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -34,8 +33,7 @@ import (
 // proxy hooks that allows every call after --delay, to measure what the
 // hooks cost a node (docs/benchmarks.md). It stops by itself after --for.
 func proxyBackend(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("roost bench proxy-backend", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := modeFlags("proxy-backend", stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "`ADDR` to serve on")
 	delay := fs.Duration("delay", 5*time.Millisecond, "how long each answer takes")
 	deny := fs.String("deny-body", "", "refuse publishes whose body contains this text (empty: allow all)")
@@ -48,15 +46,8 @@ func proxyBackend(args []string, stdout, stderr io.Writer) int {
 	probe := fs.String("probe", "", "instead of serving, call the backend at `URL` as a node would (--rate calls per second in bursts of --burst, for --for, signed with --secret) and print the latency: what the backend and the HTTP round trip cost without a node")
 	rate := fs.Float64("rate", 1000, "with --probe: calls per second")
 	burst := fs.Int("burst", 30, "with --probe: calls sent at once")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "roost bench proxy-backend: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, ok := parseMode(fs, args); !ok {
+		return code
 	}
 	if *secret == "" {
 		*secret = os.Getenv("ROOST_SECRET")

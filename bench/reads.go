@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -51,8 +50,7 @@ type readsParams struct {
 
 func readsBench(args []string, stdout, stderr io.Writer) int {
 	var p readsParams
-	fs := flag.NewFlagSet("roost bench reads", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := modeFlags("reads", stderr)
 	fs.StringVar(&p.url, "url", "ws://127.0.0.1:8080/ws", "node WebSocket URLs, comma-separated (insecure mode: ?user=&app= is added); connections go round-robin")
 	fs.StringVar(&p.app, "app", "bench", "app id")
 	fs.StringVar(&p.pids, "pid", "", "the nodes' process ids, comma-separated, for their CPU")
@@ -68,13 +66,10 @@ func readsBench(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&p.warmup, "warmup", 5*time.Second, "warm-up before each phase's window")
 	fs.DurationVar(&p.window, "duration", 20*time.Second, "each phase's measurement window")
 	fs.IntVar(&p.size, "size", 100, "publish body size in bytes")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseMode(fs, args); !ok {
+		return code
 	}
 	switch {
-	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "roost bench reads: unexpected argument %q\n", fs.Arg(0))
-		return 2
 	case p.rooms < 1 || p.users < 0 || p.unreadConns < 0 || p.pubRate <= 0 || p.markEvery <= 0 || p.window <= 0 || p.warmup < 0:
 		fmt.Fprintln(stderr, "roost bench reads: want --rooms >= 1, --users >= 0, --unread-conns >= 0, positive --pub-rate, --mark-every and --duration")
 		return 2

@@ -484,6 +484,18 @@ func TestUsage(t *testing.T) {
 	if code, _, errs := run("density", "extra"); code != 2 || !strings.Contains(errs, "extra") {
 		t.Fatalf("stray arg: %d %q", code, errs)
 	}
+	// The modes with flags of their own parse them alike.
+	for _, mode := range []string{"broker", "kinds", "presence", "proxy-backend", "reads"} {
+		if code, _, errs := run(mode, "-h"); code != 0 || !strings.Contains(errs, "roost bench "+mode) {
+			t.Fatalf("%s -h: %d %q", mode, code, errs)
+		}
+		if code, _, errs := run(mode, "--bogus"); code != 2 || !strings.Contains(errs, "bogus") {
+			t.Fatalf("%s unknown flag: %d %q", mode, code, errs)
+		}
+		if code, _, errs := run(mode, "extra"); code != 2 || !strings.Contains(errs, `roost bench `+mode+`: unexpected argument "extra"`) {
+			t.Fatalf("%s stray arg: %d %q", mode, code, errs)
+		}
+	}
 }
 
 func TestPlotIsWellFormedSVG(t *testing.T) {

@@ -537,10 +537,10 @@ func (w *worker) commitLoop() {
 // is spread over up to Spread room-disjoint commits of about MaxBatch each
 // that run in parallel.
 //
-// The read marks offered since the last commit (readHandoff) go into the
-// transaction of this one (of its first part when spread).
+// The read marks due now (readHandoff.take) go into the transaction of
+// this one (of its first part when spread).
 func (w *worker) commit(sl *batchSlot) {
-	marks := w.p.cfg.reads.take(len(sl.rows))
+	marks := w.p.cfg.reads.take()
 	if n := len(sl.rows); n > w.p.cfg.MaxBatch {
 		w.commitSpread(sl, min(len(w.parts), (n+w.p.cfg.MaxBatch-1)/w.p.cfg.MaxBatch), marks)
 		return

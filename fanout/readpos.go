@@ -1,9 +1,11 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,7 +66,7 @@ type positions struct {
 	reads  persist.Reads // nil: the store keeps none, so the node keeps them in memory
 	jobs   chan posJob
 	pos    map[posKey]uint64            // known positions (a cache over reads)
-	floor  map[posKey]uint64            // positions other nodes announced, not yet known here
+	floor  floors                       // positions other nodes announced, not yet known here (receipts.go)
 	dirty  map[posKey]uint64            // moved since the last write
 	newest map[string]uint64            // rooms' newest seqs seen
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
@@ -76,7 +78,7 @@ type positions struct {
 
 func newPositions(n *Node, st persist.Store) *positions {
 	p := &positions{n: n, jobs: make(chan posJob, posQueue), pos: map[posKey]uint64{},
-		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, floor: map[posKey]uint64{}, moved: map[string]map[string]uint64{},
+		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, moved: map[string]map[string]uint64{},
 		own: map[posKey]ownMove{}, sent: map[posKey]uint64{}}
 	p.reads, _ = st.(persist.Reads)
 	if p.reads != nil {
@@ -187,10 +189,7 @@ func (p *positions) do(j posJob) {
 		if cur, ok := p.pos[k]; ok {
 			p.pos[k] = max(cur, j.seq)
 		} else {
-			if len(p.floor) >= posCacheMax {
-				clear(p.floor)
-			}
-			p.floor[k] = max(p.floor[k], j.seq)
+			p.floor.raise(k, j.seq)
 		}
 		return
 	}
@@ -276,7 +275,7 @@ func (p *positions) unread(j posJob) {
 	defer cancel()
 	for i, k := range keys {
 		pk := posKey{k, j.user}
-		read[i] = max(p.pos[pk], p.floor[pk])
+		read[i] = max(p.pos[pk], p.floor.get(pk))
 	}
 	var err error
 	if p.reads != nil {
@@ -329,16 +328,14 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 		// the room does): no stored position can be ahead of it, so the
 		// store is not asked. 10,000 users' first marks would otherwise
 		// be 10,000 reads on this goroutine.
-		cur, ok = p.floor[k], true
-		delete(p.floor, k)
+		cur, ok = p.floor.take(k), true
 	}
 	if !ok && p.reads != nil {
 		var err error
 		if cur, err = p.reads.ReadPosition(ctx, k.key, k.user); err != nil {
 			return 0, err
 		}
-		cur = max(cur, p.floor[k])
-		delete(p.floor, k)
+		cur = max(cur, p.floor.take(k))
 		p.remember(k, cur)
 	}
 	if seq > cur {
@@ -376,28 +373,54 @@ func (p *positions) move(k posKey, seq uint64) {
 }
 
 // handOver hands the positions that moved since the last tick to the
-// publish pool, whose next group commit writes them in its transaction,
-// and reports whether it did. Marks handed at the last tick that no commit
-// took, or that a failed commit gave back, move again with these. Without
-// a store that keeps them (persist.Reads) the cache is the record and is
-// never forgotten.
+// publish pool, whose group commits write them in their transactions over
+// the next second (readHandoff.take), and reports whether it did. Marks
+// handed at the last tick that no commit took, or that a failed commit
+// gave back, go first and at once, with the newer moves of the same
+// positions; the rest follows in (room, user) order, so a position that
+// keeps moving lands at about the same point of each second and is written
+// about a second apart. Without a store that keeps them (persist.Reads)
+// the cache is the record and is never forgotten.
 func (p *positions) handOver() bool {
 	if p.hand == nil {
 		clear(p.dirty)
 		return false
 	}
-	p.redirty(p.hand.reclaim())
+	left := p.hand.reclaim()
 	clear(p.sent)
-	if len(p.dirty) == 0 {
+	if len(left) == 0 && len(p.dirty) == 0 {
 		return false
 	}
-	marks := make([]persist.ReadMark, 0, len(p.dirty))
+	marks := make([]persist.ReadMark, 0, len(left)+len(p.dirty))
+	for _, m := range left {
+		k := posKey{m.Key, m.User}
+		if seq, ok := p.dirty[k]; ok {
+			m.Seq = max(m.Seq, seq)
+			delete(p.dirty, k)
+		}
+		if seq, dup := p.sent[k]; dup {
+			// Taken by a commit that failed after a later offer of the
+			// same position: once, the larger.
+			if m.Seq > seq {
+				p.sent[k] = m.Seq
+				i := slices.IndexFunc(marks, func(x persist.ReadMark) bool { return x.Key == m.Key && x.User == m.User })
+				marks[i].Seq = m.Seq
+			}
+			continue
+		}
+		marks = append(marks, m)
+		p.sent[k] = m.Seq
+	}
+	due := len(marks)
 	for k, seq := range p.dirty {
 		marks = append(marks, persist.ReadMark{Key: k.key, User: k.user, Seq: seq})
 		p.sent[k] = seq
 	}
 	clear(p.dirty)
-	p.hand.offer(marks)
+	slices.SortFunc(marks[due:], func(a, b persist.ReadMark) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.User, b.User))
+	})
+	p.hand.offer(marks, due, time.Now())
 	return true
 }
 
@@ -435,10 +458,10 @@ func (p *positions) redirty(marks []persist.ReadMark) {
 
 // readHandoff passes coalesced read marks from the positions goroutine to
 // the publish pool's committers: once a second the positions goroutine
-// offers what moved; the next committer to commit a batch takes them all
-// and writes them in the batch's transaction (persist.Reads.CommitReads),
-// or gives them back when the commit fails. A committer looks at one
-// atomic when nothing is offered.
+// offers what moved; the group commits of the next second take them a
+// share each and write them in the batch's transaction
+// (persist.Reads.CommitReads), or give them back when the commit fails. A
+// committer looks at one atomic when nothing is offered.
 type readHandoff struct {
 	reads   persist.Reads
 	written *atomic.Uint64 // Stats.ReadMarksWritten
@@ -448,41 +471,53 @@ type readHandoff struct {
 	mu      sync.Mutex
 	marks   []persist.ReadMark // offered, not taken
 	back    []persist.ReadMark // taken, not written: for the positions goroutine
+	// The offer's pace (take): at is when it was made, due how many of its
+	// marks were due at once, paced how many follow over readsSpread,
+	// taken how many of all were taken since.
+	at                time.Time
+	due, paced, taken int
 }
 
-// offer hands marks over (positions goroutine).
-func (h *readHandoff) offer(marks []persist.ReadMark) {
+// offer hands marks over (positions goroutine): the first due at once, the
+// rest paced from now.
+func (h *readHandoff) offer(marks []persist.ReadMark, due int, now time.Time) {
 	h.mu.Lock()
 	h.marks = append(h.marks, marks...)
-	h.offered.Store(true)
+	h.at, h.due, h.paced, h.taken = now, due, len(marks)-due, 0
+	h.offered.Store(len(h.marks) > 0 || len(h.back) > 0)
 	h.tookAny.Store(false)
 	h.mu.Unlock()
 }
 
-// A commit takes at most max(readsPerCommit, readsPerRow × its publishes)
-// marks: a second's marks of 10,000 users in one statement would hold that
-// commit (and the publishes queued behind it) for tens of ms; spread over
-// the second's commits, each adds a few rows per publish (a mark costs
-// PostgreSQL a fraction of a publish), and a busier node's bigger commits
-// take more.
-const (
-	readsPerCommit = 256
-	readsPerRow    = 4
-)
+// readsSpread: the offer's marks are taken evenly over this long, so that
+// each commit of the second carries its share (the commits' share of the
+// time since the offer) rather than the first ones carrying the whole
+// second's: a second's marks of 10,000 users in one statement hold that
+// commit, and every publish queued behind it, for tens of ms. It ends
+// before the next offer so that the commits of the second take them all.
+const readsSpread = posFlushEvery * 9 / 10
 
-// take takes marks offered for a commit of rows publishes, nil when none
-// (committers).
-func (h *readHandoff) take(rows int) []persist.ReadMark {
+// take takes the marks due for a commit now, nil when none (committers).
+func (h *readHandoff) take() []persist.ReadMark {
 	if h == nil || !h.offered.Load() {
 		return nil
 	}
+	return h.takeAt(time.Now())
+}
+
+func (h *readHandoff) takeAt(now time.Time) []persist.ReadMark {
 	h.mu.Lock()
-	n := min(len(h.marks), max(readsPerCommit, readsPerRow*rows))
+	due := h.due + h.paced
+	if el := now.Sub(h.at); el < readsSpread {
+		due = h.due + int((int64(h.paced)*int64(el)+int64(readsSpread)-1)/int64(readsSpread))
+	}
+	n := min(len(h.marks), max(0, due-h.taken))
 	m := h.marks[:n:n]
 	h.marks = h.marks[n:]
 	if len(h.marks) == 0 {
 		h.marks = nil
 	}
+	h.taken += n
 	h.offered.Store(len(h.marks) > 0 || len(h.back) > 0)
 	if n > 0 {
 		h.tookAny.Store(true)

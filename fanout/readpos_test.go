@@ -2,8 +2,14 @@ package fanout
 
 import (
 	"bytes"
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -57,5 +63,72 @@ func TestReadEntriesRoundTrip(t *testing.T) {
 	})
 	if len(got) != 2 || got[0] != "app/alice r 7" || got[1] != "app/bob s 9 own" {
 		t.Fatalf("round trip: %q", got)
+	}
+}
+
+// A second's marks are taken by the commits of the second a share each,
+// by the time since the offer, all of them by readsSpread; what no commit
+// took goes first at the next offer, due at once and merged with the
+// newer moves of the same positions, the rest in (room, user) order.
+func TestReadHandoffPaced(t *testing.T) {
+	p := newPositions(&Node{}, persist.NewMemory(0))
+	for i := range 1000 {
+		p.dirty[posKey{proto.RoomKey("app", fmt.Sprintf("r%03d", i%10)), fmt.Sprintf("u%04d", i)}] = uint64(i + 1)
+	}
+	if !p.handOver() {
+		t.Fatal("nothing handed over")
+	}
+	h := p.hand
+	t0 := h.at
+	if m := h.takeAt(t0); len(m) != 0 {
+		t.Fatalf("%d marks taken at the offer", len(m))
+	}
+	var got []persist.ReadMark
+	for _, el := range []time.Duration{readsSpread / 10, readsSpread / 10, readsSpread / 2, readsSpread * 3 / 4} {
+		m := h.takeAt(t0.Add(el))
+		got = append(got, m...)
+		if want := int((1000*int64(el) + int64(readsSpread) - 1) / int64(readsSpread)); len(got) != want {
+			t.Fatalf("at %v: %d taken in all, want %d", el, len(got), want)
+		}
+	}
+	if !slices.IsSortedFunc(got, func(a, b persist.ReadMark) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.User, b.User))
+	}) {
+		t.Fatal("not taken in (room, user) order")
+	}
+	// A commit fails with the last share; the rest is not taken this
+	// second. The next offer leads with both, due at once, one mark per
+	// position with its newest move.
+	last := h.takeAt(t0.Add(readsSpread * 4 / 5))
+	h.done(last, false)
+	k := posKey{last[0].Key, last[0].User}
+	p.dirty[k] = last[0].Seq + 5000
+	p.dirty[posKey{proto.RoomKey("app", "r999"), "new"}] = 1
+	left := 1000 - len(got)
+	p.handOver()
+	t1 := h.at
+	now := h.takeAt(t1)
+	if len(now) != left {
+		t.Fatalf("%d taken at the offer, want the %d left from the last", len(now), left)
+	}
+	seen := map[posKey]bool{}
+	for _, m := range now {
+		mk := posKey{m.Key, m.User}
+		if seen[mk] {
+			t.Fatalf("%v twice in one offer", mk)
+		}
+		seen[mk] = true
+		if mk == k && m.Seq != last[0].Seq+5000 {
+			t.Fatalf("%v: seq %d, want its newest move %d", mk, m.Seq, last[0].Seq+5000)
+		}
+		if m.User == "new" {
+			t.Fatal("a fresh move due at once")
+		}
+	}
+	if rest := h.takeAt(t1.Add(readsSpread)); len(rest) != 1 || rest[0].User != "new" {
+		t.Fatalf("then %v, want the fresh move", rest)
+	}
+	if h.offered.Load() || h.takeAt(t1.Add(2*readsSpread)) != nil {
+		t.Fatal("marks left after all were taken")
 	}
 }

@@ -79,30 +79,35 @@ func (p *positions) receipts(j posJob) {
 	}
 	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
 	if err == nil {
-		add := func(k posKey, seq uint64) {
-			if k.key != j.key {
+		at := make(map[string]int, len(marks))
+		for i, m := range marks {
+			at[m.User] = i
+		}
+		add := func(user string, seq uint64) {
+			if i, ok := at[user]; ok {
+				marks[i].Seq = max(marks[i].Seq, seq)
 				return
 			}
-			i := slices.IndexFunc(marks, func(m proto.Receipt) bool { return m.User == k.user })
-			if i < 0 {
-				marks = append(marks, proto.Receipt{User: k.user, Seq: seq})
-			} else {
-				marks[i].Seq = max(marks[i].Seq, seq)
-			}
+			at[user] = len(marks)
+			marks = append(marks, proto.Receipt{User: user, Seq: seq})
 		}
 		// Moved here and maybe not written yet: not moved since the last
 		// hand-over, or handed over to a group commit at it.
 		for k, seq := range p.dirty {
-			add(k, seq)
+			if k.key == j.key {
+				add(k.user, seq)
+			}
 		}
 		for k, seq := range p.sent {
-			add(k, seq)
+			if k.key == j.key {
+				add(k.user, seq)
+			}
 		}
 		// Moved on other nodes and announced here, maybe not written yet
 		// by them: a receipts frame may already have told the asker, so
 		// the answer must not go below it.
-		for k, seq := range p.floor {
-			add(k, seq)
+		for user, seq := range p.floor.rooms[j.key] {
+			add(user, seq)
 		}
 		for i := range marks {
 			if seq, ok := p.pos[posKey{j.key, marks[i].User}]; ok {
@@ -118,6 +123,56 @@ func (p *positions) receipts(j posJob) {
 		ev.frame = proto.AppendReceiptsFrame(nil, room, marks, more)
 	}
 	p.n.tables[j.loop].Load().loop.Post(ev)
+}
+
+// floors holds the positions other nodes announced and this node does not
+// know yet, by room key and user: a receipts query reads its room's
+// without walking the up to posCacheMax of every room. Positions
+// goroutine.
+type floors struct {
+	rooms map[string]map[string]uint64
+	n     int // entries in all rooms
+}
+
+func (f *floors) get(k posKey) uint64 { return f.rooms[k.key][k.user] }
+
+// raise sets k's floor to at least seq. Past posCacheMax entries all are
+// forgotten: a floor only keeps answers from going back meanwhile, and
+// the store catches up with them.
+func (f *floors) raise(k posKey, seq uint64) {
+	if f.rooms == nil {
+		f.rooms = map[string]map[string]uint64{}
+	}
+	if f.n >= posCacheMax {
+		clear(f.rooms)
+		f.n = 0
+	}
+	users := f.rooms[k.key]
+	if users == nil {
+		users = map[string]uint64{}
+		f.rooms[k.key] = users
+	}
+	cur, ok := users[k.user]
+	if !ok {
+		f.n++
+	}
+	users[k.user] = max(cur, seq)
+}
+
+// take removes k's floor and returns it (0: none).
+func (f *floors) take(k posKey) uint64 {
+	users := f.rooms[k.key]
+	seq, ok := users[k.user]
+	if !ok {
+		return 0
+	}
+	f.n--
+	if len(users) == 1 {
+		delete(f.rooms, k.key)
+	} else {
+		delete(users, k.user)
+	}
+	return seq
 }
 
 // Receipts asks every user's position in the room key for the client m

@@ -1,6 +1,7 @@
 package loop
 
 import (
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,30 +75,66 @@ func TestAckSkipsTheTick(t *testing.T) {
 	}
 }
 
-// TestAnswerSkipsTheTick: the answer to a request (history, read, unread)
-// leaves at the end of the wake-up that brought it, not at the next flush
-// tick, even on a connection written in this tick's period. With a tick of
-// a second, an answer that waited for it would come ~1 s after the
-// connection's last write.
+// TestAnswerSkipsTheTick: the answer to a request (history, presence,
+// read, unread, receipts) is written by the wake-up that runs it (its
+// closing kick), not at the next flush tick, even on a connection written
+// in this tick's period, while other output held for the tick stays held.
+// The tick is armed but its timer stopped: only the wake-up can write.
 func TestAnswerSkipsTheTick(t *testing.T) {
-	n := startNode(t, func(c *Config) { c.FlushInterval = time.Second })
-	a := n.dial(t, "alice")
-	for _, req := range []string{
-		`{"op":"history","room":"r"}`,
-		`{"op":"read","room":"r","seq":1}`,
-		`{"op":"unread","rooms":["r"]}`,
+	rig := newFanoutRig(t, 2, false)
+	l := rig.l
+	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
+	rig.next()
+	ms := append([]*connOut(nil), l.q.TakeFresh()...) // the two members
+	asker := &ms[0].Owner.(*conn).m
+	l.kick()
+	l.flushT.stop()
+	if writes() != 2 || !l.ticking {
+		t.Fatalf("after a pause: %d writes, ticking %v", writes(), l.ticking)
+	}
+	for _, req := range []struct {
+		name string
+		ask  func() error
+	}{
+		{"history", func() error { return l.table.History(asker, rig.key, 0, 10) }},
+		{"presence", func() error { return l.table.Presence(asker, rig.key) }},
+		{"read", func() error { return refusedErr(l.table.MarkRead(asker, rig.key, "u", 0)) }},
+		{"unread", func() error { return refusedErr(l.table.Unread(asker, "app", "u", []string{"room"})) }},
+		{"receipts", func() error { return refusedErr(l.table.Receipts(asker, rig.key)) }},
 	} {
-		// A publish: its msg and ack are written at once, and the loop
-		// ticks from there.
-		a.send(`{"op":"pub","room":"r","id":"` + req[7:11] + `","body":1}`)
-		a.expect(map[string]any{"op": "ack"})
-		start := time.Now()
-		a.send(req)
-		got := a.recv()
-		took := time.Since(start)
-		t.Logf("%s: %v", req, took)
-		if took > 600*time.Millisecond {
-			t.Fatalf("%s: answer %v came after %v, the flush tick's wait", req, got["op"], took)
+		l.q.Enqueue(ms[1], []byte("x")) // waits for the tick
+		if err := req.ask(); err != nil {
+			t.Fatal(req.name, err)
+		}
+		// The answer comes from fanout's goroutines through the inbox.
+		deadline := time.Now().Add(5 * time.Second)
+		for !rig.el.pending.Load() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no answer posted", req.name)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		before := writes()
+		rig.runInbox()
+		if ms[0].PendingBytes() == 0 || writes() != before {
+			t.Fatalf("%s: after the wake-up's events: answer pending %d B, %d writes; want it queued, none written",
+				req.name, ms[0].PendingBytes(), writes()-before)
+		}
+		l.kick()
+		if ms[0].PendingBytes() != 0 || ms[1].PendingBytes() == 0 || writes() != before+1 || !l.ticking {
+			t.Fatalf("%s: after the wake-up's kick: answer pending %d B, held %d B, %d writes, ticking %v; want the answer alone written in one write",
+				req.name, ms[0].PendingBytes(), ms[1].PendingBytes(), writes()-before, l.ticking)
+		}
+		if !l.q.WroteInPeriod(ms[0]) {
+			t.Fatalf("%s: asker not written in the period", req.name)
 		}
 	}
+}
+
+// refusedErr is the error of a request the queue refused (false).
+func refusedErr(queued bool) error {
+	if !queued {
+		return errors.New("queue full")
+	}
+	return nil
 }

@@ -93,6 +93,8 @@ JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key 
 	// the users' standing reactions and the rooms' seqs, in one statement.
 	// A new state row gets no negative delta: an unreact takes back a
 	// reaction whose react made the row.
+	// $21 is each room's first change in the batch (0: none): the room's
+	// listed_from when it had none before (migration 0013).
 	// $20 is the entries' time: the transaction's now() as the lock read
 	// it, or NULL for now() when the batch is committed from what the
 	// node knows (runChanges: the guard reads it, and the answers are
@@ -118,7 +120,8 @@ WITH ins AS (
 				) a (t, n) GROUP BY t
 			) b) END
 )
-UPDATE rooms r SET last_seq = u.l, msgs = u.c FROM unnest($17::int8[], $18::int8[], $19::int8[]) AS u (id, l, c)
+UPDATE rooms r SET last_seq = u.l, msgs = u.c, listed_from = coalesce(r.listed_from, nullif(u.f, 0))
+FROM unnest($17::int8[], $18::int8[], $19::int8[], $21::int8[]) AS u (id, l, c, f)
 WHERE r.id = u.id AND r.last_seq <> u.l`
 )
 
@@ -315,6 +318,7 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 		base[id] = *r
 	}
 	created := map[refKey]bool{}
+	firstChange := map[int64]int64{}
 
 	// The rules, in batch order.
 	var w changeWrites
@@ -376,6 +380,9 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 			created[refKey{s.uRoom[j], room.last}] = true
 		}
 		seq := room.last
+		if _, ok := firstChange[s.uRoom[j]]; !ok && kind != proto.KindMsg {
+			firstChange[s.uRoom[j]] = seq
+		}
 		w.add(s, j, seq, room.msgs, text)
 		r.Stored = Stored{Seq: uint64(seq), TS: nowMS}
 		switch kind {
@@ -418,9 +425,9 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions = append(w.sRoom, k.room), append(w.sSeq, k.seq),
 			append(w.sEdited, st.edited), append(w.sBody, body), append(w.sDeleted, st.deleted), append(w.sReactions, string(js))
 	}
-	var rIDs, rLast, rMsgs []int64
+	var rIDs, rLast, rMsgs, rFirst []int64
 	for id, r := range rooms {
-		rIDs, rLast, rMsgs = append(rIDs, id), append(rLast, r.last), append(rMsgs, r.msgs)
+		rIDs, rLast, rMsgs, rFirst = append(rIDs, id), append(rLast, r.last), append(rMsgs, r.msgs), append(rFirst, firstChange[id])
 	}
 
 	// The writes and the commit, in one round trip.
@@ -444,7 +451,7 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 	b.Queue(changesWriteSQL, w.room, w.seq, w.sender, w.key, w.body, w.kind, w.ref, w.msgs, token,
 		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions,
 		w.text,
-		rIDs, rLast, rMsgs, nowArg(now))
+		rIDs, rLast, rMsgs, nowArg(now), rFirst)
 	if len(s.rRoom) > 0 {
 		b.Queue(saveReadsSQL, s.rRoom, s.rUser, s.rSeq) // the group commit's read marks (CommitReads)
 	}

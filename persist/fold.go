@@ -3,6 +3,7 @@ package persist
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"time"
 
@@ -11,21 +12,45 @@ import (
 	"github.com/roost-chat/roost/proto"
 )
 
-// foldSQL lists messages (kind 0) by the partial index messages_listed,
-// each joined with its state row when it changed: two rows read per
-// listed message at most, however many changes lie between them. It reads
-// one message more than the limit, to tell more. The state is a subquery
-// per message (LIMIT 1 keeps it one), so the plan is a probe of its
-// primary key whatever the statistics say.
+// foldSQL lists messages (kind 0), each joined with its state row when
+// it changed: two rows read per listed message at most, however many
+// changes lie between them. Until a room's first change (rooms.listed_from,
+// migration 0013) every entry is a message, read by the primary key;
+// from it on, messages are read by the partial index messages_listed,
+// which holds only those (msgs <> seq) and so costs a room's plain
+// publishes nothing until it has a change. A merge of the two, ordered,
+// reads from each only what the page takes. It reads one message more
+// than the limit, to tell more. The state is a subquery per message
+// (LIMIT 1 keeps it one), so the plan is a probe of its primary key
+// whatever the statistics say.
 const (
-	foldColumns = `SELECT m.seq, m.idem_key, m.sender, m.ts, m.body, st.edited, st.body, coalesce(st.deleted, false), st.reactions
-FROM messages m LEFT JOIN LATERAL (
+	foldListedFrom = `(SELECT coalesce(r.listed_from, 9223372036854775807) FROM rooms r WHERE r.id = $1)`
+	foldPart       = `(SELECT x.room_id, x.seq, x.idem_key, x.sender, x.ts, x.body FROM messages x
+	WHERE x.room_id = $1 AND x.kind = 0 AND %s AND x.seq %s ` + foldListedFrom + `
+	ORDER BY x.seq %s LIMIT $3)`
+	foldSQL = `SELECT m.seq, m.idem_key, m.sender, m.ts, m.body, st.edited, st.body, coalesce(st.deleted, false), st.reactions
+FROM (
+	%s
+	UNION ALL
+	%s
+	ORDER BY seq %s LIMIT $3
+) m LEFT JOIN LATERAL (
 	SELECT s.edited, s.body, s.deleted, s.reactions FROM message_state s WHERE s.room_id = m.room_id AND s.seq = m.seq LIMIT 1
 ) st ON true
-WHERE m.room_id = $1 AND m.kind = 0 `
-	foldBackSQL    = foldColumns + `AND m.seq < $2 ORDER BY m.seq DESC LIMIT $3`
-	foldForwardSQL = foldColumns + `AND m.seq > $2 ORDER BY m.seq LIMIT $3`
+ORDER BY m.seq %[3]s`
 )
+
+var (
+	foldBackSQL    = foldStatement("x.seq < $2", "DESC")
+	foldForwardSQL = foldStatement("x.seq > $2", "ASC")
+)
+
+// foldStatement is foldSQL for pages beyond bound, in order.
+func foldStatement(bound, order string) string {
+	listed := fmt.Sprintf(foldPart, bound+" AND x.msgs <> x.seq", ">=", order)
+	before := fmt.Sprintf(foldPart, bound, "<", order)
+	return fmt.Sprintf(foldSQL, listed, before, order)
+}
 
 var _ Folder = (*Postgres)(nil)
 

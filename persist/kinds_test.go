@@ -22,7 +22,8 @@ func testKindsContract(t *testing.T, newStore func(t *testing.T) Store) {
 	t.Run("Reactions", func(t *testing.T) { testKindReactions(t, newStore(t)) })
 	t.Run("SameBatch", func(t *testing.T) { testKindSameBatch(t, newStore(t)) })
 	t.Run("Resent", func(t *testing.T) { testKindResent(t, newStore(t)) })
-	t.Run("FoldModel", func(t *testing.T) { testFoldModel(t, newStore(t), 10000) })
+	t.Run("FoldModel", func(t *testing.T) { testFoldModel(t, newStore(t), 10000, 0) })
+	t.Run("FoldModelAfterPlain", func(t *testing.T) { testFoldModel(t, newStore(t), 3000, 700) })
 	t.Run("UnreadCount", func(t *testing.T) { testUnreadCountKinds(t, newStore(t)) })
 }
 
@@ -298,9 +299,11 @@ func (m *foldModel) reactions() []proto.Reaction {
 }
 
 // testFoldModel publishes n random messages, edits, deletes and
-// reactions (some refused by the rules) and compares the folded history,
-// read in pages from both ends, with a model.
-func testFoldModel(t *testing.T, st Store, n int) {
+// reactions (some refused by the rules), the first plain of them plain
+// messages, and compares the folded history with a model: read in pages
+// from both ends, and pages of every size from around the room's first
+// change (PostgreSQL reads the messages before it by another index).
+func testFoldModel(t *testing.T, st Store, n, plain int) {
 	const key = "a/fold"
 	rng := rand.New(rand.NewPCG(1, 2))
 	users := []string{"u0", "u1", "u2", "u3"}
@@ -334,7 +337,7 @@ func testFoldModel(t *testing.T, st Store, n int) {
 		id++
 		u := users[rng.IntN(len(users))]
 		var r *Row
-		if len(order) == 0 || rng.IntN(4) == 0 {
+		if len(order) == 0 || len(order) < plain || rng.IntN(4) == 0 {
 			r = req(key, u, fmt.Sprint(id), fmt.Sprintf(`{"n":%d}`, id))
 		} else {
 			ref := order[rng.IntN(len(order))]
@@ -427,6 +430,66 @@ func testFoldModel(t *testing.T, st Store, n int) {
 	if count != len(order) {
 		t.Fatalf("folded %d messages forwards, model %d", count, len(order))
 	}
+	// Pages of every size from around the first change, both ways.
+	first := uint64(0)
+	for s := uint64(1); first == 0; s++ {
+		if model[s] == nil {
+			first = s
+		}
+	}
+	for limit := 1; limit <= 60; limit += 7 {
+		for _, d := range []int{-30, -3, -1, 0, 1, 2, 25} {
+			if int(first)+d < 1 {
+				continue // Before 0 is the newest page
+			}
+			from := uint64(int(first) + d)
+			back, more, err := f.Fold(context.Background(), key, FoldQuery{Before: from}, Bounds{Limit: limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []uint64{}
+			for i := len(order) - 1; i >= 0 && len(want) <= limit; i-- {
+				if order[i] < from {
+					want = append([]uint64{order[i]}, want...)
+				}
+			}
+			wantMore := len(want) > limit
+			if wantMore {
+				want = want[1:]
+			}
+			if got := foldedSeqs(back); !reflect.DeepEqual(got, want) || more != wantMore {
+				t.Fatalf("%d before %d: %v more %v, want %v more %v", limit, from, got, more, want, wantMore)
+			}
+			fwd, more, err := f.Fold(context.Background(), key, FoldQuery{After: from, Forward: true}, Bounds{Limit: limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = want[:0]
+			for _, s := range order {
+				if s > from && len(want) <= limit {
+					want = append(want, s)
+				}
+			}
+			wantMore = len(want) > limit
+			if wantMore {
+				want = want[:limit]
+			}
+			if got := foldedSeqs(fwd); !reflect.DeepEqual(got, want) || more != wantMore {
+				t.Fatalf("%d after %d: %v more %v, want %v more %v", limit, from, got, more, want, wantMore)
+			}
+			for _, m := range append(back, fwd...) {
+				check(m)
+			}
+		}
+	}
+}
+
+func foldedSeqs(msgs []proto.Message) []uint64 {
+	seqs := []uint64{}
+	for _, m := range msgs {
+		seqs = append(seqs, m.Seq)
+	}
+	return seqs
 }
 
 func testUnreadCountKinds(t *testing.T, st Store) {

@@ -82,7 +82,7 @@ func TestREADMECommands(t *testing.T) {
 	}
 
 	var node *exec.Cmd
-	var nodeLog *syncBuffer
+	var nodeLog *harness.SyncBuffer
 	stopNode := func() {
 		if node == nil {
 			return
@@ -117,7 +117,7 @@ func TestREADMECommands(t *testing.T) {
 		}
 		if b.background {
 			stopNode()
-			nodeLog = &syncBuffer{}
+			nodeLog = &harness.SyncBuffer{}
 			node = exec.Command("bash", "-euo", "pipefail", "-c", text)
 			node.Dir, node.Env, node.Stdout, node.Stderr = cwd, env, nodeLog, nodeLog
 			node.SysProcAttr = harness.GroupAttr() // its own group, which stopNode kills
@@ -131,7 +131,7 @@ func TestREADMECommands(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", text)
 		cmd.Dir, cmd.Env = cwd, env
-		var stderr syncBuffer
+		var stderr harness.SyncBuffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		cancel()
@@ -173,7 +173,7 @@ func TestREADMECommands(t *testing.T) {
 
 // devBannerWorks runs the server API call the development node printed,
 // as printed.
-func devBannerWorks(t *testing.T, dir string, env []string, log *syncBuffer) {
+func devBannerWorks(t *testing.T, dir string, env []string, log *harness.SyncBuffer) {
 	t.Helper()
 	var curl string
 	deadline := time.Now().Add(5 * time.Second)
@@ -200,7 +200,7 @@ func devBannerWorks(t *testing.T, dir string, env []string, log *syncBuffer) {
 	}
 }
 
-func waitPort(t *testing.T, addr string, log *syncBuffer) {
+func waitPort(t *testing.T, addr string, log *harness.SyncBuffer) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {

@@ -67,7 +67,7 @@ func TestReleaseBinaries(t *testing.T) {
 
 	// The arm64 smoke test: a node under emulation, a chat through it.
 	listen, admin := harness.FreeAddr(t), harness.FreeAddr(t)
-	logs := &syncBuffer{}
+	logs := &harness.SyncBuffer{}
 	node := exec.Command(qemu, filepath.Join(out, "roost-linux-arm64"), "--listen", listen, "--admin", admin, "--api", "off", "--loops", "1")
 	node.Env = []string{"PATH=" + os.Getenv("PATH")}
 	node.Stdout, node.Stderr = logs, logs
@@ -245,7 +245,7 @@ func composeTopology(t *testing.T, image string, pm func(...string) (string, err
 			_, _ = pm("stop", "-t", "15", name)
 			_, _ = pm("rm", "-f", name)
 		})
-		waitPort(t, listen, &syncBuffer{})
+		waitPort(t, listen, &harness.SyncBuffer{})
 		addrs = append(addrs, listen)
 	}
 	token := func(user string) string {

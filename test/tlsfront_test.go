@@ -127,7 +127,7 @@ func replaceAll(t testing.TB, s string, pairs ...string) string {
 type frontProxy struct {
 	addr   string // host:port of its TLS listener
 	cmd    *exec.Cmd
-	log    *syncBuffer
+	log    *harness.SyncBuffer
 	exited chan struct{}
 }
 
@@ -146,7 +146,7 @@ func (p *frontProxy) pids() []int {
 
 func startProxy(t testing.TB, name string, args ...string) *frontProxy {
 	t.Helper()
-	p := &frontProxy{log: &syncBuffer{}}
+	p := &frontProxy{log: &harness.SyncBuffer{}}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	p.cmd.SysProcAttr = harness.ChildAttr()

@@ -15,8 +15,14 @@
 # and after every run: figures of a loaded machine say little.
 #
 # Usage: bench/scripts/ab.sh BEFORE_REV AFTER_REV [--pairs N] [--short]
+#                            [--only FIG,...] [--duration SECONDS]
 #   --pairs N: pairs of runs (default 3; a pair takes ~4 minutes).
 #   --short: one pair of tiny loads, a few seconds each (the CI form).
+#   --only: some of the figures (rate1000, rate8000, density, pg): more
+#     pairs of the noisy ones in the same time.
+#   --duration: seconds measured per delivery run (default 20); at 1,000
+#     msg/s a run's frames per write vary with timing, and a longer run
+#     averages more of it.
 # Prints a markdown table: each figure, each pair's before / after, the
 # medians, the change in % (after against before; lower is better for all
 # four), and whether the change is within 3 % or better; then the load of
@@ -29,10 +35,14 @@
 . "$(dirname "$0")/lib.sh"
 
 usage() { echo "usage: bench/scripts/ab.sh BEFORE_REV AFTER_REV [--pairs N] [--short]" >&2; exit 2; }
-short=0 pairs=3 revs=()
+short=0 pairs=3 revs=() only="" rdur=""
 while [ $# -gt 0 ]; do
   case $1 in
     --short) short=1 ;;
+    --only) [ $# -ge 2 ] || usage; only=$2; shift ;;
+    --only=*) only=${1#--only=} ;;
+    --duration) [ $# -ge 2 ] || usage; rdur=$2; shift ;;
+    --duration=*) rdur=${1#--duration=} ;;
     --pairs) [ $# -ge 2 ] || usage; pairs=$2; shift ;;
     --pairs=*) pairs=${1#--pairs=} ;;
     -*) echo "ab.sh: unknown argument $1" >&2; usage ;;
@@ -56,6 +66,17 @@ else
   bound=240
 fi
 figs=(rate${rates[0]} rate${rates[1]} density pg)
+if [ -n "$rdur" ]; then
+  [[ $rdur =~ ^[1-9][0-9]*$ ]] && [ "$rdur" -le 300 ] || { echo "ab.sh: --duration must be 1..300 seconds" >&2; exit 2; }
+  dur=${rdur}s
+  bound=$((bound + rdur))
+fi
+if [ -n "$only" ]; then
+  kept=()
+  for f in "${figs[@]}"; do [[ ",$only," == *",$f,"* ]] && kept+=("$f"); done
+  [ ${#kept[@]} -gt 0 ] || { echo "ab.sh: --only names none of: ${figs[*]}" >&2; exit 2; }
+  figs=("${kept[@]}")
+fi
 label() {
   case $1 in
     rate*) printf 'node µs per delivered frame, room of %d, %s msg/s' $((members + pubs)) "${1#rate}" ;;

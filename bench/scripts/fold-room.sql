@@ -13,7 +13,8 @@ FROM fill f, generate_series(1, :entries - (SELECT base FROM fill)) g;
 INSERT INTO message_state (room_id, seq, edited, body, reactions)
 SELECT :room, f.base + g, CASE WHEN g % 8 = 1 THEN now() END, CASE WHEN g % 8 = 1 THEN convert_to('"edited"', 'UTF8') END, '{"👍": 1, "🎉": 1, "❤": 1}'
 FROM fill f, generate_series(1, :entries - (SELECT base FROM fill), 4) g;
-UPDATE rooms SET last_seq = :entries, msgs = msgs + (SELECT count(*) FROM messages WHERE room_id = :room AND seq > (SELECT base FROM fill) AND kind = 0) WHERE id = :room;
+UPDATE rooms SET last_seq = :entries, msgs = msgs + (SELECT count(*) FROM messages WHERE room_id = :room AND seq > (SELECT base FROM fill) AND kind = 0),
+	listed_from = coalesce(listed_from, (SELECT base FROM fill) + 2) WHERE id = :room;
 COMMIT;
 ANALYZE messages;
 ANALYZE message_state;

@@ -64,24 +64,34 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # free_ports N: N free loopback ports, printed space-separated. They lie
 # below the ephemeral range (32768-60999 by default), so that no outgoing
 # connection takes a killed node's port before it is started again; a
-# node's admin port is its port + 1000.
+# node's admin port is its port + 1000, so both must be free (a node whose
+# admin port is taken, e.g. by this run's Redis, exits at once).
 free_ports() {
   local n=$1 out=() p
   p=$((20000 + RANDOM % 10000))
   while [ ${#out[@]} -lt "$n" ]; do
     p=$((p + 1))
-    port_free "$p" && out+=("$p")
+    port_free "$p" && port_free $((p + 1000)) && [ "$p" != "$redis_port" ] && [ $((p + 1000)) != "$redis_port" ] && out+=("$p")
   done
   echo "${out[@]}"
 }
 
-wait_listen() { # PORT [SECONDS]
+# wait_listen PORT [SECONDS [PID [LOG]]]: until something listens on PORT.
+# Given the process that should, it stops waiting as soon as that process
+# is gone and shows the end of its log: a node that exits at start (a
+# taken port, a refused database) says why instead of a silent timeout.
+wait_listen() {
   local i
-  for i in $(seq 1 $((${2:-20} * 10))); do
+  for i in $(seq 1 $((${2:-30} * 10))); do
     port_free "$1" || return 0
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+      [ -n "${4:-}" ] && tail -n 20 "$4" >&2
+      die "the process meant to listen on 127.0.0.1:$1 exited${4:+ (its log: $4)}"
+    fi
     sleep 0.1
   done
-  die "nothing listening on 127.0.0.1:$1"
+  [ -n "${4:-}" ] && tail -n 20 "$4" >&2
+  die "nothing listening on 127.0.0.1:$1 after ${2:-30} s${4:+ (its log: $4)}"
 }
 
 need() { command -v "$1" >/dev/null || die "$1 is not installed ($2)"; }
@@ -106,7 +116,7 @@ start_redis() {
   redis_pid=$!
   started+=("$redis_pid")
   echo "$redis_pid" > "$work/redis.pid"
-  wait_listen "$redis_port"
+  wait_listen "$redis_port" 30 "$redis_pid" "$work/redis/redis.log"
 }
 
 stop_redis() {
@@ -125,7 +135,7 @@ start_node() {
   local pid=$!
   started+=("$pid")
   echo "$pid" > "$work/$name.pid"
-  wait_listen "$port"
+  wait_listen "$port" 30 "$pid" "$OUT/$name.log"
 }
 
 node_pid() { cat "$work/$1.pid"; }

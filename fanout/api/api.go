@@ -277,20 +277,26 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, route int) (*tena
 	return t, true
 }
 
-func (s *Server) roomOf(w http.ResponseWriter, r *http.Request, route int) (string, bool) {
+// roomOf admits a request on a room's route and reads its room (a user's
+// inbox on the inbox routes).
+func (s *Server) roomOf(w http.ResponseWriter, r *http.Request, route int) (*tenant, string, bool) {
+	t, ok := s.admit(w, r, route)
+	if !ok {
+		return nil, "", false
+	}
 	if user := r.PathValue("user"); user != "" {
 		if room := "@" + user; proto.ValidRoom([]byte(room)) {
-			return room, true
+			return t, room, true
 		}
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid user for an inbox: want [A-Za-z0-9_.:-]{1,128}")
-		return "", false
+		return nil, "", false
 	}
 	room := r.PathValue("room")
 	if !proto.ValidRoom([]byte(room)) {
 		s.fail(w, route, http.StatusBadRequest, proto.CodeBadRequest, "invalid room name: want [A-Za-z0-9_.:-]{1,128}")
-		return "", false
+		return nil, "", false
 	}
-	return room, true
+	return t, room, true
 }
 
 // storeFail answers a store error.
@@ -329,11 +335,7 @@ func (c waiter) Published(req *fanout.PubRequest) {
 func (s *Server) publish(w http.ResponseWriter, r *http.Request) {
 	const route = RoutePublish
 	start := time.Now()
-	t, ok := s.admit(w, r, route)
-	if !ok {
-		return
-	}
-	room, ok := s.roomOf(w, r, route)
+	t, room, ok := s.roomOf(w, r, route)
 	if !ok {
 		return
 	}
@@ -478,11 +480,7 @@ func uintParam(r *http.Request, name string) (v uint64, present bool, err error)
 
 func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 	const route = RouteHistory
-	t, ok := s.admit(w, r, route)
-	if !ok {
-		return
-	}
-	room, ok := s.roomOf(w, r, route)
+	t, room, ok := s.roomOf(w, r, route)
 	if !ok {
 		return
 	}
@@ -562,11 +560,7 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) room(w http.ResponseWriter, r *http.Request) {
 	const route = RouteRoom
-	t, ok := s.admit(w, r, route)
-	if !ok {
-		return
-	}
-	room, ok := s.roomOf(w, r, route)
+	t, room, ok := s.roomOf(w, r, route)
 	if !ok {
 		return
 	}

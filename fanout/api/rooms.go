@@ -101,11 +101,7 @@ func (s *Server) listRooms(w http.ResponseWriter, r *http.Request) {
 // at most 1000 names (sorted) and more:true when there are others.
 func (s *Server) presence(w http.ResponseWriter, r *http.Request) {
 	const route = RoutePresence
-	t, ok := s.admit(w, r, route)
-	if !ok {
-		return
-	}
-	room, ok := s.roomOf(w, r, route)
+	t, room, ok := s.roomOf(w, r, route)
 	if !ok {
 		return
 	}

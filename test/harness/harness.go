@@ -16,6 +16,7 @@ package harness
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -456,4 +457,23 @@ func (n *Node) RSS(t testing.TB) int64 {
 	}
 	t.Fatal("no VmRSS")
 	return 0
+}
+
+// SyncBuffer collects a node's log while it runs: the process writes it
+// as the test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
