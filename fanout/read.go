@@ -111,7 +111,7 @@ func (n *Node) reader() {
 		case <-n.done:
 			return
 		case j := <-n.reads:
-			if j.member != nil && j.member.reads != nil && j.member.reads.gone.Load() {
+			if j.member != nil && j.member.readQ() != nil && j.member.readQ().gone.Load() {
 				// Its connection is gone: build nothing for it.
 				j.table.loop.Post(j.failed(proto.ErrClosed))
 				continue

@@ -43,17 +43,18 @@ type readItem struct {
 func (n *Node) pageBytes() int { return max(n.cfg.OutboundLimit/8, 16<<10) }
 
 func (t *Table) queueRead(m *Member, it readItem) {
-	if m.reads == nil {
-		m.reads = &readQueue{}
+	c := m.Chat()
+	if c.reads == nil {
+		c.reads = &readQueue{}
 	}
-	m.reads.items = append(m.reads.items, it)
+	c.reads.items = append(c.reads.items, it)
 	t.pump(m)
 }
 
 // pump starts m's next store read if none is in flight and its output has
 // left; otherwise the tick tries again (PumpPaced).
 func (t *Table) pump(m *Member) {
-	q := m.reads
+	q := m.readQ()
 	if q == nil || q.reading || len(q.items) == 0 || m.Out.Closed() {
 		return
 	}
@@ -111,8 +112,8 @@ func (t *Table) PumpPaced() {
 	ps := t.paced
 	t.paced = nil
 	for _, m := range ps {
-		if m.reads != nil {
-			m.reads.paced = false
+		if q := m.readQ(); q != nil {
+			q.paced = false
 		}
 		t.pump(m)
 	}
@@ -120,7 +121,7 @@ func (t *Table) PumpPaced() {
 
 // readDone ends m's read in flight.
 func (m *Member) readDone() {
-	if m.reads != nil {
-		m.reads.reading = false
+	if q := m.readQ(); q != nil {
+		q.reading = false
 	}
 }

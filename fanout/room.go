@@ -118,10 +118,12 @@ type joinState struct {
 	hasEpoch bool
 	joined   bool
 	presence bool // subscribes to presence once live
+	// next is the member's next join on the way (Member.joins).
+	next *joinState
 }
 
 func (m *Member) findJoin(r *Room) *joinState {
-	for _, j := range m.joins {
+	for j := m.joins; j != nil; j = j.next {
 		if j.room == r {
 			return j
 		}
@@ -130,15 +132,9 @@ func (m *Member) findJoin(r *Room) *joinState {
 }
 
 func (m *Member) dropJoin(r *Room) {
-	for i, j := range m.joins {
-		if j.room == r {
-			last := len(m.joins) - 1
-			m.joins[i] = m.joins[last]
-			m.joins[last] = nil
-			m.joins = m.joins[:last]
-			if len(m.joins) == 0 {
-				m.joins = nil
-			}
+	for p := &m.joins; *p != nil; p = &(*p).next {
+		if j := *p; j.room == r {
+			*p, j.next = j.next, nil
 			return
 		}
 	}
@@ -199,7 +195,7 @@ func (t *Table) Join(m *Member, key []byte, rs Resume) error {
 	if rs.HasEpoch {
 		j.epoch = string(rs.Epoch)
 	}
-	m.joins = append(m.joins, j)
+	j.next, m.joins = m.joins, j
 	r.joiners = append(r.joiners, m)
 	if r.active {
 		t.startJoin(m, j)
@@ -241,17 +237,17 @@ func (t *Table) Close(m *Member) {
 		m.chat.own = nil
 	}
 	t.node.Stats.Joined.Add(-int64(m.Rooms()))
-	if m.reads != nil {
-		m.reads.gone.Store(true)
-		m.reads.items = nil
+	if q := m.readQ(); q != nil {
+		q.gone.Store(true)
+		q.items = nil
 	}
-	for _, j := range m.joins {
+	for j := m.joins; j != nil; j = j.next {
 		j.room.removeJoiner(m)
 		t.removeIfIdle(j.room)
 	}
 	m.joins = nil
 	t.leaveAll(m)
-	t.q.Drop(m.Out)
+	t.q.Drop(&m.Out)
 }
 
 // Presence queues a presence answer of the room key to m: its number of
@@ -259,7 +255,7 @@ func (t *Table) Close(m *Member) {
 // turn among m's history requests (ErrTooManyReads past the bound). Loop
 // only.
 func (t *Table) Presence(m *Member, key string) error {
-	if m.reads != nil && len(m.reads.items) >= maxQueuedReads {
+	if q := m.readQ(); q != nil && len(q.items) >= maxQueuedReads {
 		return ErrTooManyReads
 	}
 	t.queueRead(m, readItem{key: key, presence: true})
@@ -287,7 +283,7 @@ type HistoryQuery struct {
 
 // Query is History with every term of a request. Loop only.
 func (t *Table) Query(m *Member, key string, q HistoryQuery) error {
-	if m.reads != nil && len(m.reads.items) >= maxQueuedReads {
+	if q := m.readQ(); q != nil && len(q.items) >= maxQueuedReads {
 		return ErrTooManyReads
 	}
 	t.queueRead(m, readItem{key: key, before: q.Before, limit: q.Limit, after: q.After, forward: q.Forward, fold: q.Fold})
@@ -727,7 +723,7 @@ func (t *Table) repaired(r *Room, held []Held, upto uint64, tail, more bool, err
 	// The store answered but the gap stays: give up on this stream.
 	t.node.Stats.GapCloses.Add(1)
 	for _, m := range append([]*Member(nil), r.members...) { // a close leaves r
-		t.q.Drop(m.Out)
+		t.q.Drop(&m.Out)
 		m.Out.Owner.Resync()
 	}
 	r.last = r.held[0].Seq - 1

@@ -128,7 +128,7 @@ func (t *Table) signal(r *Room, tag uint64, frame, event []byte) {
 		if m.chat != nil && m.chat.sig == tag {
 			continue
 		}
-		o := m.Out
+		o := &m.Out
 		if o.Slow() || o.Closed() {
 			continue
 		}

@@ -145,7 +145,7 @@ func sseIDLen(r *Room, seq uint64) int {
 // enqueueSSE queues a message's shared event for an SSE member with its
 // id line. Under the outbound limit like any live message.
 func (t *Table) enqueueSSE(m *Member, r *Room, seq uint64, event []byte, evLen int) {
-	o := m.Out
+	o := &m.Out
 	if o.Slow() || o.Closed() {
 		return
 	}

@@ -25,21 +25,26 @@ type Owner interface {
 // outbound queue, which the loop holds beside the Member and the loop's
 // outq.Queue owns. Every field is owned by the member's loop.
 type Member struct {
-	// Out is the connection's outbound queue (set once by the loop, before
-	// any join); its Owner is the connection.
-	Out   *outq.Out[Owner]
+	// Out is the connection's outbound queue, in the Member rather than
+	// pointed to (the connection stays in its size class,
+	// TestConnStateSmall); its Owner, the connection, is set once by the
+	// loop before any join.
+	Out   outq.Out[Owner]
 	slots []slot
-	joins []*joinState
-	reads *readQueue  // its store reads; nil until it makes one
+	// joins: its joins on the way, a list through joinState.next (a
+	// pointer, not a slice: the connection stays in its size class,
+	// TestConnStateSmall).
+	joins *joinState
 	sse   *sseMember  // nil for a WebSocket member
-	chat  *memberChat // its user, signal, echo and receipts state; nil until first needed
+	chat  *memberChat // its user, signal, echo, receipts and store reads state; nil until first needed
 }
 
 // memberChat is what a WebSocket member holds for chat state, apart so
 // that the connection's own state stays small.
 //
-// It is made on the member's first signal, read mark, receipts request or
-// echo-off join, never for an idle connection (TestIdleConnNoChatState):
+// It is made on the member's first signal, read mark, receipts request,
+// echo-off join or store read (history, presence, catch-up), never for an
+// idle connection (TestIdleConnNoChatState):
 // which connections a user's read positions reach is the loop's index
 // (SetUsers), not a field here.
 type memberChat struct {
@@ -52,6 +57,21 @@ type memberChat struct {
 	ReadTAT  int64
 	receipts []string // keys of the rooms it gets receipts of
 	own      *ownPubs // its echo-off rooms and publishes in them (echo.go); nil: none
+	// reads: its store reads (history, presence, catch-up); nil until it
+	// makes one. Here rather than in Member, so that the connection stays
+	// in its size class (TestConnStateSmall). Set once, on the loop, before
+	// the first read job leaves for a reader.
+	reads *readQueue
+}
+
+// readQ is m's store reads, nil if it never made one. On a reader
+// goroutine only for a member whose read job it holds (the fields were
+// set before the job was sent, and never change after).
+func (m *Member) readQ() *readQueue {
+	if m.chat == nil {
+		return nil
+	}
+	return m.chat.reads
 }
 
 type slot struct {
@@ -64,7 +84,12 @@ type slot struct {
 func (m *Member) Rooms() int { return len(m.slots) }
 
 // Joining is the number of m's joins not yet live.
-func (m *Member) Joining() int { return len(m.joins) }
+func (m *Member) Joining() (n int) {
+	for j := m.joins; j != nil; j = j.next {
+		n++
+	}
+	return n
+}
 
 // in reports whether m is a live member of r.
 func (m *Member) in(r *Room) bool {
@@ -126,7 +151,7 @@ const maxAnswered = 4096
 // answer records that m got the answer to a request of its own.
 func (t *Table) answer(m *Member) {
 	if len(t.answered) < maxAnswered {
-		t.answered = append(t.answered, m.Out)
+		t.answered = append(t.answered, &m.Out)
 	}
 }
 
@@ -271,7 +296,7 @@ func (t *Table) fan(r *Room, seq uint64, frame, event []byte) {
 			continue
 		}
 		if m.sse == nil {
-			t.q.Enqueue(m.Out, frame)
+			t.q.Enqueue(&m.Out, frame)
 			continue
 		}
 		if event == nil {
@@ -283,7 +308,7 @@ func (t *Table) fan(r *Room, seq uint64, frame, event []byte) {
 
 // enqueue queues one frame for one member (an ack, a joined, a message)
 // under the outbound limit.
-func (t *Table) enqueue(m *Member, frame []byte) { t.q.Enqueue(m.Out, frame) }
+func (t *Table) enqueue(m *Member, frame []byte) { t.q.Enqueue(&m.Out, frame) }
 
 // enqueueReplay queues a page of a replay (catch-up, history answer)
 // without the outbound limit: a replay's next page is read only once the
@@ -297,7 +322,7 @@ func (t *Table) enqueueReplay(m *Member, r *Room, frame []byte) {
 	if m.sse != nil {
 		frame = t.sseFrames(m, r, frame, nil)
 	}
-	t.q.Push(m.Out, frame)
+	t.q.Push(&m.Out, frame)
 }
 
 // CloseSlow closes the members that passed the outbound limit: what they

@@ -18,7 +18,7 @@ func (o *testOwner) User() string  { return "u" }
 // member is a Member with its outbound queue, as the loop's connection
 // holds both.
 func member(o Owner) *Member {
-	return &Member{Out: &outq.Out[Owner]{Owner: o}}
+	return &Member{Out: outq.Out[Owner]{Owner: o}}
 }
 
 func members(n int) []*Member {
@@ -91,7 +91,7 @@ func TestOutboundLimitMarksSlowOnce(t *testing.T) {
 	frame := make([]byte, 100)
 	for i := 0; i < 9; i++ {
 		tb.fan(r, 0, frame, nil)
-		tb.q.Flushed(fast.Out) // fast drains, slow does not
+		tb.q.Flushed(&fast.Out) // fast drains, slow does not
 	}
 	if tb.q.HasSlow() {
 		t.Fatal("slow before the limit")

@@ -28,12 +28,11 @@ const (
 
 // conn is one client connection. Loop only. Kept small: an idle joined
 // connection costs this struct, its user id and its room slots (plus gnet's
-// own state), no buffers and no goroutine. It fits the heap's 256-byte
+// own state), no buffers and no goroutine. It fits the heap's 208-byte
 // size class (TestConnFitsItsSizeClass); what only some connections need
 // lives elsewhere (the source address counted against MaxConnsPerIP in
 // loopState.ips, the publish proxy's queue in loopState.pubQueues).
 type conn struct {
-	out      connOut // its outbound queue (the loop's outQueue)
 	m        fanout.Member
 	gc       gnet.Conn
 	l        *loopState
@@ -46,7 +45,6 @@ type conn struct {
 	lastRead int64       // Unix ms of the last input (ticker resolution)
 	pos      int32       // index in l.conns
 	skip     int32       // closing: payload bytes of the client's current frame still to discard; -1: discard all
-	fragOp   ws.OpCode
 	state    uint8
 	pinged   bool
 	closed   bool
@@ -60,8 +58,7 @@ type conn struct {
 // linkOut makes c the owner of its outbound queue and hands the queue to
 // its Member, which fanout fills. Once, before any join.
 func (c *conn) linkOut() {
-	c.out.Owner = c
-	c.m.Out = &c.out
+	c.m.Out.Owner = c
 }
 
 // membersOf appends to dst the members of user "app/user"'s open
@@ -225,7 +222,7 @@ func (s *Server) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		}
 	}
 	c.closed = true
-	c.out.Close()
+	c.m.Out.Close()
 	l.table.Close(&c.m)
 	c.frag = nil
 	last := len(l.conns) - 1
@@ -323,7 +320,7 @@ func (c *conn) read() {
 		// apps included) waiting for the tick grid; its answers cost it
 		// one write per read of its own instead.
 		c.l.refusedFlood = false
-		if !c.closed && c.state == stateOpen && c.out.PendingBytes() > 0 && !c.out.Slow() {
+		if !c.closed && c.state == stateOpen && c.m.Out.PendingBytes() > 0 && !c.m.Out.Slow() {
 			c.l.write(c)
 		}
 	}
@@ -511,7 +508,6 @@ func (c *conn) frame(b []byte) int {
 		if !h.Fin {
 			buf := append(make([]byte, 0, min(int(h.Length)*2, s.cfg.MaxFrame)), payload...)
 			c.frag = &buf
-			c.fragOp = ws.OpText
 			return total
 		}
 		c.message(payload)
@@ -660,7 +656,7 @@ func (c *conn) message(p []byte) {
 // send queues a frame for this connection (written when the loop's wake-up
 // ends, or at the next tick if one is running).
 func (c *conn) send(frame []byte) {
-	c.l.q.Enqueue(&c.out, frame)
+	c.l.q.Enqueue(&c.m.Out, frame)
 }
 
 // sendErr queues an err frame.
@@ -690,13 +686,13 @@ func (c *conn) closeWith(code int, reason []byte) {
 		return
 	}
 	l := c.l
-	if c.out.PendingBytes() > 0 && !c.out.Slow() {
+	if c.m.Out.PendingBytes() > 0 && !c.m.Out.Slow() {
 		l.writeOut(c, true)
 		if c.closed || c.state == stateClosing {
 			return
 		}
 	}
-	l.q.Drop(&c.out)
+	l.q.Drop(&c.m.Out)
 	f := proto.AppendCloseFrame(l.arena.Space(2+125+14), uint16(code), string(reason))
 	_, _ = c.gc.Write(f)
 	c.closing()
@@ -709,7 +705,7 @@ func (c *conn) closeWith(code int, reason []byte) {
 // for it, so no frame can follow its close frame.
 func (c *conn) closing() {
 	c.state = stateClosing
-	c.out.Close()
+	c.m.Out.Close()
 }
 
 // fail closes after a write error: the peer is gone, nothing to say.
@@ -920,7 +916,7 @@ func (l *loopState) ackWritten() {
 	for _, a := range l.acksOut {
 		switch {
 		case a.c.closed:
-		case a.c.out.PendingBytes() == 0:
+		case a.c.m.Out.PendingBytes() == 0:
 			l.srv.Stats.AckWrite.Observe((now - a.at).Seconds())
 		default:
 			keep = append(keep, a)

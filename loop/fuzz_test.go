@@ -137,8 +137,8 @@ func FuzzClientInput(f *testing.F) {
 			}
 		}
 		c := gc.ctx.(*conn)
-		if !c.closed && c.out.PendingBytes() > 0 {
-			for _, f := range c.out.Pending() {
+		if !c.closed && c.m.Out.PendingBytes() > 0 {
+			for _, f := range c.m.Out.Pending() {
 				gc.out = append(gc.out, f...)
 			}
 		}

@@ -163,11 +163,11 @@ func TestRingPingResults(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the reset crosses loopback
 	l.sweep()
 	readPing(t, peers[0])
-	if !ok.pinged || ok.state != stateOpen || ok.out.PendingBytes() != 0 {
-		t.Fatalf("answering conn: pinged %v, state %d, pending %d", ok.pinged, ok.state, ok.out.PendingBytes())
+	if !ok.pinged || ok.state != stateOpen || ok.m.Out.PendingBytes() != 0 {
+		t.Fatalf("answering conn: pinged %v, state %d, pending %d", ok.pinged, ok.state, ok.m.Out.PendingBytes())
 	}
-	if full.state != stateOpen || full.out.PendingBytes() != len(pingFrame) {
-		t.Fatalf("full socket: state %d, %d bytes pending; want open with the ping queued", full.state, full.out.PendingBytes())
+	if full.state != stateOpen || full.m.Out.PendingBytes() != len(pingFrame) {
+		t.Fatalf("full socket: state %d, %d bytes pending; want open with the ping queued", full.state, full.m.Out.PendingBytes())
 	}
 	if gone.state != stateClosing || !gone.gc.(*fdConn).closed {
 		t.Fatalf("reset peer: state %d, closed %v; want closed", gone.state, gone.gc.(*fdConn).closed)

@@ -9,7 +9,7 @@ import (
 // park remembers a connection whose frames wait for gnet to drain what the
 // kernel refused; every tick checks it (unpark).
 func (l *loopState) park(c *conn) {
-	if c.out.Park() {
+	if c.m.Out.Park() {
 		l.parked = append(l.parked, c)
 	}
 }
@@ -24,12 +24,12 @@ func (l *loopState) unpark() {
 	l.parked = l.spareParked[:0]
 	for i, c := range ps {
 		ps[i] = nil
-		c.out.Unpark()
+		c.m.Out.Unpark()
 		if c.closed || c.state != stateOpen {
 			continue
 		}
-		c.out.SetBacklog(c.gc.OutboundBuffered())
-		if c.out.Backlog() > 0 {
+		c.m.Out.SetBacklog(c.gc.OutboundBuffered())
+		if c.m.Out.Backlog() > 0 {
 			l.park(c)
 			continue
 		}

@@ -87,10 +87,10 @@ func TestWriteKeepsTheBacklog(t *testing.T) {
 		t.Fatalf("gnet holds %d bytes, more than one frame (%d)", gc.OutboundBuffered(), len(rig.frame))
 	}
 	c := rig.l.parked
-	if len(c) != 1 || c[0].out.PendingBytes() == 0 {
+	if len(c) != 1 || c[0].m.Out.PendingBytes() == 0 {
 		t.Fatalf("parked %d connections; the backlog should wait in the node", len(c))
 	}
-	if got := c[0].out.PendingBytes() + c[0].out.Backlog(); got < 400*len(rig.frame)-64<<10 {
+	if got := c[0].m.Out.PendingBytes() + c[0].m.Out.Backlog(); got < 400*len(rig.frame)-64<<10 {
 		t.Fatalf("backlog counted %d bytes for 400 frames of %d", got, len(rig.frame))
 	}
 }

@@ -174,8 +174,8 @@ func TestRingSendResults(t *testing.T) {
 			if got := readAll(peer); !bytes.Equal(got, tc.want(rig.frame)) {
 				t.Fatalf("peer got %d bytes, want %d", len(got), len(tc.want(rig.frame)))
 			}
-			if c.out.PendingBytes() != 0 || st.Writes.Load() != w0+1 {
-				t.Fatalf("pending %d bytes, writes +%d; want 0 and +1", c.out.PendingBytes(), st.Writes.Load()-w0)
+			if c.m.Out.PendingBytes() != 0 || st.Writes.Load() != w0+1 {
+				t.Fatalf("pending %d bytes, writes +%d; want 0 and +1", c.m.Out.PendingBytes(), st.Writes.Load()-w0)
 			}
 		})
 	}
@@ -361,7 +361,7 @@ func TestRingSendResultsOfSeveralFrames(t *testing.T) {
 			rig.next()
 			rig.next()
 			c := rig.l.parkedConn(gc)
-			if c == nil || len(c.out.Pending()) != 3 {
+			if c == nil || len(c.m.Out.Pending()) != 3 {
 				t.Fatal("the member has not three frames pending")
 			}
 			n := len(rig.frame)
@@ -373,7 +373,7 @@ func TestRingSendResultsOfSeveralFrames(t *testing.T) {
 			if got := len(readAll(peer)); got != tc.gnet(n) {
 				t.Fatalf("peer got %d bytes after the ring's share, want %d", got, tc.gnet(n))
 			}
-			if left := len(c.out.Pending()); left != tc.left {
+			if left := len(c.m.Out.Pending()); left != tc.left {
 				t.Fatalf("%d frames still queued, want %d", left, tc.left)
 			}
 			if st.Writes.Load() != w0+1 {

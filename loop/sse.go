@@ -245,13 +245,13 @@ func (c *conn) endSSE() {
 		return
 	}
 	l := c.l
-	if c.out.PendingBytes() > 0 && !c.out.Slow() {
+	if c.m.Out.PendingBytes() > 0 && !c.m.Out.Slow() {
 		l.writeOut(c, true)
 		if c.closed || c.state == stateClosing {
 			return
 		}
 	}
-	l.q.Drop(&c.out)
+	l.q.Drop(&c.m.Out)
 	out := append(l.scratch[:0], "retry: "...)
 	out = strconv.AppendInt(out, int64(l.srv.retryMS()), 10)
 	out = append(out, "\n\n"...)

@@ -82,7 +82,7 @@ func (l *loopState) sweepConn(c *conn, now, idle, upTimeout int64) {
 func (c *conn) ping() {
 	st := &c.l.srv.Stats
 	st.Pings.Add(1)
-	if c.out.PendingBytes() == 0 && c.gc.OutboundBuffered() == 0 {
+	if c.m.Out.PendingBytes() == 0 && c.gc.OutboundBuffered() == 0 {
 		if fd := c.gc.Fd(); fd >= 0 {
 			if c.l.queuePing(c, fd) {
 				return // it leaves with the sweep's batch

@@ -46,8 +46,8 @@ func (l *loopState) writeAcks() {
 		return
 	}
 	for _, a := range l.acksOut {
-		if c := a.c; !c.closed && c.out.PendingBytes() > 0 {
-			l.out(&c.out)
+		if c := a.c; !c.closed && c.m.Out.PendingBytes() > 0 {
+			l.out(&c.m.Out)
 		}
 	}
 	for _, o := range answered {

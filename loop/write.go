@@ -59,7 +59,7 @@ func (l *loopState) sendQueued() {
 // error other than a full socket is left to write itself, which closes a
 // broken connection (and sends on one whose error was the ring's own).
 func (l *loopState) sent(c *conn, res int32) {
-	m := &c.out
+	m := &c.m.Out
 	frames := m.Pending()
 	if c.closed || len(frames) == 0 {
 		return
@@ -100,7 +100,7 @@ func (l *loopState) write(c *conn) { l.writeOut(c, false) }
 // writeOut is write; with all, everything the kernel refuses goes into
 // gnet at once (a close frame follows it and the connection ends).
 func (l *loopState) writeOut(c *conn, all bool) {
-	m := &c.out
+	m := &c.m.Out
 	frames := m.Pending()
 	if len(frames) == 0 {
 		return
@@ -171,7 +171,7 @@ func (l *loopState) writeOut(c *conn, all bool) {
 // took whole; what is left goes to gnet (all) or its first frame does and
 // the connection is parked, and the counts follow.
 func (l *loopState) wrote(c *conn, frames [][]byte, done, before int, all bool) {
-	m := &c.out
+	m := &c.m.Out
 	gc := c.gc
 	if len(frames) > 0 {
 		// The socket is full (or was). The first Write may try it once

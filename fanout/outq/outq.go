@@ -22,12 +22,15 @@ type Out[O any] struct {
 	// borrowed from the Queue's freelists only while non-empty, so an
 	// idle connection holds no buffer.
 	pending [][]byte
-	bytes   int // sum of len(pending[i])
+	// bytes and backlog are 32-bit, like wrote below, to keep Out (and
+	// the connection around it) in its size budget; New holds the limit
+	// under 1 GiB, so neither can overflow.
+	bytes int32 // sum of len(pending[i])
 	// backlog is what the transport still holds from earlier flushes
 	// (gnet's outbound buffer); the loop refreshes it after every write.
 	// It counts against the outbound limit so a consumer that stopped
 	// reading is caught even when each flush is small.
-	backlog int
+	backlog int32
 	// wrote is the flush period (NewPeriod) of the last write (Sent). 16
 	// bits keep Out, and the connection around it, in its size budget; an
 	// Out last written exactly 65,536 periods ago only waits for the next
@@ -51,7 +54,7 @@ type Out[O any] struct {
 func (o *Out[O]) Pending() [][]byte { return o.pending }
 
 // PendingBytes is the size of what is queued.
-func (o *Out[O]) PendingBytes() int { return o.bytes }
+func (o *Out[O]) PendingBytes() int { return int(o.bytes) }
 
 // Slow reports whether o passed the outbound limit.
 func (o *Out[O]) Slow() bool { return o.slow }
@@ -63,10 +66,10 @@ func (o *Out[O]) Close() { o.closed = true }
 func (o *Out[O]) Closed() bool { return o.closed }
 
 // SetBacklog records what the transport still holds of earlier writes.
-func (o *Out[O]) SetBacklog(n int) { o.backlog = n }
+func (o *Out[O]) SetBacklog(n int) { o.backlog = int32(min(n, maxLimit)) }
 
 // Backlog is what SetBacklog last recorded.
-func (o *Out[O]) Backlog() int { return o.backlog }
+func (o *Out[O]) Backlog() int { return int(o.backlog) }
 
 // Park marks o parked and reports whether it was not already (the caller
 // then lists it).
@@ -109,15 +112,21 @@ type Queue[O any] struct {
 // Out is flushed at once rather than at the next tick.
 func New[O any](limit, flushAt int) *Queue[O] {
 	// period 1: an Out's zero wrote is no period (never written).
-	return &Queue[O]{limit: limit, flushAt: flushAt, period: 1}
+	return &Queue[O]{limit: min(limit, maxLimit), flushAt: flushAt, period: 1}
 }
+
+// maxLimit is the highest outbound limit: what one connection may have
+// queued and unsent fits Out's 32-bit counters with room for the one
+// frame (at most a replay page, a fraction of the limit) that Push adds
+// past it. No client is served by a gigabyte of backlog anyway.
+const maxLimit = 1 << 30
 
 // Limit is the outbound limit per Out, in bytes.
 func (q *Queue[O]) Limit() int { return q.limit }
 
 // Fits reports whether n bytes more stay within o's outbound limit.
 func (q *Queue[O]) Fits(o *Out[O], n int) bool {
-	return o.bytes+o.backlog+n <= q.limit
+	return int(o.bytes)+int(o.backlog)+n <= q.limit
 }
 
 // MarkSlow marks o past the outbound limit: nothing more is queued for it
@@ -156,7 +165,7 @@ func (q *Queue[O]) Push(o *Out[O], frame []byte) {
 		q.grow(o)
 	}
 	o.pending = append(o.pending, frame)
-	o.bytes += len(frame)
+	o.bytes += int32(len(frame))
 	if !o.dirty {
 		o.dirty = true
 		q.dirty = append(q.dirty, o)
@@ -164,7 +173,7 @@ func (q *Queue[O]) Push(o *Out[O], frame []byte) {
 			q.fresh = append(q.fresh, o)
 		}
 	}
-	if o.bytes >= q.flushAt && !o.urgent {
+	if int(o.bytes) >= q.flushAt && !o.urgent {
 		o.urgent = true
 		q.urgent = append(q.urgent, o)
 	}
@@ -199,7 +208,7 @@ func (q *Queue[O]) Sent(o *Out[O], n int) {
 	o.pending = o.pending[:rest]
 	o.bytes = 0
 	for _, f := range o.pending {
-		o.bytes += len(f)
+		o.bytes += int32(len(f))
 	}
 	o.dirty = false
 	o.urgent = false
