@@ -565,3 +565,22 @@ func TestProxyPoolSettings(t *testing.T) {
 		}
 	}
 }
+
+// An outbound limit past what the queue's 32-bit counters hold is refused
+// at start with the range, not clamped unseen.
+func TestOutboundLimitBounded(t *testing.T) {
+	for _, v := range []string{"1024", "2147483648"} {
+		var c config
+		errs := parse([]string{"--outbound-limit", v}, &c, io.Discard,
+			func(string) (string, bool) { return "", false },
+			func(string) ([]byte, error) { return nil, nil })
+		want := "invalid --outbound-limit " + v + ": want 4096 to 1073741824 bytes"
+		var got []string
+		for _, e := range errs {
+			got = append(got, e.Error())
+		}
+		if !strings.Contains(strings.Join(got, "\n"), want) {
+			t.Errorf("--outbound-limit %s: errors %q, want one containing %q", v, got, want)
+		}
+	}
+}

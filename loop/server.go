@@ -45,6 +45,7 @@ import (
 
 	"github.com/roost-chat/roost/fanout"
 	"github.com/roost-chat/roost/fanout/hist"
+	"github.com/roost-chat/roost/fanout/outq"
 	"github.com/roost-chat/roost/fanout/proxy"
 	"github.com/roost-chat/roost/fanout/tenancy"
 	"github.com/roost-chat/roost/loop/internal/uring"
@@ -467,8 +468,8 @@ func (c *Config) Validate() []error {
 	if c.MaxFrame < 125 || c.MaxFrame > 16<<20 {
 		bad("invalid --max-frame %d: want 125 to 16777216 bytes", c.MaxFrame)
 	}
-	if c.OutboundLimit < 4<<10 {
-		bad("invalid --outbound-limit %d: want at least 4096 bytes", c.OutboundLimit)
+	if c.OutboundLimit < 4<<10 || c.OutboundLimit > outq.MaxLimit {
+		bad("invalid --outbound-limit %d: want 4096 to %d bytes", c.OutboundLimit, outq.MaxLimit)
 	}
 	if c.IdleInterval < 100*time.Millisecond {
 		bad("invalid --idle %s: want at least 100ms", c.IdleInterval)

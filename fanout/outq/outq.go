@@ -66,7 +66,7 @@ func (o *Out[O]) Close() { o.closed = true }
 func (o *Out[O]) Closed() bool { return o.closed }
 
 // SetBacklog records what the transport still holds of earlier writes.
-func (o *Out[O]) SetBacklog(n int) { o.backlog = int32(min(n, maxLimit)) }
+func (o *Out[O]) SetBacklog(n int) { o.backlog = int32(min(n, MaxLimit)) }
 
 // Backlog is what SetBacklog last recorded.
 func (o *Out[O]) Backlog() int { return int(o.backlog) }
@@ -112,14 +112,15 @@ type Queue[O any] struct {
 // Out is flushed at once rather than at the next tick.
 func New[O any](limit, flushAt int) *Queue[O] {
 	// period 1: an Out's zero wrote is no period (never written).
-	return &Queue[O]{limit: min(limit, maxLimit), flushAt: flushAt, period: 1}
+	return &Queue[O]{limit: min(limit, MaxLimit), flushAt: flushAt, period: 1}
 }
 
-// maxLimit is the highest outbound limit: what one connection may have
+// MaxLimit is the highest outbound limit (the node refuses a higher
+// --outbound-limit at start rather than clamp it unseen): what one connection may have
 // queued and unsent fits Out's 32-bit counters with room for the one
 // frame (at most a replay page, a fraction of the limit) that Push adds
 // past it. No client is served by a gigabyte of backlog anyway.
-const maxLimit = 1 << 30
+const MaxLimit = 1 << 30
 
 // Limit is the outbound limit per Out, in bytes.
 func (q *Queue[O]) Limit() int { return q.limit }

@@ -299,17 +299,17 @@ func BenchmarkEnqueue300(b *testing.B) {
 }
 
 // Out's counters are 32-bit: a limit or a transport backlog past what they
-// hold is held at maxLimit, never wrapped to a negative count that would
+// hold is held at MaxLimit, never wrapped to a negative count that would
 // let a slow consumer queue without bound.
 func TestLimitFitsTheCounters(t *testing.T) {
 	q := New[int](1<<40, 64<<10)
-	if q.Limit() != maxLimit {
-		t.Fatalf("limit %d, want %d", q.Limit(), maxLimit)
+	if q.Limit() != MaxLimit {
+		t.Fatalf("limit %d, want %d", q.Limit(), MaxLimit)
 	}
 	var o Out[int]
 	o.SetBacklog(1 << 40)
-	if o.Backlog() != maxLimit {
-		t.Fatalf("backlog %d, want %d", o.Backlog(), maxLimit)
+	if o.Backlog() != MaxLimit {
+		t.Fatalf("backlog %d, want %d", o.Backlog(), MaxLimit)
 	}
 	if q.Fits(&o, 1) {
 		t.Fatal("a backlog at the limit fits one byte more")
