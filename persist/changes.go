@@ -29,18 +29,6 @@ import (
 // state row once per batch.
 // No read of its own per publish, and no row-at-a-time statement.
 const (
-	// genericPlansSQL makes the statements after it in its transaction
-	// run on their generic plans. PostgreSQL plans a prepared statement
-	// for its parameters (a custom plan) until it finds the generic plan
-	// no dearer, and for the statements of a batch of changes, through a
-	// node, it kept choosing custom plans: perf showed 15 % of the
-	// backends' CPU under reactions spent planning. Their generic plans
-	// are what the custom ones are (every scan an index's, arrays
-	// unnested; enable_seqscan is off), so the planning is saved whole.
-	// Local to the transaction: the store's other statements keep
-	// PostgreSQL's choice.
-	genericPlansSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
-
 	// changesLockSQL is a statement of its own: the reads that follow must
 	// see what the commits it waited for left (each statement of a READ
 	// COMMITTED transaction reads from its own snapshot).
@@ -196,7 +184,6 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(genericPlansSQL)
 	b.Queue(changesLockSQL, s.rooms)
 	if lookup {
 		b.Queue(changesReadSQL, s.uRoom, s.uSender, s.uKey, s.uOrd, refRooms, refSeqs, kRooms, kSeqs, kSenders, kTexts)
@@ -210,10 +197,8 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 	reacts := make(map[reactKey]reactState, len(kRooms))
 	var now time.Time
 	err := func() error {
-		for range 2 { // BEGIN, genericPlansSQL
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
+		if _, err := br.Exec(); err != nil { // BEGIN
+			return err
 		}
 		rows, _ := br.Query()
 		for rows.Next() {
@@ -294,7 +279,6 @@ func (p *Postgres) runChangesKnown(ctx context.Context, conn *pgxpool.Conn, s *p
 		gRefRooms, gRefSeqs = append(gRefRooms, rk.room), append(gRefSeqs, rk.seq)
 	}
 	pre := &pgx.Batch{}
-	pre.Queue(genericPlansSQL)
 	pre.Queue(changesGuardSQL, s.rooms, gLast, gRefRooms, gRefSeqs)
 	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, unknownNow, pre)
 }
