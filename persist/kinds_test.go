@@ -7,7 +7,10 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/roost-chat/roost/proto"
 )
@@ -773,7 +776,9 @@ func TestPostgresResolveChangesInDoubt(t *testing.T) {
 // on another node), sends the batch the long way, answered as if alone.
 func TestPostgresChangesKnownStale(t *testing.T) {
 	url := newTestDB(t)
-	a, b := openTestPG(t, url, PGConfig{}), openTestPG(t, url, PGConfig{})
+	// a on one connection: the batch it sends again after a failed guard
+	// goes on the connection whose implicit transaction the guard failed.
+	a, b := openTestPG(t, url, PGConfig{MaxConns: 1}), openTestPG(t, url, PGConfig{})
 	defer a.Close()
 	defer b.Close()
 	const key = "a/r"
@@ -804,8 +809,10 @@ func TestPostgresChangesKnownStale(t *testing.T) {
 	if a.CommitStats().Stale != 1 {
 		t.Fatalf("stale %d, want still 1", a.CommitStats().Stale)
 	}
-	// Committed from what a knew: its time is the transaction's, as stored.
-	stored, _, err := a.Range(context.Background(), key, r2.Seq-1, r2.Seq, Bounds{Limit: 1})
+	// Committed from what a knew (no BEGIN, no COMMIT: the pipeline's
+	// implicit transaction, committed at its Sync): another store sees it,
+	// and its time is the transaction's, as stored.
+	stored, _, err := b.Range(context.Background(), key, r2.Seq-1, r2.Seq, Bounds{Limit: 1})
 	if err != nil || len(stored) != 1 || stored[0].TS != r2.TS || r2.TS <= 0 {
 		t.Fatalf("r2 acked at %d, stored %+v, %v", r2.TS, stored, err)
 	}
@@ -820,4 +827,130 @@ func TestPostgresChangesKnownStale(t *testing.T) {
 	if a.CommitStats().Stale != 2 {
 		t.Fatalf("stale %d, want 2", a.CommitStats().Stale)
 	}
+}
+
+// TestPostgresNodesReactInSharedRooms: nodes (one store each, one
+// database) commit batches of reactions, unreactions and messages over
+// rooms they share, some from what each node knows (one round trip whose
+// guard locks the rooms first) and the others the long way after another
+// node wrote: no deadlock, no failed publish, every room's seqs
+// dense, and every message's counts those of its log (each user's latest
+// react or unreact of each reaction).
+func TestPostgresNodesReactInSharedRooms(t *testing.T) {
+	const nodes, rooms, msgs, batches = 3, 12, 2, 80
+	url, stores := nodeStores(t, nodes)
+	ctx := context.Background()
+	key := func(r int) string { return proto.RoomKey("app", fmt.Sprint("room", r)) }
+	refs := make([][]uint64, rooms)
+	for r := range rooms {
+		for m := range msgs {
+			row := req(key(r), "author", fmt.Sprint("m", m), `"hi"`)
+			commitRows(t, stores[0], row)
+			refs[r] = append(refs[r], row.Seq)
+		}
+	}
+	before := deadlocks(t, url)
+	var wg sync.WaitGroup
+	var failed, known atomic.Int64
+	for n, st := range stores {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(n), 27))
+			for b := range batches {
+				// Mostly the node's own share of the rooms, one in five
+				// batches over any rooms, in no order.
+				rows := make([]*Row, 1+rng.IntN(20))
+				spread := rng.IntN(5) == 0
+				for i := range rows {
+					r := (n + nodes*rng.IntN(rooms/nodes)) % rooms
+					if spread {
+						r = rng.IntN(rooms)
+					}
+					id := fmt.Sprintf("n%d-b%d-%d", n, b, i)
+					from := fmt.Sprint("u", rng.IntN(3))
+					switch rng.IntN(8) {
+					case 0:
+						rows[i] = req(key(r), from, id, `"m"`)
+					default:
+						kind := proto.KindReact
+						if rng.IntN(2) == 0 {
+							kind = proto.KindUnreact
+						}
+						rows[i] = change(key(r), from, id, kind, refs[r][rng.IntN(msgs)], []string{`"👍"`, `"🎉"`}[rng.IntN(2)])
+					}
+				}
+				if knows(ctx, t, st, rows) {
+					known.Add(1)
+				}
+				if err := st.CommitBatch(ctx, rows); err != nil {
+					t.Errorf("node %d batch %d: %v", n, b, err)
+				}
+				for _, row := range rows {
+					if row.Err != nil {
+						failed.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var stale uint64
+	for _, st := range stores {
+		stale += st.CommitStats().Stale
+		st.pool.Reset() // a backend reports its statistics when it exits
+	}
+	var got int64
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if got = deadlocks(t, url) - before; got > 0 {
+			break
+		}
+	}
+	t.Logf("%d batches from %d nodes over %d rooms: %d from what the node knew, %d of them stale; %d deadlocks",
+		nodes*batches, nodes, rooms, known.Load(), stale, got)
+	if got > 0 || failed.Load() > 0 {
+		t.Fatalf("%d deadlocks, %d publishes failed", got, failed.Load())
+	}
+	if stale == 0 || uint64(known.Load()) <= stale {
+		t.Fatalf("%d batches from what the node knew, %d stale: want both ways taken", known.Load(), stale)
+	}
+	var bad int64
+	if err := stores[0].pool.QueryRow(ctx, `
+SELECT count(*) FROM rooms r WHERE r.app = 'app' AND r.last_seq <> (SELECT count(*) FROM messages m WHERE m.room_id = r.id)`).Scan(&bad); err != nil || bad != 0 {
+		t.Fatalf("%d rooms whose seqs are not dense (%v)", bad, err)
+	}
+	// Counts from the log against the counts kept.
+	if err := stores[0].pool.QueryRow(ctx, `
+WITH latest AS (
+	SELECT DISTINCT ON (room_id, ref, sender, reaction) room_id, ref, reaction, kind
+	FROM messages WHERE kind IN (3, 4) ORDER BY room_id, ref, sender, reaction, seq DESC
+), logged AS (
+	SELECT room_id, ref, jsonb_object_agg(reaction, n) AS reactions FROM (
+		SELECT room_id, ref, reaction, count(*) AS n FROM latest WHERE kind = 3 GROUP BY 1, 2, 3) c
+	GROUP BY 1, 2
+)
+SELECT count(*) FROM logged l FULL JOIN (SELECT * FROM message_state WHERE reactions <> '{}') s ON s.room_id = l.room_id AND s.seq = l.ref
+WHERE l.reactions IS DISTINCT FROM s.reactions`).Scan(&bad); err != nil || bad != 0 {
+		t.Fatalf("%d messages whose counts are not their log's (%v)", bad, err)
+	}
+}
+
+// knows tells whether st would commit rows (a batch holding changes) from
+// what it knows of their rooms.
+func knows(ctx context.Context, t *testing.T, st *Postgres, rows []*Row) bool {
+	s := &pgScratch{}
+	seen := map[int64]bool{}
+	for i, r := range rows {
+		id, _, err := st.roomID(ctx, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !seen[id] {
+			seen[id] = true
+			s.rooms = append(s.rooms, id)
+		}
+		s.uOrd, s.uRoom, s.uKind, s.uRef, s.uSender = append(s.uOrd, int32(i)), append(s.uRoom, id), append(s.uKind, int16(r.Kind)), append(s.uRef, int64(r.Ref)), append(s.uSender, r.From)
+		s.uText = append(s.uText, strings.Trim(string(r.Body), `"`))
+	}
+	return st.kc.known(s) != nil
 }

@@ -133,21 +133,7 @@ func TestMigrateListedFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	ms, _ := migrations()
-	if _, err := conn.Exec(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
-		if m.version > 12 {
-			break
-		}
-		if _, err := conn.PgConn().Exec(ctx, m.sql).ReadAll(); err != nil {
-			t.Fatalf("%s: %v", m.name, err)
-		}
-		if _, err := conn.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	migrateUpTo(t, conn, 12)
 	// c: 1-3 before 0007, 4 a message, 5 a react to 2, 6 a message, 7
 	// an edit of 4, 8 a message. p: 1-2 before 0007, 3-4 since. g:
 	// retention removed 1-3 and, with 2, its change 4; 5-6 are messages.
@@ -224,4 +210,27 @@ SELECT setval(pg_get_serial_sequence('rooms', 'id'), 3)`); err != nil {
 	check("a/c", []uint64{1, 2, 3, 4, 6, 8, 9}, map[uint64]uint64{0: 7, 8: 1, 9: 0})
 	check("a/p", []uint64{1, 2, 3, 4, 5, 7}, map[uint64]uint64{0: 6, 4: 2, 5: 1, 6: 1, 7: 0})
 	check("a/g", []uint64{5, 6, 7}, map[uint64]uint64{0: 3, 6: 1})
+}
+
+// migrateUpTo applies the migrations up to version last, recording each as
+// Migrate does, so a test can fill a schema of an older release before
+// Migrate brings it up to date.
+func migrateUpTo(t *testing.T, conn *pgx.Conn, last int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	ms, _ := migrations()
+	for _, m := range ms {
+		if m.version > last {
+			break
+		}
+		if _, err := conn.PgConn().Exec(ctx, m.sql).ReadAll(); err != nil {
+			t.Fatalf("%s: %v", m.name, err)
+		}
+		if _, err := conn.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

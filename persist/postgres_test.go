@@ -393,13 +393,8 @@ func TestMigrateEpochOfExistingRooms(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	ms, _ := migrations()
-	if _, err := conn.PgConn().Exec(ctx, ms[0].sql).ReadAll(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
-INSERT INTO schema_migrations (version, name) VALUES (1, '0001_init.sql');
-INSERT INTO apps (id) VALUES ('a');
+	migrateUpTo(t, conn, 1)
+	if _, err := conn.Exec(ctx, `INSERT INTO apps (id) VALUES ('a');
 INSERT INTO rooms (app, name, last_seq) VALUES ('a', 'x', 7), ('a', 'y', 0)`); err != nil {
 		t.Fatal(err)
 	}
