@@ -198,20 +198,20 @@ func (p *positions) do(j posJob) {
 		p.move(k, j.seq)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	before := p.pos[k]
-	seq, err := p.mark(ctx, k, j.seq)
+	seq, err := p.mark(k, j.seq)
 	if j.reply != nil {
 		j.reply <- posReply{seq: seq, err: err}
 	}
-	if m := j.m; m != nil {
-		p.n.tables[j.loop].Load().loop.Post(Event{kind: evReadDone, member: m, key: j.key, seq: seq, err: err})
-	}
+	var frame []byte
 	if err == nil && seq > before {
 		// Moved (as far as this node knew): the user's other connections
-		// hear of it; an unmoved position is news to none of them.
-		p.broadcast(j.key, j.user, seq, j.m)
+		// hear of it; an unmoved position is news to none of them. The
+		// announcement's frame is the answer too: encoded once.
+		frame = p.broadcast(j.key, j.user, seq, j.m)
+	}
+	if m := j.m; m != nil {
+		p.n.tables[j.loop].Load().loop.Post(Event{kind: evReadDone, member: m, key: j.key, seq: seq, err: err, frame: frame})
 	}
 }
 
@@ -301,10 +301,13 @@ func (p *positions) unread(j posJob) {
 }
 
 // mark applies one mark: checked against the room's newest seq, then the
-// larger of the position and seq.
-func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, error) {
+// larger of the position and seq. Most marks ask the store nothing (the
+// context, a timer, is made for those that do).
+func (p *positions) mark(k posKey, seq uint64) (uint64, error) {
 	if seq > p.newest[k.key] {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		last, err := p.n.store.LastSeq(ctx, k.key)
+		cancel()
 		if err != nil {
 			return 0, err
 		}
@@ -327,7 +330,9 @@ func (p *positions) mark(ctx context.Context, k posKey, seq uint64) (uint64, err
 		cur, ok = fl, true
 	}
 	if !ok && p.reads != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		stored, err := p.reads.ReadPosition(ctx, k.key, k.user)
+		cancel()
 		if err != nil {
 			return 0, err
 		}
@@ -587,8 +592,9 @@ type ownMove struct{ seq, tag uint64 }
 
 // broadcast sends the user's new position to its connections on every
 // node but the marking one, through the broker (the signals' queue: at
-// most once, like them).
-func (p *positions) broadcast(key, user string, seq uint64, m *Member) {
+// most once, like them), and returns its read frame (immutable: the
+// announcements' buffer is never written again where it lies).
+func (p *positions) broadcast(key, user string, seq uint64, m *Member) []byte {
 	tag := signalBit | p.n.sigNode // the API's: no member has serial 0
 	if m != nil && m.chat != nil {
 		tag = m.chat.sig
@@ -596,10 +602,14 @@ func (p *positions) broadcast(key, user string, seq uint64, m *Member) {
 	// Gathered while marks keep coming (run sends them once the queue is
 	// empty): at 10,000 marks a second, a broker message and a loop event
 	// per mark cost the node more than the marks themselves.
+	start := len(p.out)
 	p.out = appendReadEntry(p.out, key, user, seq, tag, false)
+	e := p.out[start:]
+	frame := e[13+int(binary.BigEndian.Uint16(e[9:])):]
 	if len(p.out) >= readBatchBytes {
 		p.sendOut()
 	}
+	return frame[:len(frame):len(frame)]
 }
 
 // sendOut sends the announcements gathered by broadcast.
@@ -766,7 +776,8 @@ func (t *Table) userFrames(b []byte) {
 	})
 }
 
-// readDone answers a client's read mark.
+// readDone answers a client's read mark (ev.frame: a moved position's
+// frame, encoded once with its announcement) or unread request.
 func (t *Table) readDone(ev *Event) {
 	m := ev.member
 	if m.Out.Closed() {

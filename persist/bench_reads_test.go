@@ -70,3 +70,56 @@ func BenchmarkPGCommitReads(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPGSaveReads: PostgreSQL CPU per read mark written in batches
+// of their own (one SaveReads statement and transaction each, as the
+// group commit's marks writer sends them), by batch size: 1,000 rooms,
+// 10,000 users (10 a room) marking in turn, every mark moving its
+// position.
+//
+//	go test -run XXX -bench PGSaveReads -benchtime 20x ./persist/
+func BenchmarkPGSaveReads(b *testing.B) {
+	for _, size := range []int{100, 1000, 4000} {
+		b.Run(fmt.Sprint("batch-", size), func(b *testing.B) {
+			ctx := context.Background()
+			url := newTestDB(b)
+			st := openTestPG(b, url, PGConfig{MaxConns: 1})
+			defer st.Close()
+			const rooms, users = 1000, 10000
+			key := func(r int) string { return fmt.Sprint("a/r", r) }
+			rows := make([]*Row, rooms)
+			for r := range rows {
+				rows[r] = &Row{Key: key(r), From: "p", ID: []byte(fmt.Sprint(r)), Body: []byte(`1`)}
+			}
+			if err := st.CommitBatch(ctx, rows); err != nil {
+				b.Fatal(err)
+			}
+			u, seq := 0, uint64(1)
+			batch := func() {
+				ms := make([]ReadMark, size)
+				for i := range ms {
+					ms[i] = ReadMark{Key: key(u % rooms), User: fmt.Sprint("u", u), Seq: seq}
+					if u++; u == users {
+						u, seq = 0, seq+1
+					}
+				}
+				if err := st.SaveReads(ctx, ms); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range 2 * users / size {
+				batch() // every user's position stored, then moved
+			}
+			pids := pgtest.BackendPIDs(b, url)
+			cpu0 := pgtest.CPU(pids)
+			b.ResetTimer()
+			for range b.N {
+				batch()
+			}
+			b.StopTimer()
+			cpu := pgtest.CPU(pids) - cpu0
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*size), "pg-µs/mark")
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/batch")
+		})
+	}
+}
