@@ -54,8 +54,8 @@ type PoolConfig struct {
 	// of each a second; default slog.Default().
 	Logger *slog.Logger
 
-	// reads: coalesced read marks, written by the pool's marks writer in
-	// batches of their own (readHandoff.run); nil: none.
+	// reads: coalesced read marks for the next commit to write in its
+	// transaction (readpos.go); nil: none.
 	reads *readHandoff
 }
 
@@ -235,13 +235,6 @@ func newPool(st persist.Store, done func(batch []*PubRequest), cfg PoolConfig) *
 		for range cfg.Spread - 1 {
 			go w.spreadLoop()
 		}
-	}
-	if h := cfg.reads; h != nil {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			h.run(p.stop, cfg.Timeout)
-		}()
 	}
 	return p
 }
@@ -543,12 +536,16 @@ func (w *worker) commitLoop() {
 // false when the store was unreachable. A batch above MaxBatch means the store is behind: it
 // is spread over up to Spread room-disjoint commits of about MaxBatch each
 // that run in parallel.
+//
+// The read marks due now (readHandoff.take) go into the transaction of
+// this one (of its first part when spread).
 func (w *worker) commit(sl *batchSlot) {
+	marks := w.p.cfg.reads.take()
 	if n := len(sl.rows); n > w.p.cfg.MaxBatch {
-		w.commitSpread(sl, min(len(w.parts), (n+w.p.cfg.MaxBatch-1)/w.p.cfg.MaxBatch))
+		w.commitSpread(sl, min(len(w.parts), (n+w.p.cfg.MaxBatch-1)/w.p.cfg.MaxBatch), marks)
 		return
 	}
-	sl.ok = w.store(sl.rows)
+	sl.ok = w.store(sl.rows, marks)
 }
 
 // store commits rows, which get their results. A store that cannot be reached fails
@@ -559,13 +556,31 @@ func (w *worker) commit(sl *batchSlot) {
 // order), until the request that fails stands alone: it alone gets the
 // error, logged with the reason. Each bad request costs about 2·log2(batch)
 // extra commits. It reports false only when the store was unreachable.
-func (w *worker) store(rows []*persist.Row) bool {
+//
+// marks (nil mostly) are read marks written in the same transaction; a
+// failed commit gives them back to the positions goroutine and the rows
+// are not tried with them again: a mark never costs a publish.
+func (w *worker) store(rows []*persist.Row, marks []persist.ReadMark) bool {
 	p := w.p
 	for _, r := range rows {
 		r.Stored = persist.Stored{}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout)
-	err := p.st.CommitBatch(ctx, rows)
+	var err error
+	if len(marks) > 0 {
+		err = p.cfg.reads.reads.CommitReads(ctx, rows, marks)
+		p.cfg.reads.done(marks, err == nil)
+		switch {
+		case errors.Is(err, persist.ErrReadsNotSaved):
+			err = nil // the rows are stored; the marks go again later
+		case err != nil && !isOverload(err) && !errors.Is(err, proto.ErrClosed):
+			// Refused with the marks: the rows alone, as if they had come
+			// without them.
+			err = p.st.CommitBatch(ctx, rows)
+		}
+	} else {
+		err = p.st.CommitBatch(ctx, rows)
+	}
 	cancel()
 	if err == nil {
 		p.batches.Add(1)
@@ -576,8 +591,8 @@ func (w *worker) store(rows []*persist.Row) bool {
 	overload := isOverload(err) || errors.Is(err, proto.ErrClosed)
 	if !overload && len(rows) > 1 {
 		h := len(rows) / 2
-		a := w.store(rows[:h])
-		b := w.store(rows[h:])
+		a := w.store(rows[:h], nil)
+		b := w.store(rows[h:], nil)
 		return a && b
 	}
 	// Never acknowledge what the store did not confirm, whatever it left
@@ -640,8 +655,9 @@ type part struct {
 // commitSpread splits sl.rows by room over w.parts and commits the parts
 // in parallel (each room's publishes stay together and in order); each
 // row holds its own result, so nothing is gathered back. A part that
-// fails fails alone: the others are stored and acknowledged.
-func (w *worker) commitSpread(sl *batchSlot, parts int) {
+// fails fails alone: the others are stored and acknowledged. The read
+// marks go with the first part.
+func (w *worker) commitSpread(sl *batchSlot, parts int, marks []persist.ReadMark) {
 	k := uint32(parts)
 	for _, pt := range w.parts {
 		pt.rows = pt.rows[:0]
@@ -662,7 +678,9 @@ func (w *worker) commitSpread(sl *batchSlot, parts int) {
 	}
 	first := w.parts[0]
 	if len(first.rows) > 0 {
-		first.ok = w.store(first.rows)
+		first.ok = w.store(first.rows, marks)
+	} else if marks != nil {
+		w.p.cfg.reads.done(marks, false) // back for the next commit
 	}
 	wg.Wait()
 	sl.ok = true
@@ -679,7 +697,7 @@ func (w *worker) commitSpread(sl *batchSlot, parts int) {
 func (w *worker) spreadLoop() {
 	defer w.p.wg.Done()
 	for pt := range w.spread {
-		pt.ok = w.store(pt.rows)
+		pt.ok = w.store(pt.rows, nil)
 		pt.wg.Done()
 	}
 }

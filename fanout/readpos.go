@@ -21,9 +21,9 @@ import (
 // client, sends the answer to the user's other connections on every node
 // (through the broker, on proto.ReadKey) and writes the positions that
 // moved to the store coalesced: the latest per user and room, at most once
-// a second each, handed to the publish pool, whose marks writer commits
-// them in batches of their own over the second (readHandoff), so that no
-// publish's commit carries or waits for them.
+// a second each, handed to the publish pool so that they are written in
+// the transaction of its next group commit (readHandoff); a second with no
+// commit writes them on its own within a quarter second (idleFlush).
 
 // ErrReadBeyond refuses a read mark past the room's newest seq.
 var ErrReadBeyond = errors.New("seq is beyond the room's newest message")
@@ -31,7 +31,11 @@ var ErrReadBeyond = errors.New("seq is beyond the room's newest message")
 const (
 	posQueue      = 8192        // marks waiting for the positions goroutine
 	posFlushEvery = time.Second // the most often a position is written
-	posCacheMax   = 200_000     // cached positions past which clean ones are forgotten
+	// posIdleAfter: how long marks handed to the publish pool wait for a
+	// group commit to take them before the positions goroutine writes them
+	// itself (a node with no publishes).
+	posIdleAfter = 250 * time.Millisecond
+	posCacheMax  = 200_000 // cached positions past which clean ones are forgotten
 )
 
 type posKey struct{ key, user string }
@@ -66,7 +70,7 @@ type positions struct {
 	dirty  map[posKey]uint64            // moved since the last write
 	newest map[string]uint64            // rooms' newest seqs seen
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
-	hand   *readHandoff                 // marks on their way to the pool's marks writer
+	hand   *readHandoff                 // marks on their way to a group commit
 	sent   map[posKey]uint64            // handed over at the last tick (maybe not written yet)
 	out    []byte                       // announcements of marks not sent yet (broadcast)
 	own    map[posKey]ownMove           // moves by the user's own publishes, announced once a second
@@ -78,8 +82,7 @@ func newPositions(n *Node, st persist.Store) *positions {
 		own: map[posKey]ownMove{}, sent: map[posKey]uint64{}}
 	p.reads, _ = st.(persist.Reads)
 	if p.reads != nil {
-		p.hand = &readHandoff{reads: p.reads, written: &n.Stats.ReadMarksWritten,
-			errs: &n.Stats.ReadSaveErrors, wake: make(chan struct{}, 1)}
+		p.hand = &readHandoff{reads: p.reads, written: &n.Stats.ReadMarksWritten}
 	}
 	return p
 }
@@ -142,13 +145,15 @@ func (p *positions) run() {
 	defer p.n.wg.Done()
 	tick := time.NewTicker(posFlushEvery)
 	defer tick.Stop()
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
 	for {
 		select {
 		case <-p.n.done:
-			// The publish pool has stopped: what its marks writer did not
-			// write is written here.
+			// The publish pool has stopped: what it did not take is
+			// written here.
 			p.handOver()
-			p.flush()
+			p.idleFlush(true)
 			return
 		case j := <-p.jobs:
 			p.do(j)
@@ -156,9 +161,13 @@ func (p *positions) run() {
 				p.sendOut()
 			}
 		case <-tick.C:
-			p.handOver()
+			if p.handOver() {
+				idle.Reset(posIdleAfter)
+			}
 			p.receiptsFlush()
 			p.announceOwn()
+		case <-idle.C:
+			p.idleFlush(false)
 		}
 	}
 }
@@ -380,10 +389,10 @@ func (p *positions) move(k posKey, seq uint64) {
 }
 
 // handOver hands the positions that moved since the last tick to the
-// publish pool, whose marks writer writes them over the next second
-// (readHandoff.run), and reports whether it did. Marks handed at the last
-// tick that were not written yet, or that a failed write gave back, go
-// first and at once, with the newer moves of the same
+// publish pool, whose group commits write them in their transactions over
+// the next second (readHandoff.take), and reports whether it did. Marks
+// handed at the last tick that no commit took, or that a failed commit
+// gave back, go first and at once, with the newer moves of the same
 // positions; the rest follows in (room, user) order, so a position that
 // keeps moving lands at about the same point of each second and is written
 // about a second apart. Without a store that keeps them (persist.Reads)
@@ -431,10 +440,12 @@ func (p *positions) handOver() bool {
 	return true
 }
 
-// flush writes, in one statement, the marks the pool's marks writer did
-// not (at shutdown, once the pool has stopped).
-func (p *positions) flush() {
-	if p.hand == nil {
+// idleFlush writes the marks no group commit took since handOver (no
+// publish on this node), in one statement of their own. While commits are
+// taking marks, what they did not take yet waits for them (the next tick
+// hands it over again with the newer marks), unless all is set.
+func (p *positions) idleFlush(all bool) {
+	if p.hand == nil || !all && p.hand.tookAny.Load() {
 		return
 	}
 	marks := p.hand.reclaim()
@@ -445,34 +456,39 @@ func (p *positions) flush() {
 	err := p.reads.SaveReads(ctx, marks)
 	cancel()
 	if err != nil {
-		// Lost with the node: moves of at most the last second or so.
+		// Dirty again: the next tick hands them over again.
 		p.n.Stats.ReadSaveErrors.Add(1)
-		p.n.log.Warn("fanout: cannot write read positions at shutdown", "marks", len(marks), "err", err)
+		p.redirty(marks)
 		return
 	}
 	p.n.Stats.ReadMarksWritten.Add(uint64(len(marks)))
 }
 
+// redirty puts marks that were not written back among the moved ones.
+func (p *positions) redirty(marks []persist.ReadMark) {
+	for _, m := range marks {
+		k := posKey{m.Key, m.User}
+		p.dirty[k] = max(p.dirty[k], m.Seq)
+	}
+}
+
 // readHandoff passes coalesced read marks from the positions goroutine to
-// the publish pool's marks writer (run): once a second the positions
-// goroutine offers what moved; the writer commits them in batches of their
-// own (persist.Reads.SaveReads: one statement and transaction for many),
-// one at a time, paced over the second, and gives back those a failed
-// write did not store. Publish commits carry none: a second's marks in the
-// publishes' commits made every publish queued behind such a commit wait
-// for its marks.
+// the publish pool's committers: once a second the positions goroutine
+// offers what moved; the group commits of the next second take them a
+// share each and write them in the batch's transaction
+// (persist.Reads.CommitReads), or give them back when the commit fails. A
+// committer looks at one atomic when nothing is offered.
 type readHandoff struct {
 	reads   persist.Reads
 	written *atomic.Uint64 // Stats.ReadMarksWritten
-	errs    *atomic.Uint64 // Stats.ReadSaveErrors
-	wake    chan struct{}  // an offer was made (1 buffered)
 
 	offered atomic.Bool // marks or back hold something
+	tookAny atomic.Bool // a committer took marks since the last offer
 	mu      sync.Mutex
 	marks   []persist.ReadMark // offered, not taken
 	back    []persist.ReadMark // taken, not written: for the positions goroutine
-	// The offer's pace (takeAt): at is when it was made, due how many of
-	// its marks were due at once, paced how many follow over readsSpread,
+	// The offer's pace (take): at is when it was made, due how many of its
+	// marks were due at once, paced how many follow over readsSpread,
 	// taken how many of all were taken since.
 	at                time.Time
 	due, paced, taken int
@@ -485,36 +501,33 @@ func (h *readHandoff) offer(marks []persist.ReadMark, due int, now time.Time) {
 	h.marks = append(h.marks, marks...)
 	h.at, h.due, h.paced, h.taken = now, due, len(marks)-due, 0
 	h.offered.Store(len(h.marks) > 0 || len(h.back) > 0)
+	h.tookAny.Store(false)
 	h.mu.Unlock()
-	select {
-	case h.wake <- struct{}{}:
-	default:
-	}
 }
 
-// readsSpread: the offer's marks are written evenly over this long, a
-// batch every readsEvery, so that the database takes a second's marks of
-// 10,000 users as about ten statements of ~1,000 rather than one burst
-// that holds its CPU from the publishes' commits for tens of ms. It ends
-// before the next offer so that the second's marks are all written.
-const (
-	readsSpread = posFlushEvery * 9 / 10
-	readsEvery  = posFlushEvery / 10
-	// readsBatchMax bounds one batch's statement; more due at once (a
-	// backlog) go in several, back to back.
-	readsBatchMax = 4096
-)
+// readsSpread: the offer's marks are taken evenly over this long, so that
+// each commit of the second carries its share (the commits' share of the
+// time since the offer) rather than the first ones carrying the whole
+// second's: a second's marks of 10,000 users in one statement hold that
+// commit, and every publish queued behind it, for tens of ms. It ends
+// before the next offer so that the commits of the second take them all.
+const readsSpread = posFlushEvery * 9 / 10
 
-// takeAt takes the marks due at now, at most limit, and reports how many
-// are left to take (marks writer).
-func (h *readHandoff) takeAt(now time.Time, limit int) ([]persist.ReadMark, int) {
+// take takes the marks due for a commit now, nil when none (committers).
+func (h *readHandoff) take() []persist.ReadMark {
+	if h == nil || !h.offered.Load() {
+		return nil
+	}
+	return h.takeAt(time.Now())
+}
+
+func (h *readHandoff) takeAt(now time.Time) []persist.ReadMark {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	due := h.due + h.paced
 	if el := now.Sub(h.at); el < readsSpread {
 		due = h.due + int((int64(h.paced)*int64(el)+int64(readsSpread)-1)/int64(readsSpread))
 	}
-	n := min(len(h.marks), max(0, due-h.taken), limit)
+	n := min(len(h.marks), max(0, due-h.taken))
 	m := h.marks[:n:n]
 	h.marks = h.marks[n:]
 	if len(h.marks) == 0 {
@@ -522,50 +535,20 @@ func (h *readHandoff) takeAt(now time.Time, limit int) ([]persist.ReadMark, int)
 	}
 	h.taken += n
 	h.offered.Store(len(h.marks) > 0 || len(h.back) > 0)
-	return m, len(h.marks)
-}
-
-// run is the pool's marks writer: it writes the marks due, one batch at a
-// time, until stop (what it leaves is the positions goroutine's to write,
-// see flush).
-func (h *readHandoff) run(stop <-chan struct{}, timeout time.Duration) {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	for {
-		marks, left := h.takeAt(time.Now(), readsBatchMax)
-		if len(marks) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			err := h.reads.SaveReads(ctx, marks)
-			cancel()
-			h.done(marks, err == nil)
-			if err == nil && len(marks) == readsBatchMax {
-				continue // a backlog
-			}
-		}
-		var tc <-chan time.Time
-		if left > 0 {
-			t.Reset(readsEvery)
-			tc = t.C
-		}
-		select {
-		case <-h.wake:
-		case <-tc:
-		case <-stop:
-			return
-		}
-		t.Stop()
+	if n > 0 {
+		h.tookAny.Store(true)
 	}
+	h.mu.Unlock()
+	return m
 }
 
-// done settles marks the writer took: counted written, or given back to
-// be written later (the positions goroutine offers them again at its next
-// tick).
+// done settles marks a committer took: counted written, or given back to
+// be written later.
 func (h *readHandoff) done(marks []persist.ReadMark, ok bool) {
 	if ok {
 		h.written.Add(uint64(len(marks)))
 		return
 	}
-	h.errs.Add(1)
 	h.mu.Lock()
 	h.back = append(h.back, marks...)
 	h.offered.Store(true)

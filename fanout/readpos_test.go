@@ -66,14 +66,9 @@ func TestReadEntriesRoundTrip(t *testing.T) {
 	}
 }
 
-func take(h *readHandoff, now time.Time) []persist.ReadMark {
-	m, _ := h.takeAt(now, readsBatchMax)
-	return m
-}
-
-// A second's marks are taken by the marks writer's batches a share each,
-// by the time since the offer, all of them by readsSpread; what was not
-// written goes first at the next offer, due at once and merged with the
+// A second's marks are taken by the commits of the second a share each,
+// by the time since the offer, all of them by readsSpread; what no commit
+// took goes first at the next offer, due at once and merged with the
 // newer moves of the same positions, the rest in (room, user) order.
 func TestReadHandoffPaced(t *testing.T) {
 	p := newPositions(&Node{}, persist.NewMemory(0))
@@ -85,12 +80,12 @@ func TestReadHandoffPaced(t *testing.T) {
 	}
 	h := p.hand
 	t0 := h.at
-	if m := take(h, t0); len(m) != 0 {
+	if m := h.takeAt(t0); len(m) != 0 {
 		t.Fatalf("%d marks taken at the offer", len(m))
 	}
 	var got []persist.ReadMark
 	for _, el := range []time.Duration{readsSpread / 10, readsSpread / 10, readsSpread / 2, readsSpread * 3 / 4} {
-		m := take(h, t0.Add(el))
+		m := h.takeAt(t0.Add(el))
 		got = append(got, m...)
 		if want := int((1000*int64(el) + int64(readsSpread) - 1) / int64(readsSpread)); len(got) != want {
 			t.Fatalf("at %v: %d taken in all, want %d", el, len(got), want)
@@ -104,7 +99,7 @@ func TestReadHandoffPaced(t *testing.T) {
 	// A commit fails with the last share; the rest is not taken this
 	// second. The next offer leads with both, due at once, one mark per
 	// position with its newest move.
-	last := take(h, t0.Add(readsSpread*4/5))
+	last := h.takeAt(t0.Add(readsSpread * 4 / 5))
 	h.done(last, false)
 	k := posKey{last[0].Key, last[0].User}
 	p.dirty[k] = last[0].Seq + 5000
@@ -112,7 +107,7 @@ func TestReadHandoffPaced(t *testing.T) {
 	left := 1000 - len(got)
 	p.handOver()
 	t1 := h.at
-	now := take(h, t1)
+	now := h.takeAt(t1)
 	if len(now) != left {
 		t.Fatalf("%d taken at the offer, want the %d left from the last", len(now), left)
 	}
@@ -130,10 +125,10 @@ func TestReadHandoffPaced(t *testing.T) {
 			t.Fatal("a fresh move due at once")
 		}
 	}
-	if rest := take(h, t1.Add(readsSpread)); len(rest) != 1 || rest[0].User != "new" {
+	if rest := h.takeAt(t1.Add(readsSpread)); len(rest) != 1 || rest[0].User != "new" {
 		t.Fatalf("then %v, want the fresh move", rest)
 	}
-	if h.offered.Load() || take(h, t1.Add(2*readsSpread)) != nil {
+	if h.offered.Load() || h.takeAt(t1.Add(2*readsSpread)) != nil {
 		t.Fatal("marks left after all were taken")
 	}
 }

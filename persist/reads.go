@@ -32,10 +32,9 @@ type Reads interface {
 	SaveReads(ctx context.Context, marks []ReadMark) error
 	// CommitReads is CommitBatch(ctx, rows) that also stores marks as
 	// SaveReads does, in the same unit of work (PostgreSQL: the same
-	// statement and transaction): both or neither. (The group commit no
-	// longer writes marks this way: its marks writer sends them in
-	// batches of their own through SaveReads, so that no publish's
-	// commit waits for them.) An error wrapping ErrReadsNotSaved means the rows
+	// statement and transaction): both or neither. The group commit writes
+	// the coalesced read marks this way, so that they cost no transaction
+	// of their own. An error wrapping ErrReadsNotSaved means the rows
 	// were committed (their Stored holds the answers) and only the marks
 	// were not.
 	CommitReads(ctx context.Context, rows []*Row, marks []ReadMark) error
