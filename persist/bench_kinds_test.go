@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -69,16 +68,7 @@ func BenchmarkPGCommitKinds(b *testing.B) {
 			for range 20 {
 				batch() // warm: statements prepared, the backend's caches filled
 			}
-			pids := pgtest.BackendPIDs(b, url)
-			cpu0 := pgtest.CPU(pids)
-			b.ResetTimer()
-			for range b.N {
-				batch()
-			}
-			b.StopTimer()
-			cpu := pgtest.CPU(pids) - cpu0
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*per), "pg-µs/row")
-			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/batch")
+			pgBatches(b, url, per, "row", batch)
 		})
 	}
 }

@@ -57,16 +57,7 @@ func BenchmarkPGCommitReads(b *testing.B) {
 			for range users / max(marks, 1) {
 				batch(marks) // every user's position stored, then moved
 			}
-			pids := pgtest.BackendPIDs(b, url)
-			cpu0 := pgtest.CPU(pids)
-			b.ResetTimer()
-			for range b.N {
-				batch(marks)
-			}
-			b.StopTimer()
-			cpu := pgtest.CPU(pids) - cpu0
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "pg-µs/commit")
-			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/commit")
+			pgBatches(b, url, 1, "commit", func() { batch(marks) })
 		})
 	}
 }
@@ -110,16 +101,23 @@ func BenchmarkPGSaveReads(b *testing.B) {
 			for range 2 * users / size {
 				batch() // every user's position stored, then moved
 			}
-			pids := pgtest.BackendPIDs(b, url)
-			cpu0 := pgtest.CPU(pids)
-			b.ResetTimer()
-			for range b.N {
-				batch()
-			}
-			b.StopTimer()
-			cpu := pgtest.CPU(pids) - cpu0
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*size), "pg-µs/mark")
-			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/batch")
+			pgBatches(b, url, size, "mark", batch)
 		})
 	}
+}
+
+// pgBatches runs batch b.N times and reports the database's backends' CPU
+// per unit (per units a batch) and the wall time per batch.
+func pgBatches(b *testing.B, url string, per int, unit string, batch func()) {
+	b.Helper()
+	pids := pgtest.BackendPIDs(b, url)
+	cpu0 := pgtest.CPU(pids)
+	b.ResetTimer()
+	for range b.N {
+		batch()
+	}
+	b.StopTimer()
+	cpu := pgtest.CPU(pids) - cpu0
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*per), "pg-µs/"+unit)
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/batch")
 }

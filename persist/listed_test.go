@@ -127,13 +127,7 @@ func TestPostgresFoldPlan(t *testing.T) {
 // rooms go on.
 func TestMigrateListedFrom(t *testing.T) {
 	ctx := context.Background()
-	url := newTestDB(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	migrateUpTo(t, conn, 12)
+	url, conn := olderSchema(t, 12)
 	// c: 1-3 before 0007, 4 a message, 5 a react to 2, 6 a message, 7
 	// an edit of 4, 8 a message. p: 1-2 before 0007, 3-4 since. g:
 	// retention removed 1-3 and, with 2, its change 4; 5-6 are messages.
@@ -212,12 +206,19 @@ SELECT setval(pg_get_serial_sequence('rooms', 'id'), 3)`); err != nil {
 	check("a/g", []uint64{5, 6, 7}, map[uint64]uint64{0: 3, 6: 1})
 }
 
-// migrateUpTo applies the migrations up to version last, recording each as
-// Migrate does, so a test can fill a schema of an older release before
-// Migrate brings it up to date.
-func migrateUpTo(t *testing.T, conn *pgx.Conn, last int) {
+// olderSchema is a test database of its own with the migrations up to
+// version last applied and recorded as Migrate does, so a test can fill a
+// schema of an older release before Migrate brings it up to date; the
+// connection is closed when the test ends.
+func olderSchema(t *testing.T, last int) (string, *pgx.Conn) {
 	t.Helper()
 	ctx := context.Background()
+	url := newTestDB(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
 	if _, err := conn.Exec(ctx, `CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
@@ -233,4 +234,5 @@ func migrateUpTo(t *testing.T, conn *pgx.Conn, last int) {
 			t.Fatal(err)
 		}
 	}
+	return url, conn
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
@@ -387,13 +385,7 @@ DELETE FROM rooms WHERE name = 'r'`); err != nil {
 // one each.
 func TestMigrateEpochOfExistingRooms(t *testing.T) {
 	ctx := context.Background()
-	url := newTestDB(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	migrateUpTo(t, conn, 1)
+	url, conn := olderSchema(t, 1)
 	if _, err := conn.Exec(ctx, `INSERT INTO apps (id) VALUES ('a');
 INSERT INTO rooms (app, name, last_seq) VALUES ('a', 'x', 7), ('a', 'y', 0)`); err != nil {
 		t.Fatal(err)
