@@ -260,7 +260,7 @@ type Node struct {
 	// connections, so that a read position is posted to those only.
 	userLoops atomic.Pointer[func(userKey string) uint64]
 	replays   *ReplayShare
-	retries   chan rebroadcast
+	retries   chan *rebroadcast
 	done      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -294,7 +294,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		signals: make(chan signalJob, signalQueue),
 		sigNode: signalNode(),
 		replays: NewReplayShare(p.Store, replayKeep, replayRooms, replayBytes),
-		retries: make(chan rebroadcast, 8192),
+		retries: make(chan *rebroadcast, 8192),
 		done:    make(chan struct{}),
 	}
 	n.replays.reads, n.replays.served = &n.Stats.ReplayReads, &n.Stats.Replays
@@ -566,7 +566,10 @@ func (n *Node) reset(i int) {
 	}
 }
 
-// rebroadcast is a committed message whose broker publish failed.
+// rebroadcast is a committed message whose broker publish failed. The
+// retries channel holds pointers: its 8,192 slots are made with the node,
+// and 80-byte values would be 640 KiB of every node's heap for a queue
+// used only while the broker fails (a failed publish allocates instead).
 type rebroadcast struct {
 	key   string
 	seq   uint64
@@ -587,7 +590,7 @@ const (
 // the store is such a duplicate).
 func (n *Node) rebroadcastLater(key string, seq uint64, frame []byte, err error) {
 	select {
-	case n.retries <- rebroadcast{key: key, seq: seq, frame: frame, due: time.Now().Add(rebroadcastFirst)}:
+	case n.retries <- &rebroadcast{key: key, seq: seq, frame: frame, due: time.Now().Add(rebroadcastFirst)}:
 	default:
 		// Retries full: a long broker outage. The broker's reconnect resets
 		// every node, which then reads the rooms' tails from the store.
@@ -622,7 +625,7 @@ func (n *Node) rebroadcaster() {
 			t.Stop()
 			return
 		case r := <-n.retries:
-			pending = append(pending, r)
+			pending = append(pending, *r)
 			if !armed {
 				armed = true
 				t.Reset(rebroadcastFirst)

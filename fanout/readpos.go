@@ -40,18 +40,42 @@ const (
 
 type posKey struct{ key, user string }
 
+// posJob is a value in a channel of posQueue slots, whose buffer is made
+// whole with the node and, cycled through by every publish's own move,
+// stays resident: each byte of it is 8 KiB of every node's heap. The
+// rare jobs' fields (unread, the API's reply) are behind ask.
 type posJob struct {
-	own      bool // a publish of the user (no answer, no check); tag: its connection's (0: none). With seen: another node's such move
-	tag      uint64
-	seen     bool // another node's answer: a floor for this node's view
-	receipts bool // a receipts query
+	tag      uint64 // own: its connection's (0: none)
 	key      string
 	user     string
 	seq      uint64
-	rooms    []string // unread: the rooms asked (key is then the app)
-	m        *Member  // the client that asked (nil: the API)
-	loop     int
-	reply    chan posReply // the API's answer
+	m        *Member // the client that asked (nil: the API)
+	ask      *posAsk // an unread query or the API's mark (nil for most jobs)
+	loop     int32
+	own      bool // a publish of the user (no answer, no check). With seen: another node's such move
+	seen     bool // another node's answer: a floor for this node's view
+	receipts bool // a receipts query
+}
+
+// posAsk is what an unread query or an API caller adds to its job.
+type posAsk struct {
+	rooms []string      // unread: the rooms asked (the job's key is then the app)
+	reply chan posReply // the API's answer
+}
+
+// rooms and reply read the job's ask.
+func (j *posJob) rooms() []string {
+	if j.ask == nil {
+		return nil
+	}
+	return j.ask.rooms
+}
+
+func (j *posJob) reply() chan posReply {
+	if j.ask == nil {
+		return nil
+	}
+	return j.ask.reply
 }
 
 type posReply struct {
@@ -97,7 +121,7 @@ func (t *Table) MarkRead(m *Member, key, user string, seq uint64) bool {
 	}
 	n.tagOf(m)
 	select {
-	case n.pos.jobs <- posJob{key: key, user: user, seq: seq, m: m, loop: t.idx}:
+	case n.pos.jobs <- posJob{key: key, user: user, seq: seq, m: m, loop: int32(t.idx)}:
 		return true
 	default:
 		return false
@@ -108,7 +132,7 @@ func (t *Table) MarkRead(m *Member, key, user string, seq uint64) bool {
 func (n *Node) MarkRead(ctx context.Context, key, user string, seq uint64) (uint64, error) {
 	reply := make(chan posReply, 1)
 	select {
-	case n.pos.jobs <- posJob{key: key, user: user, seq: seq, reply: reply}:
+	case n.pos.jobs <- posJob{key: key, user: user, seq: seq, ask: &posAsk{reply: reply}}:
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
@@ -193,7 +217,7 @@ func (p *positions) do(j posJob) {
 		}
 		return
 	}
-	if j.rooms != nil {
+	if j.rooms() != nil {
 		p.unread(j)
 		return
 	}
@@ -209,8 +233,8 @@ func (p *positions) do(j posJob) {
 	}
 	before := p.pos[k]
 	seq, err := p.mark(k, j.seq)
-	if j.reply != nil {
-		j.reply <- posReply{seq: seq, err: err}
+	if r := j.reply(); r != nil {
+		r <- posReply{seq: seq, err: err}
 	}
 	var frame []byte
 	if err == nil && seq > before {
@@ -233,7 +257,7 @@ func (t *Table) Unread(m *Member, app, user string, rooms []string) bool {
 		return false
 	}
 	select {
-	case n.pos.jobs <- posJob{key: app, user: user, rooms: rooms, m: m, loop: t.idx}:
+	case n.pos.jobs <- posJob{key: app, user: user, ask: &posAsk{rooms: rooms}, m: m, loop: int32(t.idx)}:
 		return true
 	default:
 		return false
@@ -245,7 +269,7 @@ func (t *Table) Unread(m *Member, app, user string, rooms []string) bool {
 func (n *Node) Unread(ctx context.Context, app, user string, rooms []string) ([]byte, error) {
 	reply := make(chan posReply, 1)
 	select {
-	case n.pos.jobs <- posJob{key: app, user: user, rooms: rooms, reply: reply}:
+	case n.pos.jobs <- posJob{key: app, user: user, ask: &posAsk{rooms: rooms, reply: reply}}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -264,9 +288,10 @@ func (n *Node) Unread(ctx context.Context, app, user string, rooms []string) ([]
 // scanning messages. The position the node holds (a mark not saved yet)
 // is the floor of the stored one.
 func (p *positions) unread(j posJob) {
-	n := len(j.rooms)
+	rooms := j.rooms()
+	n := len(rooms)
 	keys := make([]string, n)
-	for i, r := range j.rooms {
+	for i, r := range rooms {
 		keys[i] = proto.RoomKey(j.key, r)
 	}
 	vals := make([]uint64, 3*n)
@@ -296,15 +321,15 @@ func (p *positions) unread(j posJob) {
 				read[i], count[i] = last[i], 0
 			}
 		}
-		obj = proto.AppendUnreadObject(nil, j.rooms, read, last, count)
+		obj = proto.AppendUnreadObject(nil, rooms, read, last, count)
 	}
-	if j.reply != nil {
-		j.reply <- posReply{unread: obj, err: err}
+	if r := j.reply(); r != nil {
+		r <- posReply{unread: obj, err: err}
 		return
 	}
 	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
 	if err == nil {
-		ev.frame = proto.AppendUnreadFrame(nil, j.rooms, read, last, count)
+		ev.frame = proto.AppendUnreadFrame(nil, rooms, read, last, count)
 	}
 	p.n.tables[j.loop].Load().loop.Post(ev)
 }

@@ -184,7 +184,7 @@ func (t *Table) Receipts(m *Member, key string) bool {
 		return false
 	}
 	select {
-	case n.pos.jobs <- posJob{receipts: true, key: key, m: m, loop: t.idx}:
+	case n.pos.jobs <- posJob{receipts: true, key: key, m: m, loop: int32(t.idx)}:
 		return true
 	default:
 		return false
