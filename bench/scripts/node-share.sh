@@ -16,7 +16,9 @@
 #   tenth sending every second (the CI form; the same targets are reported,
 #   only delivery and the verdict are held to).
 #   ROOMS, DURATION, PROCS in the environment override the full run's shape;
-#   NODE_GOGC (default 25, as chat-100k.sh) is the node's GOGC.
+#   NODE_GOGC (default 25, as chat-100k.sh) is the node's GOGC; NODE_ENV
+#   (e.g. GODEBUG=memprofilerate=1 for an exact heap profile from the
+#   admin port, port + 1000) is added to the node's environment only.
 # Needs: Go, taskset, PostgreSQL (ROOST_TEST_DATABASE_URL), psql,
 # redis-server. Loopback only; bounded; cleans up on any exit.
 # Writes $OUT/node-share.{json,svg,txt} and the node's log; ends with a
@@ -40,7 +42,7 @@ port=$(free_ports 1)
 # one loop on its one core; GOGC 25 as chat-100k.sh: the heap is mostly
 # the connections' long-lived state, and the default 100 lets it double
 # between collections
-GOGC=${NODE_GOGC:-25} NODE_PREFIX="taskset -c 1" start_node n0 "$port" --loops 1 --database-url "$db_url" \
+GOGC=${NODE_GOGC:-25} NODE_PREFIX="${NODE_ENV:+env $NODE_ENV }taskset -c 1" start_node n0 "$port" --loops 1 --database-url "$db_url" \
   --redis-url "redis://127.0.0.1:$redis_port" --connections $((rooms * size + 100))
 log "node up on CPU 1; $((rooms * size)) connections over $procs bench process(es) on CPU 0"
 
