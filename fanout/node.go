@@ -134,6 +134,11 @@ type Loop interface {
 	// Post queues ev; the loop runs it with Table.Run on its own
 	// goroutine. Any goroutine; must not block.
 	Post(ev Event)
+	// PostAll queues evs in order, as many Posts would, with at most one
+	// wake-up of the loop: the read positions' answers to one batch of
+	// marks. Never deliveries or signals. Any goroutine; must not block;
+	// evs may be reused once it returns.
+	PostAll(evs []Event)
 	// Now is the loop's clock, Unix ms.
 	Now() int64
 }

@@ -122,7 +122,7 @@ func (p *positions) receipts(j posJob) {
 		_, room := proto.SplitKey(j.key)
 		ev.frame = proto.AppendReceiptsFrame(nil, room, marks, more)
 	}
-	p.n.tables[j.loop].Load().loop.Post(ev)
+	p.post(j.loop, ev)
 }
 
 // floors holds the positions other nodes announced and this node does not
@@ -183,12 +183,7 @@ func (t *Table) Receipts(m *Member, key string) bool {
 	if n == nil {
 		return false
 	}
-	select {
-	case n.pos.jobs <- posJob{receipts: true, key: key, m: m, loop: t.idx}:
-		return true
-	default:
-		return false
-	}
+	return t.queuePos(posJob{receipts: true, key: key, m: m, loop: t.idx})
 }
 
 // SetReceipts makes m a receipts subscriber of the room key (a join with

@@ -14,6 +14,7 @@ import (
 func askReceipts(t testing.TB, p *positions, l *testLoop, key string) string {
 	t.Helper()
 	p.do(posJob{receipts: true, key: key})
+	p.flushAnswers()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.evs) != 1 || l.evs[0].err != nil {
@@ -106,6 +107,7 @@ func TestReceiptsKeepsAnnouncedUnderLowerMark(t *testing.T) {
 	p.do(posJob{seen: true, key: "test/q", user: "carol", seq: 5})
 	p.do(posJob{key: "test/r", user: "carol", seq: 3, m: &Member{}}) // below: the store is asked
 	p.do(posJob{key: "test/q", user: "carol", seq: 5, m: &Member{}}) // the room's newest: it is not
+	p.flushAnswers()
 	l.mu.Lock()
 	if len(l.evs) != 2 || l.evs[0].seq != 5 || l.evs[1].seq != 5 {
 		t.Fatalf("the marks' answers: %+v", l.evs)
@@ -120,6 +122,7 @@ func TestReceiptsKeepsAnnouncedUnderLowerMark(t *testing.T) {
 	}
 	// Moved past it here: the node's own move stands for it.
 	p.do(posJob{key: "test/r", user: "carol", seq: 7, m: &Member{}})
+	p.flushAnswers()
 	l.mu.Lock()
 	l.evs = nil
 	l.mu.Unlock()
