@@ -55,9 +55,42 @@ func sortMarks(marks []proto.Receipt) []proto.Receipt {
 	return marks
 }
 
+// receiptsRoom counts a loop in (d 1) or out (d -1) of those holding a
+// receipts subscriber of the room key. Loops.
+func (n *Node) receiptsRoom(key string, d int) {
+	if n == nil {
+		return
+	}
+	n.rcptMu.Lock()
+	defer n.rcptMu.Unlock()
+	if n.rcptRooms == nil {
+		n.rcptRooms = map[string]int{}
+	}
+	if c := n.rcptRooms[key] + d; c > 0 {
+		n.rcptRooms[key] = c
+	} else {
+		delete(n.rcptRooms, key)
+	}
+}
+
+// hasReceipts reports whether a loop holds a receipts subscriber of the
+// room key. Any goroutine.
+func (n *Node) hasReceipts(key string) bool {
+	n.rcptMu.RLock()
+	defer n.rcptMu.RUnlock()
+	return n.rcptRooms[key] > 0
+}
+
 // movedTo records that user's position in key moved to seq, for the
 // room's next receipts frame.
 func (p *positions) movedTo(key, user string, seq uint64) {
+	if !p.n.hasReceipts(key) {
+		// Nobody here asked for the room's receipts: at 10,000 marks a
+		// second over 1,000 rooms, recording every move and building a
+		// frame a second per room for no one cost the node ~3 % of its
+		// samples. A subscriber hears of the moves from its join on.
+		return
+	}
 	users := p.moved[key]
 	if users == nil {
 		users = map[string]uint64{}
@@ -197,6 +230,9 @@ func (t *Table) SetReceipts(m *Member, key string, on bool) {
 		if t.receipts == nil {
 			t.receipts = map[string][]*Member{}
 		}
+		if len(t.receipts[key]) == 0 {
+			t.node.receiptsRoom(key, 1)
+		}
 		t.receipts[key] = append(t.receipts[key], m)
 	case !on && i >= 0:
 		c.receipts = slices.Delete(c.receipts, i, i+1)
@@ -212,7 +248,10 @@ func (t *Table) unsubscribeReceipts(m *Member, key string) {
 		ms = ms[:len(ms)-1]
 	}
 	if len(ms) == 0 {
-		delete(t.receipts, key)
+		if _, ok := t.receipts[key]; ok {
+			delete(t.receipts, key)
+			t.node.receiptsRoom(key, -1)
+		}
 	} else {
 		t.receipts[key] = ms
 	}

@@ -133,3 +133,37 @@ func TestReceiptsKeepsAnnouncedUnderLowerMark(t *testing.T) {
 		t.Fatal("floor entries:", p.floor.n)
 	}
 }
+
+// Moves are recorded for the receipts frames only in rooms a loop holds a
+// receipts subscriber of, from the subscription on, and no longer once
+// the last one left.
+func TestReceiptsMovesOnlyWhereSubscribed(t *testing.T) {
+	st := persist.NewMemory(0)
+	n, _ := receiptsNode(t, st)
+	tb := n.tables[0].Load()
+	p := newPositions(n, st)
+	move := func(user string, seq uint64) { p.do(posJob{seen: true, key: "test/r", user: user, seq: seq}) }
+	move("alice", 1)
+	if len(p.moved) != 0 {
+		t.Fatal("recorded without a subscriber:", p.moved)
+	}
+	var a, b Member
+	tb.SetReceipts(&a, "test/r", true)
+	tb.SetReceipts(&b, "test/r", true)
+	move("bob", 2)
+	if p.moved["test/r"]["bob"] != 2 || len(p.moved["test/r"]) != 1 {
+		t.Fatal("with subscribers:", p.moved)
+	}
+	tb.SetReceipts(&a, "test/r", false)
+	move("carol", 3)
+	if p.moved["test/r"]["carol"] != 3 {
+		t.Fatal("with one subscriber left:", p.moved)
+	}
+	tb.dropReceipts(&b)
+	tb.SetReceipts(&b, "test/r", false) // not subscribed: counts nothing
+	clear(p.moved)
+	move("dave", 4)
+	if len(p.moved) != 0 || n.hasReceipts("test/r") || len(n.rcptRooms) != 0 {
+		t.Fatal("after the last left:", p.moved, n.rcptRooms)
+	}
+}
