@@ -134,6 +134,11 @@ type Loop interface {
 	// Post queues ev; the loop runs it with Table.Run on its own
 	// goroutine. Any goroutine; must not block.
 	Post(ev Event)
+	// PostAll queues evs in order, as many Posts would, with at most one
+	// wake-up of the loop: the read positions' answers to one batch of
+	// marks. Never deliveries or signals. Any goroutine; must not block;
+	// evs may be reused once it returns.
+	PostAll(evs []Event)
 	// Now is the loop's clock, Unix ms.
 	Now() int64
 }
@@ -251,9 +256,14 @@ type Node struct {
 	onControl    func(msg []byte)
 	onCommitted  func(key string, seq uint64, ts int64, frame []byte)
 
-	reads     chan readJob
-	signals   chan signalJob
-	pos       *positions
+	reads   chan readJob
+	signals chan signalJob
+	pos     *positions
+	// rcptRooms counts, per room key, the loops holding a receipts
+	// subscriber of the room: the positions goroutine records moves for
+	// the receipts frames of those rooms only (movedTo).
+	rcptMu    sync.RWMutex
+	rcptRooms map[string]int
 	sigNode   uint64        // this node's part of its members' signal tags
 	sigSerial atomic.Uint32 // the members' part
 	// userLoops, when set (SetUserLoops), says which loops hold a user's

@@ -15,13 +15,21 @@ import (
 // testLoop is a loop driven by the test: Post queues, pump runs what was
 // posted on the test's goroutine (as a loop runs its inbox).
 type testLoop struct {
-	mu  sync.Mutex
-	evs []Event
+	mu    sync.Mutex
+	evs   []Event
+	posts int // PostAll calls
 }
 
 func (l *testLoop) Post(ev Event) {
 	l.mu.Lock()
 	l.evs = append(l.evs, ev)
+	l.mu.Unlock()
+}
+
+func (l *testLoop) PostAll(evs []Event) {
+	l.mu.Lock()
+	l.evs = append(l.evs, evs...)
+	l.posts++
 	l.mu.Unlock()
 }
 

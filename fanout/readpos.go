@@ -98,12 +98,26 @@ type positions struct {
 	sent   map[posKey]uint64            // handed over at the last tick (maybe not written yet)
 	out    []byte                       // announcements of marks not sent yet (broadcast)
 	own    map[posKey]ownMove           // moves by the user's own publishes, announced once a second
+
+	// The loops' marks and requests come in batches (give), one per
+	// wake-up of a loop, and their answers leave in batches (post, then
+	// flushAnswers: one PostAll per loop). At 10,000 marks a second, one
+	// channel send per mark woke this goroutine's thread, and one Post per
+	// answer the loop's, once per mark each: two thread switches and their
+	// futex and eventfd calls per mark on a node's one core cost more than
+	// the marks themselves.
+	inMu    sync.Mutex
+	in      []posJob      // given by the loops, not taken yet
+	inSpare []posJob      // the batch taken last, reused
+	inLen   atomic.Int64  // len(in), for the loops' bound (queuePos)
+	wake    chan struct{} // in went from empty to not
+	ans     [][]Event     // per loop: answers not posted yet
 }
 
 func newPositions(n *Node, st persist.Store) *positions {
 	p := &positions{n: n, jobs: make(chan posJob, posQueue), pos: map[posKey]uint64{},
 		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, moved: map[string]map[string]uint64{},
-		own: map[posKey]ownMove{}, sent: map[posKey]uint64{}}
+		own: map[posKey]ownMove{}, sent: map[posKey]uint64{}, wake: make(chan struct{}, 1), ans: make([][]Event, MaxLoops)}
 	p.reads, _ = st.(persist.Reads)
 	if p.reads != nil {
 		p.hand = &readHandoff{reads: p.reads, written: &n.Stats.ReadMarksWritten}
@@ -120,12 +134,112 @@ func (t *Table) MarkRead(m *Member, key, user string, seq uint64) bool {
 		return false
 	}
 	n.tagOf(m)
-	select {
-	case n.pos.jobs <- posJob{key: key, user: user, seq: seq, m: m, loop: int32(t.idx)}:
-		return true
-	default:
+	return t.queuePos(posJob{key: key, user: user, seq: seq, m: m, loop: int32(t.idx)})
+}
+
+// SetPositionsSoon makes the table gather the loop's read marks and its
+// unread and receipts requests, in order, and hand them to the positions
+// goroutine together when the loop calls FlushPositions. soon is called
+// on the first one gathered: it must have FlushPositions called at the
+// end of the loop's current wake-up (after the rest of the input it
+// read). Once, before the loop runs events.
+func (t *Table) SetPositionsSoon(soon func()) { t.posSoon = soon }
+
+// queuePos queues a job of this loop for the positions goroutine; false
+// when it is posQueue behind. Loop only.
+func (t *Table) queuePos(j posJob) bool {
+	p := t.node.pos
+	if t.posSoon == nil {
+		select {
+		case p.jobs <- j:
+			return true
+		default:
+			return false
+		}
+	}
+	if len(t.posOut)+int(p.inLen.Load()) >= posQueue {
 		return false
 	}
+	t.posOut = append(t.posOut, j)
+	if len(t.posOut) == 1 {
+		t.posSoon()
+	}
+	return true
+}
+
+// FlushPositions hands what the loop gathered (SetPositionsSoon) to the
+// positions goroutine. Loop only.
+func (t *Table) FlushPositions() {
+	if len(t.posOut) == 0 || t.node == nil {
+		return
+	}
+	t.node.pos.give(t.posOut)
+	clear(t.posOut)
+	t.posOut = t.posOut[:0]
+}
+
+// give queues a loop's batch, waking the positions goroutine only when
+// nothing was waiting. Loop goroutines.
+func (p *positions) give(js []posJob) {
+	p.inMu.Lock()
+	was := len(p.in)
+	p.in = append(p.in, js...)
+	p.inLen.Store(int64(len(p.in)))
+	p.inMu.Unlock()
+	if was == 0 {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// takeIn runs the batches the loops gave, then posts their answers.
+func (p *positions) takeIn() {
+	p.inMu.Lock()
+	js := p.in
+	p.in = p.inSpare[:0]
+	p.inLen.Store(0)
+	p.inMu.Unlock()
+	// The jobs queued before this batch was given go first: a publish's
+	// move of its own user's position is queued before its ack leaves,
+	// so an unread or receipts request the client sends after the ack
+	// must see it.
+	for k := len(p.jobs); k > 0; k-- {
+		p.do(<-p.jobs)
+	}
+	for i := range js {
+		p.do(js[i])
+	}
+	clear(js)
+	p.inSpare = js[:0]
+	p.flushAnswers()
+}
+
+// post queues ev for loop, in order with the loop's other answers.
+func (p *positions) post(loop int, ev Event) {
+	p.ans[loop] = append(p.ans[loop], ev)
+	if len(p.ans[loop]) >= posAnswerBatch {
+		p.flushLoop(loop)
+	}
+}
+
+// posAnswerBatch bounds the answers a loop gets in one PostAll.
+const posAnswerBatch = 256
+
+// flushAnswers posts every loop's queued answers, one PostAll each.
+func (p *positions) flushAnswers() {
+	for i := range p.ans {
+		if len(p.ans[i]) > 0 {
+			p.flushLoop(i)
+		}
+	}
+}
+
+func (p *positions) flushLoop(i int) {
+	p.n.tables[i].Load().loop.PostAll(p.ans[i])
+	clear(p.ans[i])
+	p.ans[i] = p.ans[i][:0]
 }
 
 // MarkRead is the Server API's read mark: it waits for the outcome.
@@ -181,6 +295,12 @@ func (p *positions) run() {
 			return
 		case j := <-p.jobs:
 			p.do(j)
+			if len(p.jobs) == 0 {
+				p.flushAnswers()
+				p.sendOut()
+			}
+		case <-p.wake:
+			p.takeIn()
 			if len(p.jobs) == 0 {
 				p.sendOut()
 			}
@@ -244,7 +364,7 @@ func (p *positions) do(j posJob) {
 		frame = p.broadcast(j.key, j.user, seq, j.m)
 	}
 	if m := j.m; m != nil {
-		p.n.tables[j.loop].Load().loop.Post(Event{kind: evReadDone, member: m, key: j.key, seq: seq, err: err, frame: frame})
+		p.post(int(j.loop), Event{kind: evReadDone, member: m, key: j.key, seq: seq, err: err, frame: frame})
 	}
 }
 
@@ -256,12 +376,7 @@ func (t *Table) Unread(m *Member, app, user string, rooms []string) bool {
 	if n == nil {
 		return false
 	}
-	select {
-	case n.pos.jobs <- posJob{key: app, user: user, ask: &posAsk{rooms: rooms}, m: m, loop: int32(t.idx)}:
-		return true
-	default:
-		return false
-	}
+	return t.queuePos(posJob{key: app, user: user, ask: &posAsk{rooms: rooms}, m: m, loop: int32(t.idx)})
 }
 
 // Unread is the Server API's unread counts: the rooms object of the
@@ -331,7 +446,7 @@ func (p *positions) unread(j posJob) {
 	if err == nil {
 		ev.frame = proto.AppendUnreadFrame(nil, rooms, read, last, count)
 	}
-	p.n.tables[j.loop].Load().loop.Post(ev)
+	p.post(int(j.loop), ev)
 }
 
 // mark applies one mark: checked against the room's newest seq, then the

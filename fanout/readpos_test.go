@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +131,74 @@ func TestReadHandoffPaced(t *testing.T) {
 	}
 	if h.offered.Load() || h.takeAt(t1.Add(2*readsSpread)) != nil {
 		t.Fatal("marks left after all were taken")
+	}
+}
+
+// A loop's read marks and requests go to the positions goroutine in one
+// batch when the loop flushes them (the end of its wake-up), and their
+// answers come back in one PostAll, in the order asked: an unread request
+// after a mark of the same user counts from that mark.
+func TestReadMarksGoTogether(t *testing.T) {
+	st := persist.NewMemory(0)
+	n, l := receiptsNode(t, st)
+	commit(t, st, "test/r", 9)
+	tb := n.tables[0].Load()
+	soon := 0
+	tb.SetPositionsSoon(func() { soon++ })
+	const marks = 50
+	ms := make([]Member, marks+1)
+	for i := range marks {
+		if !tb.MarkRead(&ms[i], "test/r", "u"+strconv.Itoa(i), uint64(i%9+1)) {
+			t.Fatal("mark refused", i)
+		}
+	}
+	if !tb.MarkRead(&ms[marks], "test/r", "x", 5) || !tb.Unread(&ms[marks], "test", "x", []string{"r"}) {
+		t.Fatal("refused")
+	}
+	if soon != 1 || len(tb.posOut) != marks+2 || n.pos.inLen.Load() != 0 {
+		t.Fatalf("before the flush: soon %d, gathered %d, given %d", soon, len(tb.posOut), n.pos.inLen.Load())
+	}
+	tb.FlushPositions()
+	if len(tb.posOut) != 0 {
+		t.Fatal("gathered after the flush:", len(tb.posOut))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		got := 0
+		for _, ev := range l.evs {
+			if ev.kind == evReadDone {
+				got++
+			}
+		}
+		l.mu.Unlock()
+		if got >= marks+2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// The rest are the moves' announcements (evUserFrame), posted apart.
+	var answers []Event
+	for _, ev := range l.evs {
+		if ev.kind == evReadDone {
+			answers = append(answers, ev)
+		}
+	}
+	if len(answers) != marks+2 || l.posts != 1 {
+		t.Fatalf("answers %d in %d PostAlls, want %d in 1", len(answers), l.posts, marks+2)
+	}
+	for i := range marks {
+		if ev := answers[i]; ev.member != &ms[i] || ev.seq != uint64(i%9+1) || ev.err != nil {
+			t.Fatalf("answer %d: member %p seq %d err %v", i, ev.member, ev.seq, ev.err)
+		}
+	}
+	if ev := answers[marks]; ev.member != &ms[marks] || ev.seq != 5 {
+		t.Fatalf("x's mark: %+v", ev)
+	}
+	want := `{"op":"unread","rooms":{"r":{"read":5,"seq":9,"count":4}}}`
+	if f, _ := proto.ServerFramePayload(answers[marks+1].frame); string(f) != want {
+		t.Fatalf("x's unread: %s, want %s", f, want)
 	}
 }

@@ -14,6 +14,7 @@ import (
 func askReceipts(t testing.TB, p *positions, l *testLoop, key string) string {
 	t.Helper()
 	p.do(posJob{receipts: true, key: key})
+	p.flushAnswers()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.evs) != 1 || l.evs[0].err != nil {
@@ -106,6 +107,7 @@ func TestReceiptsKeepsAnnouncedUnderLowerMark(t *testing.T) {
 	p.do(posJob{seen: true, key: "test/q", user: "carol", seq: 5})
 	p.do(posJob{key: "test/r", user: "carol", seq: 3, m: &Member{}}) // below: the store is asked
 	p.do(posJob{key: "test/q", user: "carol", seq: 5, m: &Member{}}) // the room's newest: it is not
+	p.flushAnswers()
 	l.mu.Lock()
 	if len(l.evs) != 2 || l.evs[0].seq != 5 || l.evs[1].seq != 5 {
 		t.Fatalf("the marks' answers: %+v", l.evs)
@@ -120,6 +122,7 @@ func TestReceiptsKeepsAnnouncedUnderLowerMark(t *testing.T) {
 	}
 	// Moved past it here: the node's own move stands for it.
 	p.do(posJob{key: "test/r", user: "carol", seq: 7, m: &Member{}})
+	p.flushAnswers()
 	l.mu.Lock()
 	l.evs = nil
 	l.mu.Unlock()
@@ -128,5 +131,39 @@ func TestReceiptsKeepsAnnouncedUnderLowerMark(t *testing.T) {
 	}
 	if p.floor.n != 1 {
 		t.Fatal("floor entries:", p.floor.n)
+	}
+}
+
+// Moves are recorded for the receipts frames only in rooms a loop holds a
+// receipts subscriber of, from the subscription on, and no longer once
+// the last one left.
+func TestReceiptsMovesOnlyWhereSubscribed(t *testing.T) {
+	st := persist.NewMemory(0)
+	n, _ := receiptsNode(t, st)
+	tb := n.tables[0].Load()
+	p := newPositions(n, st)
+	move := func(user string, seq uint64) { p.do(posJob{seen: true, key: "test/r", user: user, seq: seq}) }
+	move("alice", 1)
+	if len(p.moved) != 0 {
+		t.Fatal("recorded without a subscriber:", p.moved)
+	}
+	var a, b Member
+	tb.SetReceipts(&a, "test/r", true)
+	tb.SetReceipts(&b, "test/r", true)
+	move("bob", 2)
+	if p.moved["test/r"]["bob"] != 2 || len(p.moved["test/r"]) != 1 {
+		t.Fatal("with subscribers:", p.moved)
+	}
+	tb.SetReceipts(&a, "test/r", false)
+	move("carol", 3)
+	if p.moved["test/r"]["carol"] != 3 {
+		t.Fatal("with one subscriber left:", p.moved)
+	}
+	tb.dropReceipts(&b)
+	tb.SetReceipts(&b, "test/r", false) // not subscribed: counts nothing
+	clear(p.moved)
+	move("dave", 4)
+	if len(p.moved) != 0 || n.hasReceipts("test/r") || len(n.rcptRooms) != 0 {
+		t.Fatal("after the last left:", p.moved, n.rcptRooms)
 	}
 }

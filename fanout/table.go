@@ -137,6 +137,12 @@ type Table struct {
 	userBuf  []*Member            // usersOf's answer, reused
 	receipts map[string][]*Member // room key -> its receipts subscribers on this loop
 
+	// posSoon (SetPositionsSoon) has the loop call FlushPositions at the
+	// end of its current wake-up; posOut are the read marks, unread and
+	// receipts requests gathered until then. nil: each goes at once.
+	posSoon func()
+	posOut  []posJob
+
 	// answered are the queues of members that got the answer to a request
 	// of theirs (history, presence, read, unread, receipts) since the
 	// loop last took them (TakeAnswered): a client waiting on an answer

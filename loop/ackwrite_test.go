@@ -2,6 +2,7 @@ package loop
 
 import (
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,18 +94,25 @@ func TestAnswerSkipsTheTick(t *testing.T) {
 		t.Fatalf("after a pause: %d writes, ticking %v", writes(), l.ticking)
 	}
 	for _, req := range []struct {
-		name string
-		ask  func() error
+		name     string
+		ask      func() error
+		gathered bool // a read positions request: handed over at the end of the wake-up that read it
 	}{
-		{"history", func() error { return l.table.History(asker, rig.key, 0, 10) }},
-		{"presence", func() error { return l.table.Presence(asker, rig.key) }},
-		{"read", func() error { return refusedErr(l.table.MarkRead(asker, rig.key, "u", 0)) }},
-		{"unread", func() error { return refusedErr(l.table.Unread(asker, "app", "u", []string{"room"})) }},
-		{"receipts", func() error { return refusedErr(l.table.Receipts(asker, rig.key)) }},
+		{"history", func() error { return l.table.History(asker, rig.key, 0, 10) }, false},
+		{"presence", func() error { return l.table.Presence(asker, rig.key) }, false},
+		{"read", func() error { return refusedErr(l.table.MarkRead(asker, rig.key, "u", 0)) }, true},
+		{"unread", func() error { return refusedErr(l.table.Unread(asker, "app", "u", []string{"room"})) }, true},
+		{"receipts", func() error { return refusedErr(l.table.Receipts(asker, rig.key)) }, true},
 	} {
 		l.q.Enqueue(ms[1], []byte("x")) // waits for the tick
 		if err := req.ask(); err != nil {
 			t.Fatal(req.name, err)
+		}
+		if req.gathered {
+			if !rig.el.pending.Load() {
+				t.Fatalf("%s: no flush of the read positions' requests queued", req.name)
+			}
+			rig.runInbox()
 		}
 		// The answer comes from fanout's goroutines through the inbox.
 		deadline := time.Now().Add(5 * time.Second)
@@ -127,6 +135,60 @@ func TestAnswerSkipsTheTick(t *testing.T) {
 		}
 		if !l.q.WroteInPeriod(ms[0]) {
 			t.Fatalf("%s: asker not written in the period", req.name)
+		}
+	}
+}
+
+// TestReadAnswersTogether: read marks read from several connections in
+// one wake-up go to the positions goroutine together (one flush task on
+// the loop's inbox, not one hand-over and one wake-up of that goroutine
+// each), and their answers come back together: one wake-up of the loop,
+// whose kick writes them all in one round, one write per connection.
+func TestReadAnswersTogether(t *testing.T) {
+	const n = 8
+	rig := newFanoutRig(t, n, false)
+	l := rig.l
+	writes := func() uint64 { return l.srv.Stats.Writes.Load() }
+	rig.next()
+	ms := append([]*connOut(nil), l.q.TakeFresh()...)
+	l.kick()
+	l.flushT.stop()
+	if len(ms) != n {
+		t.Fatalf("%d members written, want %d", len(ms), n)
+	}
+	queued := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.queue)
+	}
+	for i, o := range ms {
+		if !l.table.MarkRead(&o.Owner.(*conn).m, rig.key, "u"+strconv.Itoa(i), 0) {
+			t.Fatal("mark refused", i)
+		}
+	}
+	if q := queued(); q != 1 || !rig.el.pending.Load() {
+		t.Fatalf("%d marks queued %d tasks (pending %v), want one flush", n, q, rig.el.pending.Load())
+	}
+	rig.runInbox()
+	deadline := time.Now().Add(5 * time.Second)
+	for !rig.el.pending.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("no answer posted")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if q := queued(); q != n {
+		t.Fatalf("the answers' first wake-up holds %d of them, want all %d", q, n)
+	}
+	before := writes()
+	rig.runInbox()
+	l.kick()
+	if w := writes() - before; w != n {
+		t.Fatalf("the answers' wake-up wrote %d times, want %d", w, n)
+	}
+	for i, o := range ms {
+		if o.PendingBytes() != 0 {
+			t.Fatalf("member %d: %d B still pending", i, o.PendingBytes())
 		}
 	}
 }

@@ -31,6 +31,7 @@ const (
 	tPass                           // a pass's next slice may follow (passSlept)
 	tShed                           // shed: a pass of Server.ShedNewest (applimit.go)
 	tRekeyApp                       // app: this app's secrets changed: when its connections end (auth.go)
+	tPosFlush                       // hand the read marks read in this wake-up to the positions goroutine (posSoon)
 )
 
 // task is one unit of work handed to a loop. Passed by value: pushing one
@@ -84,6 +85,9 @@ type loopState struct {
 	woken  bool
 	spare  []task
 	drainF gnet.RunnableFunc
+
+	// posArmed: a tPosFlush task is queued (posSoon).
+	posArmed bool
 	// The bound (Config.InboxLimit): a delivery that finds the queue full
 	// is not queued; its room key goes into lost, and the loop reads the
 	// room's tail from the store at its next drain, as after a broker
@@ -208,6 +212,7 @@ func newLoopState(s *Server, el gnet.EventLoop, idx int) *loopState {
 	}
 	l.table = s.fan.NewTable(idx, l)
 	l.table.SetUsers(l.membersOf)
+	l.table.SetPositionsSoon(l.posSoon)
 	l.q = l.table.Queue()
 	l.arena = l.table.Arena()
 	l.drainF = l.drain
@@ -234,6 +239,17 @@ func (l *loopState) Post(ev fanout.Event) {
 		return
 	}
 	l.push(task{kind: tFanout, ev: ev})
+}
+
+// PostAll hands the loop a batch of answers with one wake-up at most
+// (fanout.Loop). Any goroutine.
+func (l *loopState) PostAll(evs []fanout.Event) {
+	l.mu.Lock()
+	for i := range evs {
+		l.queue = append(l.queue, task{kind: tFanout, ev: evs[i]})
+	}
+	l.depth.Store(int64(len(l.queue)))
+	l.wakeLocked()
 }
 
 // Now is the loop's clock in Unix ms (fanout.Loop).
@@ -290,6 +306,21 @@ func (l *loopState) run(t *task) {
 		l.passFresh = false // the loop has polled its input since the slice: the drain's kick writes the next
 	case tShed:
 		l.shed(t.shed)
+	case tPosFlush:
+		l.posArmed = false
+		l.table.FlushPositions()
+	}
+}
+
+// posSoon has the table's gathered read marks flushed at the end of this
+// wake-up: a task on the loop's own inbox, whose drain gnet runs after
+// the input events of the epoll batch being handled, so the marks read
+// from every connection of the batch go to the positions goroutine
+// together (fanout.Table.SetPositionsSoon). Loop only.
+func (l *loopState) posSoon() {
+	if !l.posArmed {
+		l.posArmed = true
+		l.push(task{kind: tPosFlush})
 	}
 }
 

@@ -34,15 +34,16 @@ const (
 	// COMMITTED transaction reads from its own snapshot).
 	changesLockSQL = `SELECT id, last_seq, msgs, now() FROM rooms WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 	// changesReadSQL: what = 1 a key stored already (a: ord, b: seq), 2 a
-	// message named (a: room, b: seq, c: kind, s1: sender, f: deleted),
-	// 3 a user's reaction (a: room, b: message, c: entry, s1: sender, s2:
-	// reaction, f: active).
+	// message named (a: room, b: seq, c: kind, s1: sender, s2: its
+	// reaction counts, NULL without a state row, f: deleted), 3 a user's
+	// reaction (a: room, b: message, c: entry, s1: sender, s2: reaction, f:
+	// active).
 	changesReadSQL = `
 SELECT 1 AS what, i.ord::int8 AS a, m.seq AS b, 0::int8 AS c, m.ts, NULL::text AS s1, NULL::text AS s2, false AS f
 FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::int4[]) AS i (room_id, sender, idem_key, ord)
 JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key = i.idem_key
 UNION ALL
-SELECT 2, m.room_id, m.seq, m.kind, m.ts, m.sender, NULL, coalesce(st.deleted, false)
+SELECT 2, m.room_id, m.seq, m.kind, m.ts, m.sender, st.reactions::text, coalesce(st.deleted, false)
 FROM unnest($5::int8[], $6::int8[]) AS r (room_id, seq)
 JOIN messages m ON m.room_id = r.room_id AND m.seq = r.seq
 LEFT JOIN message_state st ON st.room_id = m.room_id AND st.seq = m.seq
@@ -76,11 +77,15 @@ FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::int4[]) AS i (room_id, send
 JOIN messages m ON m.room_id = i.room_id AND m.sender = i.sender AND m.idem_key = i.idem_key`
 
 	// changesWriteSQL writes a batch's entries, the state of the messages
-	// it changed (one row per message: its latest edit, deleted, the sum
-	// of its reaction deltas added to its counts, those at 0 dropped),
-	// the users' standing reactions and the rooms' seqs, in one statement.
-	// A new state row gets no negative delta: an unreact takes back a
-	// reaction whose react made the row.
+	// it changed (one row per message: its latest edit, deleted, its
+	// reaction counts as they stand after the batch) and the rooms' seqs,
+	// in one statement. The counts are merged here, not in PostgreSQL: the
+	// rules start from each message's counts as stored (read under the
+	// rooms' locks, or known to the node and checked by the guard's
+	// last_seq, which every write to a room moves), so the whole value is
+	// written as is. A merge in the upsert (jsonb_each_text of both, a
+	// sum grouped by reaction, jsonb_object_agg) cost PostgreSQL 1-6 µs
+	// per reaction in the store benchmark (bench notes, "react").
 	// $21 is each room's first change in the batch (0: none): the room's
 	// listed_from when it had none before (migration 0013).
 	// $20 is the entries' time: the transaction's now() as the lock read
@@ -101,12 +106,7 @@ WITH ins AS (
 		edited = coalesce(EXCLUDED.edited, st.edited),
 		body = CASE WHEN EXCLUDED.deleted THEN NULL WHEN EXCLUDED.edited IS NOT NULL THEN EXCLUDED.body ELSE st.body END,
 		deleted = st.deleted OR EXCLUDED.deleted,
-		reactions = CASE WHEN EXCLUDED.reactions = '{}' THEN st.reactions ELSE (
-			SELECT coalesce(jsonb_object_agg(t, n) FILTER (WHERE n > 0), '{}') FROM (
-				SELECT t, sum(n::int) AS n FROM (
-					SELECT * FROM jsonb_each_text(st.reactions) UNION ALL SELECT * FROM jsonb_each_text(EXCLUDED.reactions)
-				) a (t, n) GROUP BY t
-			) b) END
+		reactions = EXCLUDED.reactions
 )
 UPDATE rooms r SET last_seq = u.l, msgs = u.c, listed_from = coalesce(r.listed_from, nullif(u.f, 0))
 FROM unnest($17::int8[], $18::int8[], $19::int8[], $21::int8[]) AS u (id, l, c, f)
@@ -120,6 +120,9 @@ type refState struct {
 	sender  string
 	ts      time.Time
 	deleted bool
+	// counts are the message's reactions held (none at 0; nil: none), as
+	// stored; the rules of a batch add its reactions to them.
+	counts map[string]int
 }
 
 type reactKey struct {
@@ -225,7 +228,13 @@ func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScra
 			case 1:
 				dups[int32(a)] = Stored{Seq: uint64(b), TS: ts.UnixMilli(), Duplicate: true}
 			case 2:
-				refs[refKey{a, b}] = &refState{kind: int16(c), sender: *s1, ts: ts, deleted: f}
+				ref := &refState{kind: int16(c), sender: *s1, ts: ts, deleted: f}
+				if s2 != nil && len(*s2) > 2 {
+					if err := json.Unmarshal([]byte(*s2), &ref.counts); err != nil {
+						return err
+					}
+				}
+				refs[refKey{a, b}] = ref
 			case 3:
 				reacts[reactKey{a, b, *s1, *s2}] = reactState{entry: c, ts: ts, active: f}
 			}
@@ -380,14 +389,15 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 			on := kind == proto.KindReact
 			k := reactKey{rk.room, rk.seq, s.uSender[j], text}
 			reacts[k] = reactState{entry: seq, ts: now, active: on}
-			st := state(rk)
-			if st.deltas == nil {
-				st.deltas = map[string]int{}
+			state(rk)
+			ref := refs[rk]
+			if ref.counts == nil {
+				ref.counts = map[string]int{}
 			}
 			if on {
-				st.deltas[text]++
-			} else {
-				st.deltas[text]--
+				ref.counts[text]++
+			} else if ref.counts[text]--; ref.counts[text] <= 0 {
+				delete(ref.counts, text)
 			}
 		}
 	}
@@ -396,15 +406,12 @@ func (p *Postgres) writeChanges(ctx context.Context, conn *pgxpool.Conn, s *pgSc
 		if st.deleted {
 			body = nil
 		}
-		deltas := map[string]int{}
-		for t, n := range st.deltas {
-			if n != 0 {
-				deltas[t] = n
+		js := []byte("{}")
+		if c := refs[k].counts; len(c) > 0 {
+			var err error
+			if js, err = json.Marshal(c); err != nil {
+				return err
 			}
-		}
-		js, err := json.Marshal(deltas)
-		if err != nil {
-			return err
 		}
 		w.sRoom, w.sSeq, w.sEdited, w.sBody, w.sDeleted, w.sReactions = append(w.sRoom, k.room), append(w.sSeq, k.seq),
 			append(w.sEdited, st.edited), append(w.sBody, body), append(w.sDeleted, st.deleted), append(w.sReactions, string(js))
@@ -524,11 +531,11 @@ func fillNow(s *pgScratch, rs []*Row, k *knownBatch, now time.Time) {
 	}
 }
 
-// stateWrite is what a batch changes of one message.
+// stateWrite is what a batch changes of one message (its reactions are
+// in its refState's counts).
 type stateWrite struct {
 	edited, deleted bool
 	body            []byte
-	deltas          map[string]int
 }
 
 // changeWrites are the arrays of a changes commit's writes.

@@ -62,6 +62,13 @@ func (c *kindsCache) known(s *pgScratch) *knownBatch {
 		}
 		if k.refs[rk] == nil {
 			cp := ref
+			if ref.counts != nil {
+				// The rules change them.
+				cp.counts = make(map[string]int, len(ref.counts))
+				for t, n := range ref.counts {
+					cp.counts[t] = n
+				}
+			}
 			k.refs[rk] = &cp
 		}
 		if proto.Kind(s.uKind[j]).IsReaction() {

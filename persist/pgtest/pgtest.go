@@ -8,6 +8,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -59,11 +60,20 @@ func NewDB(tb testing.TB) string {
 			tb.Errorf("cannot drop database %s: %v", name, err)
 		}
 	})
-	cfg, err := pgx.ParseConfig(AdminURL())
-	if err != nil {
-		tb.Fatal(err)
+	return dbURL(tb, name)
+}
+
+// dbURL is AdminURL naming database name instead. A URL's path is
+// replaced whole: matching "/db?" in the text left a URL with no query
+// (ROOST_TEST_DATABASE_URL=postgres://…/test) naming the admin database,
+// so every test migrated and filled it instead of its own.
+func dbURL(tb testing.TB, name string) string {
+	u, err := url.Parse(AdminURL())
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		tb.Fatalf("ROOST_TEST_DATABASE_URL must be a postgres:// URL: %q", AdminURL())
 	}
-	return strings.Replace(AdminURL(), "/"+cfg.Database+"?", "/"+name+"?", 1)
+	u.Path, u.RawPath = "/"+name, ""
+	return u.String()
 }
 
 // Terminate ends every backend connected to the database of url, as a
