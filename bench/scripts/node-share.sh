@@ -16,7 +16,7 @@
 #   tenth sending every second (the CI form; the same targets are reported,
 #   only delivery and the verdict are held to).
 #   ROOMS, DURATION, PROCS in the environment override the full run's shape;
-#   NODE_GOGC (default 25, as chat-100k.sh) is the node's GOGC; NODE_ENV
+#   NODE_GOGC (default 15; chat-100k.sh runs 25) is the node's GOGC; NODE_ENV
 #   (e.g. GODEBUG=memprofilerate=1 for an exact heap profile from the
 #   admin port, port + 1000) is added to the node's environment only.
 # Needs: Go, taskset, PostgreSQL (ROOST_TEST_DATABASE_URL), psql,
@@ -39,10 +39,13 @@ build
 make_db
 start_redis
 port=$(free_ports 1)
-# one loop on its one core; GOGC 25 as chat-100k.sh: the heap is mostly
-# the connections' long-lived state, and the default 100 lets it double
-# between collections
-GOGC=${NODE_GOGC:-25} NODE_PREFIX="${NODE_ENV:+env $NODE_ENV }taskset -c 1" start_node n0 "$port" --loops 1 --database-url "$db_url" \
+# one loop on its one core; GOGC 15: the heap is mostly the connections'
+# long-lived state (12 of 19 MB live) and the load allocates ~3 MB/s, so
+# the default 100 lets it double between collections and 25 still kept
+# the node at 45.8 MiB of RSS; 15 took 1 MiB more off for about one
+# point of its core (docs/tuning.md; docs/bench-notes/2026-12-06.md,
+# "rss29")
+GOGC=${NODE_GOGC:-15} NODE_PREFIX="${NODE_ENV:+env $NODE_ENV }taskset -c 1" start_node n0 "$port" --loops 1 --database-url "$db_url" \
   --redis-url "redis://127.0.0.1:$redis_port" --connections $((rooms * size + 100))
 log "node up on CPU 1; $((rooms * size)) connections over $procs bench process(es) on CPU 0"
 
