@@ -847,9 +847,14 @@ func (c *conn) publish(req *fanout.PubRequest) {
 	l.srv.Stats.Publishes.Add(1)
 	if err := l.srv.fan.Publish(req); err != nil {
 		l.unstamp(ps, false)
-		fanout.PutPubRequest(req)
 		l.srv.Stats.Overloaded.Add(1)
+		// Answered and forgotten before req goes back to the pool, which
+		// empties its ID: an err without the id is a refusal the client
+		// cannot match to its publish, so it never sends it again (the
+		// capacity run's burst: 44,129 refused, none retried).
+		c.m.Acked(req.Key, req.ID, 0)
 		c.sendErr(req.ID, proto.CodeOverloaded, "publish queue full: retry later")
+		fanout.PutPubRequest(req)
 	}
 }
 
