@@ -236,3 +236,46 @@ func olderSchema(t *testing.T, last int) (string, *pgx.Conn) {
 	}
 	return url, conn
 }
+
+// TestPostgresUnreadPlan: the unread query probes the rooms asked by
+// (app, name), one index lookup each, on the generic plan every store
+// connection runs: an app's other rooms are never read, whatever the
+// costs say. A young database's missing statistics made the plain join's
+// generic plan a hash join over every room of the app (1,000 in a
+// `roost bench reads` database); enable_nestloop off stands for those
+// costs here, and a lateral probe has no other plan.
+func TestPostgresUnreadPlan(t *testing.T) {
+	ctx := context.Background()
+	st := newPG(t)
+	c, err := st.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, `
+INSERT INTO apps (id) VALUES ('unread-plan');
+INSERT INTO rooms (app, name) SELECT 'unread-plan', 'r' || g FROM generate_series(1, 5000) g;
+SET plan_cache_mode = force_generic_plan;
+SET enable_nestloop = off`); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Exec(ctx, `RESET plan_cache_mode; RESET enable_nestloop`) //nolint:errcheck
+	if _, err := c.Exec(ctx, `PREPARE unread_plan(text, text[], text, int8[]) AS `+unreadSQL); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := c.Query(ctx, `EXPLAIN EXECUTE unread_plan('unread-plan', '{r1,r2,r3}', 'u', '{0,0,0}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(lines, "\n")
+	if !strings.Contains(text, "Index Scan using rooms_app_name_key on rooms") || strings.Contains(text, "Seq Scan on rooms") ||
+		strings.Contains(text, "Bitmap Heap Scan on rooms") || strings.Contains(text, "Seq Scan on messages") ||
+		!strings.Contains(text, "Index Scan using read_positions_pkey") || strings.Contains(text, "Heap Scan on read_positions") ||
+		strings.Contains(text, "Seq Scan on read_positions") {
+		t.Fatalf("the unread plan does not probe the rooms asked:\n%s", text)
+	}
+}

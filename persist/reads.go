@@ -174,15 +174,21 @@ func (m *Memory) Unread(_ context.Context, keys []string, user string, last, rea
 // NULL on rows stored before kinds existed, when every entry was a
 // message and the count was the seq), or, when retention removed every
 // entry up to the position, the oldest kept entry's count less itself.
-// Two index probes per room, never a scan.
+// Index probes per room, never a scan. The room and its read position
+// are each probed through a LIMIT 1 lateral, which the planner cannot
+// flatten into a join: as plain joins the store connections' generic
+// plan could read every room of the app (a bitmap scan on app, then a
+// hash join on the names; seen on a database not analyzed yet) and every
+// position of the user, costs that grow with the app's rooms, not with
+// the rooms asked (TestPostgresUnreadPlan).
 const unreadSQL = `
 SELECT k.i, r.last_seq, x.pos, CASE WHEN x.pos >= r.last_seq THEN 0 ELSE r.msgs - coalesce(
 	(SELECT coalesce(m.msgs, m.seq) FROM messages m WHERE m.room_id = r.id AND m.seq <= x.pos ORDER BY m.seq DESC LIMIT 1),
 	(SELECT coalesce(m.msgs, m.seq) - (m.kind = 0)::int FROM messages m WHERE m.room_id = r.id AND m.seq > x.pos ORDER BY m.seq LIMIT 1),
 	r.msgs) END
 FROM unnest($2::text[], $4::int8[]) WITH ORDINALITY AS k (name, floor, i)
-JOIN rooms r ON r.app = $1 AND r.name = k.name
-LEFT JOIN read_positions rp ON rp.room_id = r.id AND rp.user_id = $3
+JOIN LATERAL (SELECT r.id, r.last_seq, r.msgs FROM rooms r WHERE r.app = $1 AND r.name = k.name LIMIT 1) r ON true
+LEFT JOIN LATERAL (SELECT p.seq FROM read_positions p WHERE p.room_id = r.id AND p.user_id = $3 LIMIT 1) rp ON true
 CROSS JOIN LATERAL (SELECT GREATEST(coalesce(rp.seq, 0), k.floor) AS pos) x`
 
 // Unread implements Reads: one query for every room.
