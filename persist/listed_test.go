@@ -89,30 +89,9 @@ func TestPostgresListedFrom(t *testing.T) {
 // messages_listed) under its limit, so it reads only what the page takes,
 // whatever the statistics say.
 func TestPostgresFoldPlan(t *testing.T) {
-	ctx := context.Background()
 	st := newPG(t)
-	c, err := st.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Release()
-	if _, err := c.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Exec(ctx, `RESET plan_cache_mode`) //nolint:errcheck
 	for name, sql := range map[string]string{"fold_back": foldBackSQL, "fold_forward": foldForwardSQL} {
-		if _, err := c.Exec(ctx, `PREPARE `+name+`(int8, int8, int8) AS `+sql); err != nil {
-			t.Fatal(err)
-		}
-		rows, err := c.Query(ctx, `EXPLAIN EXECUTE `+name+`(1, 100, 51)`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		text := strings.Join(lines, "\n")
+		text := genericPlan(t, st, nil, name, "int8, int8, int8", sql, "1, 100, 51")
 		if !strings.Contains(text, "Merge Append") || strings.Contains(text, "Seq Scan on messages") || strings.Contains(text, "  Sort  ") ||
 			!strings.Contains(text, "using messages_listed") || !strings.Contains(text, "using messages_pkey") {
 			t.Fatalf("%s: the plan does not merge the two index scans:\n%s", name, text)
@@ -245,33 +224,14 @@ func olderSchema(t *testing.T, last int) (string, *pgx.Conn) {
 // `roost bench reads` database); enable_nestloop off stands for those
 // costs here, and a lateral probe has no other plan.
 func TestPostgresUnreadPlan(t *testing.T) {
-	ctx := context.Background()
 	st := newPG(t)
-	c, err := st.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Release()
-	if _, err := c.Exec(ctx, `
+	if _, err := st.pool.Exec(context.Background(), `
 INSERT INTO apps (id) VALUES ('unread-plan');
-INSERT INTO rooms (app, name) SELECT 'unread-plan', 'r' || g FROM generate_series(1, 5000) g;
-SET plan_cache_mode = force_generic_plan;
-SET enable_nestloop = off`); err != nil {
+INSERT INTO rooms (app, name) SELECT 'unread-plan', 'r' || g FROM generate_series(1, 5000) g`); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Exec(ctx, `RESET plan_cache_mode; RESET enable_nestloop`) //nolint:errcheck
-	if _, err := c.Exec(ctx, `PREPARE unread_plan(text, text[], text, int8[]) AS `+unreadSQL); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := c.Query(ctx, `EXPLAIN EXECUTE unread_plan('unread-plan', '{r1,r2,r3}', 'u', '{0,0,0}')`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(lines, "\n")
+	text := genericPlan(t, st, []string{"enable_nestloop = off"}, "unread_plan", "text, text[], text, int8[]", unreadSQL,
+		`'unread-plan', '{r1,r2,r3}', 'u', '{0,0,0}'`)
 	if !strings.Contains(text, "Index Scan using rooms_app_name_key on rooms") || strings.Contains(text, "Seq Scan on rooms") ||
 		strings.Contains(text, "Bitmap Heap Scan on rooms") || strings.Contains(text, "Seq Scan on messages") ||
 		!strings.Contains(text, "Index Scan using read_positions_pkey") || strings.Contains(text, "Heap Scan on read_positions") ||

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
@@ -174,42 +175,45 @@ func TestPostgresResolveInDoubt(t *testing.T) {
 	}
 }
 
-// TestPostgresCommitPlan guards the generic plan of the commit statement:
-// planned on an empty table, it must still probe messages by index, or the
-// cost per publish grows with the room's size.
-func TestPostgresCommitPlan(t *testing.T) {
+// genericPlan is the plan PostgreSQL runs for sql on the store's
+// connections (plan_cache_mode force_generic_plan), with the session
+// settings given, as EXPLAIN prints it: sql prepared as name(types) and
+// executed with args.
+func genericPlan(t *testing.T, st *Postgres, settings []string, name, types, sql, args string) string {
+	t.Helper()
 	ctx := context.Background()
-	st := newPG(t)
 	c, err := st.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Release()
-	if _, err := c.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+	for _, set := range append([]string{"plan_cache_mode = force_generic_plan"}, settings...) {
+		if _, err := c.Exec(ctx, `SET `+set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer c.Exec(ctx, `RESET ALL`) //nolint:errcheck
+	if _, err := c.Exec(ctx, `PREPARE `+name+`(`+types+`) AS `+sql); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Exec(ctx, `RESET plan_cache_mode`) //nolint:errcheck
-	plan := func(name, types, sql, args string) string {
-		if _, err := c.Exec(ctx, `PREPARE `+name+`(`+types+`) AS `+sql); err != nil {
-			t.Fatal(err)
-		}
-		defer c.Exec(ctx, `DEALLOCATE `+name) //nolint:errcheck
-		rows, err := c.Query(ctx, `EXPLAIN EXECUTE `+name+`(`+args+`)`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []string
-		for rows.Next() {
-			var l string
-			if err := rows.Scan(&l); err != nil {
-				t.Fatal(err)
-			}
-			plan = append(plan, l)
-		}
-		rows.Close()
-		return strings.Join(plan, "\n")
+	defer c.Exec(ctx, `DEALLOCATE `+name) //nolint:errcheck
+	rows, err := c.Query(ctx, `EXPLAIN EXECUTE `+name+`(`+args+`)`)
+	if err != nil {
+		t.Fatal(err)
 	}
-	text := plan("commit_plan", "int8[], text[], bytea[], bytea[], int4[], int8", commitSQL, `'{1}', '{u}', '{"\\x41"}', '{"\\x42"}', '{0}', 1`)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestPostgresCommitPlan guards the generic plan of the commit statement:
+// planned on an empty table, it must still probe messages by index, or the
+// cost per publish grows with the room's size.
+func TestPostgresCommitPlan(t *testing.T) {
+	st := newPG(t)
+	text := genericPlan(t, st, nil, "commit_plan", "int8[], text[], bytea[], bytea[], int4[], int8", commitSQL, `'{1}', '{u}', '{"\\x41"}', '{"\\x42"}', '{0}', 1`)
 	if strings.Contains(text, "Seq Scan on messages") || !strings.Contains(text, "Index Scan using messages_room_id_sender_idem_key_key") {
 		t.Fatalf("generic commit plan does not probe messages by index:\n%s", text)
 	}
@@ -220,7 +224,7 @@ func TestPostgresCommitPlan(t *testing.T) {
 	}
 	// freshSQL's update locks the rooms in the order of its list (id
 	// order): a nested loop over the list, probing rooms by its key.
-	fresh := plan("fresh_plan", "int8[], text[], bytea[], bytea[], int8[], int8[], int8[], int8", freshSQL,
+	fresh := genericPlan(t, st, nil, "fresh_plan", "int8[], text[], bytea[], bytea[], int8[], int8[], int8[], int8", freshSQL,
 		`'{1}', '{u}', '{"\\x41"}', '{"\\x42"}', '{1}', '{1}', '{1}', 1`)
 	upd := fresh[strings.Index(fresh, "CTE upd"):strings.Index(fresh, "CTE ins")]
 	if strings.Contains(fresh, "Seq Scan") || !regexp.MustCompile(`Nested Loop\s+.*\n\s+->  Function Scan on (?:unnest )?c .*\n\s+->  Index Scan using rooms_pkey on rooms r`).MatchString(upd) {
