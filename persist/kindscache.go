@@ -1,6 +1,7 @@
 package persist
 
 import (
+	"maps"
 	"sync"
 	"time"
 
@@ -12,9 +13,9 @@ import (
 // count its last commit left, the messages (kind msg) it saw stored and
 // the users' standing reactions it saw. It is right only while nothing
 // else wrote to the room: every batch committed from it carries a guard
-// (changesGuardSQL) that checks the room's last_seq and the messages named
-// under the room lock, and a failed guard or any failed commit forgets
-// the rooms. Bounded: a room past kcMaxRefs messages or kcMaxReacts
+// (changesGuardSQL) that checks the room's last_seq and kept_from (no
+// message named removed) under the room lock, and a failed guard or any
+// failed commit forgets the rooms. Bounded: a room past kcMaxRefs messages or kcMaxReacts
 // reactions is forgotten (its next batch reads, as without the cache),
 // and past kcMaxRooms rooms one is forgotten for each one learned.
 type kindsCache struct {
@@ -62,13 +63,7 @@ func (c *kindsCache) known(s *pgScratch) *knownBatch {
 		}
 		if k.refs[rk] == nil {
 			cp := ref
-			if ref.counts != nil {
-				// The rules change them.
-				cp.counts = make(map[string]int, len(ref.counts))
-				for t, n := range ref.counts {
-					cp.counts[t] = n
-				}
-			}
+			cp.counts = maps.Clone(ref.counts) // the rules change them
 			k.refs[rk] = &cp
 		}
 		if proto.Kind(s.uKind[j]).IsReaction() {
