@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,17 +59,21 @@ CROSS JOIN LATERAL (
 
 	// changesGuardSQL locks the batch's rooms as changesLockSQL does and
 	// fails (division by zero) unless every room ($1, in id order) has
-	// the last_seq the node knows ($2) and every message named ($3, $4)
-	// is still stored: what a batch committed from the node's knowledge
-	// rests on; it answers the transaction's now(), the time of the
-	// entries. A room's row is checked as the lock finds it, after the
-	// commits the lock waited for (a row whose last_seq they changed is
-	// not locked, and the statement fails).
+	// the last_seq the node knows ($2) and keeps every message the batch
+	// names in it: kept_from (migration 0014), which every removal of
+	// entries raises past what it removed, at or below the lowest message
+	// named ($3; the int8 maximum when none is). What a batch committed
+	// from the node's knowledge rests on, on the rooms' rows alone: the
+	// messages are not read (their lookup was ~2-3 µs of PostgreSQL CPU
+	// per reaction, bench notes "react27"). It answers the transaction's
+	// now(), the time of the entries. A room's row is checked as the lock
+	// finds it, after the commits the lock waited for (a row whose
+	// last_seq or kept_from they changed is not locked, and the statement
+	// fails).
 	changesGuardSQL = `
 SELECT 1 / ((SELECT count(*) FROM (
-		SELECT r.id FROM rooms r JOIN unnest($1::int8[], $2::int8[]) AS g (id, last) ON r.id = g.id
-		WHERE r.last_seq = g.last ORDER BY r.id FOR NO KEY UPDATE OF r) l) = coalesce(cardinality($1::int8[]), 0)
-	AND (SELECT count(*) FROM unnest($3::int8[], $4::int8[]) AS g (room_id, seq) JOIN messages m ON m.room_id = g.room_id AND m.seq = g.seq AND m.kind = 0) = coalesce(cardinality($3::int8[]), 0))::int, now()`
+		SELECT r.id FROM rooms r JOIN unnest($1::int8[], $2::int8[], $3::int8[]) AS g (id, last, low) ON r.id = g.id
+		WHERE r.last_seq = g.last AND r.kept_from <= g.low ORDER BY r.id FOR NO KEY UPDATE OF r) l) = coalesce(cardinality($1::int8[]), 0))::int, now()`
 
 	// changesKeysSQL: changesReadSQL's keys stored already, alone.
 	changesKeysSQL = `
@@ -153,8 +158,8 @@ type roomSeqs struct{ last, msgs int64 }
 // of the batch known to the node (kindsCache), the batch is committed in
 // one round trip and one implicit transaction, as a plain batch is: the
 // lock and a guard that fails the transaction unless each room's last_seq
-// is what the node knows and every message named is still stored
-// (retention), then the writes; a failed guard drops the node's knowledge
+// is what the node knows and no message named was removed since (its
+// kept_from), then the writes; a failed guard drops the node's knowledge
 // of the batch's rooms and the batch is committed the long way.
 func (p *Postgres) runChanges(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, lookup bool) error {
 	if !lookup {
@@ -280,15 +285,21 @@ type knownBatch struct {
 // what the commits the guard's lock waited for left. Two statements fewer
 // per batch: PostgreSQL CPU a reaction costs and a plain publish does not.
 func (p *Postgres) runChangesKnown(ctx context.Context, conn *pgxpool.Conn, s *pgScratch, rs []*Row, token int64, k *knownBatch) error {
-	var gLast, gRefRooms, gRefSeqs []int64
-	for _, id := range s.rooms { // in id order
-		gLast = append(gLast, k.rooms[id].last)
-	}
+	low := make(map[int64]int64, len(s.rooms))
 	for rk := range k.refs {
-		gRefRooms, gRefSeqs = append(gRefRooms, rk.room), append(gRefSeqs, rk.seq)
+		if l, ok := low[rk.room]; !ok || rk.seq < l {
+			low[rk.room] = rk.seq
+		}
+	}
+	gLast, gLow := make([]int64, len(s.rooms)), make([]int64, len(s.rooms))
+	for i, id := range s.rooms { // in id order
+		gLast[i], gLow[i] = k.rooms[id].last, math.MaxInt64
+		if l, ok := low[id]; ok {
+			gLow[i] = l
+		}
 	}
 	pre := &pgx.Batch{}
-	pre.Queue(changesGuardSQL, s.rooms, gLast, gRefRooms, gRefSeqs)
+	pre.Queue(changesGuardSQL, s.rooms, gLast, gLow)
 	return p.writeChanges(ctx, conn, s, rs, token, false, map[int32]Stored{}, k, unknownNow, pre)
 }
 

@@ -199,9 +199,14 @@ func (p *Postgres) retainApp(ctx context.Context, app string, ret Retention) (in
 	for _, r := range rooms {
 		if ret.MaxCount > 0 && r.last > int64(ret.MaxCount) {
 			// Both scans walk the primary key from the room's oldest row.
-			n, err := p.deleteLoop(ctx, withChanges(`
+			n, err := p.deleteLoop(ctx, `
+UPDATE rooms SET kept_from = b.upto + 1
+FROM (SELECT max(seq) AS upto FROM (
+	SELECT seq FROM messages WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3) x) b
+WHERE id = $1 AND kept_from <= b.upto`, withChanges(`
 DELETE FROM messages WHERE room_id = $1 AND seq IN (
-	SELECT seq FROM messages WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`),
+	SELECT seq FROM messages WHERE room_id = $1 AND seq <= $2
+		AND seq < (SELECT kept_from FROM rooms WHERE id = $1) ORDER BY seq LIMIT $3)`),
 				r.id, r.last-int64(ret.MaxCount))
 			deleted += n
 			p.ret.byCount.Add(uint64(n))
@@ -212,10 +217,15 @@ DELETE FROM messages WHERE room_id = $1 AND seq IN (
 		if ret.MaxAge > 0 {
 			// Seq order is commit order, so the expired rows are the oldest
 			// ones: stop at the first batch that is not all expired.
-			n, err := p.deleteLoop(ctx, withChanges(`
+			n, err := p.deleteLoop(ctx, `
+UPDATE rooms SET kept_from = b.upto + 1
+FROM (SELECT max(seq) AS upto FROM (
+	SELECT seq, ts FROM messages WHERE room_id = $1 ORDER BY seq LIMIT $3) x
+	WHERE ts < now() - make_interval(secs => $2)) b
+WHERE id = $1 AND kept_from <= b.upto`, withChanges(`
 DELETE FROM messages WHERE room_id = $1 AND seq IN (
 	SELECT seq FROM messages WHERE room_id = $1 ORDER BY seq LIMIT $3)
-AND ts < now() - make_interval(secs => $2)`),
+AND ts < now() - make_interval(secs => $2) AND seq < (SELECT kept_from FROM rooms WHERE id = $1)`),
 				r.id, ret.MaxAge.Seconds())
 			deleted += n
 			p.ret.byAge.Add(uint64(n))
@@ -254,12 +264,22 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM dep)`
 }
 
 // deleteLoop runs a batched DELETE of withChanges ($3 is the batch size)
-// until it removes less than a full batch.
-func (p *Postgres) deleteLoop(ctx context.Context, sql string, roomID int64, arg any) (int64, error) {
+// until it removes less than a full batch. Before each DELETE, raise
+// moves the room's kept_from past the entries it is to remove, in a
+// statement and transaction of their own, and the DELETE removes none at
+// or past kept_from: a batch committed from a node's knowledge
+// (changesGuardSQL) then fails on a message being removed, and the room's
+// lock is held only for that UPDATE, never while rows are deleted (a
+// commit holding the lock may wait on a message_state row the DELETE
+// holds: one statement doing both could deadlock).
+func (p *Postgres) deleteLoop(ctx context.Context, raise, del string, roomID int64, arg any) (int64, error) {
 	var deleted int64
 	for {
+		if _, err := p.pool.Exec(ctx, raise, roomID, arg, retentionBatch); err != nil {
+			return deleted, p.wrap("mark messages removed", err)
+		}
 		var n, deps int64
-		if err := p.pool.QueryRow(ctx, sql, roomID, arg, retentionBatch).Scan(&n, &deps); err != nil {
+		if err := p.pool.QueryRow(ctx, del, roomID, arg, retentionBatch).Scan(&n, &deps); err != nil {
 			return deleted, p.wrap("delete expired messages", err)
 		}
 		deleted += n + deps
