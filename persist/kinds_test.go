@@ -829,6 +829,73 @@ func TestPostgresChangesKnownStale(t *testing.T) {
 	}
 }
 
+// TestPostgresChangesKnownKeptFrom: retention (on another node) removes
+// messages a node knows, moving no room's last_seq; a reaction to one,
+// committed from what the node knows, must answer not_found (the guard
+// checks the room's kept_from, which retention raises itself: the
+// trigger of 0014 is dropped here), and a reaction to a message kept
+// still goes in one round trip.
+func TestPostgresChangesKnownKeptFrom(t *testing.T) {
+	for _, by := range []string{"count", "age"} {
+		t.Run(by, func(t *testing.T) {
+			ctx := context.Background()
+			url := newTestDB(t)
+			a, b := openTestPG(t, url, PGConfig{MaxConns: 1}), openTestPG(t, url, PGConfig{})
+			defer a.Close()
+			defer b.Close()
+			if _, err := b.pool.Exec(ctx, `DROP TRIGGER messages_removed ON messages`); err != nil {
+				t.Fatal(err)
+			}
+			const key = "a/r"
+			commitRows(t, a, req(key, "author", "m1", `1`), req(key, "author", "m2", `2`), req(key, "author", "m3", `3`), req(key, "author", "m4", `4`))
+			// The long way: a learns the room, messages 1, 2 and 3 and u1's
+			// reactions to them (the changes below are all u1's: known).
+			commitRows(t, a, change(key, "u1", "r1", proto.KindReact, 1, `"👍"`), change(key, "u1", "r2", proto.KindReact, 2, `"👍"`),
+				change(key, "u1", "r3", proto.KindReact, 3, `"👍"`)) // 5, 6, 7
+			r4 := change(key, "u1", "r4", proto.KindUnreact, 2, `"👍"`) // 8, from what a knows
+			commitRows(t, a, r4)
+			wantNew(t, r4)
+			if by == "count" {
+				keep(t, b, "a", 0, 6) // removes 1 and 2, with them 5, 6 and 8
+			} else {
+				if _, err := b.pool.Exec(ctx, `UPDATE messages SET ts = ts - interval '1 hour' WHERE seq <= 2`); err != nil {
+					t.Fatal(err)
+				}
+				keep(t, b, "a", 30*time.Minute, 0)
+			}
+			if n, err := b.EnforceRetention(ctx); err != nil || n != 5 {
+				t.Fatalf("retention removed %d, %v; want 5", n, err)
+			}
+			var last, kept int64
+			if err := b.pool.QueryRow(ctx, `SELECT last_seq, kept_from FROM rooms WHERE name = 'r'`).Scan(&last, &kept); err != nil || last != 8 || kept != 3 {
+				t.Fatalf("room last_seq %d kept_from %d, %v; want 8 and 3", last, kept, err)
+			}
+			r5 := change(key, "u1", "r5", proto.KindUnreact, 3, `"👍"`)
+			commitRows(t, a, r5)
+			wantNew(t, r5)
+			if s := a.CommitStats().Stale; s != 0 {
+				t.Fatalf("stale %d reacting to a message kept, want 0", s)
+			}
+			r6 := change(key, "u1", "r6", proto.KindUnreact, 1, `"👍"`)
+			commitRows(t, a, r6)
+			wantErr(t, r6, proto.ErrRefNotFound)
+			if s := a.CommitStats().Stale; s != 1 {
+				t.Fatalf("stale %d after reacting to a removed message, want 1", s)
+			}
+		})
+	}
+}
+
+// TestPostgresChangesGuardPlan: the guard of a batch committed from what
+// the node knows reads the rooms' rows alone, locked in id order.
+func TestPostgresChangesGuardPlan(t *testing.T) {
+	st := newPG(t)
+	text := genericPlan(t, st, nil, "guard_plan", "int8[], int8[], int8[]", changesGuardSQL, `'{1}', '{1}', '{1}'`)
+	if strings.Contains(text, "messages") || !strings.Contains(text, "LockRows") || !strings.Contains(text, "Sort Key: r.id") {
+		t.Fatalf("guard plan reads more than the rooms or locks them out of order:\n%s", text)
+	}
+}
+
 // TestPostgresNodesReactInSharedRooms: nodes (one store each, one
 // database) commit batches of reactions, unreactions and messages over
 // rooms they share, some from what each node knows (one round trip whose
