@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -35,10 +36,15 @@ import (
 //     --unread-rooms rooms each at --unread-rate, all connections together.
 //
 // It reports per phase the publishes' ack latency, PostgreSQL's CPU (with
-// --pg-db) and the nodes' (with --pid) per publish, B's PostgreSQL CPU per
-// read mark net of A, and C's unread round trip. Connections are held by
-// this process, a goroutine each: the load is thousands of frames a second,
-// not a fan-out.
+// --pg-db) and the nodes' (with --pid) per publish, this process's CPU,
+// the node's own split of an ack's time (with --admin), B's PostgreSQL CPU
+// per read mark net of A, and C's unread round trip. Connections are held
+// by this process, a goroutine each: the load is thousands of frames a
+// second, not a fan-out. A connection is silent for long stretches (an
+// asker through A and B, ~50 s at the defaults: twice the node's --idle),
+// so it answers the node's pings as any client must; a connection the
+// node closes anyway, a write that fails, an unread request left
+// unanswered is said on stderr and in the report, never left out of it.
 type readsParams struct {
 	url, app, pids, pgDB, admin string
 	rooms, users                int
@@ -55,7 +61,7 @@ func readsBench(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&p.app, "app", "bench", "app id")
 	fs.StringVar(&p.pids, "pid", "", "the nodes' process ids, comma-separated, for their CPU")
 	fs.StringVar(&p.pgDB, "pg-db", "", "count the CPU of this PostgreSQL database's backends and the server's own processes (empty: not measured)")
-	fs.StringVar(&p.admin, "admin", "", "a node's admin HOST:PORT: its roost_read_marks_written_total per phase (empty: not read)")
+	fs.StringVar(&p.admin, "admin", "", "a node's admin HOST:PORT: its roost_read_marks_written_total and its ack split (roost_ack_phase_seconds) per phase (empty: not read)")
 	fs.IntVar(&p.rooms, "rooms", 1000, "rooms, one publisher each")
 	fs.IntVar(&p.users, "users", 10000, "users marking read in phase B, one connection each, round-robin over the rooms (0: no phase B)")
 	fs.Float64Var(&p.pubRate, "pub-rate", 5000, "publishes per second, all rooms together")
@@ -89,14 +95,27 @@ func readsBench(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// The roles of the reads bench's connections.
+const (
+	rolePub = iota
+	roleMark
+	roleAsk
+	nRoles
+)
+
+var roleNames = [nRoles]string{"publishers", "markers", "unread askers"}
+
 // readsConn is one connection of the reads bench: its writes under mu, its
 // frames read by a goroutine of its own.
 type readsConn struct {
 	mu     sync.Mutex
 	c      net.Conn
+	user   string
 	room   int
-	sentAt int64  // ns: the unread request in flight (askers)
+	role   int
+	sentAt int64  // ns: the unread request in flight (askers), 0 if none
 	buf    []byte // the frame being sent
+	ended  atomic.Bool
 }
 
 // send writes b as one masked text frame in one write, as a browser does.
@@ -104,23 +123,33 @@ type readsConn struct {
 // segments on a TCP_NODELAY socket, so the node paid an extra wake-up,
 // read and ACK per frame that no real client costs it.
 func (rc *readsConn) send(b []byte) error {
+	return rc.sendFrame(ws.OpText, b)
+}
+
+func (rc *readsConn) sendFrame(op ws.OpCode, b []byte) error {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	rc.buf = appendClientText(rc.buf[:0], b)
+	rc.buf = appendClientFrame(rc.buf[:0], op, b)
 	_, err := rc.c.Write(rc.buf)
 	return err
 }
 
 // appendClientText appends b as a client's masked, final text frame.
 func appendClientText(dst, b []byte) []byte {
+	return appendClientFrame(dst, ws.OpText, b)
+}
+
+// appendClientFrame appends b as a client's masked, final frame of op.
+func appendClientFrame(dst []byte, op ws.OpCode, b []byte) []byte {
 	n := len(b)
+	first := 0x80 | byte(op)
 	switch {
 	case n < 126:
-		dst = append(dst, 0x81, 0x80|byte(n))
+		dst = append(dst, first, 0x80|byte(n))
 	case n < 1<<16:
-		dst = append(dst, 0x81, 0x80|126, byte(n>>8), byte(n))
+		dst = append(dst, first, 0x80|126, byte(n>>8), byte(n))
 	default:
-		dst = append(dst, 0x81, 0x80|127, 0, 0, 0, 0, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+		dst = append(dst, first, 0x80|127, 0, 0, 0, 0, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 	}
 	mask := ws.NewMask()
 	dst = append(dst, mask[:]...)
@@ -136,14 +165,26 @@ type readsRun struct {
 	runID  string
 	newest []atomic.Uint64 // per room: the newest acked seq
 
+	// stopping is set once the figures are taken: connections ending
+	// after it are the bench's own closing, not losses.
+	stopping  atomic.Bool
+	writeErrs [nRoles]atomic.Uint64
+	stderr    io.Writer // under mu
+
 	mu               sync.Mutex
 	phase            int   // 0 warm-up, 1..3 the phases' windows (ack and unread latencies land there)
-	winStart, winEnd int64 // ns of the current window
+	winStart, winEnd int64 // ns of the current (or last) window
 	ack              [4]Hist
 	unread           Hist
 	acked            [4]uint64
 	marks, answered  [4]uint64
 	errs             map[string]uint64
+	lost             [nRoles]int
+	lostFirst        string // the first loss: who, and what ended it
+	// unread requests sent in C's window, their err answers, and ticks
+	// skipped because the asker's request before was not answered yet
+	// (one in flight per asker: the answer carries no id)
+	asked, askErrs, askBusy, askLost uint64
 }
 
 // readsPhase is one window's figures.
@@ -151,16 +192,24 @@ type readsPhase struct {
 	name                   string
 	acked, marks, answered uint64
 	ack                    Percentiles
-	node, pg               time.Duration
+	node, pg, self         time.Duration
 	written                uint64
 	pgOK, writtenOK        bool
+	split                  []ackPhaseStat // the node's ack split (--admin), nil if not read
+	splitErr               error
 }
 
 type readsResult struct {
-	phases []readsPhase
-	unread Percentiles
-	errs   map[string]uint64
-	secs   float64
+	phases    []readsPhase
+	unread    Percentiles
+	errs      map[string]uint64
+	secs      float64
+	conns     [nRoles]int
+	lost      [nRoles]int
+	lostFirst string
+	writeErrs [nRoles]uint64
+
+	asked, askErrs, askBusy, askLost, unanswered uint64
 }
 
 func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
@@ -168,15 +217,17 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 	if len(urls) == 0 {
 		return nil, fmt.Errorf("--url is empty")
 	}
-	run := &readsRun{p: p, runID: "rd" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36), newest: make([]atomic.Uint64, p.rooms), errs: map[string]uint64{}}
+	run := &readsRun{p: p, runID: "rd" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36), newest: make([]atomic.Uint64, p.rooms),
+		errs: map[string]uint64{}, stderr: stderr}
 	var all []*readsConn
 	defer func() {
+		run.stopping.Store(true)
 		for _, c := range all {
 			c.c.Close()
 		}
 	}()
 	var joined atomic.Int64
-	dial := func(user string, k, room int) (*readsConn, error) {
+	dial := func(user string, k, room, role int) (*readsConn, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		c, br, _, err := ws.Dial(ctx, urls[k%len(urls)]+"?user="+user+"&app="+p.app)
@@ -186,14 +237,14 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 		if br == nil {
 			br = bufio.NewReader(c)
 		}
-		rc := &readsConn{c: c, room: room}
+		rc := &readsConn{c: c, user: user, room: room, role: role}
 		all = append(all, rc)
 		go run.read(rc, br, &joined)
 		return rc, nil
 	}
 	pubs := make([]*readsConn, p.rooms)
 	for i := range pubs {
-		rc, err := dial("p"+strconv.Itoa(i), i, i)
+		rc, err := dial("p"+strconv.Itoa(i), i, i, rolePub)
 		if err != nil {
 			return nil, err
 		}
@@ -201,7 +252,7 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 	}
 	markers := make([]*readsConn, p.users)
 	for i := range markers {
-		rc, err := dial("m"+strconv.Itoa(i), i, i%p.rooms)
+		rc, err := dial("m"+strconv.Itoa(i), i, i%p.rooms, roleMark)
 		if err != nil {
 			return nil, err
 		}
@@ -209,7 +260,7 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 	}
 	askers := make([]*readsConn, p.unreadConns)
 	for i := range askers {
-		rc, err := dial("q"+strconv.Itoa(i), i, 0)
+		rc, err := dial("q"+strconv.Itoa(i), i, 0, roleAsk)
 		if err != nil {
 			return nil, err
 		}
@@ -239,22 +290,30 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 	go func() { defer wg.Done(); run.publish(pubs, stop) }()
 	marking := make(chan struct{})
 	asking := make(chan struct{})
-	res := &readsResult{secs: p.window.Seconds()}
+	res := &readsResult{secs: p.window.Seconds(), conns: [nRoles]int{len(pubs), len(markers), len(askers)}}
 	measure := func(k int, name string) {
 		time.Sleep(p.warmup)
-		n0, pg0, w0, pgOK, wOK := run.sample(stderr)
+		s0 := run.sample(stderr)
 		run.mu.Lock()
 		run.phase = k
 		run.winStart = time.Now().UnixNano()
 		run.winEnd = run.winStart + int64(p.window)
 		run.mu.Unlock()
 		time.Sleep(p.window)
-		n1, pg1, w1, _, _ := run.sample(stderr)
+		s1 := run.sample(stderr)
 		run.mu.Lock()
 		run.phase = 0
 		ph := readsPhase{name: name, acked: run.acked[k], marks: run.marks[k], answered: run.answered[k], ack: run.ack[k].Summary(),
-			node: n1 - n0, pg: pg1 - pg0, written: w1 - w0, pgOK: pgOK, writtenOK: wOK}
+			node: s1.node - s0.node, pg: s1.pg - s0.pg, self: s1.self - s0.self, written: s1.written - s0.written,
+			pgOK: s0.pgOK && s1.pgOK, writtenOK: s0.writtenOK && s1.writtenOK}
 		run.mu.Unlock()
+		if p.admin != "" {
+			if s0.metricsErr == nil && s1.metricsErr == nil {
+				ph.split, ph.splitErr = ackSplit(s0.metrics, s1.metrics)
+			} else {
+				ph.splitErr = errors.Join(s0.metricsErr, s1.metricsErr)
+			}
+		}
 		res.phases = append(res.phases, ph)
 		fmt.Fprintf(stderr, "phase %s done\n", name)
 	}
@@ -270,24 +329,82 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 		go func() { defer wg.Done(); run.askUnread(askers, stop, asking) }()
 		measure(3, "C: publishes + unread")
 		close(asking)
+		// The window's last requests get the time an answer may take.
+		for end := time.Now().Add(2 * time.Second); run.inFlight(askers, true) > 0 && time.Now().Before(end); {
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	run.mu.Lock()
 	res.unread = run.unread.Summary()
-	res.errs = run.errs
+	res.asked, res.askErrs, res.askBusy, res.askLost = run.asked, run.askErrs, run.askBusy, run.askLost
 	run.mu.Unlock()
+	res.unanswered = uint64(run.inFlight(askers, true))
+	run.stopping.Store(true)
+	run.mu.Lock()
+	res.errs = run.errs
+	res.lost, res.lostFirst = run.lost, run.lostFirst
+	run.mu.Unlock()
+	for i := range res.writeErrs {
+		res.writeErrs[i] = run.writeErrs[i].Load()
+	}
+	res.warn(stderr, p)
 	return res, nil
 }
 
-// read handles one connection's frames: pong (up), ack (latency, the
-// room's newest seq), read (a mark answered), unread (its round trip from
-// the request's send time, see askUnread), err (counted).
+// inFlight counts the askers whose request is not answered yet; inWindow:
+// only requests sent in the last window.
+func (run *readsRun) inFlight(askers []*readsConn, inWindow bool) int {
+	run.mu.Lock()
+	from, to := run.winStart, run.winEnd
+	run.mu.Unlock()
+	n := 0
+	for _, rc := range askers {
+		rc.mu.Lock()
+		if at := rc.sentAt; at != 0 && (!inWindow || at >= from && at < to) {
+			n++
+		}
+		rc.mu.Unlock()
+	}
+	return n
+}
+
+// lose records that rc ended before the bench was done with it.
+func (run *readsRun) lose(rc *readsConn, why string) {
+	if run.stopping.Load() {
+		return
+	}
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	run.lost[rc.role]++
+	if run.lostFirst == "" {
+		run.lostFirst = rc.user + ": " + why
+	}
+	// the first few as they happen, so that a long run says so at once
+	if n := run.lost[0] + run.lost[1] + run.lost[2]; n <= 3 {
+		fmt.Fprintf(run.stderr, "roost bench reads: connection %s lost: %s\n", rc.user, why)
+	}
+}
+
+// read handles one connection's frames: the node's ping (answered with
+// a pong: a silent connection that does not answer is closed after twice
+// the node's --idle), its close (recorded with its code and reason), pong
+// (up), ack (latency, the room's newest seq), read (a mark answered),
+// unread (its round trip from the request's send time, see askUnread),
+// err (counted). A connection that ends before the bench is done is
+// recorded as lost.
 func (run *readsRun) read(rc *readsConn, br *bufio.Reader, up *atomic.Int64) {
 	rd := wsutil.Reader{Source: br, State: ws.StateClientSide, CheckUTF8: false}
 	var f proto.ServerFrame
 	buf := make([]byte, 0, 4096)
+	closed := ""
+	defer rc.ended.Store(true)
 	for {
 		h, err := rd.NextFrame()
 		if err != nil {
+			if closed == "" {
+				closed = "read: " + err.Error()
+			}
+			run.lose(rc, closed)
 			return
 		}
 		buf = buf[:0]
@@ -301,10 +418,22 @@ func (run *readsRun) read(rc *readsConn, br *bufio.Reader, up *atomic.Int64) {
 				break
 			}
 			if err != nil {
+				run.lose(rc, "read: "+err.Error())
 				return
 			}
 		}
-		if h.OpCode != ws.OpText {
+		switch h.OpCode {
+		case ws.OpPing:
+			if rc.sendFrame(ws.OpPong, buf) != nil {
+				run.writeErrs[rc.role].Add(1)
+			}
+			continue
+		case ws.OpClose:
+			code, reason := ws.ParseCloseFrameData(buf)
+			closed = fmt.Sprintf("closed by the node (%d %q)", code, reason)
+			continue
+		case ws.OpText:
+		default:
 			continue
 		}
 		now := time.Now().UnixNano()
@@ -335,15 +464,26 @@ func (run *readsRun) read(rc *readsConn, br *bufio.Reader, up *atomic.Int64) {
 		case "unread":
 			rc.mu.Lock()
 			sent := rc.sentAt
+			rc.sentAt = 0
 			rc.mu.Unlock()
 			run.mu.Lock()
-			if run.phase > 0 {
+			if sent != 0 && sent >= run.winStart && sent < run.winEnd {
 				run.unread.Record(now - sent)
 			}
 			run.mu.Unlock()
 		case "err":
+			var sent int64
+			if rc.role == roleAsk {
+				// an asker sends nothing else: the err answers its request
+				rc.mu.Lock()
+				sent, rc.sentAt = rc.sentAt, 0
+				rc.mu.Unlock()
+			}
 			run.mu.Lock()
 			run.errs[string(f.Code)]++
+			if sent != 0 && sent >= run.winStart && sent < run.winEnd {
+				run.askErrs++
+			}
 			run.mu.Unlock()
 		}
 	}
@@ -378,7 +518,9 @@ func (run *readsRun) publish(pubs []*readsConn, stop chan struct{}) {
 				b = append(b, `","body":`...)
 				b = append(b, body...)
 				b = append(b, '}')
-				_ = rc.send(b)
+				if rc.send(b) != nil {
+					run.writeErrs[rolePub].Add(1)
+				}
 				sent++
 			}
 		}
@@ -416,17 +558,21 @@ func (run *readsRun) mark(markers []*readsConn, stop, done chan struct{}) {
 			b = append(b, `","seq":`...)
 			b = strconv.AppendUint(b, seq, 10)
 			b = append(b, '}')
-			if rc.send(b) == nil {
-				run.mu.Lock()
-				run.marks[run.phase]++
-				run.mu.Unlock()
+			if rc.send(b) != nil {
+				run.writeErrs[roleMark].Add(1)
+				continue
 			}
+			run.mu.Lock()
+			run.marks[run.phase]++
+			run.mu.Unlock()
 		}
 	}
 }
 
 // askUnread sends --unread-rate unread requests a second over the askers,
-// each for --unread-rooms rooms, one in flight per asker.
+// each for --unread-rooms rooms, one in flight per asker: the answer
+// carries no id, so an asker whose request is not answered yet skips its
+// turn (counted), rather than losing the time its request was sent.
 func (run *readsRun) askUnread(askers []*readsConn, stop, done chan struct{}) {
 	var rooms []byte
 	for i := 0; i < run.p.unreadRooms; i++ {
@@ -455,52 +601,88 @@ func (run *readsRun) askUnread(askers []*readsConn, stop, done chan struct{}) {
 		rc := askers[next]
 		next = (next + 1) % len(askers)
 		rc.mu.Lock()
-		rc.sentAt = time.Now().UnixNano()
-		_ = wsutil.WriteClientText(rc.c, req)
+		now := time.Now().UnixNano()
+		lost := rc.ended.Load()
+		busy := rc.sentAt != 0
+		var err error
+		if !busy && !lost {
+			// set before the write: the answer may be read before it returns
+			rc.sentAt = now
+			rc.buf = appendClientText(rc.buf[:0], req)
+			if _, err = rc.c.Write(rc.buf); err != nil {
+				rc.sentAt = 0
+			}
+		}
 		rc.mu.Unlock()
+		if err != nil {
+			run.writeErrs[roleAsk].Add(1)
+			continue
+		}
+		run.mu.Lock()
+		if now >= run.winStart && now < run.winEnd {
+			switch {
+			case lost:
+				run.askLost++
+			case busy:
+				run.askBusy++
+			default:
+				run.asked++
+			}
+		}
+		run.mu.Unlock()
 	}
 }
 
-// sample reads the nodes' CPU, PostgreSQL's and the read marks written.
-func (run *readsRun) sample(stderr io.Writer) (node, pg time.Duration, written uint64, pgOK, wOK bool) {
-	for _, s := range splitList(run.p.pids) {
-		pid, _ := strconv.Atoi(s)
+// readsSample is one window edge: the CPU of the nodes, PostgreSQL's and
+// this process's, and the node's metrics (--admin).
+type readsSample struct {
+	node, pg, self  time.Duration
+	written         uint64
+	pgOK, writtenOK bool
+	metrics         map[string]float64
+	metricsErr      error
+}
+
+func (run *readsRun) sample(stderr io.Writer) readsSample {
+	var s readsSample
+	s.self = selfCPU()
+	for _, ps := range splitList(run.p.pids) {
+		pid, _ := strconv.Atoi(ps)
 		c, err := procCPU(pid)
 		if err != nil {
 			fmt.Fprintln(stderr, "node cpu:", err)
 		}
-		node += c
+		s.node += c
 	}
 	if run.p.pgDB != "" {
 		var err error
-		pg, _, err = commCPU("postgres", pgProcessOf(run.p.pgDB))
-		pgOK = err == nil
+		s.pg, _, err = commCPU("postgres", pgProcessOf(run.p.pgDB))
+		s.pgOK = err == nil
 	}
 	if run.p.admin != "" {
-		v, err := adminCounter(run.p.admin, "roost_read_marks_written_total")
-		written, wOK = v, err == nil
+		s.metrics, s.metricsErr = scrapeMetrics(run.p.admin)
+		if s.metricsErr != nil {
+			fmt.Fprintln(stderr, "node metrics:", s.metricsErr)
+		}
+		v, ok := s.metrics["roost_read_marks_written_total"]
+		s.written, s.writtenOK = uint64(v), ok
 	}
-	return
+	return s
 }
 
-// adminCounter reads one counter from a node's /metrics.
-func adminCounter(admin, name string) (uint64, error) {
+// scrapeMetrics reads a node's /metrics: each series (its name and
+// labels as written) and its value.
+func scrapeMetrics(admin string) (map[string]float64, error) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + admin + "/metrics")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 2 && f[0] == name {
-			v, err := strconv.ParseFloat(f[1], 64)
-			return uint64(v), err
-		}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s/metrics: %s", admin, resp.Status)
 	}
-	return 0, fmt.Errorf("no metric %s", name)
+	return parseMetrics(resp.Body)
 }
 
 func (r *readsResult) print(w io.Writer, p *readsParams) {
@@ -511,14 +693,19 @@ func (r *readsResult) print(w io.Writer, p *readsParams) {
 			fmtDur(ph.ack.P50), fmtDur(ph.ack.P99), fmtDur(ph.ack.P999))
 		if ph.marks > 0 {
 			fmt.Fprintf(w, "; %.0f read marks/s sent, %.0f/s answered", float64(ph.marks)/r.secs, float64(ph.answered)/r.secs)
+		} else if strings.HasPrefix(ph.name, "B") {
+			fmt.Fprint(w, "; NO read mark sent")
 		}
 		if ph.writtenOK {
 			fmt.Fprintf(w, ", %.0f/s written", float64(ph.written)/r.secs)
 		}
 		fmt.Fprintln(w)
+		fmt.Fprint(w, "  ")
 		if ph.node > 0 && ph.acked > 0 {
-			fmt.Fprintf(w, "  node CPU %.1f%%, %.1f µs per publish\n", 100*ph.node.Seconds()/r.secs, float64(ph.node.Nanoseconds())/1e3/float64(ph.acked))
+			fmt.Fprintf(w, "node CPU %.1f%%, %.1f µs per publish; ", 100*ph.node.Seconds()/r.secs, float64(ph.node.Nanoseconds())/1e3/float64(ph.acked))
 		}
+		// this process shares its core: saturated, its own latencies grow
+		fmt.Fprintf(w, "bench CPU %.1f%%\n", 100*ph.self.Seconds()/r.secs)
 		if ph.pgOK && ph.acked > 0 {
 			fmt.Fprintf(w, "  PostgreSQL CPU %.1f%%, %.1f µs per publish", 100*ph.pg.Seconds()/r.secs, float64(ph.pg.Nanoseconds())/1e3/float64(ph.acked))
 			if a != nil && ph.marks > 0 {
@@ -534,6 +721,12 @@ func (r *readsResult) print(w io.Writer, p *readsParams) {
 		if a != nil && ph.marks > 0 && a.ack.P99 > 0 {
 			fmt.Fprintf(w, "  ack p99 %+.1f%% against A\n", 100*(float64(ph.ack.P99)/float64(a.ack.P99)-1))
 		}
+		switch {
+		case ph.splitErr != nil:
+			fmt.Fprintf(w, "  node ack split: not read: %v\n", ph.splitErr)
+		case ph.split != nil:
+			fmt.Fprintf(w, "  node ack split, ms mean/p99: %s\n", fmtAckSplit(ph.split))
+		}
 		if i == 0 {
 			a = ph
 		}
@@ -542,8 +735,59 @@ func (r *readsResult) print(w io.Writer, p *readsParams) {
 		fmt.Fprintf(w, "unread of %d rooms: %d answers, p50 %s p99 %s p999 %s max %s\n", p.unreadRooms, r.unread.Count,
 			fmtDur(r.unread.P50), fmtDur(r.unread.P99), fmtDur(r.unread.P999), fmtDur(r.unread.Max))
 	}
+	for _, line := range r.problems(p) {
+		fmt.Fprintln(w, line)
+	}
 	if len(r.errs) > 0 {
 		b, _ := json.Marshal(r.errs)
 		fmt.Fprintf(w, "errors: %s\n", b)
+	}
+}
+
+// problems are the report's lines for what went wrong on the bench's side
+// of the figures: connections the node closed, writes that failed, unread
+// requests left unanswered. Empty when none.
+func (r *readsResult) problems(p *readsParams) []string {
+	var out []string
+	var lost []string
+	for i, n := range r.lost {
+		if n > 0 {
+			lost = append(lost, fmt.Sprintf("%d of %d %s", n, r.conns[i], roleNames[i]))
+		}
+	}
+	if len(lost) > 0 {
+		out = append(out, fmt.Sprintf("CONNECTIONS LOST: %s (first: %s)", strings.Join(lost, ", "), r.lostFirst))
+	}
+	var werr []string
+	for i, n := range r.writeErrs {
+		if n > 0 {
+			werr = append(werr, fmt.Sprintf("%d by %s", n, roleNames[i]))
+		}
+	}
+	if len(werr) > 0 {
+		out = append(out, "WRITES FAILED: "+strings.Join(werr, ", "))
+	}
+	if r.conns[roleAsk] > 0 {
+		switch {
+		case r.asked == 0:
+			out = append(out, fmt.Sprintf("unread of %d rooms: NO request sent in the window", p.unreadRooms))
+		case r.unread.Count == 0 || r.unanswered > 0 || r.askErrs > 0:
+			out = append(out, fmt.Sprintf("unread of %d rooms: %d requests sent in the window, %d answered, %d answered err, %d unanswered",
+				p.unreadRooms, r.asked, r.unread.Count, r.askErrs, r.unanswered))
+		}
+		if r.askLost > 0 {
+			out = append(out, fmt.Sprintf("unread: %d turns skipped in the window, the asker's connection lost", r.askLost))
+		}
+		if r.askBusy > 0 {
+			out = append(out, fmt.Sprintf("unread: %d turns skipped in the window, the asker still waiting for the answer before (unanswered, or --unread-rate over --unread-conns too high)", r.askBusy))
+		}
+	}
+	return out
+}
+
+// warn says the report's problems on stderr too, where a run's log is read.
+func (r *readsResult) warn(stderr io.Writer, p *readsParams) {
+	for _, line := range r.problems(p) {
+		fmt.Fprintln(stderr, "roost bench reads:", line)
 	}
 }

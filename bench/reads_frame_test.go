@@ -31,3 +31,21 @@ func TestAppendClientText(t *testing.T) {
 		}
 	}
 }
+
+// A pong echoes the ping's payload in a masked client frame.
+func TestAppendClientFramePong(t *testing.T) {
+	r := bytes.NewReader(appendClientFrame(nil, ws.OpPong, []byte("hi")))
+	h, err := ws.ReadHeader(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Fin || h.OpCode != ws.OpPong || !h.Masked || h.Length != 2 {
+		t.Fatalf("header %+v", h)
+	}
+	p := make([]byte, 2)
+	_, _ = r.Read(p)
+	ws.Cipher(p, h.Mask, 0)
+	if string(p) != "hi" {
+		t.Fatalf("payload %q", p)
+	}
+}
