@@ -16,7 +16,8 @@
 # Usage (from anywhere): bench/scripts/capacity.sh [--short]
 #   --short: 300 rooms at 1,000/s for 8 s with a burst of 5,000 at 4 s (CI).
 #   ROOMS, RATE, STEADY (seconds before the burst), BURST, AFTER (seconds
-#   after it) in the environment override the full run's shape.
+#   after it) in the environment override the full run's shape; NODE_FLAGS
+#   adds serve flags to both nodes (e.g. NODE_FLAGS="--batch-window 2ms").
 # Needs: Go, PostgreSQL (ROOST_TEST_DATABASE_URL), psql, redis-server, jq.
 # Loopback only; bounded; cleans up on any exit.
 # Writes $OUT/capacity.{json,svg,txt} and each node's log; ends with a
@@ -37,7 +38,7 @@ start_redis
 ports=($(free_ports 2))
 for k in 0 1; do
   start_node "n$k" "${ports[$k]}" --database-url "$db_url" --redis-url "redis://127.0.0.1:$redis_port" \
-    --connections $((rooms + 100))
+    --connections $((rooms + 100)) ${NODE_FLAGS:-}
 done
 log "2 nodes up; $rooms rooms at $rate/s for ${steady}s, then $burst publishes within 1 s, then ${after}s more"
 
