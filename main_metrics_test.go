@@ -67,6 +67,8 @@ var exposedMetrics = []string{
 	"roost_frames_in_total",
 	"roost_frames_out_total",
 	"roost_gap_closes_total",
+	"roost_catchups_abandoned_total",
+	"roost_store_reads_refused_total",
 	"roost_gap_repairs_total",
 	"roost_join_reads_total",
 	"roost_join_replays_total",

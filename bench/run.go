@@ -357,7 +357,11 @@ func (p *params) result(st *levelStats, offered float64, publishers int, benchCP
 	case st.Delivered < st.Expected:
 		r.Broken = fmt.Sprintf("delivery %.3f%%", r.DeliveryPct)
 	case st.Closes[1013] > 0:
-		r.Broken = fmt.Sprintf("%d slow-consumer closes (1013)", st.Closes[1013])
+		// 1013 is a slow consumer, a catch-up the node gave up (its store
+		// read refused in a reconnect storm) or an overload: the node's
+		// roost_slow_consumer_closes_total and roost_catchups_abandoned_total
+		// say which; the bench cannot.
+		r.Broken = fmt.Sprintf("%d closes 1013 (try again later)", st.Closes[1013])
 	case st.Gaps+st.Duplicates+st.Reordered > 0 || r.AckedNotReceived > 0:
 		r.Broken = "sequence errors"
 	case p.stepP99 > 0 && r.Latency.P99 > p.stepP99:

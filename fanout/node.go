@@ -80,17 +80,23 @@ type AckPhases struct {
 
 // Stats are fanout's counters, updated without locks.
 type Stats struct {
-	Joined        atomic.Int64  // live room memberships, all connections
-	SlowCloses    atomic.Uint64 // members closed for passing the outbound limit
-	Repairs       atomic.Uint64 // store reads to fill a gap
-	Replays       atomic.Uint64 // catch-up pages asked by joins with since
-	ReplayReads   atomic.Uint64 // store reads those took (shared by the rejoins of a room: ReplayShare)
-	GapCloses     atomic.Uint64 // rooms whose members were closed for a gap the store could not fill
-	ReadsRefused  atomic.Uint64 // store reads refused because the read queue was full (answered overloaded)
-	ResumesLost   atomic.Uint64 // joins with since answered recovered:false (the client missed messages)
-	BrokerErrors  atomic.Uint64 // broker publishes that failed (each is retried)
-	Rebroadcasts  atomic.Uint64 // failed broadcasts that a retry delivered
-	BrokerDropped atomic.Uint64 // failed broadcasts given up: receivers repair from the store
+	Joined       atomic.Int64  // live room memberships, all connections
+	SlowCloses   atomic.Uint64 // members closed for passing the outbound limit
+	Repairs      atomic.Uint64 // store reads to fill a gap
+	Replays      atomic.Uint64 // catch-up pages asked by joins with since
+	ReplayReads  atomic.Uint64 // store reads those took (shared by the rejoins of a room: ReplayShare)
+	GapCloses    atomic.Uint64 // rooms whose members were closed for a gap the store could not fill
+	ReadsRefused atomic.Uint64 // store reads refused because the read queue was full (answered overloaded)
+	// CatchupsAbandoned: joins with since whose catch-up could not go on
+	// (its store read failed or was refused, or retention removed messages
+	// under it); each member was closed with 1013 and rejoins. In a
+	// reconnect storm these are most of the node's 1013 closes, so an
+	// operator must be able to tell them from slow consumers.
+	CatchupsAbandoned atomic.Uint64
+	ResumesLost       atomic.Uint64 // joins with since answered recovered:false (the client missed messages)
+	BrokerErrors      atomic.Uint64 // broker publishes that failed (each is retried)
+	Rebroadcasts      atomic.Uint64 // failed broadcasts that a retry delivered
+	BrokerDropped     atomic.Uint64 // failed broadcasts given up: receivers repair from the store
 	// PresenceChanges counts per-user presence changes applied (a user's
 	// first connection in a room on this node, the end of its last one).
 	PresenceChanges atomic.Uint64

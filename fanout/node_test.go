@@ -3,6 +3,7 @@ package fanout
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -281,5 +282,40 @@ func TestOnCommittedSeesNewMessagesOnce(t *testing.T) {
 		if h.key != key || !ok || ts != h.ts || !bytes.Contains(h.frame, []byte(`"body":{"x":1}`)) {
 			t.Fatalf("hook got key %q ts %d, frame %q", h.key, h.ts, h.frame)
 		}
+	}
+}
+
+// failingRange is a memory store whose catch-up reads fail, as a
+// PostgreSQL store's do when its pool is exhausted in a reconnect storm.
+type failingRange struct{ *persist.Memory }
+
+func (failingRange) Range(context.Context, string, uint64, uint64, persist.Bounds) ([]proto.Message, bool, error) {
+	return nil, false, errors.New("store unavailable")
+}
+
+// TestCatchupAbandonedIsCounted: a join with since whose catch-up read
+// fails closes the member with 1013 (Resync) and counts it as an
+// abandoned catch-up, not as a slow consumer.
+func TestCatchupAbandonedIsCounted(t *testing.T) {
+	store := failingRange{persist.NewMemory(100)}
+	n, tb, l := testNode(t, store)
+	key := proto.RoomKey("app", "storm")
+	for i := 0; i < 5; i++ {
+		row := persist.Row{Key: key, From: "bob", ID: []byte(strconv.Itoa(i)), Body: []byte(`"x"`)}
+		if err := store.CommitBatch(context.Background(), []*persist.Row{&row}); err != nil || row.Stored.Err != nil {
+			t.Fatalf("commit: %v %v", err, row.Stored.Err)
+		}
+	}
+	o := &testOwner{}
+	m := member(o)
+	if err := tb.Join(m, []byte(key), Resume{Since: 1, HasSince: true}); err != nil {
+		t.Fatal(err)
+	}
+	l.pump(t, tb, func() bool { return o.resyncs == 1 })
+	if got := n.Stats.CatchupsAbandoned.Load(); got != 1 {
+		t.Fatalf("abandoned catch-ups %d, want 1", got)
+	}
+	if got := n.Stats.SlowCloses.Load(); got != 0 {
+		t.Fatalf("slow-consumer closes %d, want 0", got)
 	}
 }

@@ -424,6 +424,7 @@ func (t *Table) abandon(m *Member, j *joinState) {
 	r.removeJoiner(m)
 	m.dropJoin(r)
 	t.removeIfIdle(r)
+	t.node.Stats.CatchupsAbandoned.Add(1)
 	m.Out.Owner.Resync()
 }
 
