@@ -65,6 +65,7 @@ func (n *Node) writeMetrics(w io.Writer) {
 	c("roost_read_requests_limited_total", fs.ReadsLimited.Load())
 	c("roost_gap_closes_total", fs.GapCloses.Load())
 	c("roost_catchups_abandoned_total", fs.CatchupsAbandoned.Load())
+	c("roost_catchups_deferred_total", fs.CatchupsDeferred.Load())
 	c("roost_store_reads_refused_total", fs.ReadsRefused.Load())
 	c("roost_broker_errors_total", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())

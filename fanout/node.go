@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,10 @@ type Config struct {
 	MaxRooms      int           // rooms one connection may be in (joins on the way included)
 	Readers       int           // goroutines doing store reads (join catch-up, history, repair)
 	GapWindow     time.Duration // how long a missing seq may be awaited before repair
+	// ReadQueue: store reads waiting for a reader (default 4,096). Past it a
+	// history, presence or repair read is answered overloaded, and a
+	// join's catch-up waits on its loop for the next tick.
+	ReadQueue int
 }
 
 // Observer is a histogram as fanout and the loops feed it (a
@@ -88,15 +93,17 @@ type Stats struct {
 	GapCloses    atomic.Uint64 // rooms whose members were closed for a gap the store could not fill
 	ReadsRefused atomic.Uint64 // store reads refused because the read queue was full (answered overloaded)
 	// CatchupsAbandoned: joins with since whose catch-up could not go on
-	// (its store read failed or was refused, or retention removed messages
-	// under it); each member was closed with 1013 and rejoins. In a
-	// reconnect storm these are most of the node's 1013 closes, so an
-	// operator must be able to tell them from slow consumers.
+	// (its store read failed, or retention removed messages under it);
+	// each member was closed with 1013 and rejoins. Counted apart from
+	// slow consumers, which close with the same code.
 	CatchupsAbandoned atomic.Uint64
-	ResumesLost       atomic.Uint64 // joins with since answered recovered:false (the client missed messages)
-	BrokerErrors      atomic.Uint64 // broker publishes that failed (each is retried)
-	Rebroadcasts      atomic.Uint64 // failed broadcasts that a retry delivered
-	BrokerDropped     atomic.Uint64 // failed broadcasts given up: receivers repair from the store
+	// CatchupsDeferred: catch-up pages that found the read queue full and
+	// waited on their loop for a tick rather than close the client.
+	CatchupsDeferred atomic.Uint64
+	ResumesLost      atomic.Uint64 // joins with since answered recovered:false (the client missed messages)
+	BrokerErrors     atomic.Uint64 // broker publishes that failed (each is retried)
+	Rebroadcasts     atomic.Uint64 // failed broadcasts that a retry delivered
+	BrokerDropped    atomic.Uint64 // failed broadcasts given up: receivers repair from the store
 	// PresenceChanges counts per-user presence changes applied (a user's
 	// first connection in a room on this node, the end of its last one).
 	PresenceChanges atomic.Uint64
@@ -306,7 +313,7 @@ func New(cfg Config, p Parts) (*Node, error) {
 		cfg:     cfg,
 		log:     p.Log,
 		store:   p.Store,
-		reads:   make(chan readJob, 4096),
+		reads:   make(chan readJob, cmp.Or(cfg.ReadQueue, 4096)),
 		signals: make(chan signalJob, signalQueue),
 		sigNode: signalNode(),
 		replays: NewReplayShare(p.Store, replayKeep, replayRooms, replayBytes),

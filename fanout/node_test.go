@@ -319,3 +319,79 @@ func TestCatchupAbandonedIsCounted(t *testing.T) {
 		t.Fatalf("slow-consumer closes %d, want 0", got)
 	}
 }
+
+// blockedRange is a memory store whose catch-up reads wait for release:
+// readers busy, as in a reconnect storm.
+type blockedRange struct {
+	*persist.Memory
+	release chan struct{}
+}
+
+func (b blockedRange) Range(ctx context.Context, key string, after, upto uint64, bd persist.Bounds) ([]proto.Message, bool, error) {
+	<-b.release
+	return b.Memory.Range(ctx, key, after, upto, bd)
+}
+
+// TestCatchupWaitsForTheReaders: a join with since whose catch-up finds
+// the read queue full waits for a tick and is caught up once the readers
+// have room; it is not closed with 1013.
+func TestCatchupWaitsForTheReaders(t *testing.T) {
+	store := blockedRange{persist.NewMemory(100), make(chan struct{})}
+	n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 1, ReadQueue: 1, GapWindow: 10 * time.Millisecond},
+		Parts{Store: store, Pool: PoolConfig{Window: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	var released sync.Once
+	release := func() { released.Do(func() { close(store.release) }) }
+	t.Cleanup(release) // before Close: a reader still waits in Range on a failure
+	l := &testLoop{}
+	tb := n.NewTable(0, l)
+	key := proto.RoomKey("app", "storm")
+	for i := 1; i <= 5; i++ {
+		row := persist.Row{Key: key, From: "bob", ID: []byte(strconv.Itoa(i)), Body: []byte(`"x"`)}
+		if err := store.CommitBatch(context.Background(), []*persist.Row{&row}); err != nil || row.Stored.Err != nil {
+			t.Fatalf("commit: %v %v", err, row.Stored.Err)
+		}
+	}
+	owners := make([]*testOwner, 4)
+	ms := make([]*Member, 4)
+	for i := range ms {
+		owners[i] = &testOwner{}
+		ms[i] = member(owners[i])
+		if err := tb.Join(ms[i], []byte(key), Resume{Since: 1, HasSince: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The room's head first (one read), then one catch-up per member: the
+	// reader holds one, the queue one, the others wait on the loop.
+	deadline := time.Now().Add(5 * time.Second)
+	for n.Stats.CatchupsDeferred.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no catch-up waited for the readers")
+		}
+		l.runPosted(tb)
+		tb.PumpPaced()
+		time.Sleep(time.Millisecond)
+	}
+	release()
+	l.pump(t, tb, func() bool {
+		tb.PumpPaced()
+		for _, m := range ms {
+			// a catch-up page is one buffer of frames: seqs 2 to 5
+			if all := bytes.Join(m.Out.Pending(), nil); bytes.Count(all, []byte(`"op":"msg"`)) != 4 || !bytes.Contains(all, []byte(`"seq":5,`)) {
+				return false
+			}
+		}
+		return true
+	})
+	for i, o := range owners {
+		if o.resyncs != 0 {
+			t.Fatalf("member %d closed with 1013 %d times", i, o.resyncs)
+		}
+	}
+	if got := n.Stats.CatchupsAbandoned.Load(); got != 0 {
+		t.Fatalf("abandoned catch-ups %d, want 0", got)
+	}
+}

@@ -80,6 +80,16 @@ func (n *Node) read(j readJob) {
 	}
 }
 
+// tryRead queues a store read unless the queue is full.
+func (n *Node) tryRead(j readJob) bool {
+	select {
+	case n.reads <- j:
+		return true
+	default:
+		return false
+	}
+}
+
 func (j *readJob) failed(err error) Event {
 	switch j.kind {
 	case rLastSeq:

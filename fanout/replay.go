@@ -94,13 +94,27 @@ func (t *Table) pump(m *Member) {
 		t.pump(m) // left meanwhile
 		return
 	}
-	q.reading = true
 	jb := readJob{kind: rReplay, table: t, member: m, room: j.room, key: j.room.key, after: j.after, upto: j.room.last}
 	if !j.joined {
 		jb.first = true
 		jb.other = j.hasEpoch && j.epoch != j.room.epoch
 	}
-	t.node.read(jb)
+	if !t.node.tryRead(jb) {
+		// The readers are behind, as in a reconnect storm of thousands
+		// rejoining with since: closing the client (1013) would only bring
+		// it back later with the same catch-up, and make the storm last.
+		// The page waits at the front of its queue for the next tick.
+		t.node.Stats.CatchupsDeferred.Add(1)
+		q.items = append(q.items, readItem{})
+		copy(q.items[1:], q.items)
+		q.items[0] = it
+		if !q.paced {
+			q.paced = true
+			t.paced = append(t.paced, m)
+		}
+		return
+	}
+	q.reading = true
 }
 
 // PumpPaced retries the members whose reads waited for their output. The
