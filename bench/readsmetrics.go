@@ -10,15 +10,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/roost-chat/roost/fanout"
 )
 
 // The node's own split of an ack's time over a window of the reads bench:
 // roost_ack_phase_seconds{phase} (docs/operations.md, "Where an ack
 // waits"), the difference of the scrapes at the window's edges.
-
-// ackPhaseOrder is the order a publish passes the phases (fanout's
-// ackPhaseNames): the report's order.
-var ackPhaseOrder = []string{"queue", "pipeline", "window", "commit", "answer", "broker", "inbox", "write"}
 
 // ackPhaseStat is one phase's observations in a window.
 type ackPhaseStat struct {
@@ -92,37 +90,26 @@ func seriesLabels(series string) (string, map[string]string) {
 }
 
 // ackSplit is each ack phase's count, mean and p99 between two scrapes of
-// a node's metrics. Buckets are Prometheus' cumulative `le` or
-// VictoriaMetrics' `vmrange` ("lo...hi", each range counted on its own).
+// a node's metrics, in the order a publish passes the phases. The node
+// writes the histogram with cumulative `le` buckets (fanout/hist).
 func ackSplit(before, after map[string]float64) ([]ackPhaseStat, error) {
 	const name = "roost_ack_phase_seconds"
 	buckets := map[string][]histBucket{}
-	cumulative := map[string]bool{}
 	for series, v := range after {
 		n, labels := seriesLabels(series)
-		if n != name+"_bucket" {
+		le, ok := labels["le"]
+		if n != name+"_bucket" || !ok {
 			continue
 		}
-		ph := labels["phase"]
-		d := v - before[series]
-		if le, ok := labels["le"]; ok {
-			upper, err := strconv.ParseFloat(le, 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", series, err)
-			}
-			buckets[ph] = append(buckets[ph], histBucket{upper, d})
-			cumulative[ph] = true
-		} else if r, ok := labels["vmrange"]; ok {
-			_, hi, ok := strings.Cut(r, "...")
-			upper, err := strconv.ParseFloat(hi, 64)
-			if !ok || err != nil {
-				return nil, fmt.Errorf("%s: bad vmrange", series)
-			}
-			buckets[ph] = append(buckets[ph], histBucket{upper, d})
+		upper, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", series, err)
 		}
+		ph := labels["phase"]
+		buckets[ph] = append(buckets[ph], histBucket{upper, v - before[series]})
 	}
 	var out []ackPhaseStat
-	for _, ph := range ackPhaseOrder {
+	for _, ph := range fanout.AckPhaseNames {
 		key := `{phase="` + ph + `"}`
 		cnt, ok := after[name+"_count"+key]
 		if !ok {
@@ -136,11 +123,6 @@ func ackSplit(before, after map[string]float64) ([]ackPhaseStat, error) {
 		}
 		bs := buckets[ph]
 		sort.Slice(bs, func(i, j int) bool { return bs[i].upper < bs[j].upper })
-		if !cumulative[ph] {
-			for i := 1; i < len(bs); i++ {
-				bs[i].n += bs[i-1].n
-			}
-		}
 		if len(bs) > 0 && n > 0 {
 			st.p99, st.p99Above = bucketQuantile(0.99, n, bs)
 			st.p99OK = true

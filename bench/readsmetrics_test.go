@@ -69,24 +69,6 @@ roost_read_marks_written_total 7
 	}
 }
 
-// VictoriaMetrics' vmrange buckets count each range on its own.
-func TestAckSplitVmrange(t *testing.T) {
-	after := mustParseMetrics(t, `roost_ack_phase_seconds_bucket{phase="queue",vmrange="1.000e-04...1.136e-04"} 50
-roost_ack_phase_seconds_bucket{phase="queue",vmrange="1.136e-04...1.292e-04"} 49
-roost_ack_phase_seconds_bucket{phase="queue",vmrange="1.292e-04...1.468e-04"} 1
-roost_ack_phase_seconds_sum{phase="queue"} 0.012
-roost_ack_phase_seconds_count{phase="queue"} 100
-`)
-	split, err := ackSplit(map[string]float64{}, after)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := split[0]
-	if q.count != 100 || !near(q.mean, 0.00012) || q.p99Above || !near(q.p99, 1.292e-4) {
-		t.Fatalf("queue %+v", q)
-	}
-}
-
 // A node without the histogram (an older version) is said, not a zero.
 func TestAckSplitMissing(t *testing.T) {
 	m := mustParseMetrics(t, "roost_acks_total 5\n")

@@ -70,11 +70,10 @@ const (
 const readTimeout = 10 * time.Second
 
 // read queues a store read without blocking the loop. A full queue answers
-// at once rather than stall every connection of the loop.
+// at once rather than stall every connection of the loop (a catch-up page
+// waits instead: Table.pump).
 func (n *Node) read(j readJob) {
-	select {
-	case n.reads <- j:
-	default:
+	if !n.tryRead(j) {
 		n.Stats.ReadsRefused.Add(1)
 		j.table.loop.Post(j.failed(proto.ErrOverloaded))
 	}

@@ -1,6 +1,9 @@
 package fanout
 
-import "sync/atomic"
+import (
+	"slices"
+	"sync/atomic"
+)
 
 // Replays (join catch-up pages, history answers) are paced by the member's
 // outbound budget: each member has one store read in flight at a time, in
@@ -105,9 +108,7 @@ func (t *Table) pump(m *Member) {
 		// it back later with the same catch-up, and make the storm last.
 		// The page waits at the front of its queue for the next tick.
 		t.node.Stats.CatchupsDeferred.Add(1)
-		q.items = append(q.items, readItem{})
-		copy(q.items[1:], q.items)
-		q.items[0] = it
+		q.items = slices.Insert(q.items, 0, it)
 		if !q.paced {
 			q.paced = true
 			t.paced = append(t.paced, m)

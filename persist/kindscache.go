@@ -15,9 +15,10 @@ import (
 // else wrote to the room: every batch committed from it carries a guard
 // (changesGuardSQL) that checks the room's last_seq and kept_from (no
 // message named removed) under the room lock, and a failed guard or any
-// failed commit forgets the rooms. Bounded: a room past kcMaxRefs messages or kcMaxReacts
-// reactions is forgotten (its next batch reads, as without the cache),
-// and past kcMaxRooms rooms one is forgotten for each one learned.
+// failed commit forgets the rooms. Bounded: a room past kcMaxRefs
+// messages or kcMaxReacts reactions is forgotten (its next batch reads,
+// as without the cache), and past kcMaxRooms rooms one is forgotten for
+// each one learned.
 type kindsCache struct {
 	mu    sync.Mutex
 	rooms map[int64]*kcRoom
