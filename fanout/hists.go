@@ -13,13 +13,13 @@ type histograms struct {
 	publish     *hist.Histogram // seconds from a publish entering to its commit
 	broker      *hist.Histogram // seconds one broker round trip of a commit batch takes
 	deliveryLag *hist.Histogram // seconds from commit to arrival through the broker, sampled
-	ackPhases   *hist.Family    // roost_ack_phase_seconds{phase}: an ack's time split (AckPhaseNames)
+	ackPhases   *hist.Family    // roost_ack_phase_seconds{phase}: an ack's time split (ackPhaseNames)
 }
 
-// AckPhaseNames are the phase label values of roost_ack_phase_seconds, in
+// ackPhaseNames are the phase label values of roost_ack_phase_seconds, in
 // the order a publish passes them (docs/operations.md): AckPhases' six,
-// then the loop's inbox and write. Exported for the bench's report of them.
-var AckPhaseNames = []string{"queue", "pipeline", "window", "commit", "answer", "broker", "inbox", "write"}
+// then the loop's inbox and write.
+var ackPhaseNames = []string{"queue", "pipeline", "window", "commit", "answer", "broker", "inbox", "write"}
 
 // ackPhaseBuckets are finer than hist.LatencyBuckets where an ack's
 // phases differ: a few milliseconds.
@@ -30,7 +30,7 @@ func newHistograms() *histograms {
 		publish:     hist.New("roost_publish_latency_seconds", hist.LatencyBuckets),
 		broker:      hist.New("roost_broker_publish_seconds", hist.LatencyBuckets),
 		deliveryLag: hist.New("roost_broker_delivery_lag_seconds", hist.LatencyBuckets),
-		ackPhases:   hist.NewFamily("roost_ack_phase_seconds", "phase", AckPhaseNames, ackPhaseBuckets),
+		ackPhases:   hist.NewFamily("roost_ack_phase_seconds", "phase", ackPhaseNames, ackPhaseBuckets),
 	}
 }
 
