@@ -97,8 +97,10 @@ type Stats struct {
 	// each member was closed with 1013 and rejoins. Counted apart from
 	// slow consumers, which close with the same code.
 	CatchupsAbandoned atomic.Uint64
-	// CatchupsDeferred: catch-up pages that found the read queue full and
-	// waited on their loop for a tick rather than close the client.
+	// CatchupsDeferred: times a catch-up page found the read queue full and
+	// waited on its loop for a tick rather than close the client; a page
+	// that waits several ticks counts once for each, so the rate tells how
+	// long the readers stayed behind, not how many clients waited.
 	CatchupsDeferred atomic.Uint64
 	ResumesLost      atomic.Uint64 // joins with since answered recovered:false (the client missed messages)
 	BrokerErrors     atomic.Uint64 // broker publishes that failed (each is retried)
