@@ -121,3 +121,54 @@ func pgBatches(b *testing.B, url string, per int, unit string, batch func()) {
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*per), "pg-µs/"+unit)
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/batch")
 }
+
+// BenchmarkPGUnread100: PostgreSQL CPU per unread request of 100 rooms
+// (one Unread), the rooms spread over an app of 1,000 with 20 entries
+// each, asked by a user with a position in every room (read) or in none
+// (none: `roost bench reads --users 0`'s askers). The room ids are cached,
+// as on a node that has asked or published there before.
+//
+//	go test -run XXX -bench PGUnread100 -benchtime 2000x ./persist/
+func BenchmarkPGUnread100(b *testing.B) {
+	ctx := context.Background()
+	url := newTestDB(b)
+	st := openTestPG(b, url, PGConfig{MaxConns: 1})
+	defer st.Close()
+	const rooms, entries = 1000, 20
+	key := func(r int) string { return fmt.Sprint("a/r", r) }
+	for e := range entries {
+		rows := make([]*Row, rooms)
+		for r := range rows {
+			rows[r] = &Row{Key: key(r), From: "p", ID: []byte(fmt.Sprint(e)), Body: []byte(`{"text":"hi"}`)}
+		}
+		if err := st.CommitBatch(ctx, rows); err != nil {
+			b.Fatal(err)
+		}
+	}
+	marks := make([]ReadMark, rooms)
+	for r := range marks {
+		marks[r] = ReadMark{Key: key(r), User: "reader", Seq: entries / 2}
+	}
+	if err := st.SaveReads(ctx, marks); err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = key(i * rooms / len(keys))
+	}
+	for _, user := range []string{"reader", "none"} {
+		b.Run(map[string]string{"reader": "read", "none": "none"}[user], func(b *testing.B) {
+			last, read, count := make([]uint64, len(keys)), make([]uint64, len(keys)), make([]uint64, len(keys))
+			want := map[string]uint64{"reader": entries / 2, "none": entries}[user]
+			pgBatches(b, url, 1, "unread", func() {
+				clear(read)
+				if err := st.Unread(ctx, keys, user, last, read, count); err != nil {
+					b.Fatal(err)
+				}
+				if last[99] != entries || count[99] != want {
+					b.Fatalf("last %d read %d count %d", last[99], read[99], count[99])
+				}
+			})
+		})
+	}
+}

@@ -168,53 +168,77 @@ func (m *Memory) Unread(_ context.Context, keys []string, user string, last, rea
 	return nil
 }
 
-// unreadSQL answers every room of an Unread in one statement. A room's
-// count is its messages (rooms.msgs) less those up to the position: the
-// running count the entry at or before the position keeps (messages.msgs;
-// NULL on rows stored before kinds existed, when every entry was a
-// message and the count was the seq), or, when retention removed every
-// entry up to the position, the oldest kept entry's count less itself.
-// Index probes per room, never a scan. The room and its read position
-// are each probed through a LIMIT 1 lateral, which the planner cannot
-// flatten into a join: as plain joins the store connections' generic
-// plan could read every room of the app (a bitmap scan on app, then a
-// hash join on the names; seen on a database not analyzed yet) and every
-// position of the user, costs that grow with the app's rooms, not with
-// the rooms asked (TestPostgresUnreadPlan).
+// unreadSQL answers every room of an Unread in one statement, the rooms
+// given by id. A room's count is its messages (rooms.msgs) less those up
+// to the position: the running count the entry at or before the position
+// keeps (messages.msgs; NULL on rows stored before kinds existed, when
+// every entry was a message and the count was the seq), or, when
+// retention removed every entry up to the position, the oldest kept
+// entry's count less itself. Position 0 has no entry at or before it, so
+// only the oldest kept entry is probed. Index probes per room, never a
+// scan. The room and its read position are each probed through a LIMIT 1
+// lateral, which the planner cannot flatten into a join: as plain joins
+// the store connections' generic plan could read every room (a scan of
+// rooms, then a hash join; seen by (app, name) on a database not analyzed
+// yet) and every position of the user, costs that grow with the rooms
+// stored, not with the rooms asked (TestPostgresUnreadPlan). By id rather
+// than by (app, name): the UNIQUE (app, name) index compares two texts by
+// the database's collation at every step of each probe (strcoll unless
+// the collation is C), where rooms_pkey compares integers, and the node
+// holds the ids already.
 const unreadSQL = `
 SELECT k.i, r.last_seq, x.pos, CASE WHEN x.pos >= r.last_seq THEN 0 ELSE r.msgs - coalesce(
-	(SELECT coalesce(m.msgs, m.seq) FROM messages m WHERE m.room_id = r.id AND m.seq <= x.pos ORDER BY m.seq DESC LIMIT 1),
+	CASE WHEN x.pos > 0 THEN (SELECT coalesce(m.msgs, m.seq) FROM messages m WHERE m.room_id = r.id AND m.seq <= x.pos ORDER BY m.seq DESC LIMIT 1) END,
 	(SELECT coalesce(m.msgs, m.seq) - (m.kind = 0)::int FROM messages m WHERE m.room_id = r.id AND m.seq > x.pos ORDER BY m.seq LIMIT 1),
 	r.msgs) END
-FROM unnest($2::text[], $4::int8[]) WITH ORDINALITY AS k (name, floor, i)
-JOIN LATERAL (SELECT r.id, r.last_seq, r.msgs FROM rooms r WHERE r.app = $1 AND r.name = k.name LIMIT 1) r ON true
-LEFT JOIN LATERAL (SELECT p.seq FROM read_positions p WHERE p.room_id = r.id AND p.user_id = $3 LIMIT 1) rp ON true
+FROM unnest($1::int8[], $3::int8[]) WITH ORDINALITY AS k (id, floor, i)
+JOIN LATERAL (SELECT r.id, r.last_seq, r.msgs FROM rooms r WHERE r.id = k.id LIMIT 1) r ON true
+LEFT JOIN LATERAL (SELECT p.seq FROM read_positions p WHERE p.room_id = r.id AND p.user_id = $2 LIMIT 1) rp ON true
 CROSS JOIN LATERAL (SELECT GREATEST(coalesce(rp.seq, 0), k.floor) AS pos) x`
 
-// Unread implements Reads: one query for every room.
+// Unread implements Reads: the rooms' ids from the node's cache (those
+// not cached yet read once, as readRooms does for commits), then one
+// query for every room that exists; a room that does not is left out,
+// its last and count 0.
 func (p *Postgres) Unread(ctx context.Context, keys []string, user string, last, read, count []uint64) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	app, _ := proto.SplitKey(keys[0])
-	names := make([]string, len(keys))
-	floors := make([]int64, len(keys))
+	ids := make([]int64, 0, len(keys))
+	floors := make([]int64, 0, len(keys))
+	at := make([]int, 0, len(keys)) // ids[j] is the room keys[at[j]]
+	var missing []string
 	for i, k := range keys {
-		_, names[i] = proto.SplitKey(k)
-		floors[i] = clampSeq(read[i])
 		last[i], count[i] = 0, 0
+		if _, ok := p.cachedRoom(k); !ok {
+			missing = append(missing, k)
+		}
 	}
-	rows, err := p.pool.Query(ctx, unreadSQL, app, names, user, floors)
+	if len(missing) > 0 {
+		if err := p.readRooms(ctx, missing); err != nil {
+			return p.wrap("look up rooms", err)
+		}
+	}
+	for i, k := range keys {
+		if id, ok := p.cachedRoom(k); ok {
+			ids, floors, at = append(ids, id), append(floors, clampSeq(read[i])), append(at, i)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := p.pool.Query(ctx, unreadSQL, ids, user, floors)
 	if err != nil {
 		return p.wrap("read unread counts", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var i, l, r, c int64
-		if err := rows.Scan(&i, &l, &r, &c); err != nil {
+		var j, l, r, c int64
+		if err := rows.Scan(&j, &l, &r, &c); err != nil {
 			return p.wrap("read unread counts", err)
 		}
-		last[i-1], read[i-1], count[i-1] = uint64(l), uint64(r), uint64(max(c, 0))
+		i := at[j-1]
+		last[i], read[i], count[i] = uint64(l), uint64(r), uint64(max(c, 0))
 	}
 	if err := rows.Err(); err != nil {
 		return p.wrap("read unread counts", err)

@@ -2,7 +2,7 @@ package persist
 
 import (
 	"context"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,35 +94,36 @@ func TestReadPositionsGoWithRoom(t *testing.T) {
 	}
 }
 
-// BenchmarkPostgresUnread100 is the store's part of an unread request of
-// 100 rooms: one query for the rooms' newest seqs and the user's
-// positions.
-func BenchmarkPostgresUnread100(b *testing.B) {
+// Unread on a node that has not seen the rooms yet (its id cache empty:
+// another node made them) looks their ids up and answers as for cached
+// ones; a room never published to is left out (last and count 0, the
+// position as given), wherever it stands among the keys.
+func TestPostgresUnreadUncachedRooms(t *testing.T) {
 	ctx := context.Background()
-	p := openTestPG(b, newTestDB(b), PGConfig{})
-	defer p.Close()
-	keys := make([]string, 100)
-	var marks []ReadMark
-	for i := range keys {
-		keys[i] = proto.RoomKey("app", "r"+strconv.Itoa(i))
-		if err := p.CommitBatch(ctx, []*Row{req(keys[i], "u", "m", `1`), req(keys[i], "u", "n", `2`)}); err != nil {
-			b.Fatal(err)
+	url := newTestDB(t)
+	a := openTestPG(t, url, PGConfig{})
+	defer a.Close()
+	k1, k2 := proto.RoomKey("app", "r1"), proto.RoomKey("app", "r2")
+	fill(t, a, k1, 5)
+	fill(t, a, k2, 3)
+	if err := a.SaveReads(ctx, []ReadMark{{Key: k1, User: "alice", Seq: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	b := openTestPG(t, url, PGConfig{})
+	defer b.Close()
+	keys := []string{proto.RoomKey("app", "never"), k1, proto.RoomKey("app", "never2"), k2}
+	for range 2 { // uncached, then cached
+		last, read, count := make([]uint64, 4), []uint64{7, 0, 0, 1}, make([]uint64, 4)
+		if err := b.Unread(ctx, keys, "alice", last, read, count); err != nil {
+			t.Fatal(err)
 		}
-		marks = append(marks, ReadMark{Key: keys[i], User: "alice", Seq: 1})
-	}
-	if err := p.SaveReads(ctx, marks); err != nil {
-		b.Fatal(err)
-	}
-	last, read, count := make([]uint64, 100), make([]uint64, 100), make([]uint64, 100)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		clear(read)
-		if err := p.Unread(ctx, keys, "alice", last, read, count); err != nil {
-			b.Fatal(err)
+		want := [3][]uint64{{0, 5, 0, 3}, {7, 2, 0, 1}, {0, 3, 0, 2}}
+		if !slices.Equal(last, want[0]) || !slices.Equal(read, want[1]) || !slices.Equal(count, want[2]) {
+			t.Fatalf("last %v read %v count %v; want %v", last, read, count, want)
 		}
 	}
-	if last[99] != 2 || read[99] != 1 || count[99] != 1 {
-		b.Fatalf("last %d read %d count %d", last[99], read[99], count[99])
+	if _, ok := b.cachedRoom(k2); !ok {
+		t.Fatal("the room's id was not cached")
 	}
 }
 
