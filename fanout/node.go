@@ -92,6 +92,9 @@ type Stats struct {
 	ReplayReads  atomic.Uint64 // store reads those took (shared by the rejoins of a room: ReplayShare)
 	GapCloses    atomic.Uint64 // rooms whose members were closed for a gap the store could not fill
 	ReadsRefused atomic.Uint64 // store reads refused because the read queue was full (answered overloaded)
+	// UnreadRefused: unread requests answered overloaded because their
+	// unread worker's queue was full (a flood of them, or a slow store).
+	UnreadRefused atomic.Uint64
 	// CatchupsAbandoned: joins with since whose catch-up could not go on
 	// (its store read failed, or retention removed messages under it);
 	// each member was closed with 1013 and rejoins. Counted apart from
@@ -390,6 +393,12 @@ func New(cfg Config, p Parts) (*Node, error) {
 	})
 	n.wg.Add(1)
 	go n.pos.run()
+	for _, q := range n.pos.unreadQ {
+		if q != nil {
+			n.wg.Add(1)
+			go n.pos.unreadWorker(q)
+		}
+	}
 	return n, nil
 }
 

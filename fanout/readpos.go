@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"hash/maphash"
 	"slices"
 	"strings"
 	"sync"
@@ -112,6 +113,8 @@ type positions struct {
 	inLen   atomic.Int64  // len(in), for the loops' bound (queuePos)
 	wake    chan struct{} // in went from empty to not
 	ans     [][]Event     // per loop: answers not posted yet
+
+	unreadQ [unreadWorkers]chan unreadJob // to the unread workers (reads != nil)
 }
 
 func newPositions(n *Node, st persist.Store) *positions {
@@ -121,6 +124,9 @@ func newPositions(n *Node, st persist.Store) *positions {
 	p.reads, _ = st.(persist.Reads)
 	if p.reads != nil {
 		p.hand = &readHandoff{reads: p.reads, written: &n.Stats.ReadMarksWritten}
+		for i := range p.unreadQ {
+			p.unreadQ[i] = make(chan unreadJob, unreadQueue)
+		}
 	}
 	return p
 }
@@ -402,36 +408,112 @@ func (n *Node) Unread(ctx context.Context, app, user string, rooms []string) ([]
 // less the one at the position, read with the room's seq and never by
 // scanning messages. The position the node holds (a mark not saved yet)
 // is the floor of the stored one.
+//
+// This goroutine takes only what it owns (the floors, the rooms' newest
+// seqs) and hands the store's read to an unread worker: with PostgreSQL
+// the read takes a millisecond or more, and every mark and receipts query
+// of the node waited behind it (100 unread requests a second held this
+// goroutine ~15 % of the time; a flood of them would hold it all). The
+// answer then leaves apart from the marks' (its own Post), so it may pass
+// an earlier answer to the same client; it still counts from every mark
+// and own publish the user made before asking. A full worker queue is
+// answered overloaded, as a full positions queue is.
 func (p *positions) unread(j posJob) {
 	rooms := j.rooms()
 	n := len(rooms)
-	keys := make([]string, n)
+	u := unreadJob{j: j, keys: make([]string, n), vals: make([]uint64, 4*n)}
+	_, read, _, newest := u.split()
 	for i, r := range rooms {
-		keys[i] = proto.RoomKey(j.key, r)
-	}
-	vals := make([]uint64, 3*n)
-	last, read, count := vals[:n], vals[n:2*n], vals[2*n:]
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for i, k := range keys {
+		k := proto.RoomKey(j.key, r)
+		u.keys[i] = k
 		pk := posKey{k, j.user}
 		read[i] = max(p.pos[pk], p.floor.get(pk))
+		newest[i] = p.newest[k]
 	}
-	var err error
-	if p.reads != nil {
-		err = p.reads.Unread(ctx, keys, j.user, last, read, count)
-	} else {
-		for i, k := range keys {
-			if last[i], err = p.n.store.LastSeq(ctx, k); err != nil {
-				break
-			}
-			count[i] = last[i] - min(read[i], last[i])
+	if p.reads == nil {
+		p.answerUnread(u, p.countUnread(u), true)
+		return
+	}
+	select {
+	case p.unreadQ[unreadWorkerOf(j.user)] <- u:
+	default:
+		p.n.Stats.UnreadRefused.Add(1)
+		p.answerUnread(u, proto.ErrOverloaded, true)
+	}
+}
+
+// unreadWorkers do the store reads of unread requests (positions.unread),
+// each with a queue of unreadQueue; a user's requests all go to one of
+// them, so that its answers leave in the order asked.
+const (
+	unreadWorkers = 4
+	unreadQueue   = 64
+)
+
+// unreadSeed picks a user's unread worker.
+var unreadSeed = maphash.MakeSeed()
+
+func unreadWorkerOf(user string) int {
+	return int(maphash.String(unreadSeed, user) % unreadWorkers)
+}
+
+// unreadJob is an unread request with what the positions goroutine knew
+// when it was asked.
+type unreadJob struct {
+	j    posJob
+	keys []string
+	vals []uint64 // last, read (the floors), count, newest: len(keys) each
+}
+
+func (u *unreadJob) split() (last, read, count, newest []uint64) {
+	n := len(u.keys)
+	return u.vals[:n], u.vals[n : 2*n], u.vals[2*n : 3*n], u.vals[3*n:]
+}
+
+// unreadWorker runs unread requests' store reads, posting each answer to
+// its loop (or the API caller) itself.
+func (p *positions) unreadWorker(q chan unreadJob) {
+	defer p.n.wg.Done()
+	for {
+		select {
+		case <-p.n.done:
+			return
+		case u := <-q:
+			p.answerUnread(u, p.countUnread(u), false)
 		}
 	}
+}
+
+// countUnread reads u's rooms from the store. Safe on any goroutine: it
+// touches nothing of positions' own state.
+func (p *positions) countUnread(u unreadJob) error {
+	last, read, count, _ := u.split()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if p.reads != nil {
+		return p.reads.Unread(ctx, u.keys, u.j.user, last, read, count)
+	}
+	for i, k := range u.keys {
+		var err error
+		if last[i], err = p.n.store.LastSeq(ctx, k); err != nil {
+			return err
+		}
+		count[i] = last[i] - min(read[i], last[i])
+	}
+	return nil
+}
+
+// answerUnread answers u: to the API caller, or to the client, through
+// p.post in order with the other answers when called on the positions
+// goroutine (onPos), else through the loop's own Post.
+func (p *positions) answerUnread(u unreadJob, err error, onPos bool) {
+	j := u.j
+	rooms := j.rooms()
+	last, read, count, newest := u.split()
 	var obj []byte
 	if err == nil {
-		for i, k := range keys {
-			last[i] = max(last[i], p.newest[k])
+		for i := range u.keys {
+			last[i] = max(last[i], newest[i])
 			if read[i] >= last[i] {
 				read[i], count[i] = last[i], 0
 			}
@@ -446,7 +528,11 @@ func (p *positions) unread(j posJob) {
 	if err == nil {
 		ev.frame = proto.AppendUnreadFrame(nil, rooms, read, last, count)
 	}
-	p.post(int(j.loop), ev)
+	if onPos {
+		p.post(int(j.loop), ev)
+		return
+	}
+	p.n.tables[j.loop].Load().loop.Post(ev)
 }
 
 // mark applies one mark: checked against the room's newest seq, then the

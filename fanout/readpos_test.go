@@ -3,6 +3,8 @@ package fanout
 import (
 	"bytes"
 	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -179,15 +181,20 @@ func TestReadMarksGoTogether(t *testing.T) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	// The rest are the moves' announcements (evUserFrame), posted apart.
+	// The rest are the moves' announcements (evUserFrame), posted apart,
+	// and the unread answer, which an unread worker posts itself.
 	var answers []Event
-	for _, ev := range l.evs {
-		if ev.kind == evReadDone {
+	var unread *Event
+	for i, ev := range l.evs {
+		switch {
+		case ev.kind == evReadDone && ev.key == "test":
+			unread = &l.evs[i]
+		case ev.kind == evReadDone:
 			answers = append(answers, ev)
 		}
 	}
-	if len(answers) != marks+2 || l.posts != 1 {
-		t.Fatalf("answers %d in %d PostAlls, want %d in 1", len(answers), l.posts, marks+2)
+	if len(answers) != marks+1 || l.posts != 1 || unread == nil {
+		t.Fatalf("answers %d in %d PostAlls, want %d in 1, and the unread one (%v)", len(answers), l.posts, marks+1, unread != nil)
 	}
 	for i := range marks {
 		if ev := answers[i]; ev.member != &ms[i] || ev.seq != uint64(i%9+1) || ev.err != nil {
@@ -198,7 +205,95 @@ func TestReadMarksGoTogether(t *testing.T) {
 		t.Fatalf("x's mark: %+v", ev)
 	}
 	want := `{"op":"unread","rooms":{"r":{"read":5,"seq":9,"count":4}}}`
-	if f, _ := proto.ServerFramePayload(answers[marks+1].frame); string(f) != want {
+	if f, _ := proto.ServerFramePayload(unread.frame); unread.member != &ms[marks] || string(f) != want {
 		t.Fatalf("x's unread: %s, want %s", f, want)
+	}
+}
+
+// slowReads is a memory store whose unread counts wait for the test.
+type slowReads struct {
+	*persist.Memory
+	in   chan struct{} // an Unread has begun
+	gate chan struct{} // closed: Unreads go on
+}
+
+func (s *slowReads) Unread(ctx context.Context, keys []string, user string, last, read, count []uint64) error {
+	s.in <- struct{}{}
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.Memory.Unread(ctx, keys, user, last, read, count)
+}
+
+// waitEvent waits for an event the loop got that ok accepts.
+func waitEvent(t *testing.T, l *testLoop, what string, ok func(*Event) bool) Event {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		l.mu.Lock()
+		for i := range l.evs {
+			if ok(&l.evs[i]) {
+				ev := l.evs[i]
+				l.mu.Unlock()
+				return ev
+			}
+		}
+		l.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("no", what)
+	return Event{}
+}
+
+// An unread request's store read runs off the positions goroutine: while
+// it waits, another user's read mark is answered; a user flooding unread
+// requests past its worker's queue is answered overloaded, counted, and
+// the marks still go on. Before the workers, the mark waited for the read.
+func TestUnreadLeavesMarksAlone(t *testing.T) {
+	st := &slowReads{Memory: persist.NewMemory(0), in: make(chan struct{}, unreadQueue+8), gate: make(chan struct{})}
+	n, l := receiptsNode(t, st)
+	commit(t, st.Memory, "test/r", 9)
+	tb := n.tables[0].Load()
+	var asker, marker, flooder Member
+	if !tb.Unread(&asker, "test", "x", []string{"r"}) {
+		t.Fatal("unread refused")
+	}
+	<-st.in // x's store read is under way, and held
+	if !tb.MarkRead(&marker, "test/r", "y", 5) {
+		t.Fatal("mark refused")
+	}
+	waitEvent(t, l, "answer to y's mark while x's unread is held", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &marker && ev.seq == 5 && ev.err == nil
+	})
+
+	// One user's requests all go to one worker: one held, a queue full,
+	// then refusals.
+	for range unreadQueue + 2 {
+		if !tb.Unread(&flooder, "test", "x", []string{"r"}) {
+			t.Fatal("unread refused by the positions queue")
+		}
+	}
+	waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded)
+	})
+	if n.Stats.UnreadRefused.Load() == 0 {
+		t.Fatal("refusal not counted")
+	}
+	if !tb.MarkRead(&marker, "test/r", "y", 7) {
+		t.Fatal("mark refused")
+	}
+	waitEvent(t, l, "answer to y's second mark during the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &marker && ev.seq == 7
+	})
+
+	close(st.gate)
+	ev := waitEvent(t, l, "x's unread answer", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &asker
+	})
+	want := `{"op":"unread","rooms":{"r":{"read":0,"seq":9,"count":9}}}`
+	if f, _ := proto.ServerFramePayload(ev.frame); ev.err != nil || string(f) != want {
+		t.Fatalf("x's unread: %s (%v), want %s", f, ev.err, want)
 	}
 }
