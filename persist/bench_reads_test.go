@@ -156,16 +156,18 @@ func BenchmarkPGUnread100(b *testing.B) {
 	for i := range keys {
 		keys[i] = key(i * rooms / len(keys))
 	}
-	for _, user := range []string{"reader", "none"} {
-		b.Run(map[string]string{"reader": "read", "none": "none"}[user], func(b *testing.B) {
+	for _, c := range []struct {
+		name, user string
+		want       uint64 // unread in each room
+	}{{"read", "reader", entries / 2}, {"none", "none", entries}} {
+		b.Run(c.name, func(b *testing.B) {
 			last, read, count := make([]uint64, len(keys)), make([]uint64, len(keys)), make([]uint64, len(keys))
-			want := map[string]uint64{"reader": entries / 2, "none": entries}[user]
 			pgBatches(b, url, 1, "unread", func() {
 				clear(read)
-				if err := st.Unread(ctx, keys, user, last, read, count); err != nil {
+				if err := st.Unread(ctx, keys, c.user, last, read, count); err != nil {
 					b.Fatal(err)
 				}
-				if last[99] != entries || count[99] != want {
+				if last[99] != entries || count[99] != c.want {
 					b.Fatalf("last %d read %d count %d", last[99], read[99], count[99])
 				}
 			})
