@@ -71,6 +71,7 @@ var exposedMetrics = []string{
 	"roost_catchups_deferred_total",
 	"roost_store_reads_refused_total",
 	"roost_unread_refused_total",
+	"roost_receipts_refused_total",
 	"roost_gap_repairs_total",
 	"roost_join_reads_total",
 	"roost_join_replays_total",

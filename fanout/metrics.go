@@ -68,6 +68,7 @@ func (n *Node) writeMetrics(w io.Writer) {
 	c("roost_catchups_deferred_total", fs.CatchupsDeferred.Load())
 	c("roost_store_reads_refused_total", fs.ReadsRefused.Load())
 	c("roost_unread_refused_total", fs.UnreadRefused.Load())
+	c("roost_receipts_refused_total", fs.ReceiptsRefused.Load())
 	c("roost_broker_errors_total", fs.BrokerErrors.Load())
 	c("roost_broker_rebroadcasts_total", fs.Rebroadcasts.Load())
 	c("roost_broker_dropped_total", fs.BrokerDropped.Load())

@@ -95,6 +95,9 @@ type Stats struct {
 	// UnreadRefused: unread requests answered overloaded because their
 	// unread worker's queue was full (a flood of them, or a slow store).
 	UnreadRefused atomic.Uint64
+	// ReceiptsRefused: receipts queries answered overloaded because their
+	// receipts worker's queue was full (a flood of them, or a slow store).
+	ReceiptsRefused atomic.Uint64
 	// CatchupsAbandoned: joins with since whose catch-up could not go on
 	// (its store read failed, or retention removed messages under it);
 	// each member was closed with 1013 and rejoins. Counted apart from
@@ -397,6 +400,12 @@ func New(cfg Config, p Parts) (*Node, error) {
 		if q != nil {
 			n.wg.Add(1)
 			go n.pos.unreadWorker(q)
+		}
+	}
+	for _, q := range n.pos.rcptQ {
+		if q != nil {
+			n.wg.Add(1)
+			go n.pos.receiptsWorker(q)
 		}
 	}
 	return n, nil

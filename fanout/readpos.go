@@ -115,6 +115,13 @@ type positions struct {
 	ans     [][]Event     // per loop: answers not posted yet
 
 	unreadQ [unreadWorkers]chan unreadJob // to the unread workers (reads != nil)
+
+	// Receipts queries at the receipts workers (reads != nil; receipts.go).
+	rcptQ    [receiptsWorkers]chan rcptJob // to the workers
+	rcptDone chan rcptJob                  // from them: answers to post
+	rcptOut  int                           // at the workers or in rcptDone
+	rcptWait map[string]*rcptRoom          // by room key: those of the room
+	rcptGen  uint64                        // counts the queries handed over
 }
 
 func newPositions(n *Node, st persist.Store) *positions {
@@ -127,6 +134,13 @@ func newPositions(n *Node, st persist.Store) *positions {
 		for i := range p.unreadQ {
 			p.unreadQ[i] = make(chan unreadJob, unreadQueue)
 		}
+		for i := range p.rcptQ {
+			p.rcptQ[i] = make(chan rcptJob, receiptsQueue)
+		}
+		// As many as may be out, so that a worker never waits to give
+		// one back.
+		p.rcptDone = make(chan rcptJob, receiptsWorkers*receiptsQueue)
+		p.rcptWait = map[string]*rcptRoom{}
 	}
 	return p
 }
@@ -310,6 +324,11 @@ func (p *positions) run() {
 			if len(p.jobs) == 0 {
 				p.sendOut()
 			}
+		case r := <-p.rcptDone:
+			p.receiptsDone(r)
+			if len(p.jobs) == 0 {
+				p.flushAnswers()
+			}
 		case <-tick.C:
 			if p.handOver() {
 				idle.Reset(posIdleAfter)
@@ -335,6 +354,7 @@ func (p *positions) do(j posJob) {
 		if !j.own {
 			p.movedTo(j.key, j.user, j.seq)
 		}
+		p.touched(j.key)
 		p.newest[j.key] = max(p.newest[j.key], j.seq)
 		if cur, ok := p.pos[k]; ok {
 			p.pos[k] = max(cur, j.seq)
@@ -608,6 +628,7 @@ func (p *positions) move(k posKey, seq uint64) {
 		return
 	}
 	p.remember(k, seq)
+	p.touched(k.key)
 	if _, ok := p.dirty[k]; ok {
 		p.n.Stats.ReadMarksCoalesced.Add(1)
 	}

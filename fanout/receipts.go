@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"context"
+	"hash/maphash"
 	"slices"
 	"time"
 
@@ -21,6 +22,11 @@ const MaxReceipts = 1000
 // receiptsFlush builds and sends the frames of the rooms whose positions
 // moved since the last call. Positions goroutine.
 func (p *positions) receiptsFlush() {
+	if len(p.moved) > 0 {
+		// The answers not posted yet go first: a receipts query answered
+		// before these frames must not arrive after them, lower.
+		p.flushAnswers()
+	}
 	for key, users := range p.moved {
 		delete(p.moved, key)
 		_, room := proto.SplitKey(key)
@@ -102,60 +108,212 @@ func (p *positions) movedTo(key, user string, seq uint64) {
 // receipts answers a receipts query: every user's position in the room,
 // newest first, at most MaxReceipts. The store's, with the moves not
 // written yet that this node made or heard of from others.
+//
+// This goroutine takes only what it owns of the room (roomState) and hands
+// the store's read, the merge and the encoding to a receipts worker: with
+// PostgreSQL the read of up to 1001 positions takes a millisecond or more,
+// and every mark, own-publish move and unread request of the node waited
+// behind it (a flood of queries would hold them all). The worker gives the
+// answer back (receiptsDone), which raises it by the positions this
+// goroutine learned meanwhile and posts it in order with the receipts
+// frames: it never goes below a position this node told anyone, before
+// the query or while it was read. A full worker queue is answered
+// overloaded, as a full positions queue is.
 func (p *positions) receipts(j posJob) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var marks []proto.Receipt
-	var err error
-	if p.reads != nil {
-		marks, err = p.reads.ReadPositions(ctx, j.key, MaxReceipts+1)
+	r := rcptJob{j: j, marks: p.roomState(j.key, nil)}
+	if p.reads == nil {
+		r.marks = mergeMarks(nil, r.marks) // one per user
+		p.receiptsDone(r)
+		return
 	}
-	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
-	if err == nil {
-		at := make(map[string]int, len(marks))
-		for i, m := range marks {
-			at[m.User] = i
+	p.rcptGen++
+	r.gen = p.rcptGen
+	if p.rcptOut < cap(p.rcptDone) {
+		select {
+		case p.rcptQ[receiptsWorkerOf(j.key)] <- r:
+			p.rcptOut++
+			w := p.rcptWait[j.key]
+			if w == nil {
+				w = &rcptRoom{}
+				p.rcptWait[j.key] = w
+			}
+			w.n++
+			return
+		default:
 		}
-		add := func(user string, seq uint64) {
-			if i, ok := at[user]; ok {
-				marks[i].Seq = max(marks[i].Seq, seq)
+	}
+	p.n.Stats.ReceiptsRefused.Add(1)
+	p.post(int(j.loop), Event{kind: evReadDone, member: j.m, key: j.key, err: proto.ErrOverloaded})
+}
+
+// receiptsWorkers do the store reads of receipts queries
+// (positions.receipts), each with a queue of receiptsQueue. A room's
+// queries all go to one of them, so that its answers leave in the order
+// asked: a client matches a receipts answer to its query by the room.
+// Queries of other rooms, or the same client's marks, may be answered
+// before one asked earlier.
+const (
+	receiptsWorkers = 4
+	receiptsQueue   = 64
+)
+
+// receiptsSeed picks a room's receipts worker.
+var receiptsSeed = maphash.MakeSeed()
+
+func receiptsWorkerOf(key string) int {
+	return int(maphash.String(receiptsSeed, key) % receiptsWorkers)
+}
+
+// rcptJob is a receipts query on its way to a worker and back.
+type rcptJob struct {
+	j     posJob
+	gen   uint64          // positions.rcptGen when asked
+	marks []proto.Receipt // asked: the room's positions held here; back: the answer's, merged, newest first (not cut at MaxReceipts)
+	frame []byte          // back: the answer's frame
+	err   error
+}
+
+// rcptRoom counts a room's receipts queries at the workers and when a
+// position of the room last moved here (a rcptGen).
+type rcptRoom struct {
+	n     int
+	moved uint64
+}
+
+// roomState appends to dst the positions of the room key this goroutine
+// holds that the store may not have yet.
+func (p *positions) roomState(key string, dst []proto.Receipt) []proto.Receipt {
+	// Moved here and maybe not written yet: not moved since the last
+	// hand-over, or handed over to a group commit at it.
+	for k, seq := range p.dirty {
+		if k.key == key {
+			dst = append(dst, proto.Receipt{User: k.user, Seq: seq})
+		}
+	}
+	for k, seq := range p.sent {
+		if k.key == key {
+			dst = append(dst, proto.Receipt{User: k.user, Seq: seq})
+		}
+	}
+	// Moved on other nodes and announced here, maybe not written yet by
+	// them: a receipts frame may already have told the asker, so the
+	// answer must not go below it.
+	for user, seq := range p.floor.rooms[key] {
+		dst = append(dst, proto.Receipt{User: user, Seq: seq})
+	}
+	return dst
+}
+
+// touched notes that a position of the room key moved, for the receipts
+// queries of the room at the workers (receiptsDone). Positions goroutine.
+func (p *positions) touched(key string) {
+	if len(p.rcptWait) == 0 {
+		return
+	}
+	if w := p.rcptWait[key]; w != nil {
+		w.moved = p.rcptGen
+	}
+}
+
+// mergeMarks adds more to marks, keeping each user's larger position.
+// Any goroutine: it touches nothing of positions'.
+func mergeMarks(marks, more []proto.Receipt) []proto.Receipt {
+	at := make(map[string]int, len(marks)+len(more))
+	for i, m := range marks {
+		at[m.User] = i
+	}
+	for _, m := range more {
+		if i, ok := at[m.User]; ok {
+			marks[i].Seq = max(marks[i].Seq, m.Seq)
+			continue
+		}
+		at[m.User] = len(marks)
+		marks = append(marks, m)
+	}
+	return marks
+}
+
+// receiptsWorker runs receipts queries' store reads and merges, and gives
+// each back to the positions goroutine (rcptDone).
+func (p *positions) receiptsWorker(q chan rcptJob) {
+	defer p.n.wg.Done()
+	for {
+		select {
+		case <-p.n.done:
+			return
+		case r := <-q:
+			p.readReceipts(&r)
+			select {
+			case p.rcptDone <- r:
+			case <-p.n.done:
 				return
 			}
-			at[user] = len(marks)
-			marks = append(marks, proto.Receipt{User: user, Seq: seq})
 		}
-		// Moved here and maybe not written yet: not moved since the last
-		// hand-over, or handed over to a group commit at it.
-		for k, seq := range p.dirty {
-			if k.key == j.key {
-				add(k.user, seq)
-			}
-		}
-		for k, seq := range p.sent {
-			if k.key == j.key {
-				add(k.user, seq)
-			}
-		}
-		// Moved on other nodes and announced here, maybe not written yet
-		// by them: a receipts frame may already have told the asker, so
-		// the answer must not go below it.
-		for user, seq := range p.floor.rooms[j.key] {
-			add(user, seq)
-		}
-		for i := range marks {
-			if seq, ok := p.pos[posKey{j.key, marks[i].User}]; ok {
-				marks[i].Seq = max(marks[i].Seq, seq)
-			}
-		}
-		marks = sortMarks(marks)
-		more := len(marks) > MaxReceipts
-		if more {
-			marks = marks[:MaxReceipts]
-		}
-		_, room := proto.SplitKey(j.key)
-		ev.frame = proto.AppendReceiptsFrame(nil, room, marks, more)
 	}
-	p.post(int(j.loop), ev)
+}
+
+// readReceipts reads r's room from the store, merges what the positions
+// goroutine held into it and encodes the answer. Any goroutine.
+func (p *positions) readReceipts(r *rcptJob) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var stored []proto.Receipt
+	stored, r.err = p.reads.ReadPositions(ctx, r.j.key, MaxReceipts+1)
+	if r.err == nil {
+		r.marks = sortMarks(mergeMarks(stored, r.marks))
+		r.frame = receiptsFrame(r.j.key, r.marks)
+	}
+}
+
+// receiptsDone answers a receipts query the worker gave back (or one with
+// no store to read): raised by the positions held here now, and, if one
+// of the room's moved since the query was asked, merged with the room's
+// state again, then posted in order with this goroutine's other answers
+// and before any receipts frame it sends later. Positions goroutine.
+func (p *positions) receiptsDone(r rcptJob) {
+	key := r.j.key
+	stale := false
+	if r.gen > 0 {
+		p.rcptOut--
+		w := p.rcptWait[key]
+		stale = w.moved >= r.gen
+		if w.n--; w.n == 0 {
+			delete(p.rcptWait, key)
+		}
+	}
+	ev := Event{kind: evReadDone, member: r.j.m, key: key, err: r.err, frame: r.frame}
+	if r.err == nil {
+		marks := r.marks
+		if stale {
+			// Moved while the store was read: maybe a user the answer
+			// does not hold yet, already in a receipts frame.
+			marks = mergeMarks(marks, p.roomState(key, nil))
+		}
+		// Known here, maybe past the store's and no longer moving: held
+		// from the store or another node's announcement, or handed to a
+		// group commit still writing it.
+		for i := range marks {
+			if seq, ok := p.pos[posKey{key, marks[i].User}]; ok && seq > marks[i].Seq {
+				marks[i].Seq = seq
+				stale = true
+			}
+		}
+		if stale || ev.frame == nil {
+			ev.frame = receiptsFrame(key, sortMarks(marks))
+		}
+	}
+	p.post(int(r.j.loop), ev)
+}
+
+// receiptsFrame encodes the answer of marks, newest first, cut at
+// MaxReceipts. Any goroutine.
+func receiptsFrame(key string, marks []proto.Receipt) []byte {
+	more := len(marks) > MaxReceipts
+	if more {
+		marks = marks[:MaxReceipts]
+	}
+	_, room := proto.SplitKey(key)
+	return proto.AppendReceiptsFrame(nil, room, marks, more)
 }
 
 // floors holds the positions other nodes announced and this node does not

@@ -2,18 +2,29 @@ package fanout
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
 // askReceipts runs a receipts query of key on p (not running its
-// goroutine: the test is it) and returns the answer's frame.
+// goroutine nor its workers: the test is them) and returns the answer's
+// frame.
 func askReceipts(t testing.TB, p *positions, l *testLoop, key string) string {
 	t.Helper()
 	p.do(posJob{receipts: true, key: key})
+	for _, q := range p.rcptQ {
+		select {
+		case r := <-q:
+			p.readReceipts(&r)
+			p.receiptsDone(r)
+		default:
+		}
+	}
 	p.flushAnswers()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -165,5 +176,102 @@ func TestReceiptsMovesOnlyWhereSubscribed(t *testing.T) {
 	move("dave", 4)
 	if len(p.moved) != 0 || n.hasReceipts("test/r") || len(n.rcptRooms) != 0 {
 		t.Fatal("after the last left:", p.moved, n.rcptRooms)
+	}
+}
+
+// slowPositions is a memory store whose receipts reads wait for the test.
+type slowPositions struct {
+	*persist.Memory
+	in   chan struct{} // a ReadPositions has begun
+	gate chan struct{} // closed: they go on
+}
+
+func (s *slowPositions) ReadPositions(ctx context.Context, key string, limit int) ([]proto.Receipt, error) {
+	s.in <- struct{}{}
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Memory.ReadPositions(ctx, key, limit)
+}
+
+// A receipts query's store read runs off the positions goroutine: while
+// it waits, a read mark in the room is answered; a flood of queries of
+// the room past its worker's queue is answered overloaded, counted, and
+// the marks still go on. The held query's answer, given back after the
+// marks, holds them: a receipts frame may have told the asker meanwhile.
+// Before the workers, the mark waited for the read.
+func TestReceiptsLeaveMarksAlone(t *testing.T) {
+	st := &slowPositions{Memory: persist.NewMemory(0), in: make(chan struct{}, receiptsQueue+8), gate: make(chan struct{})}
+	n, l := receiptsNode(t, st)
+	commit(t, st.Memory, "test/r", 9)
+	if err := st.SaveReads(context.Background(), []persist.ReadMark{{Key: "test/r", User: "alice", Seq: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	tb := n.tables[0].Load()
+	var asker, marker, flooder Member
+	if !tb.Receipts(&asker, "test/r") {
+		t.Fatal("receipts refused")
+	}
+	<-st.in // the asker's store read is under way, and held
+	if !tb.MarkRead(&marker, "test/r", "y", 5) {
+		t.Fatal("mark refused")
+	}
+	waitEvent(t, l, "answer to y's mark while the receipts read is held", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &marker && ev.seq == 5 && ev.err == nil
+	})
+
+	// A room's queries all go to one worker: one held, a queue full, then
+	// refusals.
+	for range receiptsQueue + 2 {
+		if !tb.Receipts(&flooder, "test/r") {
+			t.Fatal("receipts refused by the positions queue")
+		}
+	}
+	waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded)
+	})
+	if n.Stats.ReceiptsRefused.Load() == 0 {
+		t.Fatal("refusal not counted")
+	}
+	if !tb.MarkRead(&marker, "test/r", "y", 7) {
+		t.Fatal("mark refused")
+	}
+	waitEvent(t, l, "answer to y's second mark during the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &marker && ev.seq == 7
+	})
+
+	close(st.gate)
+	ev := waitEvent(t, l, "the asker's receipts answer", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &asker
+	})
+	want := `{"op":"receipts","room":"r","read":{"y":7,"alice":3}}`
+	if f, _ := proto.ServerFramePayload(ev.frame); ev.err != nil || string(f) != want {
+		t.Fatalf("the asker's receipts: %s (%v), want %s", f, ev.err, want)
+	}
+	// Every query of the flood not refused is answered, and the node's
+	// count of those out comes back to none.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		answered, refused := 0, 0
+		for _, ev := range l.evs {
+			if ev.kind == evReadDone && ev.member == &flooder {
+				if ev.err != nil {
+					refused++
+				} else {
+					answered++
+				}
+			}
+		}
+		l.mu.Unlock()
+		if answered+refused == receiptsQueue+2 && uint64(refused) == n.Stats.ReceiptsRefused.Load() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("flood: %d answered, %d refused, of %d", answered, refused, receiptsQueue+2)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
