@@ -100,6 +100,12 @@ type positions struct {
 	out    []byte                       // announcements of marks not sent yet (broadcast)
 	own    map[posKey]ownMove           // moves by the user's own publishes, announced once a second
 
+	// sent's marks as handed over (offer copies them): those due at once,
+	// then the rest in (room, user) order, where a receipts query finds
+	// its room's without walking all of them (roomState).
+	sentMarks []persist.ReadMark
+	sentDue   int
+
 	// The loops' marks and requests come in batches (give), one per
 	// wake-up of a loop, and their answers leave in batches (post, then
 	// flushAnswers: one PostAll per loop). At 10,000 marks a second, one
@@ -651,6 +657,7 @@ func (p *positions) handOver() bool {
 	}
 	left := p.hand.reclaim()
 	clear(p.sent)
+	p.sentMarks, p.sentDue = nil, 0
 	if len(left) == 0 && len(p.dirty) == 0 {
 		return false
 	}
@@ -684,6 +691,7 @@ func (p *positions) handOver() bool {
 		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.User, b.User))
 	})
 	p.hand.offer(marks, due, time.Now())
+	p.sentMarks, p.sentDue = marks, due
 	return true
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"hash/maphash"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -184,16 +186,23 @@ type rcptRoom struct {
 // holds that the store may not have yet.
 func (p *positions) roomState(key string, dst []proto.Receipt) []proto.Receipt {
 	// Moved here and maybe not written yet: not moved since the last
-	// hand-over, or handed over to a group commit at it.
+	// hand-over (walked whole: at most a second's moves, and an index by
+	// room would cost every mark a map write), or handed over to a group
+	// commit at it (sentMarks, by room: what the map sent holds).
 	for k, seq := range p.dirty {
 		if k.key == key {
 			dst = append(dst, proto.Receipt{User: k.user, Seq: seq})
 		}
 	}
-	for k, seq := range p.sent {
-		if k.key == key {
-			dst = append(dst, proto.Receipt{User: k.user, Seq: seq})
+	for _, m := range p.sentMarks[:p.sentDue] {
+		if m.Key == key {
+			dst = append(dst, proto.Receipt{User: m.User, Seq: m.Seq})
 		}
+	}
+	rest := p.sentMarks[p.sentDue:]
+	i, _ := slices.BinarySearchFunc(rest, key, func(m persist.ReadMark, key string) int { return strings.Compare(m.Key, key) })
+	for ; i < len(rest) && rest[i].Key == key; i++ {
+		dst = append(dst, proto.Receipt{User: rest[i].User, Seq: rest[i].Seq})
 	}
 	// Moved on other nodes and announced here, maybe not written yet by
 	// them: a receipts frame may already have told the asker, so the

@@ -3,6 +3,8 @@ package fanout
 import (
 	"context"
 	"errors"
+	"maps"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -273,5 +275,67 @@ func TestReceiptsLeaveMarksAlone(t *testing.T) {
 			t.Fatalf("flood: %d answered, %d refused, of %d", answered, refused, receiptsQueue+2)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// roomState finds a room's handed-over marks by room (sentMarks) rather
+// than by walking all of sent: after moves, hand-overs that leave marks
+// untaken and commits that give some back, it holds exactly the room's
+// entries of dirty, sent and the floor.
+func TestRoomStateIsTheRoomsEntries(t *testing.T) {
+	st := persist.NewMemory(0)
+	n, _ := receiptsNode(t, st)
+	p := newPositions(n, st)
+	rng := rand.New(rand.NewPCG(1, 2))
+	key := func() string { return "test/r" + strconv.Itoa(rng.IntN(7)) }
+	user := func() string { return "u" + strconv.Itoa(rng.IntN(40)) }
+	now := time.Now()
+	for round := range 60 {
+		for range rng.IntN(50) {
+			p.do(posJob{own: true, key: key(), user: user(), seq: uint64(1 + rng.IntN(100))})
+		}
+		for range rng.IntN(5) {
+			p.do(posJob{seen: true, key: key(), user: user(), seq: uint64(1 + rng.IntN(100))})
+		}
+		switch rng.IntN(4) {
+		case 0: // a hand-over no commit takes: its marks go first at the next
+			p.handOver()
+		case 1: // a commit takes some and fails: given back
+			p.handOver()
+			now = now.Add(time.Second)
+			p.hand.done(p.hand.takeAt(now), false)
+		case 2: // a commit takes some and writes them
+			p.handOver()
+			now = now.Add(time.Second)
+			ms := p.hand.takeAt(now)
+			if err := st.SaveReads(context.Background(), ms); err != nil {
+				t.Fatal(err)
+			}
+			p.hand.done(ms, true)
+		}
+		for r := range 7 {
+			k := "test/r" + strconv.Itoa(r)
+			want := map[string]uint64{}
+			for pk, seq := range p.dirty {
+				if pk.key == k {
+					want[pk.user] = max(want[pk.user], seq)
+				}
+			}
+			for pk, seq := range p.sent {
+				if pk.key == k {
+					want[pk.user] = max(want[pk.user], seq)
+				}
+			}
+			for u, seq := range p.floor.rooms[k] {
+				want[u] = max(want[u], seq)
+			}
+			got := map[string]uint64{}
+			for _, m := range p.roomState(k, nil) {
+				got[m.User] = max(got[m.User], m.Seq)
+			}
+			if !maps.Equal(got, want) {
+				t.Fatalf("round %d, %s: roomState %v, want %v", round, k, got, want)
+			}
+		}
 	}
 }
