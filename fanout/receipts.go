@@ -118,9 +118,11 @@ func (p *positions) movedTo(key, user string, seq uint64) {
 // behind it (a flood of queries would hold them all). The worker gives the
 // answer back (receiptsDone), which raises it by the positions this
 // goroutine learned meanwhile and posts it in order with the receipts
-// frames: it never goes below a position this node told anyone, before
-// the query or while it was read. A full worker queue is answered
-// overloaded, as a full positions queue is.
+// frames: it holds at least what an answer made whole on this goroutine
+// at that moment would, so no position a receipts frame told the asker
+// before it, whether sent before the query or while the store was read.
+// A full worker queue is answered overloaded, as a full positions queue
+// is.
 func (p *positions) receipts(j posJob) {
 	r := rcptJob{j: j, marks: p.roomState(j.key, nil)}
 	if p.reads == nil {
