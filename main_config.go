@@ -133,6 +133,7 @@ func flags(c *config, fs *flag.FlagSet) {
 	fs.BoolVar(&c.node.ReusePort, "reuse-port", false, "share the client port with other processes (SO_REUSEPORT); without it a port in use fails the start with \"address already in use\"")
 	fs.BoolVar(&c.node.IOURing, "io-uring", d.IOURing, "write the one-frame output of a flush in batches through io_uring (Linux 5.12+; where the kernel refuses it, one send(2) per frame as with false)")
 	fs.IntVar(&c.node.Readers, "readers", d.Readers, "goroutines doing store reads (join catch-up, history, gap repair)")
+	fs.IntVar(&c.node.ReadQueue, "read-queue", d.ReadQueue, "store reads waiting for a reader; past it a history, presence or gap-repair read is answered overloaded and a join's catch-up waits for the next tick (raise it when roost_catchups_deferred_total grows in reconnect storms and the database has room)")
 	fs.DurationVar(&c.node.GapWindow, "gap-window", d.GapWindow, "how long a missing seq is awaited before it is read from the store")
 	fs.DurationVar(&c.node.RetryMin, "retry-min", d.RetryMin, "shortest reconnect hint (retry=MS) of 1013 and drain closes")
 	fs.DurationVar(&c.node.RetryMax, "retry-max", d.RetryMax, "longest reconnect hint; hints are drawn from [retry-min, retry-max)")
@@ -825,6 +826,7 @@ func bindValues(c *config, into map[string]string) {
 		"trusted-proxies":     n.TrustedProxies.String(),
 		"io-uring":            strconv.FormatBool(n.IOURing),
 		"readers":             strconv.Itoa(n.Readers),
+		"read-queue":          strconv.Itoa(n.ReadQueue),
 		"gap-window":          d(n.GapWindow),
 		"retry-min":           d(n.RetryMin),
 		"retry-max":           d(n.RetryMax),

@@ -584,3 +584,31 @@ func TestOutboundLimitBounded(t *testing.T) {
 		}
 	}
 }
+
+// --read-queue reaches the node's read queue from a flag or the
+// environment, and a length outside 1..1048576 (each slot is allocated at
+// start) is refused with its range.
+func TestReadQueueFlag(t *testing.T) {
+	parseWith := func(args []string, env map[string]string) (config, string) {
+		var c config
+		errs := parse(args, &c, io.Discard,
+			func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+			func(string) ([]byte, error) { return nil, nil })
+		var msgs []string
+		for _, e := range errs {
+			msgs = append(msgs, e.Error())
+		}
+		return c, strings.Join(msgs, "\n")
+	}
+	if c, errs := parseWith(nil, nil); errs != "" || c.node.ReadQueue != 4096 {
+		t.Fatalf("default %d, errors %s", c.node.ReadQueue, errs)
+	}
+	if c, errs := parseWith(nil, map[string]string{"ROOST_READ_QUEUE": "65536"}); errs != "" || c.node.ReadQueue != 65536 || c.source["read-queue"] != "env ROOST_READ_QUEUE" {
+		t.Fatalf("from env: %d from %s, errors %s", c.node.ReadQueue, c.source["read-queue"], errs)
+	}
+	for _, v := range []string{"0", "-1", "1048577"} {
+		if _, errs := parseWith([]string{"--read-queue", v}, nil); !strings.Contains(errs, "invalid --read-queue "+v+": want 1 to 1048576") {
+			t.Errorf("--read-queue %s: errors %q", v, errs)
+		}
+	}
+}

@@ -158,6 +158,7 @@ func Defaults() Config {
 			OutboundLimit: 1 << 20,
 			MaxRooms:      256,
 			Readers:       8,
+			ReadQueue:     4096,
 			GapWindow:     250 * time.Millisecond,
 		},
 		Listen:          "127.0.0.1:8080",
@@ -506,6 +507,9 @@ func (c *Config) Validate() []error {
 	}
 	if c.Readers < 1 || c.Readers > 1024 {
 		bad("invalid --readers %d: want 1 to 1024", c.Readers)
+	}
+	if c.ReadQueue < 1 || c.ReadQueue > 1<<20 {
+		bad("invalid --read-queue %d: want 1 to 1048576", c.ReadQueue)
 	}
 	if c.GapWindow <= 0 {
 		bad("invalid --gap-window %s: want a positive duration", c.GapWindow)

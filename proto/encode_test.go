@@ -271,7 +271,7 @@ func TestEncodeAllocs(t *testing.T) {
 		"retry":   func() { dst = AppendRetryReason(dst[:0], 1234) },
 		"client":  func() { dst = AppendClientFrame(dst[:0], ws.OpText, [4]byte{1, 2, 3, 4}, body) },
 		"upgrade": func() { dst = AppendUpgradeResponse(dst[:0], key) },
-		"http":    func() { dst = AppendHTTPResponse(dst[:0], 200, "application/json", body) },
+		"http":    func() { dst = AppendHTTPResponseHeaders(dst[:0], 200, "application/json", "", body) },
 		"httperr": func() { dst = AppendHTTPError(dst[:0], ErrWebSocketVersion) },
 	}
 	for name, fn := range fns {

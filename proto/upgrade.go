@@ -375,14 +375,10 @@ func statusText(status int) string {
 	return "Status"
 }
 
-// AppendHTTPResponse appends a complete HTTP/1.1 response that closes the
-// connection. An empty contentType leaves the header out.
-func AppendHTTPResponse(dst []byte, status int, contentType string, body []byte) []byte {
-	return AppendHTTPResponseHeaders(dst, status, contentType, "", body)
-}
-
-// AppendHTTPResponseHeaders is AppendHTTPResponse with extra header lines,
-// each ending in CRLF. A 304 carries no body and no Content-Length.
+// AppendHTTPResponseHeaders appends a complete HTTP/1.1 response that
+// closes the connection, with extra header lines, each ending in CRLF. An
+// empty contentType leaves the header out; a 304 carries no body and no
+// Content-Length.
 func AppendHTTPResponseHeaders(dst []byte, status int, contentType, extra string, body []byte) []byte {
 	dst = appendHTTPHead(dst, status, contentType, extra, len(body))
 	if status == 304 {

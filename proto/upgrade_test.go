@@ -168,7 +168,7 @@ func TestAcceptKey(t *testing.T) {
 }
 
 func TestHTTPResponses(t *testing.T) {
-	got := AppendHTTPResponse(nil, 200, "application/json", []byte(`{"ok":true}`))
+	got := AppendHTTPResponseHeaders(nil, 200, "application/json", "", []byte(`{"ok":true}`))
 	want := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\nConnection: close\r\n\r\n{\"ok\":true}"
 	if string(got) != want {
 		t.Fatalf("got %q", got)
