@@ -187,7 +187,7 @@ const (
 type Event struct {
 	kind   eventKind
 	tail   bool   // evRepair: a tail read (after a reset), not a gap
-	flags  uint8  // evReplay, evRepair: read flags
+	flags  uint8  // evReplay, evRepair: read flags; evReadDone: doneReceipts
 	key    string // evDeliver, evSubscribed, evHistory
 	seq    uint64 // evDeliver: the message's seq; evRoomSeq: the room's newest; evReplay: the first read
 	epoch  string // evRoomSeq: the room's epoch

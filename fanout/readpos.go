@@ -1014,8 +1014,13 @@ func (t *Table) userFrames(b []byte) {
 	})
 }
 
+// doneReceipts marks an evReadDone that answers a receipts query, so that
+// its failure is told as the query's and not as a mark's.
+const doneReceipts uint8 = 1
+
 // readDone answers a client's read mark (ev.frame: a moved position's
-// frame, encoded once with its announcement) or unread request.
+// frame, encoded once with its announcement), unread request or receipts
+// query (doneReceipts).
 func (t *Table) readDone(ev *Event) {
 	m := ev.member
 	if m.Out.Closed() {
@@ -1032,6 +1037,8 @@ func (t *Table) readDone(ev *Event) {
 	}
 	room := roomName(ev.key)
 	switch {
+	case ev.flags&doneReceipts != 0:
+		t.sendErr(m, room, proto.CodeOverloaded, "cannot read the room's receipts now: retry")
 	case ev.err == nil:
 		a := t.arena
 		t.enqueue(m, a.Keep(proto.AppendReadFrame(a.Space(32+len(room)*6), room, ev.seq)))

@@ -147,7 +147,7 @@ func (p *positions) receipts(j posJob) {
 		}
 	}
 	p.n.Stats.ReceiptsRefused.Add(1)
-	p.post(int(j.loop), Event{kind: evReadDone, member: j.m, key: j.key, err: proto.ErrOverloaded})
+	p.post(int(j.loop), Event{kind: evReadDone, flags: doneReceipts, member: j.m, key: j.key, err: proto.ErrOverloaded})
 }
 
 // receiptsWorkers do the store reads of receipts queries
@@ -292,7 +292,7 @@ func (p *positions) receiptsDone(r rcptJob) {
 			delete(p.rcptWait, key)
 		}
 	}
-	ev := Event{kind: evReadDone, member: r.j.m, key: key, err: r.err, frame: r.frame}
+	ev := Event{kind: evReadDone, flags: doneReceipts, member: r.j.m, key: key, err: r.err, frame: r.frame}
 	if r.err == nil {
 		marks := r.marks
 		if stale {

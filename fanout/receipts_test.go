@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"maps"
@@ -231,9 +232,13 @@ func TestReceiptsLeaveMarksAlone(t *testing.T) {
 			t.Fatal("receipts refused by the positions queue")
 		}
 	}
-	waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
-		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded)
+	refused := waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded) && ev.flags&doneReceipts != 0
 	})
+	tb.Run(&refused) // told as the query's failure, not a mark's
+	if out := bytes.Join(flooder.Out.Pending(), nil); !bytes.Contains(out, []byte(`"code":"overloaded"`)) || !bytes.Contains(out, []byte("cannot read the room's receipts now")) {
+		t.Fatalf("the refused query's answer: %s", out)
+	}
 	if n.Stats.ReceiptsRefused.Load() == 0 {
 		t.Fatal("refusal not counted")
 	}
