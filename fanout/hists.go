@@ -14,6 +14,10 @@ type histograms struct {
 	broker      *hist.Histogram // seconds one broker round trip of a commit batch takes
 	deliveryLag *hist.Histogram // seconds from commit to arrival through the broker, sampled
 	ackPhases   *hist.Family    // roost_ack_phase_seconds{phase}: an ack's time split (ackPhaseNames)
+	// roost_unread_phase_seconds{phase} and roost_receipts_phase_seconds{phase}:
+	// an unread request's and a receipts query's time split (queryPhaseNames)
+	unreadPhases *hist.Family
+	rcptPhases   *hist.Family
 }
 
 // ackPhaseNames are the phase label values of roost_ack_phase_seconds, in
@@ -25,12 +29,28 @@ var ackPhaseNames = []string{"queue", "pipeline", "window", "commit", "answer", 
 // phases differ: a few milliseconds.
 var ackPhaseBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1}
 
+// queryPhaseNames are the phase label values of roost_unread_phase_seconds
+// and roost_receipts_phase_seconds, in the order a query passes them
+// (docs/operations.md), indexed by the phase constants below.
+var queryPhaseNames = []string{"positions", "queue", "store", "answer", "inbox"}
+
+const (
+	phasePositions = iota // asked on its loop (or by the API) until the positions goroutine takes it
+	phaseQueue            // taken until a worker starts its store read
+	phaseStore            // the store read
+	phaseAnswer           // the read's end until the answer is posted to the loop
+	phaseInbox            // posted until the loop runs it
+)
+
 func newHistograms() *histograms {
 	return &histograms{
 		publish:     hist.New("roost_publish_latency_seconds", hist.LatencyBuckets),
 		broker:      hist.New("roost_broker_publish_seconds", hist.LatencyBuckets),
 		deliveryLag: hist.New("roost_broker_delivery_lag_seconds", hist.LatencyBuckets),
 		ackPhases:   hist.NewFamily("roost_ack_phase_seconds", "phase", ackPhaseNames, ackPhaseBuckets),
+		// A query's phases are of the size of an ack's.
+		unreadPhases: hist.NewFamily("roost_unread_phase_seconds", "phase", queryPhaseNames, ackPhaseBuckets),
+		rcptPhases:   hist.NewFamily("roost_receipts_phase_seconds", "phase", queryPhaseNames, ackPhaseBuckets),
 	}
 }
 
@@ -51,4 +71,6 @@ func (h *histograms) write(w io.Writer) {
 	h.broker.Write(w)
 	h.deliveryLag.Write(w)
 	h.ackPhases.Write(w)
+	h.unreadPhases.Write(w)
+	h.rcptPhases.Write(w)
 }

@@ -192,7 +192,7 @@ type Event struct {
 	seq    uint64 // evDeliver: the message's seq; evRoomSeq: the room's newest; evReplay: the first read
 	epoch  string // evRoomSeq: the room's epoch
 	upto   uint64 // evRepair: every seq up to this was asked for
-	cursor uint64 // evReplay: everything up to this has been read
+	cursor uint64 // evReplay: everything up to this has been read; evReadDone of an unread or receipts query: when it was posted (Stamp; 0: not stamped)
 	frame  []byte
 	sse    []byte // evDeliver: the message's SSE event, built by the hub when the node has SSE members in the room
 	held   []Held

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/roost-chat/roost/fanout/hist"
 	"github.com/roost-chat/roost/persist"
 	"github.com/roost-chat/roost/proto"
 )
@@ -49,7 +50,7 @@ type posJob struct {
 	tag      uint64 // own: its connection's (0: none)
 	key      string
 	user     string
-	seq      uint64
+	seq      uint64  // a mark's; a receipts query's: when it was asked (Stamp)
 	m        *Member // the client that asked (nil: the API)
 	ask      *posAsk // an unread query or the API's mark (nil for most jobs)
 	loop     int32
@@ -62,6 +63,7 @@ type posJob struct {
 type posAsk struct {
 	rooms []string      // unread: the rooms asked (the job's key is then the app)
 	reply chan posReply // the API's answer
+	asked time.Duration // unread: when it was asked (Stamp)
 }
 
 // rooms and reply read the job's ask.
@@ -408,7 +410,7 @@ func (t *Table) Unread(m *Member, app, user string, rooms []string) bool {
 	if n == nil {
 		return false
 	}
-	return t.queuePos(posJob{key: app, user: user, ask: &posAsk{rooms: rooms}, m: m, loop: int32(t.idx)})
+	return t.queuePos(posJob{key: app, user: user, ask: &posAsk{rooms: rooms, asked: Stamp()}, m: m, loop: int32(t.idx)})
 }
 
 // Unread is the Server API's unread counts: the rooms object of the
@@ -416,7 +418,7 @@ func (t *Table) Unread(m *Member, app, user string, rooms []string) bool {
 func (n *Node) Unread(ctx context.Context, app, user string, rooms []string) ([]byte, error) {
 	reply := make(chan posReply, 1)
 	select {
-	case n.pos.jobs <- posJob{key: app, user: user, ask: &posAsk{rooms: rooms, reply: reply}}:
+	case n.pos.jobs <- posJob{key: app, user: user, ask: &posAsk{rooms: rooms, reply: reply, asked: Stamp()}}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -447,7 +449,7 @@ func (n *Node) Unread(ctx context.Context, app, user string, rooms []string) ([]
 func (p *positions) unread(j posJob) {
 	rooms := j.rooms()
 	n := len(rooms)
-	u := unreadJob{j: j, keys: make([]string, n), vals: make([]uint64, 4*n)}
+	u := unreadJob{j: j, keys: make([]string, n), vals: make([]uint64, 4*n), at: queryStamps{asked: j.ask.asked, taken: Stamp()}}
 	_, read, _, newest := u.split()
 	for i, r := range rooms {
 		k := proto.RoomKey(j.key, r)
@@ -457,7 +459,10 @@ func (p *positions) unread(j posJob) {
 		newest[i] = p.newest[k]
 	}
 	if p.reads == nil {
-		p.answerUnread(u, p.countUnread(u), true)
+		u.at.started = Stamp()
+		err := p.countUnread(u)
+		u.at.read = Stamp()
+		p.answerUnread(u, err, true)
 		return
 	}
 	select {
@@ -489,6 +494,34 @@ type unreadJob struct {
 	j    posJob
 	keys []string
 	vals []uint64 // last, read (the floors), count, newest: len(keys) each
+	at   queryStamps
+}
+
+// queryStamps are an unread request's or a receipts query's times on its
+// way (Stamp), for roost_unread_phase_seconds and
+// roost_receipts_phase_seconds: with PostgreSQL's own time for the read
+// beside them, they tell where the rest of what a client waits goes.
+type queryStamps struct {
+	asked   time.Duration // by its loop or the API (0: not known)
+	taken   time.Duration // by the positions goroutine
+	started time.Duration // its store read (0: none, the query was refused)
+	read    time.Duration // the read's end
+}
+
+// observe records q's phases up to its answer, posted at posted (the
+// loop's inbox is the loop's to record: Table.readDone). A query refused
+// before its read records none, so that each phase counts the same
+// queries.
+func (q *queryStamps) observe(f *hist.Family, posted time.Duration) {
+	if q.started == 0 {
+		return
+	}
+	if q.asked != 0 {
+		f.Get(phasePositions).Observe((q.taken - q.asked).Seconds())
+	}
+	f.Get(phaseQueue).Observe((q.started - q.taken).Seconds())
+	f.Get(phaseStore).Observe((q.read - q.started).Seconds())
+	f.Get(phaseAnswer).Observe((posted - q.read).Seconds())
 }
 
 func (u *unreadJob) split() (last, read, count, newest []uint64) {
@@ -505,7 +538,10 @@ func (p *positions) unreadWorker(q chan unreadJob) {
 		case <-p.n.done:
 			return
 		case u := <-q:
-			p.answerUnread(u, p.countUnread(u), false)
+			u.at.started = Stamp()
+			err := p.countUnread(u)
+			u.at.read = Stamp()
+			p.answerUnread(u, err, false)
 		}
 	}
 }
@@ -548,17 +584,23 @@ func (p *positions) answerUnread(u unreadJob, err error, onPos bool) {
 	}
 	if r := j.reply(); r != nil {
 		r <- posReply{unread: obj, err: err}
+		u.at.observe(p.n.hists.unreadPhases, Stamp())
 		return
 	}
 	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
 	if err == nil {
 		ev.frame = proto.AppendUnreadFrame(nil, rooms, read, last, count)
 	}
+	posted := Stamp()
+	if u.at.started != 0 {
+		ev.cursor = uint64(posted)
+	}
 	if onPos {
 		p.post(int(j.loop), ev)
-		return
+	} else {
+		p.n.tables[j.loop].Load().loop.Post(ev)
 	}
-	p.n.tables[j.loop].Load().loop.Post(ev)
+	u.at.observe(p.n.hists.unreadPhases, posted)
 }
 
 // mark applies one mark: checked against the room's newest seq, then the
@@ -1023,6 +1065,14 @@ const doneReceipts uint8 = 1
 // query (doneReceipts).
 func (t *Table) readDone(ev *Event) {
 	m := ev.member
+	if ev.cursor != 0 && t.node != nil {
+		// An unread or receipts answer's wait in this loop's inbox.
+		f := t.node.hists.unreadPhases
+		if ev.flags&doneReceipts != 0 {
+			f = t.node.hists.rcptPhases
+		}
+		f.Get(phaseInbox).Observe((Stamp() - time.Duration(ev.cursor)).Seconds())
+	}
 	if m.Out.Closed() {
 		return
 	}

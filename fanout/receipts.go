@@ -124,7 +124,8 @@ func (p *positions) movedTo(key, user string, seq uint64) {
 // A full worker queue is answered overloaded, as a full positions queue
 // is.
 func (p *positions) receipts(j posJob) {
-	r := rcptJob{j: j, marks: p.roomState(j.key, nil)}
+	r := rcptJob{j: j, at: queryStamps{asked: time.Duration(j.seq), taken: Stamp()}}
+	r.marks = p.roomState(j.key, nil)
 	if p.reads == nil {
 		r.marks = mergeMarks(nil, r.marks) // one per user
 		p.receiptsDone(r)
@@ -175,6 +176,7 @@ type rcptJob struct {
 	marks []proto.Receipt // asked: the room's positions held here; back: the answer's, merged, newest first (not cut at MaxReceipts)
 	frame []byte          // back: the answer's frame
 	err   error
+	at    queryStamps
 }
 
 // rcptRoom counts a room's receipts queries at the workers and when a
@@ -269,7 +271,9 @@ func (p *positions) readReceipts(r *rcptJob) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var stored []proto.Receipt
+	r.at.started = Stamp()
 	stored, r.err = p.reads.ReadPositions(ctx, r.j.key, MaxReceipts+1)
+	r.at.read = Stamp()
 	if r.err == nil {
 		r.marks = sortMarks(mergeMarks(stored, r.marks))
 		r.frame = receiptsFrame(r.j.key, r.marks)
@@ -313,7 +317,12 @@ func (p *positions) receiptsDone(r rcptJob) {
 			ev.frame = receiptsFrame(key, sortMarks(marks))
 		}
 	}
+	posted := Stamp()
+	if r.at.started != 0 {
+		ev.cursor = uint64(posted)
+	}
 	p.post(int(r.j.loop), ev)
+	r.at.observe(p.n.hists.rcptPhases, posted)
 }
 
 // receiptsFrame encodes the answer of marks, newest first, cut at
@@ -385,7 +394,7 @@ func (t *Table) Receipts(m *Member, key string) bool {
 	if n == nil {
 		return false
 	}
-	return t.queuePos(posJob{receipts: true, key: key, m: m, loop: int32(t.idx)})
+	return t.queuePos(posJob{receipts: true, key: key, m: m, loop: int32(t.idx), seq: uint64(Stamp())})
 }
 
 // SetReceipts makes m a receipts subscriber of the room key (a join with
