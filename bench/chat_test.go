@@ -46,7 +46,7 @@ func TestReads(t *testing.T) {
 	n, s := runReadsShort(t)
 	for _, want := range []string{"A: publishes: ", "B: publishes + read marks: ", "read marks/s sent", "µs per read mark (net of A)",
 		"ack p99 ", "C: publishes + unread: ", "unread of 20 rooms: ", "µs per publish", "bench CPU ",
-		"node ack split, ms mean/p99: queue ", " write "} {
+		"node ack split, ms mean/p99: queue ", " write ", "node unread split, ms mean/p99: positions ", " store ", " inbox "} {
 		if !strings.Contains(s, want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -197,6 +197,9 @@ type readsPhase struct {
 	pgOK, writtenOK        bool
 	split                  []ackPhaseStat // the node's ack split (--admin), nil if not read
 	splitErr               error
+	// the node's split of unread requests (--admin, phase C), nil if not read
+	unreadSplit    []ackPhaseStat
+	unreadSplitErr error
 }
 
 type readsResult struct {
@@ -310,8 +313,14 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 		if p.admin != "" {
 			if s0.metricsErr == nil && s1.metricsErr == nil {
 				ph.split, ph.splitErr = ackSplit(s0.metrics, s1.metrics)
+				if k == 3 { // C's window: the unread requests'
+					ph.unreadSplit, ph.unreadSplitErr = unreadSplit(s0.metrics, s1.metrics)
+				}
 			} else {
 				ph.splitErr = errors.Join(s0.metricsErr, s1.metricsErr)
+				if k == 3 {
+					ph.unreadSplitErr = ph.splitErr
+				}
 			}
 		}
 		res.phases = append(res.phases, ph)
@@ -726,6 +735,12 @@ func (r *readsResult) print(w io.Writer, p *readsParams) {
 			fmt.Fprintf(w, "  node ack split: not read: %v\n", ph.splitErr)
 		case ph.split != nil:
 			fmt.Fprintf(w, "  node ack split, ms mean/p99: %s\n", fmtAckSplit(ph.split))
+		}
+		switch {
+		case ph.unreadSplitErr != nil:
+			fmt.Fprintf(w, "  node unread split: not read: %v\n", ph.unreadSplitErr)
+		case ph.unreadSplit != nil:
+			fmt.Fprintf(w, "  node unread split, ms mean/p99: %s\n", fmtSplit(ph.unreadSplit, "requests"))
 		}
 		if i == 0 {
 			a = ph

@@ -14,13 +14,18 @@ import (
 
 // The node's own split of an ack's time over a window of the reads bench:
 // roost_ack_phase_seconds{phase} (docs/operations.md, "Where an ack
-// waits"), the difference of the scrapes at the window's edges.
+// waits"), the difference of the scrapes at the window's edges; and in
+// the window of unread requests, theirs: roost_unread_phase_seconds{phase}.
 
 // ackPhaseOrder is the order a publish passes the phases: fanout's
 // ackPhaseNames, written again because the bench is a client of the node
 // and may import only proto and pubsub (TestLayering); TestReads checks
 // the split line against a real node.
 var ackPhaseOrder = []string{"queue", "pipeline", "window", "commit", "answer", "broker", "inbox", "write"}
+
+// unreadPhaseOrder is the order an unread request passes its phases:
+// fanout's queryPhaseNames, written again for the same reason.
+var unreadPhaseOrder = []string{"positions", "queue", "store", "answer", "inbox"}
 
 // ackPhaseStat is one phase's observations in a window.
 type ackPhaseStat struct {
@@ -94,10 +99,20 @@ func seriesLabels(series string) (string, map[string]string) {
 }
 
 // ackSplit is each ack phase's count, mean and p99 between two scrapes of
-// a node's metrics, in the order a publish passes the phases. The node
-// writes the histogram with cumulative `le` buckets (fanout/hist).
+// a node's metrics, in the order a publish passes the phases.
 func ackSplit(before, after map[string]float64) ([]ackPhaseStat, error) {
-	const name = "roost_ack_phase_seconds"
+	return phaseSplit("roost_ack_phase_seconds", ackPhaseOrder, before, after)
+}
+
+// unreadSplit is ackSplit for unread requests.
+func unreadSplit(before, after map[string]float64) ([]ackPhaseStat, error) {
+	return phaseSplit("roost_unread_phase_seconds", unreadPhaseOrder, before, after)
+}
+
+// phaseSplit is each phase's count, mean and p99 of the histogram family
+// name between two scrapes of a node's metrics, in order. The node writes
+// the histogram with cumulative `le` buckets (fanout/hist).
+func phaseSplit(name string, order []string, before, after map[string]float64) ([]ackPhaseStat, error) {
 	buckets := map[string][]histBucket{}
 	for series, v := range after {
 		n, labels := seriesLabels(series)
@@ -113,7 +128,7 @@ func ackSplit(before, after map[string]float64) ([]ackPhaseStat, error) {
 		buckets[ph] = append(buckets[ph], histBucket{upper, v - before[series]})
 	}
 	var out []ackPhaseStat
-	for _, ph := range ackPhaseOrder {
+	for _, ph := range order {
 		key := `{phase="` + ph + `"}`
 		cnt, ok := after[name+"_count"+key]
 		if !ok {
@@ -171,7 +186,11 @@ func bucketQuantile(q, total float64, bs []histBucket) (float64, bool) {
 }
 
 // fmtAckSplit is the split in one line: each phase's mean and p99 in ms.
-func fmtAckSplit(split []ackPhaseStat) string {
+func fmtAckSplit(split []ackPhaseStat) string { return fmtSplit(split, "acks") }
+
+// fmtSplit is a split in one line, counted in what (the most any phase
+// observed).
+func fmtSplit(split []ackPhaseStat, what string) string {
 	var b strings.Builder
 	var n uint64
 	for i, st := range split {
@@ -189,6 +208,6 @@ func fmtAckSplit(split []ackPhaseStat) string {
 		}
 		n = max(n, st.count)
 	}
-	fmt.Fprintf(&b, " (%d acks)", n)
+	fmt.Fprintf(&b, " (%d %s)", n, what)
 	return b.String()
 }

@@ -69,6 +69,48 @@ roost_read_marks_written_total 7
 	}
 }
 
+// The unread split reads its own family, in the order a request passes
+// the phases, and says it in requests.
+func TestUnreadSplit(t *testing.T) {
+	before := mustParseMetrics(t, `roost_unread_phase_seconds_bucket{phase="store",le="0.001"} 0
+roost_unread_phase_seconds_bucket{phase="store",le="0.002"} 0
+roost_unread_phase_seconds_bucket{phase="store",le="+Inf"} 0
+roost_unread_phase_seconds_sum{phase="store"} 0
+roost_unread_phase_seconds_count{phase="store"} 0
+roost_unread_phase_seconds_bucket{phase="positions",le="0.001"} 0
+roost_unread_phase_seconds_bucket{phase="positions",le="+Inf"} 0
+roost_unread_phase_seconds_sum{phase="positions"} 0
+roost_unread_phase_seconds_count{phase="positions"} 0
+roost_ack_phase_seconds_bucket{phase="commit",le="+Inf"} 0
+roost_ack_phase_seconds_sum{phase="commit"} 0
+roost_ack_phase_seconds_count{phase="commit"} 0
+`)
+	after := mustParseMetrics(t, `roost_unread_phase_seconds_bucket{phase="store",le="0.001"} 50
+roost_unread_phase_seconds_bucket{phase="store",le="0.002"} 100
+roost_unread_phase_seconds_bucket{phase="store",le="+Inf"} 100
+roost_unread_phase_seconds_sum{phase="store"} 0.1
+roost_unread_phase_seconds_count{phase="store"} 100
+roost_unread_phase_seconds_bucket{phase="positions",le="0.001"} 100
+roost_unread_phase_seconds_bucket{phase="positions",le="+Inf"} 100
+roost_unread_phase_seconds_sum{phase="positions"} 0.02
+roost_unread_phase_seconds_count{phase="positions"} 100
+roost_ack_phase_seconds_bucket{phase="commit",le="+Inf"} 7
+roost_ack_phase_seconds_sum{phase="commit"} 7
+roost_ack_phase_seconds_count{phase="commit"} 7
+`)
+	split, err := unreadSplit(before, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// p99 of the store: the 99th of 100, 49 of 50 into the 1-2 ms bucket
+	if got, want := fmtSplit(split, "requests"), "positions 0.20/0.99 store 1.00/1.98 (100 requests)"; got != want {
+		t.Fatalf("line %q, want %q", got, want)
+	}
+	if _, err := unreadSplit(before, mustParseMetrics(t, "roost_acks_total 5\n")); err == nil || !strings.Contains(err.Error(), "no roost_unread_phase_seconds") {
+		t.Fatalf("a node without it: err %v", err)
+	}
+}
+
 // A node without the histogram (an older version) is said, not a zero.
 func TestAckSplitMissing(t *testing.T) {
 	m := mustParseMetrics(t, "roost_acks_total 5\n")
