@@ -372,6 +372,14 @@ func TestPostgresStoreMetricsExposed(t *testing.T) {
 			t.Errorf("%s = %v (exposed %v), want 0", name, v, ok)
 		}
 	}
+	if m["roost_store_pool_acquires_total"] < 3 || m["roost_store_pool_max_conns"] < 1 || m[`roost_store_pool_conns{state="idle"}`] < 1 {
+		t.Errorf("pool: acquires %v, max %v, idle %v", m["roost_store_pool_acquires_total"], m["roost_store_pool_max_conns"], m[`roost_store_pool_conns{state="idle"}`])
+	}
+	for _, name := range []string{"roost_store_pool_empty_acquires_total", "roost_store_pool_empty_acquire_wait_seconds_total", `roost_store_pool_conns{state="acquired"}`} {
+		if _, ok := m[name]; !ok {
+			t.Errorf("%s not exposed", name)
+		}
+	}
 	if v := m["roost_store_commit_rechecks_total"]; v != 1 {
 		t.Errorf("roost_store_commit_rechecks_total = %v, want 1", v)
 	}

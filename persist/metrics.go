@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // RegisterMetrics adds the memory store's series to set: retention, the
@@ -21,8 +22,8 @@ func (m *Memory) RegisterMetrics(set *metrics.Set) {
 }
 
 // RegisterMetrics adds the PostgreSQL store's series to set: retention,
-// the rooms refused by an app's room limit and the commits' retries,
-// rechecks and commits in doubt.
+// the rooms refused by an app's room limit, the commits' retries, rechecks
+// and commits in doubt, and the connection pool's use.
 func (p *Postgres) RegisterMetrics(set *metrics.Set) {
 	set.RegisterMetricsWriter(func(w io.Writer) {
 		writeRetention(w, p.RetentionStats())
@@ -35,7 +36,22 @@ func (p *Postgres) RegisterMetrics(set *metrics.Set) {
 		fmt.Fprintf(w, "roost_store_commits_in_doubt_total{outcome=\"committed\"} %d\n", cs.ResolvedCommitted)
 		fmt.Fprintf(w, "roost_store_commits_in_doubt_total{outcome=\"rolled_back\"} %d\n", cs.ResolvedRolledBack)
 		fmt.Fprintf(w, "roost_store_commits_in_doubt_total{outcome=\"unknown\"} %d\n", cs.Unresolved)
+		writePool(w, p.pool.Stat())
 	})
+}
+
+// writePool writes the connection pool's use: how often a commit or a
+// read found every connection taken and how long such waits summed, which
+// a store read's time on the node (roost_unread_phase_seconds' store
+// phase) includes and PostgreSQL's own statement time does not.
+func writePool(w io.Writer, st *pgxpool.Stat) {
+	metrics.WriteCounterUint64(w, "roost_store_pool_acquires_total", uint64(st.AcquireCount()))
+	metrics.WriteCounterUint64(w, "roost_store_pool_empty_acquires_total", uint64(st.EmptyAcquireCount()))
+	metrics.WriteCounterFloat64(w, "roost_store_pool_empty_acquire_wait_seconds_total", st.EmptyAcquireWaitTime().Seconds())
+	metrics.WriteMetadataIfNeeded(w, "roost_store_pool_conns", "gauge")
+	fmt.Fprintf(w, "roost_store_pool_conns{state=\"acquired\"} %d\n", st.AcquiredConns())
+	fmt.Fprintf(w, "roost_store_pool_conns{state=\"idle\"} %d\n", st.IdleConns())
+	writeGauge(w, "roost_store_pool_max_conns", int64(st.MaxConns()))
 }
 
 func writeRetention(w io.Writer, rs RetentionStats) {
