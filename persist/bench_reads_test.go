@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/roost-chat/roost/persist/pgtest"
+	"github.com/roost-chat/roost/proto"
 )
 
 // BenchmarkPGCommitReads: PostgreSQL CPU per read mark written in the
@@ -125,7 +126,10 @@ func pgBatches(b *testing.B, url string, per int, unit string, batch func()) {
 // BenchmarkPGUnread100: PostgreSQL CPU per unread request of 100 rooms
 // (one Unread), the rooms spread over an app of 1,000 with 20 entries
 // each, asked by a user with a position in every room (read) or in none
-// (none: `roost bench reads --users 0`'s askers). The room ids are cached,
+// (none: `roost bench reads --users 0`'s askers); changed: the rooms of a
+// second app, each with a reaction after its 20 messages, which are
+// counted from their entries (rooms without a change from their row
+// alone), asked with a position in every room. The room ids are cached,
 // as on a node that has asked or published there before.
 //
 //	go test -run XXX -bench PGUnread100 -benchtime 2000x ./persist/
@@ -145,29 +149,48 @@ func BenchmarkPGUnread100(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	marks := make([]ReadMark, rooms)
-	for r := range marks {
-		marks[r] = ReadMark{Key: key(r), User: "reader", Seq: entries / 2}
+	changed := func(r int) string { return fmt.Sprint("c/r", r) }
+	for e := range entries {
+		rows := make([]*Row, rooms)
+		for r := range rows {
+			rows[r] = &Row{Key: changed(r), From: "p", ID: []byte(fmt.Sprint(e)), Body: []byte(`{"text":"hi"}`)}
+		}
+		if err := st.CommitBatch(ctx, rows); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reacts := make([]*Row, rooms)
+	for r := range reacts {
+		reacts[r] = &Row{Key: changed(r), From: "q", ID: []byte("x"), Kind: proto.KindReact, Ref: 1, Body: []byte(`"x"`)}
+	}
+	if err := st.CommitBatch(ctx, reacts); err != nil {
+		b.Fatal(err)
+	}
+	marks := make([]ReadMark, 0, 2*rooms)
+	for r := range rooms {
+		marks = append(marks, ReadMark{Key: key(r), User: "reader", Seq: entries / 2}, ReadMark{Key: changed(r), User: "reader", Seq: entries / 2})
 	}
 	if err := st.SaveReads(ctx, marks); err != nil {
 		b.Fatal(err)
 	}
-	keys := make([]string, 100)
+	keys, changedKeys := make([]string, 100), make([]string, 100)
 	for i := range keys {
-		keys[i] = key(i * rooms / len(keys))
+		keys[i], changedKeys[i] = key(i*rooms/len(keys)), changed(i*rooms/len(keys))
 	}
 	for _, c := range []struct {
 		name, user string
-		want       uint64 // unread in each room
-	}{{"read", "reader", entries / 2}, {"none", "none", entries}} {
+		keys       []string
+		last, want uint64 // each room's newest seq and unread count
+	}{{"read", "reader", keys, entries, entries / 2}, {"none", "none", keys, entries, entries}, {"changed", "reader", changedKeys, entries + 1, entries / 2}} {
 		b.Run(c.name, func(b *testing.B) {
+			keys := c.keys
 			last, read, count := make([]uint64, len(keys)), make([]uint64, len(keys)), make([]uint64, len(keys))
 			pgBatches(b, url, 1, "unread", func() {
 				clear(read)
 				if err := st.Unread(ctx, keys, c.user, last, read, count); err != nil {
 					b.Fatal(err)
 				}
-				if last[99] != entries || count[99] != c.want {
+				if last[99] != c.last || count[99] != c.want {
 					b.Fatalf("last %d read %d count %d", last[99], read[99], count[99])
 				}
 			})

@@ -169,30 +169,34 @@ func (m *Memory) Unread(_ context.Context, keys []string, user string, last, rea
 }
 
 // unreadSQL answers every room of an Unread in one statement, the rooms
-// given by id. A room's count is its messages (rooms.msgs) less those up
-// to the position: the running count the entry at or before the position
-// keeps (messages.msgs; NULL on rows stored before kinds existed, when
-// every entry was a message and the count was the seq), or, when
-// retention removed every entry up to the position, the oldest kept
-// entry's count less itself. Position 0 has no entry at or before it, so
-// only the oldest kept entry is probed. Index probes per room, never a
-// scan. The room and its read position are each probed through a LIMIT 1
-// lateral, which the planner cannot flatten into a join: as plain joins
-// the store connections' generic plan could read every room (a scan of
-// rooms, then a hash join; seen by (app, name) on a database not analyzed
-// yet) and every position of the user, costs that grow with the rooms
-// stored, not with the rooms asked (TestPostgresUnreadPlan). By id rather
-// than by (app, name): the UNIQUE (app, name) index compares two texts by
-// the database's collation at every step of each probe (strcoll unless
-// the collation is C), where rooms_pkey compares integers, and the node
-// holds the ids already.
+// given by id. A room's count is its messages (rooms.msgs) less those up to
+// the position: the running count the entry at or before the position keeps
+// (messages.msgs; NULL on rows stored before kinds existed, when every
+// entry was a message and the count was the seq), or, when retention
+// removed every entry up to the position, the oldest kept entry's count
+// less itself. Position 0 has no entry at or before it, so only the oldest
+// kept entry is probed. A room that never had a change (listed_from NULL)
+// probes no entry: each entry's count is its seq, and kept_from (migrations
+// 0014, 0015) says where the kept entries start, so the count is last_seq
+// less the larger of the position and what was removed; the messages probe
+// was a third of the statement's index descents and buffers. Index probes
+// per room, never a scan. The room and its read position are each probed
+// through a LIMIT 1 lateral, which the planner cannot flatten into a join:
+// as plain joins the store connections' generic plan could read every room
+// (a scan of rooms, then a hash join; seen by (app, name) on a database not
+// analyzed yet) and every position of the user, costs that grow with the
+// rooms stored, not with the rooms asked (TestPostgresUnreadPlan). By id
+// rather than by (app, name): the UNIQUE (app, name) index compares two
+// texts by the database's collation at every step of each probe (strcoll
+// unless the collation is C), where rooms_pkey compares integers, and the
+// node holds the ids already.
 const unreadSQL = `
-SELECT k.i, r.last_seq, x.pos, CASE WHEN x.pos >= r.last_seq THEN 0 ELSE r.msgs - coalesce(
+SELECT k.i, r.last_seq, x.pos, CASE WHEN x.pos >= r.last_seq THEN 0 WHEN r.listed_from IS NULL THEN r.msgs - GREATEST(x.pos, r.kept_from - 1) ELSE r.msgs - coalesce(
 	CASE WHEN x.pos > 0 THEN (SELECT coalesce(m.msgs, m.seq) FROM messages m WHERE m.room_id = r.id AND m.seq <= x.pos ORDER BY m.seq DESC LIMIT 1) END,
 	(SELECT coalesce(m.msgs, m.seq) - (m.kind = 0)::int FROM messages m WHERE m.room_id = r.id AND m.seq > x.pos ORDER BY m.seq LIMIT 1),
 	r.msgs) END
 FROM unnest($1::int8[], $3::int8[]) WITH ORDINALITY AS k (id, floor, i)
-JOIN LATERAL (SELECT r.id, r.last_seq, r.msgs FROM rooms r WHERE r.id = k.id LIMIT 1) r ON true
+JOIN LATERAL (SELECT r.id, r.last_seq, r.msgs, r.listed_from, r.kept_from FROM rooms r WHERE r.id = k.id LIMIT 1) r ON true
 LEFT JOIN LATERAL (SELECT p.seq FROM read_positions p WHERE p.room_id = r.id AND p.user_id = $2 LIMIT 1) rp ON true
 CROSS JOIN LATERAL (SELECT GREATEST(coalesce(rp.seq, 0), k.floor) AS pos) x`
 

@@ -2,6 +2,7 @@ package persist
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -158,4 +159,63 @@ SELECT (SELECT xmin::text FROM read_positions WHERE user_id = 'carol') = (SELECT
 	if !same {
 		t.Fatal("the read mark was written by another transaction than the batch's")
 	}
+}
+
+// TestPostgresUnreadRoomsWithoutChanges: a room that never had a change is
+// counted from its row alone (last_seq, kept_from), so kept_from must say
+// what retention removed: rooms trimmed before migration 0014 (kept_from
+// 0 with their oldest entries gone) get it from 0015, rooms trimmed since
+// from retention itself. Counts match the entries stored after each
+// position; a room with a change still counts from its entries.
+func TestPostgresUnreadRoomsWithoutChanges(t *testing.T) {
+	ctx := context.Background()
+	url, conn := olderSchema(t, 14)
+	// t: 1-2 removed before 0014, 3-5 kept; e: 1-3 all removed; n: 1-3,
+	// never trimmed.
+	if _, err := conn.Exec(ctx, `
+INSERT INTO apps (id) VALUES ('a');
+INSERT INTO rooms (id, app, name, last_seq, msgs) VALUES (1, 'a', 't', 5, 5), (2, 'a', 'e', 3, 3), (3, 'a', 'n', 3, 3);
+INSERT INTO messages (room_id, seq, sender, idem_key, ts, body, batch, kind, msgs) VALUES
+	(1, 3, 'u', 'k3', now(), '3', 0, 0, 3), (1, 4, 'u', 'k4', now(), '4', 0, 0, 4), (1, 5, 'u', 'k5', now(), '5', 0, 0, 5),
+	(3, 1, 'u', 'k1', now(), '1', 0, 0, 1), (3, 2, 'u', 'k2', now(), '2', 0, 0, 2), (3, 3, 'u', 'k3', now(), '3', 0, 0, 3);
+SELECT setval(pg_get_serial_sequence('rooms', 'id'), 3)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	st := openTestPG(t, url, PGConfig{})
+	defer st.Close()
+	for key, want := range map[string]int64{"t": 3, "e": 4, "n": 0} {
+		var from int64
+		if err := st.pool.QueryRow(ctx, `SELECT kept_from FROM rooms WHERE app = 'a' AND name = $1`, key).Scan(&from); err != nil || from != want {
+			t.Fatalf("room %s: kept_from %d (%v), want %d", key, from, err, want)
+		}
+	}
+	check := func(key string, unread map[uint64]uint64) {
+		t.Helper()
+		for pos, n := range unread {
+			last, read, count := []uint64{0}, []uint64{pos}, []uint64{0}
+			if err := st.Unread(ctx, []string{key}, "carol", last, read, count); err != nil || count[0] != n {
+				t.Errorf("%s unread after %d: %d (%v), want %d", key, pos, count[0], err, n)
+			}
+		}
+	}
+	check("a/t", map[uint64]uint64{0: 3, 1: 3, 2: 3, 3: 2, 4: 1, 5: 0, 9: 0})
+	check("a/e", map[uint64]uint64{0: 0, 2: 0, 3: 0})
+	check("a/n", map[uint64]uint64{0: 3, 1: 2, 3: 0})
+
+	// Trimmed by retention now: 10 messages, the newest 4 kept.
+	for i := range 10 {
+		commitRows(t, st, req("b/r", "u", fmt.Sprint("m", i), `0`))
+	}
+	keep(t, st, "b", 0, 4)
+	if _, err := st.EnforceRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("b/r", map[uint64]uint64{0: 4, 5: 4, 6: 4, 7: 3, 9: 1, 10: 0})
+	// A change: the room is counted from its entries from then on, the
+	// reaction not among them.
+	commitRows(t, st, req("b/r", "u", "m10", `0`), change("b/r", "v", "x", proto.KindReact, 11, `"x"`))
+	check("b/r", map[uint64]uint64{0: 5, 6: 5, 10: 1, 11: 0, 12: 0})
 }
