@@ -459,9 +459,7 @@ func (p *positions) unread(j posJob) {
 		newest[i] = p.newest[k]
 	}
 	if p.reads == nil {
-		u.at.started = Stamp()
-		err := p.countUnread(u)
-		u.at.read = Stamp()
+		err := p.countUnread(&u)
 		p.answerUnread(u, err, true)
 		return
 	}
@@ -538,17 +536,18 @@ func (p *positions) unreadWorker(q chan unreadJob) {
 		case <-p.n.done:
 			return
 		case u := <-q:
-			u.at.started = Stamp()
-			err := p.countUnread(u)
-			u.at.read = Stamp()
+			err := p.countUnread(&u)
 			p.answerUnread(u, err, false)
 		}
 	}
 }
 
-// countUnread reads u's rooms from the store. Safe on any goroutine: it
-// touches nothing of positions' own state.
-func (p *positions) countUnread(u unreadJob) error {
+// countUnread reads u's rooms from the store, stamping the read's start
+// and end. Safe on any goroutine: it touches nothing of positions' own
+// state.
+func (p *positions) countUnread(u *unreadJob) error {
+	u.at.started = Stamp()
+	defer func() { u.at.read = Stamp() }()
 	last, read, count, _ := u.split()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -587,7 +586,7 @@ func (p *positions) answerUnread(u unreadJob, err error, onPos bool) {
 		u.at.observe(p.n.hists.unreadPhases, Stamp())
 		return
 	}
-	ev := Event{kind: evReadDone, member: j.m, key: j.key, err: err}
+	ev := Event{kind: evReadDone, flags: doneUnread, member: j.m, key: j.key, err: err}
 	if err == nil {
 		ev.frame = proto.AppendUnreadFrame(nil, rooms, read, last, count)
 	}
@@ -1056,13 +1055,16 @@ func (t *Table) userFrames(b []byte) {
 	})
 }
 
-// doneReceipts marks an evReadDone that answers a receipts query, so that
-// its failure is told as the query's and not as a mark's.
-const doneReceipts uint8 = 1
+// An evReadDone's flags say which request it answers (none: a read
+// mark), so that a failure is told as that request's.
+const (
+	doneUnread   uint8 = 1 << iota // an unread request (key: the app)
+	doneReceipts                   // a receipts query
+)
 
 // readDone answers a client's read mark (ev.frame: a moved position's
-// frame, encoded once with its announcement), unread request or receipts
-// query (doneReceipts).
+// frame, encoded once with its announcement), unread request (doneUnread)
+// or receipts query (doneReceipts).
 func (t *Table) readDone(ev *Event) {
 	m := ev.member
 	if ev.cursor != 0 && t.node != nil {
@@ -1081,7 +1083,7 @@ func (t *Table) readDone(ev *Event) {
 		t.enqueue(m, ev.frame)
 		return
 	}
-	if ev.err != nil && !strings.Contains(ev.key, "/") { // an unread request: key is the app
+	if ev.flags&doneUnread != 0 {
 		t.sendErr(m, nil, proto.CodeOverloaded, "cannot read unread counts now: retry")
 		return
 	}

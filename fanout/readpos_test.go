@@ -275,9 +275,13 @@ func TestUnreadLeavesMarksAlone(t *testing.T) {
 			t.Fatal("unread refused by the positions queue")
 		}
 	}
-	waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
-		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded)
+	refused := waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded) && ev.flags&doneUnread != 0
 	})
+	tb.Run(&refused) // told as the request's failure, not a mark's
+	if out := bytes.Join(flooder.Out.Pending(), nil); !bytes.Contains(out, []byte(`"code":"overloaded"`)) || !bytes.Contains(out, []byte("cannot read unread counts now")) {
+		t.Fatalf("the refused request's answer: %s", out)
+	}
 	if n.Stats.UnreadRefused.Load() == 0 {
 		t.Fatal("refusal not counted")
 	}

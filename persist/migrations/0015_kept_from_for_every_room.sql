@@ -7,9 +7,9 @@
 -- it. Here each room whose oldest entry is past 1 gets that entry's seq,
 -- and a room with entries counted but none stored gets last_seq + 1. One
 -- probe of messages_pkey per room; rooms never trimmed keep 0.
-UPDATE rooms r SET kept_from = coalesce(
-	(SELECT m.seq FROM messages m WHERE m.room_id = r.id ORDER BY m.seq LIMIT 1),
-	r.last_seq + 1)
-WHERE r.kept_from = 0 AND r.last_seq > 0 AND coalesce(
-	(SELECT m.seq FROM messages m WHERE m.room_id = r.id ORDER BY m.seq LIMIT 1),
-	r.last_seq + 1) > 1;
+UPDATE rooms r SET kept_from = o.first
+FROM (SELECT x.id, coalesce(
+		(SELECT m.seq FROM messages m WHERE m.room_id = x.id ORDER BY m.seq LIMIT 1),
+		x.last_seq + 1) AS first
+	FROM rooms x WHERE x.kept_from = 0 AND x.last_seq > 0) o
+WHERE r.id = o.id AND o.first > 1;
