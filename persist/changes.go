@@ -38,7 +38,11 @@ const (
 	// message named (a: room, b: seq, c: kind, s1: sender, s2: its
 	// reaction counts, NULL without a state row, f: deleted), 3 a user's
 	// reaction (a: room, b: message, c: entry, s1: sender, s2: reaction, f:
-	// active).
+	// active). The standing reaction is found by messages_changes's key,
+	// whose third column is a hash of sender and reaction (migration 0016):
+	// the hash must be spelt as the index spells it for the planner to
+	// descend it, and the texts are compared on the row because two pairs
+	// may share a hash.
 	changesReadSQL = `
 SELECT 1 AS what, i.ord::int8 AS a, m.seq AS b, 0::int8 AS c, m.ts, NULL::text AS s1, NULL::text AS s2, false AS f
 FROM unnest($1::int8[], $2::text[], $3::bytea[], $4::int4[]) AS i (room_id, sender, idem_key, ord)
@@ -53,7 +57,8 @@ SELECT 3, k.room_id, k.seq, x.seq, x.ts, k.sender, k.reaction, x.kind = 3
 FROM unnest($7::int8[], $8::int8[], $9::text[], $10::text[]) AS k (room_id, seq, sender, reaction)
 CROSS JOIN LATERAL (
 	SELECT m.seq, m.ts, m.kind FROM messages m
-	WHERE m.room_id = k.room_id AND m.ref = k.seq AND m.ref IS NOT NULL AND m.sender = k.sender AND m.reaction = k.reaction
+	WHERE m.room_id = k.room_id AND m.ref = k.seq AND m.ref IS NOT NULL AND hashtextextended(m.sender, hashtextextended(m.reaction, 0)) = hashtextextended(k.sender, hashtextextended(k.reaction, 0))
+		AND m.sender = k.sender AND m.reaction = k.reaction
 	ORDER BY m.seq DESC LIMIT 1
 ) x`
 

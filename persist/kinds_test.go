@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -893,6 +894,27 @@ func TestPostgresChangesGuardPlan(t *testing.T) {
 	text := genericPlan(t, st, nil, "guard_plan", "int8[], int8[], int8[]", changesGuardSQL, `'{1}', '{1}', '{1}'`)
 	if strings.Contains(text, "messages") || !strings.Contains(text, "LockRows") || !strings.Contains(text, "Sort Key: r.id") {
 		t.Fatalf("guard plan reads more than the rooms or locks them out of order:\n%s", text)
+	}
+}
+
+// TestPostgresChangesIndexPlans: the two lookups messages_changes serves
+// descend it, planned generic on an empty table: a user's standing
+// reaction (its key in full, hash of sender and reaction since 0016, the
+// latest entry first) and retention's changes of a removed message (by
+// room and ref). Either read by another path walks the room's entries.
+func TestPostgresChangesIndexPlans(t *testing.T) {
+	st := newPG(t)
+	read := genericPlan(t, st, nil, "changes_read_plan", "int8[], text[], bytea[], int4[], int8[], int8[], int8[], int8[], text[], text[]", changesReadSQL,
+		`'{1}', '{u}', '{"\\x41"}', '{0}', '{1}', '{1}', '{1}', '{1}', '{u}', '{x}'`)
+	standing := read[strings.LastIndex(read, "Function Scan"):]
+	if !regexp.MustCompile(`Index Scan Backward using messages_changes on messages m(?:_\d+)? .*\n\s+Index Cond: \(\(room_id = k\.room_id\) AND \(ref = k\.seq\) AND \(hashtextextended\(sender, hashtextextended\(reaction, .*\n\s+Filter: \(\(sender = k\.sender\) AND \(reaction = k\.reaction\)\)`).MatchString(standing) {
+		t.Fatalf("standing reaction lookup does not descend messages_changes by its key:\n%s", read)
+	}
+	del := genericPlan(t, st, nil, "retention_plan", "int8, int8, int8", withChanges(`
+DELETE FROM messages WHERE room_id = $1 AND seq IN (
+	SELECT seq FROM messages WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`), "1, 1, 1")
+	if !regexp.MustCompile(`Index Scan using messages_changes on messages x .*\n\s+Index Cond: \(\(room_id = \$1\) AND \(ref = d(?:_\d+)?\.seq\)\)`).MatchString(del) {
+		t.Fatalf("retention does not find a message's changes by messages_changes:\n%s", del)
 	}
 }
 

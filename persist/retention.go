@@ -250,10 +250,13 @@ WITH d AS (` + del + `
 ), dep AS (
 	-- Each removed message's changes by messages_changes, one probe each
 	-- (never a walk of the room's newer rows), deleted by their ctids: a
-	-- plan that stays the same whatever the statistics say.
+	-- plan that stays the same whatever the statistics say. OFFSET 0 keeps
+	-- the seq bound out of the probe: pushed into it, a generic plan made
+	-- on a small table scanned the room's changes newer than the bound by
+	-- (room_id, seq) once per removed message.
 	DELETE FROM messages m WHERE m.ctid = ANY (ARRAY(
 		SELECT c.ctid FROM d, LATERAL (
-			SELECT x.ctid, x.seq FROM messages x WHERE x.room_id = $1 AND x.ref = d.seq AND x.ref IS NOT NULL
+			SELECT x.ctid, x.seq FROM messages x WHERE x.room_id = $1 AND x.ref = d.seq AND x.ref IS NOT NULL OFFSET 0
 		) c WHERE d.kind = 0 AND c.seq > (SELECT max(seq) FROM d)))
 	RETURNING 1
 ), st AS (
