@@ -1043,3 +1043,57 @@ func knows(ctx context.Context, t *testing.T, st *Postgres, rows []*Row) bool {
 	}
 	return st.kc.known(s) != nil
 }
+
+// TestMigrateChangesIndexBuiltAhead: migration 0016 takes a
+// messages_changes_0016 an operator built ahead (CREATE INDEX
+// CONCURRENTLY, docs/operations.md) in place of building its own, and
+// builds its own when the one there is not valid or not its definition.
+func TestMigrateChangesIndexBuiltAhead(t *testing.T) {
+	const def = `(room_id, ref, hashtextextended(sender, hashtextextended(reaction, 0)), seq) WHERE ref IS NOT NULL`
+	for _, c := range []struct {
+		name  string
+		ahead string // the statements run before the migration
+		kept  bool   // the index built ahead is the one left
+	}{
+		{"none", ``, false},
+		{"built ahead", `CREATE INDEX CONCURRENTLY messages_changes_0016 ON messages ` + def, true},
+		{"not valid", `CREATE INDEX CONCURRENTLY messages_changes_0016 ON messages ` + def + `;
+UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'messages_changes_0016'::regclass`, false},
+		{"another definition", `CREATE INDEX CONCURRENTLY messages_changes_0016 ON messages (room_id, ref, seq) WHERE ref IS NOT NULL`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			url, conn := olderSchema(t, 15)
+			var ahead uint32
+			if c.ahead != "" {
+				for _, stmt := range strings.Split(c.ahead, ";\n") {
+					if _, err := conn.Exec(ctx, stmt); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := conn.QueryRow(ctx, `SELECT 'messages_changes_0016'::regclass::oid`).Scan(&ahead); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := Migrate(ctx, url); err != nil {
+				t.Fatal(err)
+			}
+			var oid uint32
+			var valid bool
+			var got string
+			if err := conn.QueryRow(ctx, `SELECT i.indexrelid, i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i WHERE i.indexrelid = 'messages_changes'::regclass`).Scan(&oid, &valid, &got); err != nil {
+				t.Fatal(err)
+			}
+			if !valid || !strings.Contains(got, `USING btree (room_id, ref, hashtextextended(sender, hashtextextended(reaction, (0)::bigint)), seq) WHERE (ref IS NOT NULL)`) {
+				t.Fatalf("messages_changes after 0016: valid %v, %s", valid, got)
+			}
+			if (oid == ahead) != c.kept {
+				t.Fatalf("the index built ahead kept: %v, want %v", oid == ahead, c.kept)
+			}
+			var left int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = 'messages_changes_0016'`).Scan(&left); err != nil || left != 0 {
+				t.Fatalf("messages_changes_0016 left behind: %d, %v", left, err)
+			}
+		})
+	}
+}

@@ -13,5 +13,25 @@
 -- (another sender and reaction share the hash only by a 64-bit
 -- collision), and retention's changes of a message, by room_id and ref.
 -- Edits and deletes, whose reaction is NULL, have a NULL hash.
+--
+-- Building the index reads the whole table, and a migration holds its
+-- locks until it commits: publishes to every room wait that long. An
+-- operator with a large table builds it ahead without holding anyone up
+-- (docs/operations.md, "Migrations that build an index"):
+--   CREATE INDEX CONCURRENTLY messages_changes_0016 ON messages (room_id, ref, hashtextextended(sender, hashtextextended(reaction, 0)), seq) WHERE ref IS NOT NULL;
+-- and this migration takes it in place of the old one. One that is not
+-- valid (a concurrent build that failed) or not this definition is built
+-- again here.
+DO $$
+BEGIN
+	IF NOT EXISTS (
+		SELECT 1 FROM pg_index i
+		WHERE i.indexrelid = to_regclass('messages_changes_0016') AND i.indisvalid
+			AND pg_get_indexdef(i.indexrelid) LIKE '%ON %messages USING btree (room_id, ref, hashtextextended(sender, hashtextextended(reaction, (0)::bigint)), seq) WHERE (ref IS NOT NULL)'
+	) THEN
+		DROP INDEX IF EXISTS messages_changes_0016;
+		CREATE INDEX messages_changes_0016 ON messages (room_id, ref, hashtextextended(sender, hashtextextended(reaction, 0)), seq) WHERE ref IS NOT NULL;
+	END IF;
+END $$;
 DROP INDEX messages_changes;
-CREATE INDEX messages_changes ON messages (room_id, ref, hashtextextended(sender, hashtextextended(reaction, 0)), seq) WHERE ref IS NOT NULL;
+ALTER INDEX messages_changes_0016 RENAME TO messages_changes;
