@@ -122,14 +122,14 @@ type positions struct {
 	wake    chan struct{} // in went from empty to not
 	ans     [][]Event     // per loop: answers not posted yet
 
-	unreadQ [unreadWorkers]chan unreadJob // to the unread workers (reads != nil)
+	unreadQ [queryWorkers]chan unreadJob // to the unread workers (reads != nil)
 
 	// Receipts queries at the receipts workers (reads != nil; receipts.go).
-	rcptQ    [receiptsWorkers]chan rcptJob // to the workers
-	rcptDone chan rcptJob                  // from them: answers to post
-	rcptOut  int                           // at the workers or in rcptDone
-	rcptWait map[string]*rcptRoom          // by room key: those of the room
-	rcptGen  uint64                        // counts the queries handed over
+	rcptQ    [queryWorkers]chan rcptJob // to the workers
+	rcptDone chan rcptJob               // from them: answers to post
+	rcptOut  int                        // at the workers or in rcptDone
+	rcptWait map[string]*rcptRoom       // by room key: those of the room
+	rcptGen  uint64                     // counts the queries handed over
 }
 
 func newPositions(n *Node, st persist.Store) *positions {
@@ -140,14 +140,14 @@ func newPositions(n *Node, st persist.Store) *positions {
 	if p.reads != nil {
 		p.hand = &readHandoff{reads: p.reads, written: &n.Stats.ReadMarksWritten}
 		for i := range p.unreadQ {
-			p.unreadQ[i] = make(chan unreadJob, unreadQueue)
+			p.unreadQ[i] = make(chan unreadJob, queryQueue)
 		}
 		for i := range p.rcptQ {
-			p.rcptQ[i] = make(chan rcptJob, receiptsQueue)
+			p.rcptQ[i] = make(chan rcptJob, queryQueue)
 		}
 		// As many as may be out, so that a worker never waits to give
 		// one back.
-		p.rcptDone = make(chan rcptJob, receiptsWorkers*receiptsQueue)
+		p.rcptDone = make(chan rcptJob, queryWorkers*queryQueue)
 		p.rcptWait = map[string]*rcptRoom{}
 	}
 	return p
@@ -464,26 +464,28 @@ func (p *positions) unread(j posJob) {
 		return
 	}
 	select {
-	case p.unreadQ[unreadWorkerOf(j.user)] <- u:
+	case p.unreadQ[queryWorkerOf(j.user)] <- u:
 	default:
 		p.n.Stats.UnreadRefused.Add(1)
 		p.answerUnread(u, proto.ErrOverloaded, true)
 	}
 }
 
-// unreadWorkers do the store reads of unread requests (positions.unread),
-// each with a queue of unreadQueue; a user's requests all go to one of
-// them, so that its answers leave in the order asked.
+// queryWorkers do the store reads of unread requests (positions.unread,
+// keyed by user) and, as many again, of receipts queries
+// (positions.receipts, keyed by room), each with a queue of queryQueue.
+// All of a key's queries go to one worker, so that its answers leave in
+// the order asked.
 const (
-	unreadWorkers = 4
-	unreadQueue   = 64
+	queryWorkers = 4
+	queryQueue   = 64
 )
 
-// unreadSeed picks a user's unread worker.
-var unreadSeed = maphash.MakeSeed()
+// querySeed picks a key's worker.
+var querySeed = maphash.MakeSeed()
 
-func unreadWorkerOf(user string) int {
-	return int(maphash.String(unreadSeed, user) % unreadWorkers)
+func queryWorkerOf(key string) int {
+	return int(maphash.String(querySeed, key) % queryWorkers)
 }
 
 // unreadJob is an unread request with what the positions goroutine knew

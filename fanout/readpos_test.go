@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -228,6 +229,35 @@ func (s *slowReads) Unread(ctx context.Context, keys []string, user string, last
 }
 
 // waitEvent waits for an event the loop got that ok accepts.
+// floodRefused asks queryQueue+2 queries with ask while one of the same
+// worker's reads is held: the flooder gets an overloaded answer told as
+// the query's failure (flag, text), the refusal is counted, and the
+// marker's mark is still answered meanwhile.
+func floodRefused(t *testing.T, tb *Table, l *testLoop, flooder, marker *Member, ask func() bool, flag uint8, text string, counted *atomic.Uint64) {
+	t.Helper()
+	for range queryQueue + 2 {
+		if !ask() {
+			t.Fatal("query refused by the positions queue")
+		}
+	}
+	refused := waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == flooder && errors.Is(ev.err, proto.ErrOverloaded) && ev.flags&flag != 0
+	})
+	tb.Run(&refused) // told as the query's failure, not a mark's
+	if out := bytes.Join(flooder.Out.Pending(), nil); !bytes.Contains(out, []byte(`"code":"overloaded"`)) || !bytes.Contains(out, []byte(text)) {
+		t.Fatalf("the refused query's answer: %s", out)
+	}
+	if counted.Load() == 0 {
+		t.Fatal("refusal not counted")
+	}
+	if !tb.MarkRead(marker, "test/r", "y", 7) {
+		t.Fatal("mark refused")
+	}
+	waitEvent(t, l, "answer to y's second mark during the flood", func(ev *Event) bool {
+		return ev.kind == evReadDone && ev.member == marker && ev.seq == 7
+	})
+}
+
 func waitEvent(t *testing.T, l *testLoop, what string, ok func(*Event) bool) Event {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
@@ -252,7 +282,7 @@ func waitEvent(t *testing.T, l *testLoop, what string, ok func(*Event) bool) Eve
 // requests past its worker's queue is answered overloaded, counted, and
 // the marks still go on. Before the workers, the mark waited for the read.
 func TestUnreadLeavesMarksAlone(t *testing.T) {
-	st := &slowReads{Memory: persist.NewMemory(0), in: make(chan struct{}, unreadQueue+8), gate: make(chan struct{})}
+	st := &slowReads{Memory: persist.NewMemory(0), in: make(chan struct{}, queryQueue+8), gate: make(chan struct{})}
 	n, l := receiptsNode(t, st)
 	commit(t, st.Memory, "test/r", 9)
 	tb := n.tables[0].Load()
@@ -270,27 +300,8 @@ func TestUnreadLeavesMarksAlone(t *testing.T) {
 
 	// One user's requests all go to one worker: one held, a queue full,
 	// then refusals.
-	for range unreadQueue + 2 {
-		if !tb.Unread(&flooder, "test", "x", []string{"r"}) {
-			t.Fatal("unread refused by the positions queue")
-		}
-	}
-	refused := waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
-		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded) && ev.flags&doneUnread != 0
-	})
-	tb.Run(&refused) // told as the request's failure, not a mark's
-	if out := bytes.Join(flooder.Out.Pending(), nil); !bytes.Contains(out, []byte(`"code":"overloaded"`)) || !bytes.Contains(out, []byte("cannot read unread counts now")) {
-		t.Fatalf("the refused request's answer: %s", out)
-	}
-	if n.Stats.UnreadRefused.Load() == 0 {
-		t.Fatal("refusal not counted")
-	}
-	if !tb.MarkRead(&marker, "test/r", "y", 7) {
-		t.Fatal("mark refused")
-	}
-	waitEvent(t, l, "answer to y's second mark during the flood", func(ev *Event) bool {
-		return ev.kind == evReadDone && ev.member == &marker && ev.seq == 7
-	})
+	floodRefused(t, tb, l, &flooder, &marker, func() bool { return tb.Unread(&flooder, "test", "x", []string{"r"}) },
+		doneUnread, "cannot read unread counts now", &n.Stats.UnreadRefused)
 
 	close(st.gate)
 	ev := waitEvent(t, l, "x's unread answer", func(ev *Event) bool {

@@ -2,7 +2,6 @@ package fanout
 
 import (
 	"context"
-	"hash/maphash"
 	"slices"
 	"strings"
 	"time"
@@ -135,7 +134,7 @@ func (p *positions) receipts(j posJob) {
 	r.gen = p.rcptGen
 	if p.rcptOut < cap(p.rcptDone) {
 		select {
-		case p.rcptQ[receiptsWorkerOf(j.key)] <- r:
+		case p.rcptQ[queryWorkerOf(j.key)] <- r:
 			p.rcptOut++
 			w := p.rcptWait[j.key]
 			if w == nil {
@@ -151,23 +150,10 @@ func (p *positions) receipts(j posJob) {
 	p.post(int(j.loop), Event{kind: evReadDone, flags: doneReceipts, member: j.m, key: j.key, err: proto.ErrOverloaded})
 }
 
-// receiptsWorkers do the store reads of receipts queries
-// (positions.receipts), each with a queue of receiptsQueue. A room's
-// queries all go to one of them, so that its answers leave in the order
-// asked: a client matches a receipts answer to its query by the room.
-// Queries of other rooms, or the same client's marks, may be answered
-// before one asked earlier.
-const (
-	receiptsWorkers = 4
-	receiptsQueue   = 64
-)
-
-// receiptsSeed picks a room's receipts worker.
-var receiptsSeed = maphash.MakeSeed()
-
-func receiptsWorkerOf(key string) int {
-	return int(maphash.String(receiptsSeed, key) % receiptsWorkers)
-}
+// A room's receipts queries all go to one worker (queryWorkerOf), so
+// that its answers leave in the order asked: a client matches a receipts
+// answer to its query by the room. Queries of other rooms, or the same
+// client's marks, may be answered before one asked earlier.
 
 // rcptJob is a receipts query on its way to a worker and back.
 type rcptJob struct {

@@ -1,9 +1,7 @@
 package fanout
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"maps"
 	"math/rand/v2"
 	"strconv"
@@ -206,7 +204,7 @@ func (s *slowPositions) ReadPositions(ctx context.Context, key string, limit int
 // marks, holds them: a receipts frame may have told the asker meanwhile.
 // Before the workers, the mark waited for the read.
 func TestReceiptsLeaveMarksAlone(t *testing.T) {
-	st := &slowPositions{Memory: persist.NewMemory(0), in: make(chan struct{}, receiptsQueue+8), gate: make(chan struct{})}
+	st := &slowPositions{Memory: persist.NewMemory(0), in: make(chan struct{}, queryQueue+8), gate: make(chan struct{})}
 	n, l := receiptsNode(t, st)
 	commit(t, st.Memory, "test/r", 9)
 	if err := st.SaveReads(context.Background(), []persist.ReadMark{{Key: "test/r", User: "alice", Seq: 3}}); err != nil {
@@ -227,27 +225,8 @@ func TestReceiptsLeaveMarksAlone(t *testing.T) {
 
 	// A room's queries all go to one worker: one held, a queue full, then
 	// refusals.
-	for range receiptsQueue + 2 {
-		if !tb.Receipts(&flooder, "test/r") {
-			t.Fatal("receipts refused by the positions queue")
-		}
-	}
-	refused := waitEvent(t, l, "overloaded answer to the flood", func(ev *Event) bool {
-		return ev.kind == evReadDone && ev.member == &flooder && errors.Is(ev.err, proto.ErrOverloaded) && ev.flags&doneReceipts != 0
-	})
-	tb.Run(&refused) // told as the query's failure, not a mark's
-	if out := bytes.Join(flooder.Out.Pending(), nil); !bytes.Contains(out, []byte(`"code":"overloaded"`)) || !bytes.Contains(out, []byte("cannot read the room's receipts now")) {
-		t.Fatalf("the refused query's answer: %s", out)
-	}
-	if n.Stats.ReceiptsRefused.Load() == 0 {
-		t.Fatal("refusal not counted")
-	}
-	if !tb.MarkRead(&marker, "test/r", "y", 7) {
-		t.Fatal("mark refused")
-	}
-	waitEvent(t, l, "answer to y's second mark during the flood", func(ev *Event) bool {
-		return ev.kind == evReadDone && ev.member == &marker && ev.seq == 7
-	})
+	floodRefused(t, tb, l, &flooder, &marker, func() bool { return tb.Receipts(&flooder, "test/r") },
+		doneReceipts, "cannot read the room's receipts now", &n.Stats.ReceiptsRefused)
 
 	close(st.gate)
 	ev := waitEvent(t, l, "the asker's receipts answer", func(ev *Event) bool {
@@ -273,11 +252,11 @@ func TestReceiptsLeaveMarksAlone(t *testing.T) {
 			}
 		}
 		l.mu.Unlock()
-		if answered+refused == receiptsQueue+2 && uint64(refused) == n.Stats.ReceiptsRefused.Load() {
+		if answered+refused == queryQueue+2 && uint64(refused) == n.Stats.ReceiptsRefused.Load() {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("flood: %d answered, %d refused, of %d", answered, refused, receiptsQueue+2)
+			t.Fatalf("flood: %d answered, %d refused, of %d", answered, refused, queryQueue+2)
 		}
 		time.Sleep(time.Millisecond)
 	}

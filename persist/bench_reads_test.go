@@ -140,23 +140,16 @@ func BenchmarkPGUnread100(b *testing.B) {
 	defer st.Close()
 	const rooms, entries = 1000, 20
 	key := func(r int) string { return fmt.Sprint("a/r", r) }
-	for e := range entries {
-		rows := make([]*Row, rooms)
-		for r := range rows {
-			rows[r] = &Row{Key: key(r), From: "p", ID: []byte(fmt.Sprint(e)), Body: []byte(`{"text":"hi"}`)}
-		}
-		if err := st.CommitBatch(ctx, rows); err != nil {
-			b.Fatal(err)
-		}
-	}
 	changed := func(r int) string { return fmt.Sprint("c/r", r) }
-	for e := range entries {
-		rows := make([]*Row, rooms)
-		for r := range rows {
-			rows[r] = &Row{Key: changed(r), From: "p", ID: []byte(fmt.Sprint(e)), Body: []byte(`{"text":"hi"}`)}
-		}
-		if err := st.CommitBatch(ctx, rows); err != nil {
-			b.Fatal(err)
+	for _, room := range []func(int) string{key, changed} {
+		for e := range entries {
+			rows := make([]*Row, rooms)
+			for r := range rows {
+				rows[r] = &Row{Key: room(r), From: "p", ID: []byte(fmt.Sprint(e)), Body: []byte(`{"text":"hi"}`)}
+			}
+			if err := st.CommitBatch(ctx, rows); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	reacts := make([]*Row, rooms)
