@@ -98,13 +98,14 @@ type positions struct {
 	newest map[string]uint64            // rooms' newest seqs seen
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
 	hand   *readHandoff                 // marks on their way to a group commit
-	sent   map[posKey]uint64            // handed over at the last tick (maybe not written yet)
 	out    []byte                       // announcements of marks not sent yet (broadcast)
 	own    map[posKey]ownMove           // moves by the user's own publishes, announced once a second
 
-	// sent's marks as handed over (offer copies them): those due at once,
-	// then the rest in (room, user) order, where a receipts query finds
-	// its room's without walking all of them (roomState).
+	// The marks handed over at the last tick (maybe not written yet), as
+	// offered (offer copies them): those due at once, then the rest, each
+	// part in (room, user) order, one mark per position. The one record
+	// of them: a receipts query finds its room's (roomState) and the
+	// cache's eviction a position's (handedOver) by binary search.
 	sentMarks []persist.ReadMark
 	sentDue   int
 
@@ -135,7 +136,7 @@ type positions struct {
 func newPositions(n *Node, st persist.Store) *positions {
 	p := &positions{n: n, jobs: make(chan posJob, posQueue), pos: map[posKey]uint64{},
 		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, moved: map[string]map[string]uint64{},
-		own: map[posKey]ownMove{}, sent: map[posKey]uint64{}, wake: make(chan struct{}, 1), ans: make([][]Event, MaxLoops)}
+		own: map[posKey]ownMove{}, wake: make(chan struct{}, 1), ans: make([][]Event, MaxLoops)}
 	p.reads, _ = st.(persist.Reads)
 	if p.reads != nil {
 		p.hand = &readHandoff{reads: p.reads, written: &n.Stats.ReadMarksWritten}
@@ -661,7 +662,7 @@ func (p *positions) remember(k posKey, seq uint64) {
 	if len(p.pos) >= posCacheMax {
 		for c := range p.pos {
 			_, d := p.dirty[c]
-			if _, s := p.sent[c]; !d && !s {
+			if !d && !p.handedOver(c) {
 				delete(p.pos, c)
 			}
 		}
@@ -699,7 +700,6 @@ func (p *positions) handOver() bool {
 		return false
 	}
 	left := p.hand.reclaim()
-	clear(p.sent)
 	p.sentMarks, p.sentDue = nil, 0
 	if len(left) == 0 && len(p.dirty) == 0 {
 		return false
@@ -711,31 +711,40 @@ func (p *positions) handOver() bool {
 			m.Seq = max(m.Seq, seq)
 			delete(p.dirty, k)
 		}
-		if seq, dup := p.sent[k]; dup {
-			// Taken by a commit that failed after a later offer of the
-			// same position: once, the larger.
-			if m.Seq > seq {
-				p.sent[k] = m.Seq
-				i := slices.IndexFunc(marks, func(x persist.ReadMark) bool { return x.Key == m.Key && x.User == m.User })
-				marks[i].Seq = m.Seq
-			}
-			continue
-		}
 		marks = append(marks, m)
-		p.sent[k] = m.Seq
 	}
+	// A position twice among them (taken by a commit that failed after a
+	// later offer of it): once, the larger, first after the sort.
+	slices.SortFunc(marks, func(a, b persist.ReadMark) int {
+		return cmp.Or(compareMarks(a, b), cmp.Compare(b.Seq, a.Seq))
+	})
+	marks = slices.CompactFunc(marks, func(a, b persist.ReadMark) bool { return a.Key == b.Key && a.User == b.User })
 	due := len(marks)
 	for k, seq := range p.dirty {
 		marks = append(marks, persist.ReadMark{Key: k.key, User: k.user, Seq: seq})
-		p.sent[k] = seq
 	}
 	clear(p.dirty)
-	slices.SortFunc(marks[due:], func(a, b persist.ReadMark) int {
-		return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.User, b.User))
-	})
+	slices.SortFunc(marks[due:], compareMarks)
 	p.hand.offer(marks, due, time.Now())
 	p.sentMarks, p.sentDue = marks, due
 	return true
+}
+
+// compareMarks orders marks by room, then user.
+func compareMarks(a, b persist.ReadMark) int {
+	return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.User, b.User))
+}
+
+// handedOver reports whether k's position is among the marks handed over
+// at the last tick.
+func (p *positions) handedOver(k posKey) bool {
+	m := persist.ReadMark{Key: k.key, User: k.user}
+	for _, part := range [][]persist.ReadMark{p.sentMarks[:p.sentDue], p.sentMarks[p.sentDue:]} {
+		if _, ok := slices.BinarySearchFunc(part, m, compareMarks); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // idleFlush writes the marks no group commit took since handOver (no

@@ -137,6 +137,33 @@ func TestReadHandoffPaced(t *testing.T) {
 	}
 }
 
+// A commit that fails after a later offer of the same position gives back
+// the older mark while the newer waits untaken: the next hand-over holds
+// the position once, with the larger seq, due at once.
+func TestHandOverTakesAPositionOnce(t *testing.T) {
+	p := newPositions(&Node{}, persist.NewMemory(0))
+	k := posKey{proto.RoomKey("app", "r"), "u"}
+	other := posKey{proto.RoomKey("app", "a"), "v"}
+	p.dirty[k] = 5
+	p.handOver()
+	h := p.hand
+	taken := h.takeAt(h.at.Add(readsSpread))
+	if len(taken) != 1 || taken[0].Seq != 5 {
+		t.Fatalf("taken %v, want u at 5", taken)
+	}
+	p.dirty[k], p.dirty[other] = 7, 3
+	p.handOver() // u at 7 and v at 3 offered, not taken yet
+	h.done(taken, false)
+	p.handOver()
+	want := []persist.ReadMark{{Key: other.key, User: "v", Seq: 3}, {Key: k.key, User: "u", Seq: 7}}
+	if !slices.Equal(p.sentMarks, want) || p.sentDue != 2 {
+		t.Fatalf("handed over %v (%d due), want %v all due", p.sentMarks, p.sentDue, want)
+	}
+	if !p.handedOver(k) || !p.handedOver(other) || p.handedOver(posKey{k.key, "w"}) {
+		t.Fatal("handedOver does not match the marks handed over")
+	}
+}
+
 // A loop's read marks and requests go to the positions goroutine in one
 // batch when the loop flushes them (the end of its wake-up), and their
 // answers come back in one PostAll, in the order asked: an unread request

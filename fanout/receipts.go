@@ -178,21 +178,17 @@ func (p *positions) roomState(key string, dst []proto.Receipt) []proto.Receipt {
 	// Moved here and maybe not written yet: not moved since the last
 	// hand-over (walked whole: at most a second's moves, and an index by
 	// room would cost every mark a map write), or handed over to a group
-	// commit at it (sentMarks, by room: what the map sent holds).
+	// commit at it (sentMarks, by room).
 	for k, seq := range p.dirty {
 		if k.key == key {
 			dst = append(dst, proto.Receipt{User: k.user, Seq: seq})
 		}
 	}
-	for _, m := range p.sentMarks[:p.sentDue] {
-		if m.Key == key {
-			dst = append(dst, proto.Receipt{User: m.User, Seq: m.Seq})
+	for _, part := range [][]persist.ReadMark{p.sentMarks[:p.sentDue], p.sentMarks[p.sentDue:]} {
+		i, _ := slices.BinarySearchFunc(part, key, func(m persist.ReadMark, key string) int { return strings.Compare(m.Key, key) })
+		for ; i < len(part) && part[i].Key == key; i++ {
+			dst = append(dst, proto.Receipt{User: part[i].User, Seq: part[i].Seq})
 		}
-	}
-	rest := p.sentMarks[p.sentDue:]
-	i, _ := slices.BinarySearchFunc(rest, key, func(m persist.ReadMark, key string) int { return strings.Compare(m.Key, key) })
-	for ; i < len(rest) && rest[i].Key == key; i++ {
-		dst = append(dst, proto.Receipt{User: rest[i].User, Seq: rest[i].Seq})
 	}
 	// Moved on other nodes and announced here, maybe not written yet by
 	// them: a receipts frame may already have told the asker, so the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -262,10 +263,12 @@ func TestReceiptsLeaveMarksAlone(t *testing.T) {
 	}
 }
 
-// roomState finds a room's handed-over marks by room (sentMarks) rather
-// than by walking all of sent: after moves, hand-overs that leave marks
-// untaken and commits that give some back, it holds exactly the room's
-// entries of dirty, sent and the floor.
+// roomState finds a room's handed-over marks by binary search of
+// sentMarks rather than by walking them: after moves, hand-overs that
+// leave marks untaken and commits that give some back, it holds exactly
+// the room's entries of dirty, sentMarks and the floor; each part of
+// sentMarks is in order with one mark per position, and handedOver finds
+// each of them.
 func TestRoomStateIsTheRoomsEntries(t *testing.T) {
 	st := persist.NewMemory(0)
 	n, _ := receiptsNode(t, st)
@@ -297,6 +300,20 @@ func TestRoomStateIsTheRoomsEntries(t *testing.T) {
 			}
 			p.hand.done(ms, true)
 		}
+		for _, part := range [][]persist.ReadMark{p.sentMarks[:p.sentDue], p.sentMarks[p.sentDue:]} {
+			if !slices.IsSortedFunc(part, compareMarks) || len(slices.CompactFunc(slices.Clone(part), func(a, b persist.ReadMark) bool { return compareMarks(a, b) == 0 })) != len(part) {
+				t.Fatalf("round %d: sentMarks out of order or with a position twice: %v", round, part)
+			}
+		}
+		for u := range 40 {
+			for r := range 7 {
+				k := posKey{"test/r" + strconv.Itoa(r), "u" + strconv.Itoa(u)}
+				want := slices.ContainsFunc(p.sentMarks, func(m persist.ReadMark) bool { return m.Key == k.key && m.User == k.user })
+				if got := p.handedOver(k); got != want {
+					t.Fatalf("round %d: handedOver(%v) = %v, want %v", round, k, got, want)
+				}
+			}
+		}
 		for r := range 7 {
 			k := "test/r" + strconv.Itoa(r)
 			want := map[string]uint64{}
@@ -305,9 +322,9 @@ func TestRoomStateIsTheRoomsEntries(t *testing.T) {
 					want[pk.user] = max(want[pk.user], seq)
 				}
 			}
-			for pk, seq := range p.sent {
-				if pk.key == k {
-					want[pk.user] = max(want[pk.user], seq)
+			for _, m := range p.sentMarks {
+				if m.Key == k {
+					want[m.User] = max(want[m.User], m.Seq)
 				}
 			}
 			for u, seq := range p.floor.rooms[k] {
