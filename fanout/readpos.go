@@ -104,8 +104,8 @@ type positions struct {
 	// The marks handed over at the last tick (maybe not written yet), as
 	// offered (offer copies them): those due at once, then the rest, each
 	// part in (room, user) order, one mark per position. The one record
-	// of them: a receipts query finds its room's (roomState) and the
-	// cache's eviction a position's (handedOver) by binary search.
+	// of them: a receipts query finds its room's by binary search
+	// (roomState), and the cache's eviction keeps them (evict).
 	sentMarks []persist.ReadMark
 	sentDue   int
 
@@ -660,17 +660,39 @@ func (p *positions) mark(k posKey, seq uint64) (uint64, error) {
 
 func (p *positions) remember(k posKey, seq uint64) {
 	if len(p.pos) >= posCacheMax {
-		for c := range p.pos {
-			_, d := p.dirty[c]
-			if !d && !p.handedOver(c) {
-				delete(p.pos, c)
-			}
-		}
-		if len(p.newest) >= posCacheMax {
-			clear(p.newest)
-		}
+		p.evict()
 	}
 	p.pos[k] = seq
+}
+
+// evict forgets the cached positions but those dirty or handed over at
+// the last tick (their writes may not have landed, and the store would
+// answer an older position). The handed-over ones are put back after a
+// sweep that checks dirty alone: a lookup of each cached position among
+// the handed-over marks (binary search, string compares) tripled the
+// sweep, 40 -> 125 ms at 200,000 positions and 10,000 marks.
+func (p *positions) evict() {
+	type held struct {
+		seq uint64
+		ok  bool
+	}
+	kept := make([]held, len(p.sentMarks))
+	for i, m := range p.sentMarks {
+		kept[i].seq, kept[i].ok = p.pos[posKey{m.Key, m.User}]
+	}
+	for c := range p.pos {
+		if _, d := p.dirty[c]; !d {
+			delete(p.pos, c)
+		}
+	}
+	for i, m := range p.sentMarks {
+		if kept[i].ok {
+			p.pos[posKey{m.Key, m.User}] = kept[i].seq
+		}
+	}
+	if len(p.newest) >= posCacheMax {
+		clear(p.newest)
+	}
 }
 
 func (p *positions) move(k posKey, seq uint64) {
@@ -733,18 +755,6 @@ func (p *positions) handOver() bool {
 // compareMarks orders marks by room, then user.
 func compareMarks(a, b persist.ReadMark) int {
 	return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.User, b.User))
-}
-
-// handedOver reports whether k's position is among the marks handed over
-// at the last tick.
-func (p *positions) handedOver(k posKey) bool {
-	m := persist.ReadMark{Key: k.key, User: k.user}
-	for _, part := range [][]persist.ReadMark{p.sentMarks[:p.sentDue], p.sentMarks[p.sentDue:]} {
-		if _, ok := slices.BinarySearchFunc(part, m, compareMarks); ok {
-			return true
-		}
-	}
-	return false
 }
 
 // idleFlush writes the marks no group commit took since handOver (no
