@@ -345,3 +345,29 @@ func TestUnreadLeavesMarksAlone(t *testing.T) {
 		t.Fatalf("x's unread: %s (%v), want %s", f, ev.err, want)
 	}
 }
+
+// BenchmarkPositionsEvict: one sweep of a full cache (posCacheMax
+// positions) with 10,000 marks handed over, the positions goroutine's
+// longest pause between two jobs (evict).
+func BenchmarkPositionsEvict(b *testing.B) {
+	p := newPositions(&Node{}, persist.NewMemory(0))
+	keys := make([]posKey, posCacheMax)
+	for i := range keys {
+		keys[i] = posKey{proto.RoomKey("app", "r"+strconv.Itoa(i%1000)), "u" + strconv.Itoa(i)}
+	}
+	for j := range 10000 {
+		p.dirty[keys[j*7]] = 2
+	}
+	p.handOver()
+	for b.Loop() {
+		b.StopTimer()
+		for _, k := range keys {
+			p.pos[k] = 1
+		}
+		b.StartTimer()
+		p.evict()
+	}
+	if len(p.pos) != 10000 {
+		b.Fatalf("%d positions kept, want the 10,000 handed over", len(p.pos))
+	}
+}
