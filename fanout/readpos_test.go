@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,12 +160,27 @@ func TestHandOverTakesAPositionOnce(t *testing.T) {
 	if !slices.Equal(p.sentMarks, want) || p.sentDue != 2 {
 		t.Fatalf("handed over %v (%d due), want %v all due", p.sentMarks, p.sentDue, want)
 	}
-	// The cache's eviction keeps what was handed over, as cached.
-	clean := posKey{k.key, "w"}
-	p.pos = map[posKey]uint64{k: 7, other: 3, clean: 9}
+	// The cache's eviction keeps what was handed over, as cached, and
+	// forgets clean positions down to posEvictTo.
+	p = newPositions(&Node{}, persist.NewMemory(0))
+	for i := range 1000 {
+		p.dirty[posKey{k.key, "h" + strconv.Itoa(i)}] = uint64(i + 1)
+	}
+	p.handOver()
+	for i := range 1000 {
+		p.pos[posKey{k.key, "h" + strconv.Itoa(i)}] = uint64(i + 1)
+	}
+	for i := range posCacheMax - 1000 {
+		p.pos[posKey{k.key, "w" + strconv.Itoa(i)}] = 9
+	}
 	p.evict()
-	if want := map[posKey]uint64{k: 7, other: 3}; !maps.Equal(p.pos, want) {
-		t.Fatalf("after eviction %v, want %v", p.pos, want)
+	if len(p.pos) > posEvictTo || len(p.pos) < posEvictTo-1000 {
+		t.Fatalf("after eviction %d positions, want %d or up to 1,000 less", len(p.pos), posEvictTo)
+	}
+	for i := range 1000 {
+		if c := (posKey{k.key, "h" + strconv.Itoa(i)}); p.pos[c] != uint64(i+1) {
+			t.Fatalf("after eviction %v at %d, want %d", c, p.pos[c], i+1)
+		}
 	}
 }
 
@@ -346,9 +360,9 @@ func TestUnreadLeavesMarksAlone(t *testing.T) {
 	}
 }
 
-// BenchmarkPositionsEvict: one sweep of a full cache (posCacheMax
-// positions) with 10,000 marks handed over, the positions goroutine's
-// longest pause between two jobs (evict).
+// BenchmarkPositionsEvict: one eviction from a full cache (posCacheMax
+// positions, down to posEvictTo) with 10,000 marks handed over, the
+// positions goroutine's longest pause between two jobs (evict).
 func BenchmarkPositionsEvict(b *testing.B) {
 	p := newPositions(&Node{}, persist.NewMemory(0))
 	keys := make([]posKey, posCacheMax)
@@ -367,7 +381,7 @@ func BenchmarkPositionsEvict(b *testing.B) {
 		b.StartTimer()
 		p.evict()
 	}
-	if len(p.pos) != 10000 {
-		b.Fatalf("%d positions kept, want the 10,000 handed over", len(p.pos))
+	if len(p.pos) > posEvictTo {
+		b.Fatalf("%d positions kept, want at most %d", len(p.pos), posEvictTo)
 	}
 }
