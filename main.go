@@ -378,12 +378,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 	if c.impliedInsecure {
 		log.Warn("no apps configured: development mode on loopback (clients name themselves with ?user=&app=, no token); give --apps FILE, --database-url or --app-secret to require tokens")
 	}
-	log.Info("roost serving", "node", c.node.NodeID, "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
-	if c.node.Insecure {
-		devBanner(stderr, log, c.logFormat == "json", srv.Addr(), apiAddr, apiSrv != nil && loopbackAddr(c.api))
-	}
-
-	// Wait for a signal; SIGHUP re-reads the registry.
+	// SIGTERM and SIGINT stop the node, SIGHUP re-reads the registry. They
+	// are taken before the node says it is serving: a SIGHUP sent on that
+	// line (a reload as the node starts) was lost (TestSIGHUPReloadsRegistry
+	// failed so in a CI run), or would end the process as Go's default
+	// does.
 	if stop == nil {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -406,6 +405,11 @@ func serve(args []string, stdout, stderr io.Writer, stop <-chan os.Signal) int {
 			}
 		}()
 	}
+	log.Info("roost serving", "node", c.node.NodeID, "addr", srv.Addr(), "loops", c.node.Loops, "auth", mode, "took", time.Since(t0), "startup", time.Since(start))
+	if c.node.Insecure {
+		devBanner(stderr, log, c.logFormat == "json", srv.Addr(), apiAddr, apiSrv != nil && loopbackAddr(c.api))
+	}
+
 	var got os.Signal
 	select {
 	case got = <-stop:
