@@ -477,7 +477,9 @@ func (p *positions) unread(j posJob) {
 // keyed by user) and, as many again, of receipts queries
 // (positions.receipts, keyed by room), each with a queue of queryQueue.
 // All of a key's queries go to one worker, so that its answers leave in
-// the order asked.
+// the order asked: a client matches a receipts answer to its query by the
+// room. Queries of other keys, or the same client's marks, may be
+// answered before one asked earlier.
 const (
 	queryWorkers = 4
 	queryQueue   = 64
@@ -747,7 +749,7 @@ func (p *positions) handOver() bool {
 	slices.SortFunc(marks, func(a, b persist.ReadMark) int {
 		return cmp.Or(compareMarks(a, b), cmp.Compare(b.Seq, a.Seq))
 	})
-	marks = slices.CompactFunc(marks, func(a, b persist.ReadMark) bool { return a.Key == b.Key && a.User == b.User })
+	marks = slices.CompactFunc(marks, func(a, b persist.ReadMark) bool { return compareMarks(a, b) == 0 })
 	due := len(marks)
 	for k, seq := range p.dirty {
 		marks = append(marks, persist.ReadMark{Key: k.key, User: k.user, Seq: seq})

@@ -275,7 +275,6 @@ func (s *slowReads) Unread(ctx context.Context, keys []string, user string, last
 	return s.Memory.Unread(ctx, keys, user, last, read, count)
 }
 
-// waitEvent waits for an event the loop got that ok accepts.
 // floodRefused asks queryQueue+2 queries with ask while one of the same
 // worker's reads is held: the flooder gets an overloaded answer told as
 // the query's failure (flag, text), the refusal is counted, and the
@@ -305,6 +304,7 @@ func floodRefused(t *testing.T, tb *Table, l *testLoop, flooder, marker *Member,
 	})
 }
 
+// waitEvent waits for an event the loop got that ok accepts.
 func waitEvent(t *testing.T, l *testLoop, what string, ok func(*Event) bool) Event {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)

@@ -150,11 +150,6 @@ func (p *positions) receipts(j posJob) {
 	p.post(int(j.loop), Event{kind: evReadDone, flags: doneReceipts, member: j.m, key: j.key, err: proto.ErrOverloaded})
 }
 
-// A room's receipts queries all go to one worker (queryWorkerOf), so
-// that its answers leave in the order asked: a client matches a receipts
-// answer to its query by the room. Queries of other rooms, or the same
-// client's marks, may be answered before one asked earlier.
-
 // rcptJob is a receipts query on its way to a worker and back.
 type rcptJob struct {
 	j     posJob
