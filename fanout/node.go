@@ -127,10 +127,13 @@ type Stats struct {
 	SignalsSkipped atomic.Uint64
 	SignalsLimited atomic.Uint64
 	// Read positions: written to the store, coalesced into a later write
-	// of the same user and room, publishes whose position move was
-	// dropped (the queue full), and failed writes (retried).
+	// of the same user and room, checked against the store (a seq beyond
+	// the room's newest the node knew: one store read each), publishes
+	// whose position move was dropped (the queue full), and failed writes
+	// (retried).
 	ReadMarksWritten   atomic.Uint64
 	ReadMarksCoalesced atomic.Uint64
+	ReadMarksChecked   atomic.Uint64
 	ReadMarksDropped   atomic.Uint64
 	ReadSaveErrors     atomic.Uint64
 	ReadsLimited       atomic.Uint64 // read, unread and receipts requests refused for the connection's rate

@@ -567,6 +567,40 @@ func TestOwnPublishReadReachesOtherNode(t *testing.T) {
 	aliceC.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
 }
 
+// A mark of a message another node published, delivered here, is taken
+// without a store read on the positions goroutine (which every read mark
+// and unread request of the node waits behind): the node's loop delivered
+// that seq, so it is stored. A seq beyond what was delivered is still
+// checked against the store, and refused when beyond the room's newest.
+func TestReadOfDeliveredSeqAsksNoStore(t *testing.T) {
+	a, b, _, _ := pgRedisNodes(t)
+	aliceB := b.dial(t, "alice")
+	joinAll("r", aliceB)
+	bob := a.dial(t, "bob")
+	publish(t, bob, "r", "m", 3)
+	for seq := 1; seq <= 3; seq++ {
+		aliceB.expect(map[string]any{"op": "msg", "seq": seq})
+	}
+	aliceB.send(`{"op":"read","room":"r","seq":3}`)
+	aliceB.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
+	if n := b.fan.Stats.ReadMarksChecked.Load(); n != 0 {
+		t.Fatalf("a mark of a delivered message read the store %d times, want 0", n)
+	}
+	aliceB.send(`{"op":"read","room":"r","seq":9}`)
+	aliceB.expect(map[string]any{"op": "err", "code": "bad_request", "ref": "r"})
+	if n := b.fan.Stats.ReadMarksChecked.Load(); n != 1 {
+		t.Fatalf("a mark beyond what was delivered read the store %d times, want 1", n)
+	}
+	// Not joined on b: b's loops delivered nothing of the room, and its
+	// newest is read from the store once.
+	publish(t, bob, "s", "m", 2)
+	aliceB.send(`{"op":"read","room":"s","seq":2}`)
+	aliceB.expect(map[string]any{"op": "read", "room": "s", "seq": 2})
+	if n := b.fan.Stats.ReadMarksChecked.Load(); n != 2 {
+		t.Fatalf("a mark in a room b never delivered read the store %d times in all, want 2", n)
+	}
+}
+
 // openPGRead reads a position from the database through a store of its own.
 func openPGRead(t *testing.T, url, key, user string) (uint64, error) {
 	st := openPG(t, url)
