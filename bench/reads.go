@@ -52,6 +52,7 @@ type readsParams struct {
 	pubRate, unreadRate         float64
 	markEvery, warmup, window   time.Duration
 	size                        int
+	join                        bool
 }
 
 func readsBench(args []string, stdout, stderr io.Writer) int {
@@ -66,6 +67,7 @@ func readsBench(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&p.users, "users", 10000, "users marking read in phase B, one connection each, round-robin over the rooms (0: no phase B)")
 	fs.Float64Var(&p.pubRate, "pub-rate", 5000, "publishes per second, all rooms together")
 	fs.DurationVar(&p.markEvery, "mark-every", time.Second, "how often each user marks its room read")
+	fs.BoolVar(&p.join, "join", false, "markers join their room and mark the newest seq they received, as a client showing the room does (default: they do not join and mark the room's newest acked seq)")
 	fs.IntVar(&p.unreadConns, "unread-conns", 0, "connections asking unread counts in phase C (0: no phase C)")
 	fs.IntVar(&p.unreadRooms, "unread-rooms", 100, "rooms per unread request (at most 100)")
 	fs.Float64Var(&p.unreadRate, "unread-rate", 100, "unread requests per second, all --unread-conns together (each connection's read rate is 10/s by default)")
@@ -113,8 +115,9 @@ type readsConn struct {
 	user   string
 	room   int
 	role   int
-	sentAt int64  // ns: the unread request in flight (askers), 0 if none
-	buf    []byte // the frame being sent
+	sentAt int64         // ns: the unread request in flight (askers), 0 if none
+	seen   atomic.Uint64 // the newest seq received (markers with --join)
+	buf    []byte        // the frame being sent
 	ended  atomic.Bool
 }
 
@@ -269,9 +272,14 @@ func runReads(p *readsParams, stderr io.Writer) (*readsResult, error) {
 		}
 		askers[i] = rc
 	}
-	// Every connection pings once: its pong says it is up.
+	// Every connection pings once, or joins its room (markers with
+	// --join): its pong or joined says it is up.
 	for _, rc := range all {
-		if err := rc.send([]byte(`{"op":"ping"}`)); err != nil {
+		frame := []byte(`{"op":"ping"}`)
+		if p.join && rc.role == roleMark {
+			frame = []byte(`{"op":"join","room":"` + run.runID + "-r" + strconv.Itoa(rc.room) + `"}`)
+		}
+		if err := rc.send(frame); err != nil {
 			return nil, err
 		}
 	}
@@ -450,8 +458,12 @@ func (run *readsRun) read(rc *readsConn, br *bufio.Reader, up *atomic.Int64) {
 			continue
 		}
 		switch string(f.Op) {
-		case "pong":
+		case "pong", "joined":
 			up.Add(1)
+		case "msg":
+			if f.Seq > rc.seen.Load() {
+				rc.seen.Store(f.Seq)
+			}
 		case "ack":
 			sent, _ := strconv.ParseInt(string(f.ID), 10, 64)
 			for {
@@ -557,6 +569,9 @@ func (run *readsRun) mark(markers []*readsConn, stop, done chan struct{}) {
 			rc := markers[next]
 			next = (next + 1) % len(markers)
 			seq := run.newest[rc.room].Load()
+			if run.p.join {
+				seq = rc.seen.Load()
+			}
 			if seq == 0 {
 				continue
 			}
