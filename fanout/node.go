@@ -134,6 +134,7 @@ type Stats struct {
 	ReadMarksWritten   atomic.Uint64
 	ReadMarksCoalesced atomic.Uint64
 	ReadMarksChecked   atomic.Uint64
+	ReadLookups        atomic.Uint64 // the store reads those took (a loop's batch of marks: one)
 	ReadMarksDropped   atomic.Uint64
 	ReadSaveErrors     atomic.Uint64
 	ReadsLimited       atomic.Uint64 // read, unread and receipts requests refused for the connection's rate

@@ -98,10 +98,13 @@ type positions struct {
 	n      *Node
 	reads  persist.Reads // nil: the store keeps none, so the node keeps them in memory
 	jobs   chan posJob
-	pos    map[posKey]uint64            // known positions (a cache over reads)
-	floor  floors                       // positions other nodes announced, not yet known here (receipts.go)
-	dirty  map[posKey]uint64            // moved since the last write
-	newest map[string]uint64            // rooms' newest seqs seen
+	pos    map[posKey]uint64 // known positions (a cache over reads)
+	floor  floors            // positions other nodes announced, not yet known here (receipts.go)
+	dirty  map[posKey]uint64 // moved since the last write
+	newest map[string]uint64 // rooms' newest seqs seen
+	// looked: the rooms whose newest seq was read from the store for the
+	// batch of marks being applied (lookUp); empty between batches.
+	looked map[string]bool
 	moved  map[string]map[string]uint64 // room key -> user -> position, for the next receipts (receipts.go)
 	hand   *readHandoff                 // marks on their way to a group commit
 	out    []byte                       // announcements of marks not sent yet (broadcast)
@@ -141,7 +144,7 @@ type positions struct {
 
 func newPositions(n *Node, st persist.Store) *positions {
 	p := &positions{n: n, jobs: make(chan posJob, posQueue), pos: map[posKey]uint64{},
-		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, moved: map[string]map[string]uint64{},
+		dirty: map[posKey]uint64{}, newest: map[string]uint64{}, looked: map[string]bool{}, moved: map[string]map[string]uint64{},
 		own: map[posKey]ownMove{}, wake: make(chan struct{}, 1), ans: make([][]Event, MaxLoops)}
 	p.reads, _ = st.(persist.Reads)
 	if p.reads != nil {
@@ -250,9 +253,11 @@ func (p *positions) takeIn() {
 	for k := len(p.jobs); k > 0; k-- {
 		p.do(<-p.jobs)
 	}
+	p.lookUp(js)
 	for i := range js {
 		p.do(js[i])
 	}
+	clear(p.looked)
 	clear(js)
 	p.inSpare = js[:0]
 	p.flushAnswers()
@@ -623,15 +628,58 @@ func (p *positions) answerUnread(u unreadJob, err error, onPos bool) {
 	u.at.observe(p.n.hists.unreadPhases, posted)
 }
 
+// lookUp reads from the store, in one read, the newest seq of every room
+// a mark of the loops' batch js names beyond what this goroutine knows of
+// the room (a room whose messages other nodes publish, not joined here:
+// Table.MarkRead), so that such marks cost one store read a batch rather
+// than one each, which the goroutine, and every read mark and unread
+// request of the node behind it, would wait for in turn: a client's marks
+// beyond a room's newest seq (refused), up to its read rate, would
+// otherwise be that many store reads.
+func (p *positions) lookUp(js []posJob) {
+	var keys []string
+	for i := range js {
+		j := &js[i]
+		if j.own || j.seen || j.receipts || j.ask != nil || j.delivered || j.seq <= p.newest[j.key] {
+			continue
+		}
+		p.n.Stats.ReadMarksChecked.Add(1)
+		if !p.looked[j.key] {
+			p.looked[j.key] = true
+			keys = append(keys, j.key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	last := make([]uint64, len(keys))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := p.n.store.LastSeqs(ctx, keys, last)
+	cancel()
+	p.n.Stats.ReadLookups.Add(1)
+	if err != nil {
+		clear(p.looked) // each mark asks again, and answers the error
+		return
+	}
+	for i, k := range keys {
+		p.newest[k] = max(p.newest[k], last[i])
+	}
+}
+
 // mark applies one mark: checked against the room's newest seq, then the
 // larger of the position and seq. Most marks ask the store nothing (the
-// context, a timer, is made for those that do).
+// context, a timer, is made for those that do); a loop's marks beyond
+// what this goroutine knows were looked up together (lookUp).
 func (p *positions) mark(k posKey, seq uint64) (uint64, error) {
 	if seq > p.newest[k.key] {
+		if p.looked[k.key] {
+			return 0, ErrReadBeyond
+		}
 		p.n.Stats.ReadMarksChecked.Add(1)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		last, err := p.n.store.LastSeq(ctx, k.key)
 		cancel()
+		p.n.Stats.ReadLookups.Add(1)
 		if err != nil {
 			return 0, err
 		}

@@ -385,3 +385,77 @@ func BenchmarkPositionsEvict(b *testing.B) {
 		b.Fatalf("%d positions kept, want at most %d", len(p.pos), posEvictTo)
 	}
 }
+
+// A loop's marks beyond what the positions goroutine knows of their rooms
+// (rooms another node publishes in and no loop here delivers) are looked
+// up in the store together, one read for the batch: marks up to a room's
+// newest are taken, marks beyond it and marks of a room not stored are
+// refused, and a later batch within what was read asks nothing.
+func TestReadMarksLookedUpTogether(t *testing.T) {
+	st := persist.NewMemory(0)
+	n, l := receiptsNode(t, st)
+	const rooms = 5
+	for r := range rooms {
+		commit(t, st, "test/r"+strconv.Itoa(r), 3)
+	}
+	tb := n.tables[0].Load()
+	tb.SetPositionsSoon(func() {})
+	ms := make([]Member, 2*rooms+2)
+	type want struct {
+		seq uint64
+		err error
+	}
+	var wants []want
+	mark := func(key, user string, seq uint64, w want) {
+		t.Helper()
+		if !tb.MarkRead(&ms[len(wants)], key, user, seq) {
+			t.Fatal("mark refused")
+		}
+		wants = append(wants, w)
+	}
+	for r := range rooms {
+		key := "test/r" + strconv.Itoa(r)
+		mark(key, "u", 3, want{seq: 3})
+		mark(key, "v", 9, want{err: ErrReadBeyond})
+	}
+	mark("test/none", "u", 1, want{err: ErrReadBeyond})
+	tb.FlushPositions()
+	answers := func(k int) []Event {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			l.mu.Lock()
+			var got []Event
+			for _, ev := range l.evs {
+				if ev.kind == evReadDone {
+					got = append(got, ev)
+				}
+			}
+			l.mu.Unlock()
+			if len(got) >= k {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d answers, want %d", len(got), k)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	got := answers(len(wants))
+	for i, w := range wants {
+		if ev := got[i]; ev.member != &ms[i] || ev.seq != w.seq || !errors.Is(ev.err, w.err) {
+			t.Fatalf("answer %d: member %p seq %d err %v, want %+v", i, ev.member, ev.seq, ev.err, w)
+		}
+	}
+	if c, r := n.Stats.ReadMarksChecked.Load(), n.Stats.ReadLookups.Load(); c != uint64(len(wants)) || r != 1 {
+		t.Fatalf("%d marks checked in %d store reads, want %d in 1", c, r, len(wants))
+	}
+	mark("test/r0", "w", 2, want{seq: 2})
+	tb.FlushPositions()
+	if ev := answers(len(wants))[len(wants)-1]; ev.seq != 2 || ev.err != nil {
+		t.Fatalf("a mark within what was read: seq %d err %v", ev.seq, ev.err)
+	}
+	if r := n.Stats.ReadLookups.Load(); r != 1 {
+		t.Fatalf("a mark within what was read read the store: %d reads", r)
+	}
+}

@@ -677,6 +677,14 @@ func (m *Memory) LastSeq(_ context.Context, key string) (uint64, error) {
 	return 0, nil
 }
 
+// LastSeqs implements Store.
+func (m *Memory) LastSeqs(ctx context.Context, keys []string, last []uint64) error {
+	for i, k := range keys {
+		last[i], _ = m.LastSeq(ctx, k)
+	}
+	return nil
+}
+
 // Head implements Store.
 func (m *Memory) Head(_ context.Context, key string) (Head, error) {
 	sh := m.shard(key)

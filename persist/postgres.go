@@ -1104,6 +1104,56 @@ func (p *Postgres) LastSeq(ctx context.Context, key string) (uint64, error) {
 	return uint64(last), nil
 }
 
+// LastSeqs implements Store: the rooms' ids from the node's cache (those
+// not cached yet read once, as Unread does), then one query by id; a room
+// that does not exist is 0.
+func (p *Postgres) LastSeqs(ctx context.Context, keys []string, last []uint64) error {
+	var missing []string
+	for i, k := range keys {
+		last[i] = 0
+		if _, ok := p.cachedRoom(k); !ok {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		if err := p.readRooms(ctx, missing); err != nil {
+			return p.wrap("look up rooms", err)
+		}
+	}
+	ids := make([]int64, 0, len(keys))
+	at := make([]int, 0, len(keys)) // ids[j] is the room keys[at[j]]
+	for i, k := range keys {
+		if id, ok := p.cachedRoom(k); ok {
+			ids, at = append(ids, id), append(at, i)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := p.pool.Query(ctx, lastSeqsSQL, ids)
+	if err != nil {
+		return p.wrap("read last seqs", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var j, l int64
+		if err := rows.Scan(&j, &l); err != nil {
+			return p.wrap("read last seqs", err)
+		}
+		last[at[j-1]] = uint64(l)
+	}
+	if err := rows.Err(); err != nil {
+		return p.wrap("read last seqs", err)
+	}
+	return nil
+}
+
+// lastSeqsSQL probes rooms_pkey once per id (a LIMIT 1 lateral, as
+// unreadSQL's, so that a generic plan cannot turn it into a scan of rooms).
+const lastSeqsSQL = `
+SELECT k.i, r.last_seq FROM unnest($1::int8[]) WITH ORDINALITY AS k (id, i)
+JOIN LATERAL (SELECT r.last_seq FROM rooms r WHERE r.id = k.id LIMIT 1) r ON true`
+
 // Head implements Store: the room is created here if it does not exist
 // yet, so that its epoch is fixed before its first message.
 func (p *Postgres) Head(ctx context.Context, key string) (Head, error) {

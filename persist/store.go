@@ -112,6 +112,9 @@ type Store interface {
 	CommitBatch(ctx context.Context, rows []*Row) error
 	// LastSeq returns the newest committed seq of a room (0 if none).
 	LastSeq(ctx context.Context, key string) (uint64, error)
+	// LastSeqs fills last[i] with LastSeq of keys[i], in one read of the
+	// store however many keys there are.
+	LastSeqs(ctx context.Context, keys []string, last []uint64) error
 	// Head returns the room's newest seq and its epoch, creating the room
 	// if it does not exist yet: a member that joins a room before its
 	// first message must already see the epoch that message will belong

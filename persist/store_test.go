@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,6 +24,7 @@ func testStoreContract(t *testing.T, newStore storeFactory) {
 	t.Run("HistoryBounds", func(t *testing.T) { testHistoryBounds(t, newStore(t)) })
 	t.Run("UnknownRoom", func(t *testing.T) { testUnknownRoom(t, newStore(t)) })
 	t.Run("Head", func(t *testing.T) { testHead(t, newStore(t)) })
+	t.Run("LastSeqs", func(t *testing.T) { testLastSeqs(t, newStore(t)) })
 	t.Run("ByteBounds", func(t *testing.T) { testByteBounds(t, newStore(t)) })
 }
 
@@ -248,6 +250,23 @@ func testUnknownRoom(t *testing.T, st Store) {
 	}
 	if msgs, _, err := st.History(ctx, k, 0, Bounds{Limit: 10}); err != nil || len(msgs) != 0 {
 		t.Fatalf("History = %v, %v", msgs, err)
+	}
+}
+
+// testLastSeqs: every room's newest seq in one call, a room not stored 0,
+// a key twice answered twice.
+func testLastSeqs(t *testing.T, st Store) {
+	ctx := context.Background()
+	a, b, none := proto.RoomKey("app1", "a"), proto.RoomKey("app1", "b"), proto.RoomKey("app1", "none")
+	fill(t, st, a, 3)
+	fill(t, st, b, 5)
+	keys := []string{b, none, a, b}
+	last := []uint64{9, 9, 9, 9}
+	if err := st.LastSeqs(ctx, keys, last); err != nil || !slices.Equal(last, []uint64{5, 0, 3, 5}) {
+		t.Fatalf("LastSeqs(%q) = %v, %v; want [5 0 3 5]", keys, last, err)
+	}
+	if err := st.LastSeqs(ctx, nil, nil); err != nil {
+		t.Fatal(err)
 	}
 }
 
