@@ -128,7 +128,7 @@ type Stats struct {
 	SignalsLimited atomic.Uint64
 	// Read positions: written to the store, coalesced into a later write
 	// of the same user and room, checked against the store (a seq beyond
-	// the room's newest the node knew: one store read each), publishes
+	// the room's newest the node knew), publishes
 	// whose position move was dropped (the queue full), and failed writes
 	// (retried).
 	ReadMarksWritten   atomic.Uint64

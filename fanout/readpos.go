@@ -638,12 +638,13 @@ func (p *positions) answerUnread(u unreadJob, err error, onPos bool) {
 // otherwise be that many store reads.
 func (p *positions) lookUp(js []posJob) {
 	var keys []string
+	marks := 0
 	for i := range js {
 		j := &js[i]
 		if j.own || j.seen || j.receipts || j.ask != nil || j.delivered || j.seq <= p.newest[j.key] {
 			continue
 		}
-		p.n.Stats.ReadMarksChecked.Add(1)
+		marks++
 		if !p.looked[j.key] {
 			p.looked[j.key] = true
 			keys = append(keys, j.key)
@@ -658,9 +659,10 @@ func (p *positions) lookUp(js []posJob) {
 	cancel()
 	p.n.Stats.ReadLookups.Add(1)
 	if err != nil {
-		clear(p.looked) // each mark asks again, and answers the error
+		clear(p.looked) // each mark asks again (mark), and answers the error
 		return
 	}
+	p.n.Stats.ReadMarksChecked.Add(uint64(marks))
 	for i, k := range keys {
 		p.newest[k] = max(p.newest[k], last[i])
 	}
