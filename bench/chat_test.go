@@ -59,6 +59,31 @@ func TestReads(t *testing.T) {
 	}
 }
 
+// reads --join: the markers join their rooms and mark the newest seq they
+// received; every mark is answered (none refused: a marker never marks
+// past what the node delivered it) and written.
+func TestReadsJoin(t *testing.T) {
+	db := pgtest.NewDB(t)
+	n := startNodeAt(t, "", "", "--database-url", db, "--migrate", "--log-level", "warn")
+	var out, errb bytes.Buffer
+	code := Main([]string{"reads", "--url", n.url, "--rooms=20", "--users=100", "--pub-rate=200", "--unread-conns=0", "--join",
+		"--warmup=1500ms", "--duration=2s"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, errb.String(), out.String())
+	}
+	s := out.String()
+	t.Log(s)
+	if !strings.Contains(s, "read marks/s sent") || strings.Contains(s, "errors:") {
+		t.Errorf("report lacks its marks or has errors:\n%s", s)
+	}
+	if got := n.metric(t, "roost_read_marks_written_total"); got == 0 {
+		t.Errorf("no read mark written")
+	}
+	if got := n.metric(t, "roost_read_marks_checked_total"); got != 0 {
+		t.Errorf("%d marks looked up in the store, want 0: every marked seq was delivered", got)
+	}
+}
+
 // runReadsShort runs reads in its short form against a node on a database
 // of its own (extra: the node's flags) and returns the node and the report.
 func runReadsShort(t *testing.T, extra ...string) (testNode, string) {
