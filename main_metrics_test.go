@@ -122,6 +122,8 @@ var exposedMetrics = []string{
 	"roost_signals_limited_total",
 	"roost_read_marks_written_total",
 	"roost_read_marks_coalesced_total",
+	"roost_read_marks_checked_total",
+	"roost_read_mark_lookups_total",
 	"roost_read_marks_dropped_total",
 	"roost_read_save_errors_total",
 	"roost_read_requests_limited_total",
