@@ -128,9 +128,8 @@ type Stats struct {
 	SignalsLimited atomic.Uint64
 	// Read positions: written to the store, coalesced into a later write
 	// of the same user and room, checked against the store (a seq beyond
-	// the room's newest the node knew), publishes
-	// whose position move was dropped (the queue full), and failed writes
-	// (retried).
+	// the room's newest the node knew), publishes whose position move was
+	// dropped (the queue full), and failed writes (retried).
 	ReadMarksWritten   atomic.Uint64
 	ReadMarksCoalesced atomic.Uint64
 	ReadMarksChecked   atomic.Uint64

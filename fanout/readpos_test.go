@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/roost-chat/roost/persist"
+	"github.com/roost-chat/roost/persist/pgtest"
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -457,5 +458,49 @@ func TestReadMarksLookedUpTogether(t *testing.T) {
 	}
 	if r := n.Stats.ReadLookups.Load(); r != 1 {
 		t.Fatalf("a mark within what was read read the store: %d reads", r)
+	}
+}
+
+// A failed look-up of a loop's marks leaves each to ask the store itself,
+// as a mark alone does: each answers the store's error (not "beyond"),
+// counted checked once.
+func TestReadMarksLookUpFails(t *testing.T) {
+	st := openPG(t, pgtest.NewDB(t), persist.PGConfig{})
+	n, l := receiptsNode(t, st)
+	tb := n.tables[0].Load()
+	tb.SetPositionsSoon(func() {})
+	st.Close() // every read fails from here
+	ms := make([]Member, 2)
+	for i := range ms {
+		if !tb.MarkRead(&ms[i], "test/r"+strconv.Itoa(i), "u", 1) {
+			t.Fatal("mark refused")
+		}
+	}
+	tb.FlushPositions()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		var got []Event
+		for _, ev := range l.evs {
+			if ev.kind == evReadDone {
+				got = append(got, ev)
+			}
+		}
+		l.mu.Unlock()
+		if len(got) == len(ms) {
+			for i, ev := range got {
+				if ev.err == nil || errors.Is(ev.err, ErrReadBeyond) {
+					t.Fatalf("answer %d: err %v, want the store's", i, ev.err)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d answers, want %d", len(got), len(ms))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if c, r := n.Stats.ReadMarksChecked.Load(), n.Stats.ReadLookups.Load(); c != 2 || r != 3 {
+		t.Fatalf("%d marks checked in %d store reads, want 2 in 3 (the batch's, then one each)", c, r)
 	}
 }

@@ -1104,28 +1104,37 @@ func (p *Postgres) LastSeq(ctx context.Context, key string) (uint64, error) {
 	return uint64(last), nil
 }
 
-// LastSeqs implements Store: the rooms' ids from the node's cache (those
-// not cached yet read once, as Unread does), then one query by id; a room
-// that does not exist is 0.
-func (p *Postgres) LastSeqs(ctx context.Context, keys []string, last []uint64) error {
+// storedRooms returns the ids of the rooms of keys that exist, ids[j]
+// being the room keys[at[j]]: from the node's cache, those not cached yet
+// read in one query (readRooms, as commits do).
+func (p *Postgres) storedRooms(ctx context.Context, keys []string) (ids []int64, at []int, err error) {
 	var missing []string
-	for i, k := range keys {
-		last[i] = 0
+	for _, k := range keys {
 		if _, ok := p.cachedRoom(k); !ok {
 			missing = append(missing, k)
 		}
 	}
 	if len(missing) > 0 {
 		if err := p.readRooms(ctx, missing); err != nil {
-			return p.wrap("look up rooms", err)
+			return nil, nil, p.wrap("look up rooms", err)
 		}
 	}
-	ids := make([]int64, 0, len(keys))
-	at := make([]int, 0, len(keys)) // ids[j] is the room keys[at[j]]
+	ids, at = make([]int64, 0, len(keys)), make([]int, 0, len(keys))
 	for i, k := range keys {
 		if id, ok := p.cachedRoom(k); ok {
 			ids, at = append(ids, id), append(at, i)
 		}
+	}
+	return ids, at, nil
+}
+
+// LastSeqs implements Store: the rooms' ids (storedRooms), then one query
+// by id; a room that does not exist is 0.
+func (p *Postgres) LastSeqs(ctx context.Context, keys []string, last []uint64) error {
+	clear(last)
+	ids, at, err := p.storedRooms(ctx, keys)
+	if err != nil {
+		return err
 	}
 	if len(ids) == 0 {
 		return nil

@@ -200,33 +200,23 @@ JOIN LATERAL (SELECT r.id, r.last_seq, r.msgs, r.listed_from, r.kept_from FROM r
 LEFT JOIN LATERAL (SELECT p.seq FROM read_positions p WHERE p.room_id = r.id AND p.user_id = $2 LIMIT 1) rp ON true
 CROSS JOIN LATERAL (SELECT GREATEST(coalesce(rp.seq, 0), k.floor) AS pos) x`
 
-// Unread implements Reads: the rooms' ids from the node's cache (those
-// not cached yet read once, as readRooms does for commits), then one
-// query for every room that exists; a room that does not is left out,
+// Unread implements Reads: the rooms' ids (storedRooms), then one query
+// for every room that exists; a room that does not is left out,
 // its last and count 0.
 func (p *Postgres) Unread(ctx context.Context, keys []string, user string, last, read, count []uint64) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	ids := make([]int64, 0, len(keys))
-	floors := make([]int64, 0, len(keys))
-	at := make([]int, 0, len(keys)) // ids[j] is the room keys[at[j]]
-	var missing []string
-	for i, k := range keys {
+	for i := range keys {
 		last[i], count[i] = 0, 0
-		if _, ok := p.cachedRoom(k); !ok {
-			missing = append(missing, k)
-		}
 	}
-	if len(missing) > 0 {
-		if err := p.readRooms(ctx, missing); err != nil {
-			return p.wrap("look up rooms", err)
-		}
+	ids, at, err := p.storedRooms(ctx, keys)
+	if err != nil {
+		return err
 	}
-	for i, k := range keys {
-		if id, ok := p.cachedRoom(k); ok {
-			ids, floors, at = append(ids, id), append(floors, clampSeq(read[i])), append(at, i)
-		}
+	floors := make([]int64, len(ids))
+	for j, i := range at {
+		floors[j] = clampSeq(read[i])
 	}
 	if len(ids) == 0 {
 		return nil
