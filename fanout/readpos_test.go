@@ -421,28 +421,7 @@ func TestReadMarksLookedUpTogether(t *testing.T) {
 	}
 	mark("test/none", "u", 1, want{err: ErrReadBeyond})
 	tb.FlushPositions()
-	answers := func(k int) []Event {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			l.mu.Lock()
-			var got []Event
-			for _, ev := range l.evs {
-				if ev.kind == evReadDone {
-					got = append(got, ev)
-				}
-			}
-			l.mu.Unlock()
-			if len(got) >= k {
-				return got
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d answers, want %d", len(got), k)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	got := answers(len(wants))
+	got := readAnswers(t, l, len(wants))
 	for i, w := range wants {
 		if ev := got[i]; ev.member != &ms[i] || ev.seq != w.seq || !errors.Is(ev.err, w.err) {
 			t.Fatalf("answer %d: member %p seq %d err %v, want %+v", i, ev.member, ev.seq, ev.err, w)
@@ -453,7 +432,7 @@ func TestReadMarksLookedUpTogether(t *testing.T) {
 	}
 	mark("test/r0", "w", 2, want{seq: 2})
 	tb.FlushPositions()
-	if ev := answers(len(wants))[len(wants)-1]; ev.seq != 2 || ev.err != nil {
+	if ev := readAnswers(t, l, len(wants))[len(wants)-1]; ev.seq != 2 || ev.err != nil {
 		t.Fatalf("a mark within what was read: seq %d err %v", ev.seq, ev.err)
 	}
 	if r := n.Stats.ReadLookups.Load(); r != 1 {
@@ -477,6 +456,20 @@ func TestReadMarksLookUpFails(t *testing.T) {
 		}
 	}
 	tb.FlushPositions()
+	for i, ev := range readAnswers(t, l, len(ms)) {
+		if ev.err == nil || errors.Is(ev.err, ErrReadBeyond) {
+			t.Fatalf("answer %d: err %v, want the store's", i, ev.err)
+		}
+	}
+	if c, r := n.Stats.ReadMarksChecked.Load(), n.Stats.ReadLookups.Load(); c != 2 || r != 3 {
+		t.Fatalf("%d marks checked in %d store reads, want 2 in 3 (the batch's, then one each)", c, r)
+	}
+}
+
+// readAnswers waits for k answers to read marks (or requests) posted to l
+// and returns those there are then, in the order posted.
+func readAnswers(t *testing.T, l *testLoop, k int) []Event {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		l.mu.Lock()
@@ -487,20 +480,12 @@ func TestReadMarksLookUpFails(t *testing.T) {
 			}
 		}
 		l.mu.Unlock()
-		if len(got) == len(ms) {
-			for i, ev := range got {
-				if ev.err == nil || errors.Is(ev.err, ErrReadBeyond) {
-					t.Fatalf("answer %d: err %v, want the store's", i, ev.err)
-				}
-			}
-			break
+		if len(got) >= k {
+			return got
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d answers, want %d", len(got), len(ms))
+			t.Fatalf("%d answers, want %d", len(got), k)
 		}
 		time.Sleep(time.Millisecond)
-	}
-	if c, r := n.Stats.ReadMarksChecked.Load(), n.Stats.ReadLookups.Load(); c != 2 || r != 3 {
-		t.Fatalf("%d marks checked in %d store reads, want 2 in 3 (the batch's, then one each)", c, r)
 	}
 }
