@@ -405,10 +405,7 @@ func (p *positions) do(j posJob) {
 		return
 	}
 	before := p.pos[k]
-	if j.delivered {
-		p.newest[j.key] = max(p.newest[j.key], j.seq)
-	}
-	seq, err := p.mark(k, j.seq)
+	seq, err := p.mark(k, j.seq, j.delivered)
 	if r := j.reply(); r != nil {
 		r <- posReply{seq: seq, err: err}
 	}
@@ -672,8 +669,14 @@ func (p *positions) lookUp(js []posJob) {
 // larger of the position and seq. Most marks ask the store nothing (the
 // context, a timer, is made for those that do); a loop's marks beyond
 // what this goroutine knows were looked up together (lookUp).
-func (p *positions) mark(k posKey, seq uint64) (uint64, error) {
-	if seq > p.newest[k.key] {
+//
+// delivered (posJob) skips the check and leaves newest as it is: newest
+// must stay a seq read from the store or committed here, since a mark at
+// newest skips reading the stored position, and a delivered seq may be
+// behind the room's newest (a position stored ahead of it would be
+// answered as the mark's).
+func (p *positions) mark(k posKey, seq uint64, delivered bool) (uint64, error) {
+	if seq > p.newest[k.key] && !delivered {
 		if p.looked[k.key] {
 			return 0, ErrReadBeyond
 		}
