@@ -1140,6 +1140,7 @@ class Room {
     this._unreadSeqs = []; // countable messages of others after max(read, upto), seen live
     this._markWant = 0; // the highest seq markRead was asked for
     this._markSent = 0;
+    this._unreadAsking = false; // an unread request of _settleBase awaits its answer
     this._markTimer = null;
     this._signalTokens = client.options.signalBurst;
     this._signalAt = client._now();
@@ -1547,16 +1548,15 @@ class Room {
   // this client, another tab's mark, an own publish) and the unread count
   // with it.
   _onRead(seq, local = false) {
-    if (this._read !== undefined && seq <= this._read) return;
-    this._read = seq;
-    if (this._unreadBase && seq >= this._unreadBase.upto) this._unreadBase = null;
-    else if (this._unreadBase) {
-      // Some of the node's count is still unread, how many is the node's to
-      // say: ask again (after the mark has reached it).
-      const c = this.client;
-      if (!local && c._transport === "websocket") c.unread([this.name]).catch(() => {});
+    if (this._read !== undefined && seq <= this._read) {
+      // Not news here, but it may be the node's answer to this client's
+      // own mark, which the node's count now covers (_settleBase).
+      if (!local) this._settleBase();
+      return;
     }
+    this._read = seq;
     this._unreadSeqs = this._unreadSeqs.filter((s) => s > seq);
+    this._settleBase();
     if (!local) {
       const info = { room: this.name, seq };
       if (this._opts.onRead) safeCall(this._opts.onRead, info);
@@ -1568,10 +1568,37 @@ class Room {
   _setUnread(u) {
     if (typeof u.read === "number" && (this._read === undefined || u.read > this._read)) this._read = u.read;
     if (typeof u.seq === "number" && typeof u.count === "number") {
-      this._unreadBase = { upto: u.seq, count: u.count };
+      this._unreadBase = { upto: u.seq, count: u.count, from: typeof u.read === "number" ? u.read : 0 };
       this._unreadSeqs = this._unreadSeqs.filter((s) => s > u.seq);
+      this._settleBase();
     }
     this._unreadChanged();
+  }
+
+  // _settleBase squares the node's count with this client's read position,
+  // which may be newer than the one the node counted from: an own publish
+  // acknowledged, or a mark sent, after the unread request left but before
+  // its answer came (the node reads the store for the count after taking
+  // the position). Read up to all it counted: nothing of it is unread. Read
+  // past where it counted from, short of the end: how much of the count is
+  // read is the node's to say, so it is asked again, once no mark of this
+  // client's is waiting to be sent (a request made after the mark and
+  // after an ack counts from them) and no answer is awaited already.
+  _settleBase() {
+    const b = this._unreadBase;
+    if (!b || this._read === undefined) return;
+    if (this._read >= b.upto) {
+      this._unreadBase = null;
+      return;
+    }
+    const c = this.client;
+    if (this._read <= b.from || this._markWant > this._markSent || this._unreadAsking || c._transport !== "websocket") return;
+    this._unreadAsking = true;
+    c.unread([this.name])
+      .catch(() => {})
+      .finally(() => {
+        this._unreadAsking = false;
+      });
   }
 
   _unreadChanged() {

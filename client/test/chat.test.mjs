@@ -151,6 +151,67 @@ test("client.unread asks the node for up to 100 rooms and seeds the rooms' count
   await assert.rejects(env.client.unread(Array.from({ length: 101 }, (_, i) => "r" + i)), (e) => e.code === "bad_request");
 });
 
+test("an unread answer counted from an older position than the client's: read up to its end counts nothing, part of it is asked again once", async () => {
+  // The node takes the position when asked and reads the count from the
+  // store later: an own publish acknowledged in between is in the count.
+  const env = setup();
+  const room = env.client.room("r");
+  const ws = await open(env, "r");
+  const asked = env.client.unread(["r"]);
+  const p = room.publish("hi");
+  await env.clock.advance(0);
+  ws.recv({ op: "ack", id: ws.ops("pub").at(-1).id, room: "r", seq: 1 });
+  await p;
+  ws.recv(msg("r", 1, { from: "alice", body: "hi" }));
+  ws.recv({ op: "unread", rooms: { r: { read: 0, seq: 1, count: 1 } } });
+  await asked;
+  assert.equal(room.read, 1);
+  assert.equal(room.unread, 0, "the own message the answer counted is read");
+  ws.recv(msg("r", 2));
+  assert.equal(room.unread, 1);
+  assert.equal(ws.ops("unread").length, 1, "nothing to ask again");
+
+  // Read past where the node counted from, short of its end: how much of
+  // the count is left is the node's to say, asked once.
+  const again = env.client.unread(["r"]);
+  const q = room.publish("again");
+  await env.clock.advance(0);
+  ws.recv({ op: "ack", id: ws.ops("pub").at(-1).id, room: "r", seq: 3 });
+  await q;
+  ws.recv(msg("r", 3, { from: "alice", body: "again" }));
+  ws.recv({ op: "unread", rooms: { r: { read: 1, seq: 5, count: 3 } } }); // 2, 4, 5 (3 is the client's own)
+  await again;
+  await env.clock.advance(0);
+  assert.equal(ws.ops("unread").length, 3, "asked again");
+  ws.recv({ op: "unread", rooms: { r: { read: 3, seq: 5, count: 2 } } });
+  await env.clock.advance(0);
+  assert.equal(room.unread, 2);
+  assert.equal(ws.ops("unread").length, 3, "once");
+});
+
+test("an unread answer older than a mark still waiting to be sent is asked again after the mark's answer", async () => {
+  const env = setup();
+  const room = env.client.room("r");
+  const ws = await open(env, "r");
+  for (let s = 1; s <= 6; s++) ws.recv(msg("r", s));
+  room.markRead(2); // sent at once
+  room.markRead(4); // waits for readEvery
+  assert.deepEqual(ws.ops("read"), [{ op: "read", room: "r", seq: 2 }]);
+  const asked = env.client.unread(["r"]);
+  await env.clock.advance(0);
+  ws.recv({ op: "unread", rooms: { r: { read: 2, seq: 6, count: 4 } } });
+  await asked;
+  assert.equal(ws.ops("unread").length, 1, "the mark is not at the node yet: asking now would count from 2 again");
+  await env.clock.advance(1000);
+  assert.deepEqual(ws.ops("read").at(-1), { op: "read", room: "r", seq: 4 });
+  ws.recv({ op: "read", room: "r", seq: 4 });
+  await env.clock.advance(0);
+  assert.equal(ws.ops("unread").length, 2, "asked after the mark's answer");
+  ws.recv({ op: "unread", rooms: { r: { read: 4, seq: 6, count: 2 } } });
+  await env.clock.advance(0);
+  assert.equal(room.unread, 2);
+});
+
 test("receipts: pushed frames to onReceipts, the query answered", async () => {
   const env = setup();
   const got = [];
