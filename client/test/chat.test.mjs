@@ -151,6 +151,16 @@ test("client.unread asks the node for up to 100 rooms and seeds the rooms' count
   await assert.rejects(env.client.unread(Array.from({ length: 101 }, (_, i) => "r" + i)), (e) => e.code === "bad_request");
 });
 
+// ownPublish publishes body in room as alice, acknowledged at seq and
+// echoed as the room's message.
+async function ownPublish(env, ws, room, body, seq) {
+  const p = room.publish(body);
+  await env.clock.advance(0);
+  ws.recv({ op: "ack", id: ws.ops("pub").at(-1).id, room: room.name, seq });
+  await p;
+  ws.recv(msg(room.name, seq, { from: "alice", body }));
+}
+
 test("an unread answer counted from an older position than the client's: read up to its end counts nothing, part of it is asked again once", async () => {
   // The node takes the position when asked and reads the count from the
   // store later: an own publish acknowledged in between is in the count.
@@ -158,11 +168,7 @@ test("an unread answer counted from an older position than the client's: read up
   const room = env.client.room("r");
   const ws = await open(env, "r");
   const asked = env.client.unread(["r"]);
-  const p = room.publish("hi");
-  await env.clock.advance(0);
-  ws.recv({ op: "ack", id: ws.ops("pub").at(-1).id, room: "r", seq: 1 });
-  await p;
-  ws.recv(msg("r", 1, { from: "alice", body: "hi" }));
+  await ownPublish(env, ws, room, "hi", 1);
   ws.recv({ op: "unread", rooms: { r: { read: 0, seq: 1, count: 1 } } });
   await asked;
   assert.equal(room.read, 1);
@@ -174,11 +180,7 @@ test("an unread answer counted from an older position than the client's: read up
   // Read past where the node counted from, short of its end: how much of
   // the count is left is the node's to say, asked once.
   const again = env.client.unread(["r"]);
-  const q = room.publish("again");
-  await env.clock.advance(0);
-  ws.recv({ op: "ack", id: ws.ops("pub").at(-1).id, room: "r", seq: 3 });
-  await q;
-  ws.recv(msg("r", 3, { from: "alice", body: "again" }));
+  await ownPublish(env, ws, room, "again", 3);
   ws.recv({ op: "unread", rooms: { r: { read: 1, seq: 5, count: 3 } } }); // 2, 4, 5 (3 is the client's own)
   await again;
   await env.clock.advance(0);
