@@ -489,3 +489,26 @@ func readAnswers(t *testing.T, l *testLoop, k int) []Event {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A delivered mark (at or below what its loop delivered) skips the check
+// against the room's newest seq but not the stored position: with the
+// user's stored position ahead of the mark, the answer is the stored one.
+// When a delivered mark raised the room's newest seq to itself (before
+// 8cd632a), a mark at that seq took the "marked up to the newest" path,
+// which skips the store, and was answered as the mark's seq.
+func TestDeliveredMarkBehindStoredPosition(t *testing.T) {
+	st := persist.NewMemory(0)
+	commit(t, st, "test/r", 9)
+	if err := st.SaveReads(context.Background(), []persist.ReadMark{{Key: "test/r", User: "u", Seq: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	n, l := receiptsNode(t, st)
+	var m Member
+	n.pos.jobs <- posJob{key: "test/r", user: "u", seq: 3, m: &m, delivered: true}
+	if ev := readAnswers(t, l, 1)[0]; ev.seq != 5 || ev.err != nil {
+		t.Fatalf("answer seq %d err %v, want the stored 5", ev.seq, ev.err)
+	}
+	if c := n.Stats.ReadMarksChecked.Load(); c != 0 {
+		t.Fatalf("a delivered mark checked against the store %d times", c)
+	}
+}
