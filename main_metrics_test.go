@@ -124,6 +124,7 @@ var exposedMetrics = []string{
 	"roost_read_marks_coalesced_total",
 	"roost_read_marks_checked_total",
 	"roost_read_mark_lookups_total",
+	"roost_read_position_lookups_total",
 	"roost_read_marks_dropped_total",
 	"roost_read_save_errors_total",
 	"roost_read_requests_limited_total",

@@ -62,6 +62,7 @@ func (n *Node) writeMetrics(w io.Writer) {
 	c("roost_read_marks_coalesced_total", fs.ReadMarksCoalesced.Load())
 	c("roost_read_marks_checked_total", fs.ReadMarksChecked.Load())
 	c("roost_read_mark_lookups_total", fs.ReadLookups.Load())
+	c("roost_read_position_lookups_total", fs.ReadPositionLookups.Load())
 	c("roost_read_marks_dropped_total", fs.ReadMarksDropped.Load())
 	c("roost_read_save_errors_total", fs.ReadSaveErrors.Load())
 	c("roost_read_requests_limited_total", fs.ReadsLimited.Load())

@@ -134,9 +134,12 @@ type Stats struct {
 	ReadMarksCoalesced atomic.Uint64
 	ReadMarksChecked   atomic.Uint64
 	ReadLookups        atomic.Uint64 // the store reads those took (a loop's batch of marks: one)
-	ReadMarksDropped   atomic.Uint64
-	ReadSaveErrors     atomic.Uint64
-	ReadsLimited       atomic.Uint64 // read, unread and receipts requests refused for the connection's rate
+	// ReadPositionLookups: store reads of users' positions a mark needed
+	// and the node did not hold (a loop's batch of marks: one).
+	ReadPositionLookups atomic.Uint64
+	ReadMarksDropped    atomic.Uint64
+	ReadSaveErrors      atomic.Uint64
+	ReadsLimited        atomic.Uint64 // read, unread and receipts requests refused for the connection's rate
 
 	// The histograms the publish path records into (New sets them to the
 	// node's own, registered by RegisterMetrics).

@@ -254,6 +254,7 @@ func (p *positions) takeIn() {
 		p.do(<-p.jobs)
 	}
 	p.lookUp(js)
+	p.lookUpStored(js)
 	for i := range js {
 		p.do(js[i])
 	}
@@ -665,6 +666,70 @@ func (p *positions) lookUp(js []posJob) {
 	}
 }
 
+// lookUpStored reads from the store, in one read, the stored position of
+// every user and room a mark of the loops' batch js will need it for (the
+// user's first mark there since this goroutine last held it, below the
+// room's newest seq: a tab that reads back, or a client that marks what
+// it shows before the newest arrived), for lookUp's reason: after a
+// restart or a reconnect storm, 10,000 users' first marks would be
+// 10,000 store reads in turn here, every read mark and unread request of
+// the node waiting behind them. A mark the batch's earlier jobs change
+// the case of (a publish raising the room's newest) reads alone in mark,
+// as does every mark when this read fails.
+func (p *positions) lookUpStored(js []posJob) {
+	if p.reads == nil {
+		return
+	}
+	var marks []persist.ReadMark
+	for i := range js {
+		j := &js[i]
+		if j.own || j.seen || j.receipts || j.ask != nil {
+			continue
+		}
+		k := posKey{j.key, j.user}
+		if _, ok := p.pos[k]; ok {
+			continue
+		}
+		nw, known := p.newest[j.key]
+		if !j.delivered && j.seq > nw {
+			continue // refused (mark)
+		}
+		if known && j.seq > 0 && j.seq == nw {
+			continue // marked up to the newest: no stored position is ahead (mark)
+		}
+		p.pos[k] = 0 // a placeholder: each position is asked once
+		marks = append(marks, persist.ReadMark{Key: j.key, User: j.user})
+	}
+	for _, m := range marks {
+		delete(p.pos, posKey{m.Key, m.User})
+	}
+	if len(marks) < 2 {
+		return // as cheap asked alone (mark)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := p.reads.ReadPositionsOf(ctx, marks)
+	cancel()
+	p.n.Stats.ReadPositionLookups.Add(1)
+	if err != nil {
+		return // each mark asks again (mark), and answers the error
+	}
+	for _, m := range marks {
+		p.stored(posKey{m.Key, m.User}, m.Seq)
+	}
+}
+
+// stored takes k's position as read from the store, raised to any
+// other node's announced position this node holds for it.
+func (p *positions) stored(k posKey, seq uint64) uint64 {
+	fl := p.floor.get(k)
+	cur := max(seq, fl)
+	p.remember(k, cur)
+	if fl <= seq {
+		p.floor.take(k) // the store has it
+	}
+	return cur
+}
+
 // mark applies one mark: checked against the room's newest seq, then the
 // larger of the position and seq. Most marks ask the store nothing (the
 // context, a timer, is made for those that do); a loop's marks beyond
@@ -708,16 +773,14 @@ func (p *positions) mark(k posKey, seq uint64, delivered bool) (uint64, error) {
 	}
 	if !ok && p.reads != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		stored, err := p.reads.ReadPosition(ctx, k.key, k.user)
+		one := []persist.ReadMark{{Key: k.key, User: k.user}}
+		err := p.reads.ReadPositionsOf(ctx, one)
 		cancel()
+		p.n.Stats.ReadPositionLookups.Add(1)
 		if err != nil {
 			return 0, err
 		}
-		cur = max(stored, fl)
-		p.remember(k, cur)
-		if fl <= stored {
-			p.floor.take(k) // the store has it
-		}
+		cur = p.stored(k, one[0].Seq)
 	}
 	if seq > cur {
 		if fl > 0 {

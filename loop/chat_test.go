@@ -290,7 +290,7 @@ func TestReadPositionsTwoNodesPostgres(t *testing.T) {
 	aliceC.expect(map[string]any{"op": "read", "room": "r", "seq": 3})
 	// Bob's own publishes were written too.
 	checkFor(t, 5*time.Second, func() bool {
-		p, err := pgC.ReadPosition(context.Background(), "test/r", "bob")
+		p, err := readPosition(pgC, "test/r", "bob")
 		return err == nil && p == 5
 	})
 }
@@ -605,7 +605,14 @@ func TestReadOfDeliveredSeqAsksNoStore(t *testing.T) {
 func openPGRead(t *testing.T, url, key, user string) (uint64, error) {
 	st := openPG(t, url)
 	defer st.Close()
-	return st.ReadPosition(context.Background(), key, user)
+	return readPosition(st, key, user)
+}
+
+// readPosition is user's stored position in the room key.
+func readPosition(st persist.Reads, key, user string) (uint64, error) {
+	m := []persist.ReadMark{{Key: key, User: user}}
+	err := st.ReadPositionsOf(context.Background(), m)
+	return m[0].Seq, err
 }
 
 // Read marks are written by the group commit's transactions while

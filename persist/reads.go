@@ -8,8 +8,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/roost-chat/roost/proto"
 )
 
@@ -24,8 +22,9 @@ type ReadMark struct {
 // keeps the larger of the stored position and the mark's. Memory and
 // Postgres implement it.
 type Reads interface {
-	// ReadPosition is user's position in the room key (0: none).
-	ReadPosition(ctx context.Context, key, user string) (uint64, error)
+	// ReadPositionsOf sets each marks[i].Seq to the position of
+	// marks[i].User in the room marks[i].Key (0: none), in one read.
+	ReadPositionsOf(ctx context.Context, marks []ReadMark) error
 	// SaveReads stores marks (at most one per room and user) in one unit
 	// of work. A mark of a room that holds no message is dropped: no seq
 	// of it can have been read.
@@ -59,11 +58,14 @@ type memReads struct {
 	pos map[string]map[string]uint64
 }
 
-// ReadPosition implements Reads.
-func (m *Memory) ReadPosition(_ context.Context, key, user string) (uint64, error) {
+// ReadPositionsOf implements Reads.
+func (m *Memory) ReadPositionsOf(_ context.Context, marks []ReadMark) error {
 	m.reads.mu.Lock()
 	defer m.reads.mu.Unlock()
-	return m.reads.pos[key][user], nil
+	for i := range marks {
+		marks[i].Seq = m.reads.pos[marks[i].Key][marks[i].User]
+	}
+	return nil
 }
 
 // SaveReads implements Reads.
@@ -240,22 +242,49 @@ func (p *Postgres) Unread(ctx context.Context, keys []string, user string, last,
 	return nil
 }
 
-// ReadPosition implements Reads.
-func (p *Postgres) ReadPosition(ctx context.Context, key, user string) (uint64, error) {
-	id, ok, err := p.roomID(ctx, key)
-	if err != nil || !ok {
-		return 0, err
+// ReadPositionsOf implements Reads: the rooms' ids (storedRooms), then one
+// query by id and user; a room that does not exist, or a user without a
+// position in it, is 0.
+func (p *Postgres) ReadPositionsOf(ctx context.Context, marks []ReadMark) error {
+	for i := range marks {
+		marks[i].Seq = 0
 	}
-	var seq int64
-	err = p.pool.QueryRow(ctx, `SELECT seq FROM read_positions WHERE room_id = $1 AND user_id = $2`, id, user).Scan(&seq)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
+	keys := make([]string, len(marks))
+	for i := range marks {
+		keys[i] = marks[i].Key
 	}
+	ids, at, err := p.storedRooms(ctx, keys)
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	users := make([]string, len(ids))
+	for j, i := range at {
+		users[j] = marks[i].User
+	}
+	rows, err := p.pool.Query(ctx, readPositionsOfSQL, ids, users)
 	if err != nil {
-		return 0, p.wrap("read a read position", err)
+		return p.wrap("read read positions", err)
 	}
-	return uint64(seq), nil
+	defer rows.Close()
+	for rows.Next() {
+		var j, seq int64
+		if err := rows.Scan(&j, &seq); err != nil {
+			return p.wrap("read read positions", err)
+		}
+		marks[at[j-1]].Seq = uint64(seq)
+	}
+	if err := rows.Err(); err != nil {
+		return p.wrap("read read positions", err)
+	}
+	return nil
 }
+
+// readPositionsOfSQL probes read_positions' key once per mark (a LIMIT 1
+// lateral, as lastSeqsSQL's, so that a generic plan cannot turn it into a
+// scan).
+const readPositionsOfSQL = `
+SELECT k.i, rp.seq FROM unnest($1::int8[], $2::text[]) WITH ORDINALITY AS k (id, usr, i)
+JOIN LATERAL (SELECT rp.seq FROM read_positions rp WHERE rp.room_id = k.id AND rp.user_id = k.usr LIMIT 1) rp ON true`
 
 // SaveReads implements Reads: one statement for the whole batch, rows
 // locked in (room, user) order so that two nodes saving overlapping

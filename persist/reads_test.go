@@ -38,12 +38,22 @@ func TestCommitReads(t *testing.T) {
 				t.Fatal(err)
 			}
 			for user, want := range map[string]uint64{"alice": 3, "bob": 1, "carol": 0} {
-				if got, err := rd.ReadPosition(ctx, k, user); err != nil || got != want {
+				if got, err := readPosition(ctx, rd, k, user); err != nil || got != want {
 					t.Fatalf("%s: position %d, %v; want %d", user, got, err, want)
 				}
 			}
-			if got, err := rd.ReadPosition(ctx, proto.RoomKey("app", "never"), "alice"); err != nil || got != 0 {
+			if got, err := readPosition(ctx, rd, proto.RoomKey("app", "never"), "alice"); err != nil || got != 0 {
 				t.Fatalf("a room never published to: position %d, %v", got, err)
+			}
+			batch := []ReadMark{{Key: k, User: "bob"}, {Key: proto.RoomKey("app", "never"), User: "alice"},
+				{Key: k, User: "carol"}, {Key: k, User: "alice", Seq: 99}, {Key: k, User: "bob"}}
+			if err := rd.ReadPositionsOf(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range []uint64{1, 0, 0, 3, 1} {
+				if batch[i].Seq != want {
+					t.Fatalf("positions read together: %d is %d, want %d (%+v)", i, batch[i].Seq, want, batch)
+				}
 			}
 		})
 	}
@@ -218,4 +228,11 @@ SELECT setval(pg_get_serial_sequence('rooms', 'id'), 3)`); err != nil {
 	// reaction not among them.
 	commitRows(t, st, req("b/r", "u", "m10", `0`), change("b/r", "v", "x", proto.KindReact, 11, `"x"`))
 	check("b/r", map[uint64]uint64{0: 5, 6: 5, 10: 1, 11: 0, 12: 0})
+}
+
+// readPosition is user's stored position in the room key.
+func readPosition(ctx context.Context, rd Reads, key, user string) (uint64, error) {
+	m := []ReadMark{{Key: key, User: user}}
+	err := rd.ReadPositionsOf(ctx, m)
+	return m[0].Seq, err
 }
