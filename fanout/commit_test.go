@@ -476,6 +476,9 @@ func TestPoolSpread(t *testing.T) {
 // What remains is per commit (its timeout context) and per 64 KiB arena
 // chunk of frames, far below one per publish.
 func TestPublishPoolAllocations(t *testing.T) {
+	if raceOn {
+		t.Skip("the race detector allocates on the publish path")
+	}
 	sink := &countSink{}
 	p := newPool(&seqStore{}, sink.committed, PoolConfig{Workers: 1})
 	defer p.close()
