@@ -385,42 +385,19 @@ func TestReadMarksLookedUpTogether(t *testing.T) {
 	for r := range rooms {
 		commit(t, st, "test/r"+strconv.Itoa(r), 3)
 	}
-	tb := n.tables[0].Load()
-	tb.SetPositionsSoon(func() {})
-	ms := make([]Member, 2*rooms+2)
-	type want struct {
-		seq uint64
-		err error
-	}
-	var wants []want
-	mark := func(key, user string, seq uint64, w want) {
-		t.Helper()
-		if !tb.MarkRead(&ms[len(wants)], key, user, seq) {
-			t.Fatal("mark refused")
-		}
-		wants = append(wants, w)
-	}
+	mk := newMarks(t, n, l)
 	for r := range rooms {
 		key := "test/r" + strconv.Itoa(r)
-		mark(key, "u", 3, want{seq: 3})
-		mark(key, "v", 9, want{err: ErrReadBeyond})
+		mk.mark(key, "u", 3, markWant{seq: 3})
+		mk.mark(key, "v", 9, markWant{err: ErrReadBeyond})
 	}
-	mark("test/none", "u", 1, want{err: ErrReadBeyond})
-	tb.FlushPositions()
-	got := readAnswers(t, l, len(wants))
-	for i, w := range wants {
-		if ev := got[i]; ev.member != &ms[i] || ev.seq != w.seq || !errors.Is(ev.err, w.err) {
-			t.Fatalf("answer %d: member %p seq %d err %v, want %+v", i, ev.member, ev.seq, ev.err, w)
-		}
+	mk.mark("test/none", "u", 1, markWant{err: ErrReadBeyond})
+	mk.check()
+	if c, r := n.Stats.ReadMarksChecked.Load(), n.Stats.ReadLookups.Load(); c != uint64(len(mk.wants)) || r != 1 {
+		t.Fatalf("%d marks checked in %d store reads, want %d in 1", c, r, len(mk.wants))
 	}
-	if c, r := n.Stats.ReadMarksChecked.Load(), n.Stats.ReadLookups.Load(); c != uint64(len(wants)) || r != 1 {
-		t.Fatalf("%d marks checked in %d store reads, want %d in 1", c, r, len(wants))
-	}
-	mark("test/r0", "w", 2, want{seq: 2})
-	tb.FlushPositions()
-	if ev := readAnswers(t, l, len(wants))[len(wants)-1]; ev.seq != 2 || ev.err != nil {
-		t.Fatalf("a mark within what was read: seq %d err %v", ev.seq, ev.err)
-	}
+	mk.mark("test/r0", "w", 2, markWant{seq: 2})
+	mk.check()
 	if r := n.Stats.ReadLookups.Load(); r != 1 {
 		t.Fatalf("a mark within what was read read the store: %d reads", r)
 	}
@@ -443,36 +420,18 @@ func TestStoredPositionsLookedUpTogether(t *testing.T) {
 	if err := st.SaveReads(context.Background(), saved); err != nil {
 		t.Fatal(err)
 	}
-	tb := n.tables[0].Load()
-	tb.SetPositionsSoon(func() {})
-	ms := make([]Member, 2*rooms+1)
-	var wants []uint64
-	mark := func(key, user string, seq, want uint64) {
-		t.Helper()
-		if !tb.MarkRead(&ms[len(wants)], key, user, seq) {
-			t.Fatal("mark refused")
-		}
-		wants = append(wants, want)
-	}
+	mk := newMarks(t, n, l)
 	for r := range rooms {
 		key := "test/r" + strconv.Itoa(r)
-		mark(key, "u", 1, 2) // behind the stored 2
-		mark(key, "v", 1, 1) // none stored
+		mk.mark(key, "u", 1, markWant{seq: 2}) // behind the stored 2
+		mk.mark(key, "v", 1, markWant{seq: 1}) // none stored
 	}
-	tb.FlushPositions()
-	for i, ev := range readAnswers(t, l, len(wants)) {
-		if ev.member != &ms[i] || ev.seq != wants[i] || ev.err != nil {
-			t.Fatalf("answer %d: member %p seq %d err %v, want seq %d", i, ev.member, ev.seq, ev.err, wants[i])
-		}
-	}
+	mk.check()
 	if r := n.Stats.ReadPositionLookups.Load(); r != 1 {
 		t.Fatalf("%d marks' stored positions in %d store reads, want 1", 2*rooms, r)
 	}
-	mark("test/r0", "w", 2, 2)
-	tb.FlushPositions()
-	if ev := readAnswers(t, l, len(wants))[len(wants)-1]; ev.seq != 2 || ev.err != nil {
-		t.Fatalf("a mark alone: seq %d err %v", ev.seq, ev.err)
-	}
+	mk.mark("test/r0", "w", 2, markWant{seq: 2})
+	mk.check()
 	if r := n.Stats.ReadPositionLookups.Load(); r != 2 {
 		t.Fatalf("a mark alone: %d store reads of positions in all, want 2", r)
 	}
@@ -501,6 +460,47 @@ func TestReadMarksLookUpFails(t *testing.T) {
 	}
 	if c, r := n.Stats.ReadMarksChecked.Load(), n.Stats.ReadLookups.Load(); c != 2 || r != 3 {
 		t.Fatalf("%d marks checked in %d store reads, want 2 in 3 (the batch's, then one each)", c, r)
+	}
+}
+
+// marks gives a node's first loop read marks, each from a Member of its
+// own, and checks their answers against what each should be.
+type marks struct {
+	t     *testing.T
+	tb    *Table
+	l     *testLoop
+	ms    [64]Member
+	wants []markWant
+}
+
+// markWant is what a mark's answer should be.
+type markWant struct {
+	seq uint64
+	err error
+}
+
+func newMarks(t *testing.T, n *Node, l *testLoop) *marks {
+	tb := n.tables[0].Load()
+	tb.SetPositionsSoon(func() {})
+	return &marks{t: t, tb: tb, l: l}
+}
+
+func (mk *marks) mark(key, user string, seq uint64, w markWant) {
+	mk.t.Helper()
+	if !mk.tb.MarkRead(&mk.ms[len(mk.wants)], key, user, seq) {
+		mk.t.Fatal("mark refused")
+	}
+	mk.wants = append(mk.wants, w)
+}
+
+// check hands the marks over and waits for every answer.
+func (mk *marks) check() {
+	mk.t.Helper()
+	mk.tb.FlushPositions()
+	for i, ev := range readAnswers(mk.t, mk.l, len(mk.wants)) {
+		if w := mk.wants[i]; ev.member != &mk.ms[i] || ev.seq != w.seq || !errors.Is(ev.err, w.err) {
+			mk.t.Fatalf("answer %d: member %p seq %d err %v, want %+v", i, ev.member, ev.seq, ev.err, w)
+		}
 	}
 }
 
