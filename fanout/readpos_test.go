@@ -617,4 +617,3 @@ func BenchmarkFirstMarksPG(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(saved)), "ns/mark")
 }
-
