@@ -690,18 +690,15 @@ func (p *positions) lookUpStored(js []posJob) {
 		if _, ok := p.pos[k]; ok {
 			continue
 		}
-		nw, known := p.newest[j.key]
-		if !j.delivered && j.seq > nw {
+		if !j.delivered && j.seq > p.newest[j.key] {
 			continue // refused (mark)
 		}
-		if known && j.seq > 0 && j.seq == nw {
-			continue // marked up to the newest: no stored position is ahead (mark)
+		if p.atNewest(j.key, j.seq) {
+			continue
 		}
-		p.pos[k] = 0 // a placeholder: each position is asked once
+		// A user marking a room twice in one batch is asked twice: the
+		// answers are the same, and stored takes either.
 		marks = append(marks, persist.ReadMark{Key: j.key, User: j.user})
-	}
-	for _, m := range marks {
-		delete(p.pos, posKey{m.Key, m.User})
 	}
 	if len(marks) < 2 {
 		return // as cheap asked alone (mark)
@@ -716,6 +713,16 @@ func (p *positions) lookUpStored(js []posJob) {
 	for _, m := range marks {
 		p.stored(posKey{m.Key, m.User}, m.Seq)
 	}
+}
+
+// atNewest reports whether seq is the newest seq known of the room key:
+// marked up to the room's newest message (what a client showing the room
+// does), no stored position can be ahead of it, so the store is not
+// asked. 10,000 users' first marks would otherwise be 10,000 reads on
+// this goroutine.
+func (p *positions) atNewest(key string, seq uint64) bool {
+	nw, known := p.newest[key]
+	return known && seq > 0 && seq == nw
 }
 
 // stored takes k's position as read from the store, raised to any
@@ -764,11 +771,7 @@ func (p *positions) mark(k posKey, seq uint64, delivered bool) (uint64, error) {
 	// the room's users from the store, dirty, sent and the floor, and the
 	// other node's write may not have landed yet.
 	fl := p.floor.get(k)
-	if nw, known := p.newest[k.key]; !ok && p.reads != nil && known && seq > 0 && seq == nw {
-		// Marked up to the room's newest message (what a client showing
-		// the room does): no stored position can be ahead of it, so the
-		// store is not asked. 10,000 users' first marks would otherwise
-		// be 10,000 reads on this goroutine.
+	if !ok && p.reads != nil && p.atNewest(k.key, seq) {
 		cur, ok = fl, true
 	}
 	if !ok && p.reads != nil {

@@ -463,6 +463,37 @@ func TestReadMarksLookUpFails(t *testing.T) {
 	}
 }
 
+// A failed read of a batch's stored positions leaves each mark to read its
+// own, as a mark alone does, and to answer the store's error: the
+// batch's read, then one each.
+func TestStoredPositionsLookUpFails(t *testing.T) {
+	st := openPG(t, pgtest.NewDB(t), persist.PGConfig{})
+	n, l := receiptsNode(t, st)
+	const rooms = 3
+	mk := newMarks(t, n, l)
+	for r := range rooms {
+		key := "test/r" + strconv.Itoa(r)
+		commit(t, st, key, 3)
+		mk.mark(key, "warm", 3, markWant{seq: 3}) // the rooms' newest seqs known
+	}
+	mk.check()
+	st.Close() // every read fails from here
+	for r := range rooms {
+		if !mk.tb.MarkRead(&mk.ms[rooms+r], "test/r"+strconv.Itoa(r), "u", 1) {
+			t.Fatal("mark refused")
+		}
+	}
+	mk.tb.FlushPositions()
+	for i, ev := range readAnswers(t, l, 2*rooms)[rooms:] {
+		if ev.err == nil || errors.Is(ev.err, ErrReadBeyond) {
+			t.Fatalf("answer %d: seq %d err %v, want the store's error", i, ev.seq, ev.err)
+		}
+	}
+	if r := n.Stats.ReadPositionLookups.Load(); r != 1+rooms {
+		t.Fatalf("%d store reads of positions, want %d (the batch's, then one each)", r, 1+rooms)
+	}
+}
+
 // marks gives a node's first loop read marks, each from a Member of its
 // own, and checks their answers against what each should be.
 type marks struct {

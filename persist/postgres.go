@@ -1139,20 +1139,27 @@ func (p *Postgres) LastSeqs(ctx context.Context, keys []string, last []uint64) e
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := p.pool.Query(ctx, lastSeqsSQL, ids)
+	return p.queryByOrdinal(ctx, "read last seqs", func(i int, l int64) { last[at[i]] = uint64(l) }, lastSeqsSQL, ids)
+}
+
+// queryByOrdinal runs a query whose rows are (ordinal from 1 of the
+// input arrays, value), as lastSeqsSQL's and readPositionsOfSQL's, and
+// gives each to set with the ordinal from 0.
+func (p *Postgres) queryByOrdinal(ctx context.Context, what string, set func(i int, v int64), sql string, args ...any) error {
+	rows, err := p.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return p.wrap("read last seqs", err)
+		return p.wrap(what, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var j, l int64
-		if err := rows.Scan(&j, &l); err != nil {
-			return p.wrap("read last seqs", err)
+		var j, v int64
+		if err := rows.Scan(&j, &v); err != nil {
+			return p.wrap(what, err)
 		}
-		last[at[j-1]] = uint64(l)
+		set(int(j-1), v)
 	}
 	if err := rows.Err(); err != nil {
-		return p.wrap("read last seqs", err)
+		return p.wrap(what, err)
 	}
 	return nil
 }

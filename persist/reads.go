@@ -246,11 +246,9 @@ func (p *Postgres) Unread(ctx context.Context, keys []string, user string, last,
 // query by id and user; a room that does not exist, or a user without a
 // position in it, is 0.
 func (p *Postgres) ReadPositionsOf(ctx context.Context, marks []ReadMark) error {
-	for i := range marks {
-		marks[i].Seq = 0
-	}
 	keys := make([]string, len(marks))
 	for i := range marks {
+		marks[i].Seq = 0
 		keys[i] = marks[i].Key
 	}
 	ids, at, err := p.storedRooms(ctx, keys)
@@ -261,22 +259,7 @@ func (p *Postgres) ReadPositionsOf(ctx context.Context, marks []ReadMark) error 
 	for j, i := range at {
 		users[j] = marks[i].User
 	}
-	rows, err := p.pool.Query(ctx, readPositionsOfSQL, ids, users)
-	if err != nil {
-		return p.wrap("read read positions", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var j, seq int64
-		if err := rows.Scan(&j, &seq); err != nil {
-			return p.wrap("read read positions", err)
-		}
-		marks[at[j-1]].Seq = uint64(seq)
-	}
-	if err := rows.Err(); err != nil {
-		return p.wrap("read read positions", err)
-	}
-	return nil
+	return p.queryByOrdinal(ctx, "read read positions", func(i int, seq int64) { marks[at[i]].Seq = uint64(seq) }, readPositionsOfSQL, ids, users)
 }
 
 // readPositionsOfSQL probes read_positions' key once per mark (a LIMIT 1
