@@ -126,11 +126,13 @@ type positions struct {
 	// futex and eventfd calls per mark on a node's one core cost more than
 	// the marks themselves.
 	inMu    sync.Mutex
-	in      []posJob      // given by the loops, not taken yet
-	inSpare []posJob      // the batch taken last, reused
-	inLen   atomic.Int64  // len(in), for the loops' bound (queuePos)
-	wake    chan struct{} // in went from empty to not
-	ans     [][]Event     // per loop: answers not posted yet
+	in      []posJob // given by the loops, not taken yet
+	inSpare []posJob // the batch taken last, reused
+	// chanBatch: the jobs taken off the channel last (takeJobs), reused.
+	chanBatch []posJob
+	inLen     atomic.Int64  // len(in), for the loops' bound (queuePos)
+	wake      chan struct{} // in went from empty to not
+	ans       [][]Event     // per loop: answers not posted yet
 
 	unreadQ [queryWorkers]chan unreadJob // to the unread workers (reads != nil)
 
@@ -250,18 +252,48 @@ func (p *positions) takeIn() {
 	// move of its own user's position is queued before its ack leaves,
 	// so an unread or receipts request the client sends after the ack
 	// must see it.
-	for k := len(p.jobs); k > 0; k-- {
-		p.do(<-p.jobs)
+	for k := len(p.jobs); k > 0; {
+		n := min(k, posChanBatch)
+		p.takeJobs(<-p.jobs, n-1)
+		k -= n
 	}
+	p.runBatch(js)
+	clear(js)
+	p.inSpare = js[:0]
+	p.flushAnswers()
+}
+
+// posChanBatch bounds the jobs takeJobs takes off the channel at once
+// (72 bytes each, in a slice kept for the next batch).
+const posChanBatch = 256
+
+// takeJobs runs first, taken off the jobs channel, and the next more jobs
+// queued there (at most posChanBatch in all) as one batch. The Server
+// API's marks come through the channel one per request: each needing
+// the store (a room this node delivers nothing of, a user's first mark
+// here) read it alone, in turn, and every read mark and unread request
+// of the node waited behind those reads, as the loops' marks did before
+// lookUp and lookUpStored (bench notes, "API marks read together").
+// Only this goroutine takes from the channel: the more jobs are there.
+func (p *positions) takeJobs(first posJob, more int) {
+	js := append(p.chanBatch[:0], first)
+	for range min(more, posChanBatch-1) {
+		js = append(js, <-p.jobs)
+	}
+	p.runBatch(js)
+	clear(js)
+	p.chanBatch = js[:0]
+}
+
+// runBatch looks up what the batch's marks need from the store, together,
+// then runs its jobs in order.
+func (p *positions) runBatch(js []posJob) {
 	p.lookUp(js)
 	p.lookUpStored(js)
 	for i := range js {
 		p.do(js[i])
 	}
 	clear(p.looked)
-	clear(js)
-	p.inSpare = js[:0]
-	p.flushAnswers()
 }
 
 // post queues ev for loop, in order with the loop's other answers.
@@ -342,7 +374,7 @@ func (p *positions) run() {
 			p.idleFlush(true)
 			return
 		case j := <-p.jobs:
-			p.do(j)
+			p.takeJobs(j, len(p.jobs))
 			if len(p.jobs) == 0 {
 				p.flushAnswers()
 				p.sendOut()
@@ -627,7 +659,8 @@ func (p *positions) answerUnread(u unreadJob, err error, onPos bool) {
 }
 
 // lookUp reads from the store, in one read, the newest seq of every room
-// a mark of the loops' batch js names beyond what this goroutine knows of
+// a mark of the batch js (a loop's, or the jobs channel's: takeJobs) names
+// beyond what this goroutine knows of
 // the room (a room whose messages other nodes publish, not joined here:
 // Table.MarkRead), so that such marks cost one store read a batch rather
 // than one each, which the goroutine, and every read mark and unread
@@ -639,7 +672,7 @@ func (p *positions) lookUp(js []posJob) {
 	marks := 0
 	for i := range js {
 		j := &js[i]
-		if j.own || j.seen || j.receipts || j.ask != nil || j.delivered || j.seq <= p.newest[j.key] {
+		if j.own || j.seen || j.receipts || j.rooms() != nil || j.delivered || j.seq <= p.newest[j.key] {
 			continue
 		}
 		marks++
@@ -667,7 +700,7 @@ func (p *positions) lookUp(js []posJob) {
 }
 
 // lookUpStored reads from the store, in one read, the stored position of
-// every user and room a mark of the loops' batch js will need it for (the
+// every user and room a mark of the batch js will need it for (the
 // user's first mark there since this goroutine last held it, below the
 // room's newest seq: a tab that reads back, or a client that marks what
 // it shows before the newest arrived), for lookUp's reason: after a
@@ -683,7 +716,7 @@ func (p *positions) lookUpStored(js []posJob) {
 	var marks []persist.ReadMark
 	for i := range js {
 		j := &js[i]
-		if j.own || j.seen || j.receipts || j.ask != nil {
+		if j.own || j.seen || j.receipts || j.rooms() != nil {
 			continue
 		}
 		k := posKey{j.key, j.user}

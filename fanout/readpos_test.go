@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -496,6 +497,55 @@ func TestStoredPositionsLookUpFails(t *testing.T) {
 
 // marks gives a node's first loop read marks, each from a Member of its
 // own, and checks their answers against what each should be.
+// The Server API's marks waiting together on the jobs channel read the
+// store together, as a loop's marks do: the rooms' newest seqs in one
+// read, the users' stored positions in another, however many marks; a
+// mark beyond its room's newest is refused on that read's answer.
+// Taken one at a time, these 15 marks read the store 20 times.
+func TestAPIMarksLookedUpTogether(t *testing.T) {
+	st := persist.NewMemory(0)
+	n, _ := receiptsNode(t, st)
+	const rooms = 5
+	var saved []persist.ReadMark
+	for r := range rooms {
+		key := "test/r" + strconv.Itoa(r)
+		commit(t, st, key, 3)
+		saved = append(saved, persist.ReadMark{Key: key, User: "u", Seq: 2})
+	}
+	if err := st.SaveReads(context.Background(), saved); err != nil {
+		t.Fatal(err)
+	}
+	p := newPositions(n, st) // not running: the test takes its jobs
+	var replies []chan posReply
+	var wants []markWant
+	ask := func(key, user string, seq uint64, w markWant) {
+		r := make(chan posReply, 1)
+		p.jobs <- posJob{key: key, user: user, seq: seq, ask: &posAsk{reply: r}}
+		replies = append(replies, r)
+		wants = append(wants, w)
+	}
+	for r := range rooms {
+		key := "test/r" + strconv.Itoa(r)
+		ask(key, "u", 1, markWant{seq: 2}) // behind the stored 2
+		ask(key, "v", 1, markWant{seq: 1}) // none stored
+		ask(key, "w", 4, markWant{err: ErrReadBeyond})
+	}
+	p.takeJobs(<-p.jobs, len(p.jobs))
+	for i, r := range replies {
+		select {
+		case got := <-r:
+			if got.seq != wants[i].seq || !errors.Is(got.err, wants[i].err) {
+				t.Fatalf("mark %d: seq %d err %v, want %d %v", i, got.seq, got.err, wants[i].seq, wants[i].err)
+			}
+		default:
+			t.Fatalf("mark %d not answered", i)
+		}
+	}
+	if l, s := n.Stats.ReadLookups.Load(), n.Stats.ReadPositionLookups.Load(); l != 1 || s != 1 {
+		t.Fatalf("%d API marks: the rooms' newest seqs in %d store reads, the stored positions in %d; want 1 and 1", len(replies), l, s)
+	}
+}
+
 type marks struct {
 	t     *testing.T
 	tb    *Table
@@ -597,26 +647,7 @@ func TestDeliveredMarkBehindStoredPosition(t *testing.T) {
 // ns/mark is per mark; before lookUpStored each was a store read of its
 // own in turn (bench notes, "Stored positions read together").
 func BenchmarkFirstMarksPG(b *testing.B) {
-	url := pgtest.NewDB(b)
-	st := openPG(b, url, persist.PGConfig{})
-	b.Cleanup(st.Close)
-	const rooms, users = 100, 10
-	var saved []persist.ReadMark
-	for r := range rooms {
-		key := "test/r" + strconv.Itoa(r)
-		for i := range 3 {
-			row := &persist.Row{Key: key, From: "bob", ID: []byte("x-" + strconv.Itoa(i)), Body: []byte("1")}
-			if err := st.CommitBatch(context.Background(), []*persist.Row{row}); err != nil || row.Err != nil {
-				b.Fatal(err, row.Err)
-			}
-		}
-		for u := range users {
-			saved = append(saved, persist.ReadMark{Key: key, User: "u" + strconv.Itoa(u), Seq: 2})
-		}
-	}
-	if err := st.SaveReads(context.Background(), saved); err != nil {
-		b.Fatal(err)
-	}
+	st, saved := firstMarksStore(b)
 	ms := make([]Member, len(saved))
 	for b.Loop() {
 		b.StopTimer()
@@ -629,11 +660,11 @@ func BenchmarkFirstMarksPG(b *testing.B) {
 		tb := n.tables[0].Load()
 		tb.SetPositionsSoon(func() {})
 		// The rooms' newest seqs known, as a node delivering them knows them.
-		for r := range rooms {
+		for r := range firstMarksRooms {
 			tb.MarkRead(&ms[r], "test/r"+strconv.Itoa(r), "warm", 3)
 		}
 		tb.FlushPositions()
-		readAnswers(b, l, rooms)
+		readAnswers(b, l, firstMarksRooms)
 		b.StartTimer()
 		for i, m := range saved {
 			if !tb.MarkRead(&ms[i], m.Key, m.User, 1) {
@@ -641,9 +672,78 @@ func BenchmarkFirstMarksPG(b *testing.B) {
 			}
 		}
 		tb.FlushPositions()
-		readAnswers(b, l, rooms+len(saved))
+		readAnswers(b, l, firstMarksRooms+len(saved))
 		b.StopTimer()
 		_ = n.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(saved)), "ns/mark")
+}
+
+// The first marks' benchmarks' rooms, and users marking in each.
+const firstMarksRooms, firstMarksUsers = 100, 10
+
+// firstMarksStore is the store of the first marks' benchmarks: rooms of 3
+// messages, users in each with a stored position at 2; it answers the
+// marks to send, room by room.
+func firstMarksStore(b *testing.B) (*persist.Postgres, []persist.ReadMark) {
+	url := pgtest.NewDB(b)
+	st := openPG(b, url, persist.PGConfig{})
+	b.Cleanup(st.Close)
+	var saved []persist.ReadMark
+	for r := range firstMarksRooms {
+		key := "test/r" + strconv.Itoa(r)
+		for i := range 3 {
+			row := &persist.Row{Key: key, From: "bob", ID: []byte("x-" + strconv.Itoa(i)), Body: []byte("1")}
+			if err := st.CommitBatch(context.Background(), []*persist.Row{row}); err != nil || row.Err != nil {
+				b.Fatal(err, row.Err)
+			}
+		}
+		for u := range firstMarksUsers {
+			saved = append(saved, persist.ReadMark{Key: key, User: "u" + strconv.Itoa(u), Seq: 2})
+		}
+	}
+	if err := st.SaveReads(context.Background(), saved); err != nil {
+		b.Fatal(err)
+	}
+	return st, saved
+}
+
+// BenchmarkAPIMarksPG: the time a node takes to answer 1,000 Server API
+// marks in flight together (one goroutine each, as net/http serves
+// them), users' first marks below their rooms' newest seqs, with
+// PostgreSQL. ns/mark is per mark; before takeJobs each read the store
+// alone, in turn (bench notes, "API marks read together").
+func BenchmarkAPIMarksPG(b *testing.B) {
+	st, saved := firstMarksStore(b)
+	ctx := context.Background()
+	for b.Loop() {
+		b.StopTimer()
+		n, err := New(Config{Loops: 1, OutboundLimit: 1 << 20, MaxRooms: 8, Readers: 2}, Parts{Store: st, Pool: PoolConfig{Window: -1}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for r := 0; r < len(saved); r += firstMarksUsers { // the rooms' newest seqs known
+			if _, err := n.MarkRead(ctx, saved[r].Key, "warm", 3); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		var bad atomic.Int64
+		b.StartTimer()
+		for _, m := range saved {
+			wg.Go(func() {
+				if seq, err := n.MarkRead(ctx, m.Key, m.User, 1); err != nil || seq != 2 {
+					bad.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		b.StopTimer()
+		_ = n.Close()
+		if bad.Load() > 0 {
+			b.Fatalf("%d marks not answered their stored 2", bad.Load())
+		}
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(saved)), "ns/mark")
