@@ -409,18 +409,8 @@ func TestReadMarksLookedUpTogether(t *testing.T) {
 // store read for the batch, each answered with the larger of the stored
 // position and its mark; a mark alone reads alone.
 func TestStoredPositionsLookedUpTogether(t *testing.T) {
-	st := persist.NewMemory(0)
-	n, l := receiptsNode(t, st)
 	const rooms = 5
-	var saved []persist.ReadMark
-	for r := range rooms {
-		key := "test/r" + strconv.Itoa(r)
-		commit(t, st, key, 3)
-		saved = append(saved, persist.ReadMark{Key: key, User: "u", Seq: 2})
-	}
-	if err := st.SaveReads(context.Background(), saved); err != nil {
-		t.Fatal(err)
-	}
+	_, n, l := storedAt2(t, rooms)
 	mk := newMarks(t, n, l)
 	for r := range rooms {
 		key := "test/r" + strconv.Itoa(r)
@@ -497,15 +487,11 @@ func TestStoredPositionsLookUpFails(t *testing.T) {
 
 // marks gives a node's first loop read marks, each from a Member of its
 // own, and checks their answers against what each should be.
-// The Server API's marks waiting together on the jobs channel read the
-// store together, as a loop's marks do: the rooms' newest seqs in one
-// read, the users' stored positions in another, however many marks; a
-// mark beyond its room's newest is refused on that read's answer.
-// Taken one at a time, these 15 marks read the store 20 times.
-func TestAPIMarksLookedUpTogether(t *testing.T) {
+// storedAt2 is a node on a memory store of rooms test/r0, test/r1, ... of
+// 3 messages each, in each of which user u's position is stored at 2.
+func storedAt2(t *testing.T, rooms int) (*persist.Memory, *Node, *testLoop) {
 	st := persist.NewMemory(0)
-	n, _ := receiptsNode(t, st)
-	const rooms = 5
+	n, l := receiptsNode(t, st)
 	var saved []persist.ReadMark
 	for r := range rooms {
 		key := "test/r" + strconv.Itoa(r)
@@ -515,6 +501,17 @@ func TestAPIMarksLookedUpTogether(t *testing.T) {
 	if err := st.SaveReads(context.Background(), saved); err != nil {
 		t.Fatal(err)
 	}
+	return st, n, l
+}
+
+// The Server API's marks waiting together on the jobs channel read the
+// store together, as a loop's marks do: the rooms' newest seqs in one
+// read, the users' stored positions in another, however many marks; a
+// mark beyond its room's newest is refused on that read's answer.
+// Taken one at a time, these 15 marks read the store 20 times.
+func TestAPIMarksLookedUpTogether(t *testing.T) {
+	const rooms = 5
+	st, n, _ := storedAt2(t, rooms)
 	p := newPositions(n, st) // not running: the test takes its jobs
 	var replies []chan posReply
 	var wants []markWant
