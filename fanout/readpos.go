@@ -659,10 +659,10 @@ func (p *positions) answerUnread(u unreadJob, err error, onPos bool) {
 }
 
 // lookUp reads from the store, in one read, the newest seq of every room
-// a mark of the batch js (a loop's, or the jobs channel's: takeJobs) names
-// beyond what this goroutine knows of
-// the room (a room whose messages other nodes publish, not joined here:
-// Table.MarkRead), so that such marks cost one store read a batch rather
+// a mark of the batch js (a loop's, or the jobs channel's: takeJobs)
+// names beyond what this goroutine knows of the room (a room whose
+// messages other nodes publish, not joined here: Table.MarkRead, or the
+// Server API's marks), so that such marks cost one store read a batch rather
 // than one each, which the goroutine, and every read mark and unread
 // request of the node behind it, would wait for in turn: a client's marks
 // beyond a room's newest seq (refused), up to its read rate, would
