@@ -1,9 +1,13 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -55,6 +59,56 @@ func TestReadAPI(t *testing.T) {
 		rec := call(s, http.MethodPut, "/v1/apps/chat/users/alice/read", c.body)
 		if rec.Code != c.code || c.want != "" && strings.TrimSpace(rec.Body.String()) != c.want {
 			t.Errorf("%s: %d %s", c.body, rec.Code, rec.Body)
+		}
+	}
+}
+
+// Many PUT .../read at once (the node takes those waiting together as
+// one batch): each answered as if alone, a position never moving back,
+// a mark beyond the room's newest seq (or in a room with none) a 400.
+func TestReadAPIConcurrent(t *testing.T) {
+	s, _ := newTestAPI(t)
+	for i := 0; i < 3; i++ {
+		if rec := publish(s, `{"id":"k`+string(rune('0'+i))+`","from":"bot","body":1}`); rec.Code != 200 {
+			t.Fatal(rec.Body)
+		}
+	}
+	const users = 100
+	type mark struct {
+		user, body string
+		codes      []int    // what the answer's status may be
+		wants      []string // and its body, for a 200
+	}
+	var marks []mark
+	for u := range users {
+		user := "u" + strconv.Itoa(u)
+		marks = append(marks,
+			mark{user, `{"room":"r","seq":2}`, []int{200}, []string{`{"room":"r","seq":2}`}},
+			// Before or after the 2: either answer, never below what it marked.
+			mark{user, `{"room":"r","seq":1}`, []int{200}, []string{`{"room":"r","seq":1}`, `{"room":"r","seq":2}`}},
+			mark{user, `{"room":"r","seq":4}`, []int{400}, nil},
+			mark{user, `{"room":"z","seq":1}`, []int{400}, nil})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, len(marks))
+	for _, m := range marks {
+		wg.Go(func() {
+			rec := call(s, http.MethodPut, "/v1/apps/chat/users/"+m.user+"/read", m.body)
+			got := strings.TrimSpace(rec.Body.String())
+			if !slices.Contains(m.codes, rec.Code) || rec.Code == 200 && !slices.Contains(m.wants, got) {
+				errs <- fmt.Sprintf("%s %s: %d %s", m.user, m.body, rec.Code, got)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	for u := range users {
+		rec := call(s, http.MethodGet, "/v1/apps/chat/users/u"+strconv.Itoa(u)+"/unread?room=r", "")
+		if want := `{"r":{"read":2,"seq":3,"count":1}}`; rec.Code != 200 || strings.TrimSpace(rec.Body.String()) != want {
+			t.Fatalf("u%d afterwards: %d %s, want %s", u, rec.Code, rec.Body, want)
 		}
 	}
 }
