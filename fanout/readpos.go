@@ -126,13 +126,14 @@ type positions struct {
 	// futex and eventfd calls per mark on a node's one core cost more than
 	// the marks themselves.
 	inMu    sync.Mutex
-	in      []posJob // given by the loops, not taken yet
-	inSpare []posJob // the batch taken last, reused
+	in      []posJob      // given by the loops, not taken yet
+	inSpare []posJob      // the batch taken last, reused
+	inLen   atomic.Int64  // len(in), for the loops' bound (queuePos)
+	wake    chan struct{} // in went from empty to not
+	ans     [][]Event     // per loop: answers not posted yet
+
 	// chanBatch: the jobs taken off the channel last (takeJobs), reused.
 	chanBatch []posJob
-	inLen     atomic.Int64  // len(in), for the loops' bound (queuePos)
-	wake      chan struct{} // in went from empty to not
-	ans       [][]Event     // per loop: answers not posted yet
 
 	unreadQ [queryWorkers]chan unreadJob // to the unread workers (reads != nil)
 

@@ -63,9 +63,11 @@ func TestReadAPI(t *testing.T) {
 	}
 }
 
-// Many PUT .../read at once (the node takes those waiting together as
-// one batch): each answered as if alone, a position never moving back,
-// a mark beyond the room's newest seq (or in a room with none) a 400.
+// Many PUT .../read at once: each answered as if alone, a position never
+// moving back, a mark beyond the room's newest seq (or in a room with
+// none) a 400. How the node batches them depends on timing and is not
+// asserted here; fanout's TestAPIMarksLookedUpTogether asserts that
+// marks waiting together read the store together.
 func TestReadAPIConcurrent(t *testing.T) {
 	s, _ := newTestAPI(t)
 	for i := 0; i < 3; i++ {
